@@ -1,0 +1,46 @@
+"""One command runner: `nox -s tests lint mypy` is what CI runs (see .ci/run)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+# A machine without some interpreter still runs what it can.
+nox.options.error_on_missing_interpreters = False
+nox.options.sessions = ["tests", "lint", "mypy"]
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite on the interpreter running nox (always present)."""
+    session.install("-e", ".[tests]")
+    session.run("pytest", "-n", "2", *session.posargs)
+
+
+@nox.session(python=PYTHONS)
+def tests_all(session: nox.Session) -> None:
+    """The test suite on every supported interpreter this machine has."""
+    session.install(".[tests]")
+    session.run("pytest", "-n", "2", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "src", "tests", "examples", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def mypy(session: nox.Session) -> None:
+    session.install("-e", ".[tests]", "mypy>=1.10")
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against bare httpx on the same loopback server (not part of CI)."""
+    session.install("-e", ".[mock]")
+    session.run("python", "benchmarks/bench_post.py", *session.posargs)
