@@ -6,6 +6,49 @@ before the first byte is sent, reused on every attempt and after a crash.
 
 from __future__ import annotations
 
+from idempotently import profiles
+from idempotently._engine import Receipt
+from idempotently._exceptions import (
+    IdempotentlyError,
+    InvalidKeyError,
+    JournalCorruptError,
+    JournalError,
+    JournalVersionError,
+    JournalWriteError,
+    KeyReuseError,
+    NeedsReconcileError,
+    OperationAbandonedError,
+    OperationInProgressError,
+    OperationPendingError,
+    RetryLaterError,
+)
+from idempotently._journal import Attempt, Journal, Operation
+from idempotently._policy import RetryPolicy
+from idempotently._profiles import ServerProfile
+from idempotently._session import AsyncSession, Session
+
 __version__ = "0.1.0.dev0"
 
-__all__: list[str] = []
+__all__ = [
+    "AsyncSession",
+    "Attempt",
+    "IdempotentlyError",
+    "InvalidKeyError",
+    "Journal",
+    "JournalCorruptError",
+    "JournalError",
+    "JournalVersionError",
+    "JournalWriteError",
+    "KeyReuseError",
+    "NeedsReconcileError",
+    "Operation",
+    "OperationAbandonedError",
+    "OperationInProgressError",
+    "OperationPendingError",
+    "Receipt",
+    "RetryLaterError",
+    "RetryPolicy",
+    "ServerProfile",
+    "Session",
+    "profiles",
+]

@@ -1,0 +1,125 @@
+"""Every error idempotently raises, under one root.
+
+    IdempotentlyError
+    ├── JournalError                  the journal file cannot be used
+    │   ├── JournalVersionError       written by a newer idempotently
+    │   ├── JournalCorruptError       not a journal, or damaged
+    │   └── JournalWriteError         disk full, read-only, locked
+    ├── KeyReuseError (ValueError)    same operation id, different request
+    ├── InvalidKeyError (ValueError)  key rejected by the server profile
+    ├── OperationInProgressError      another live caller holds the lease
+    ├── OperationPendingError         retries ran out, outcome unknown
+    │   └── RetryLaterError           the server asked us to come back later
+    ├── NeedsReconcileError           only a human or a reconciler can decide
+    └── OperationAbandonedError       at-most-once: maybe sent, never resent
+
+Transport errors from httpx are not wrapped when they are final: they come
+through as the ``__cause__`` of an ``OperationPendingError`` when the outcome is
+unknown, so the operation id, the key and the way to resume travel with them.
+Every error carries ``operation_id`` and ``key`` (``None`` where no operation is
+concerned, e.g. a journal that cannot be opened).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import httpx
+
+RESUME_HINT = (
+    "it stays pending with its key; finish it with Session.resume() or "
+    "`idempotently resume`, or call again with the same operation_id"
+)
+
+
+class IdempotentlyError(Exception):
+    """Root of every idempotently error."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation_id: str | None = None,
+        key: str | None = None,
+        response: httpx.Response | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.operation_id = operation_id
+        self.key = key
+        self.response = response
+
+    def __str__(self) -> str:
+        if self.operation_id is None:
+            return self.message
+        return f"{self.message} [operation {self.operation_id!r}, key {self.key!r}]"
+
+
+class JournalError(IdempotentlyError):
+    """The journal file cannot be opened, read or written."""
+
+
+class JournalVersionError(JournalError):
+    """The journal was written by a newer idempotently; it is never rewritten."""
+
+
+class JournalCorruptError(JournalError):
+    """The file is not an idempotently journal, or it is damaged."""
+
+
+class JournalWriteError(JournalError):
+    """A write to the journal failed (disk full, read-only file, lock timeout)."""
+
+
+class KeyReuseError(IdempotentlyError, ValueError):
+    """The operation id was used before for a different request.
+
+    Raised before anything is sent: the client-side twin of a server's 422.
+    """
+
+
+class InvalidKeyError(IdempotentlyError, ValueError):
+    """An explicit idempotency key the server profile would reject."""
+
+
+class OperationInProgressError(IdempotentlyError):
+    """Another live caller (thread, task or process) is sending this operation."""
+
+
+class OperationPendingError(IdempotentlyError):
+    """The retry budget ran out and the outcome is unknown.
+
+    The operation stays pending with its key: resuming it is safe.
+    """
+
+
+class RetryLaterError(OperationPendingError):
+    """The server asked for a wait longer than the policy allows.
+
+    ``not_before`` (seconds since the epoch) is also stored in the journal.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        not_before: float,
+        operation_id: str | None = None,
+        key: str | None = None,
+        response: httpx.Response | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, key=key, response=response)
+        self.not_before = not_before
+
+
+class NeedsReconcileError(IdempotentlyError):
+    """The operation can no longer be settled by resending its key.
+
+    A replayed 5xx, a key past its lifetime on the server, or the operation's
+    own deadline passed: look the object up (by operation id) and settle it.
+    """
+
+
+class OperationAbandonedError(IdempotentlyError):
+    """An at-most-once operation may have been delivered; it is never resent."""

@@ -1,0 +1,535 @@
+"""The SQLite journal: one row per operation, one per attempt.
+
+Durability: the row that names an operation's key is committed with
+``synchronous=FULL`` (the WAL is fsync'd) before the first attempt. Every
+later write (attempt rows, completion, leases) commits with
+``synchronous=NORMAL``: losing one to a power cut only means a resume gets a
+replay from the server, which the key makes harmless. See docs/journal.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import attrs
+import sqlite_utils
+
+from idempotently._exceptions import (
+    JournalCorruptError,
+    JournalError,
+    JournalVersionError,
+    JournalWriteError,
+)
+
+SCHEMA_VERSION = 1
+# "IDMP": marks the file as ours, so a stray database is never taken for a journal.
+APPLICATION_ID = 0x49444D50
+
+Status = Literal["pending", "succeeded", "failed", "needs_reconcile", "abandoned"]
+STATUSES: tuple[Status, ...] = ("pending", "succeeded", "failed", "needs_reconcile", "abandoned")
+FINISHED_STATUSES: tuple[Status, ...] = ("succeeded", "failed", "abandoned")
+
+_SCHEMA = """
+CREATE TABLE operations (
+    operation_id     TEXT PRIMARY KEY,
+    key              TEXT NOT NULL UNIQUE,
+    status           TEXT NOT NULL CHECK (status IN
+                         ('pending', 'succeeded', 'failed', 'needs_reconcile', 'abandoned')),
+    delivery         TEXT NOT NULL CHECK (delivery IN ('exactly_once', 'at_most_once')),
+    method           TEXT NOT NULL,
+    url              TEXT NOT NULL,
+    request_headers  TEXT NOT NULL,
+    request_body     BLOB NOT NULL,
+    fingerprint      TEXT NOT NULL,
+    profile          TEXT NOT NULL,
+    key_header       TEXT NOT NULL,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    key_expires_at   REAL NOT NULL,
+    deadline_at      REAL,
+    not_before       REAL,
+    lease_owner      TEXT,
+    lease_until      REAL NOT NULL DEFAULT 0,
+    attempt_count    INTEGER NOT NULL DEFAULT 0,
+    last_status_code INTEGER,
+    response_status  INTEGER,
+    response_headers TEXT,
+    response_body    BLOB,
+    reason           TEXT
+);
+CREATE INDEX operations_by_status ON operations (status, created_at);
+CREATE INDEX operations_by_update ON operations (updated_at);
+CREATE TABLE attempts (
+    id          INTEGER PRIMARY KEY,
+    operation_id TEXT NOT NULL REFERENCES operations (operation_id) ON DELETE CASCADE,
+    number      INTEGER NOT NULL,
+    started_at  REAL NOT NULL,
+    elapsed     REAL NOT NULL,
+    outcome     TEXT NOT NULL CHECK (outcome IN ('not_sent', 'maybe_delivered', 'answered')),
+    status_code INTEGER,
+    replayed    INTEGER NOT NULL DEFAULT 0,
+    error       TEXT,
+    wait        REAL
+);
+CREATE INDEX attempts_by_operation ON attempts (operation_id, number);
+"""
+
+_INSERT_OPERATION = """
+INSERT INTO operations (
+    operation_id, key, status, delivery, method, url, request_headers, request_body,
+    fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
+    lease_owner, lease_until
+) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING
+"""
+
+_INSERT_ATTEMPT = """
+INSERT INTO attempts (
+    operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
+) VALUES (?, (SELECT attempt_count + 1 FROM operations WHERE operation_id = ?), ?, ?, ?, ?, ?, ?, ?)
+"""
+
+
+@attrs.frozen
+class Attempt:
+    """One HTTP exchange of an operation, as journaled."""
+
+    number: int
+    started_at: float
+    elapsed: float
+    outcome: str
+    """``not_sent``, ``maybe_delivered`` or ``answered``."""
+    status_code: int | None
+    replayed: bool
+    """The server marked the answer as a replay of a stored response."""
+    error: str | None
+    wait: float | None
+    """Seconds waited after this attempt before the next one."""
+
+
+@attrs.frozen
+class Operation:
+    """One logical operation and its key, as journaled (never any secret)."""
+
+    operation_id: str
+    key: str
+    status: Status
+    delivery: str
+    method: str
+    url: str
+    request_headers: tuple[tuple[str, str], ...]
+    request_body: bytes
+    fingerprint: str
+    profile: str
+    key_header: str
+    created_at: float
+    updated_at: float
+    key_expires_at: float
+    deadline_at: float | None
+    not_before: float | None
+    lease_owner: str | None
+    lease_until: float
+    attempt_count: int
+    last_status_code: int | None
+    response_status: int | None
+    response_headers: tuple[tuple[str, str], ...] | None
+    response_body: bytes | None
+    reason: str | None
+    attempts: tuple[Attempt, ...] = ()
+    """Filled in by :meth:`Journal.operation`; empty in listings."""
+
+    @classmethod
+    def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
+        values = dict(row)
+        values["request_headers"] = _headers_from_json(values["request_headers"])
+        if values["response_headers"] is not None:
+            values["response_headers"] = _headers_from_json(values["response_headers"])
+        return cls(**values, attempts=attempts)
+
+
+@attrs.frozen
+class NewOperation:
+    """What the engine commits before the first attempt."""
+
+    operation_id: str
+    key: str
+    delivery: str
+    method: str
+    url: str
+    request_headers: Sequence[tuple[str, str]]
+    request_body: bytes
+    fingerprint: str
+    profile: str
+    key_header: str
+    created_at: float
+    key_expires_at: float
+    deadline_at: float | None
+
+
+@attrs.frozen
+class AttemptRecord:
+    """One attempt's result and the operation's state after it."""
+
+    started_at: float
+    elapsed: float
+    outcome: str
+    status_code: int | None = None
+    replayed: bool = False
+    error: str | None = None
+    wait: float | None = None
+    status: Status = "pending"
+    reason: str | None = None
+    not_before: float | None = None
+    lease_until: float = 0.0
+    """0 releases the lease; a live caller keeps it while it waits to retry."""
+    response_status: int | None = None
+    response_headers: Sequence[tuple[str, str]] | None = None
+    response_body: bytes | None = None
+
+
+def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple((name, value) for name, value in json.loads(text))
+
+
+class Journal:
+    """The local record of every operation, its key and its attempts.
+
+    Safe to share between threads; several processes may open the same file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.RLock()
+        self._conn = self._connect(busy_timeout)
+        self.db = sqlite_utils.Database(self._conn)
+        self._check_schema()
+
+    # -- opening -------------------------------------------------------------
+
+    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+        if self.path != ":memory:" and not os.path.exists(self.path):
+            self._create_private_file()
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.DatabaseError as error:
+            raise self._open_error(error) from error
+        return conn
+
+    def _create_private_file(self) -> None:
+        # SQLite gives -wal and -shm the main file's mode, so 0600 here covers all three.
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return  # another process created it first: fine
+        except OSError as error:
+            raise JournalWriteError(
+                f"cannot create the journal {self.path}: {error.strerror}; "
+                "check the directory exists and is writable"
+            ) from error
+        os.close(fd)
+
+    def _open_error(self, error: sqlite3.DatabaseError) -> JournalError:
+        message = str(error)
+        if "not a database" in message or "malformed" in message:
+            return JournalCorruptError(
+                f"{self.path} is not a readable idempotently journal ({message}); "
+                "move it aside and restore a backup, or point --journal at the right file"
+            )
+        return JournalWriteError(
+            f"cannot open the journal {self.path}: {message}; "
+            "check the file and its directory are readable and writable"
+        )
+
+    def _check_schema(self) -> None:
+        try:
+            with self._lock:
+                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+                app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = set(self.db.table_names())
+                if version > SCHEMA_VERSION:
+                    raise JournalVersionError(
+                        f"{self.path} has journal schema version {version}, but this "
+                        f"idempotently reads up to version {SCHEMA_VERSION}; upgrade "
+                        "idempotently (pip install -U idempotently). The file was not modified."
+                    )
+                if version == 0 and not tables:
+                    self._create_schema()
+                elif app_id != APPLICATION_ID or not {"operations", "attempts"} <= tables:
+                    raise JournalCorruptError(
+                        f"{self.path} is an SQLite database but not an idempotently journal; "
+                        "point --journal (or Journal(path)) at the journal file"
+                    )
+        except sqlite3.DatabaseError as error:
+            raise self._open_error(error) from error
+
+    def _create_schema(self) -> None:
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        with self._write(durable=True):
+            # Another process may have created it while we waited for the lock.
+            if "operations" in self.db.table_names():
+                return
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._conn.execute(statement)
+            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Journal({self.path!r})"
+
+    # -- transactions ----------------------------------------------------------
+
+    @contextmanager
+    def _write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One short write transaction; ``durable`` fsyncs the WAL at commit."""
+        with self._lock:
+            try:
+                if durable:
+                    self._conn.execute("PRAGMA synchronous = FULL")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.OperationalError as error:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise JournalWriteError(
+                    f"cannot write the journal {self.path}: {error}; check free disk space "
+                    "and that the file is writable (nothing was lost: the previous state stands)"
+                ) from error
+            finally:
+                if durable:
+                    self._conn.execute("PRAGMA synchronous = NORMAL")
+
+    # -- writes used by the sessions -------------------------------------------
+
+    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
+        """Durably record a new operation; False if its id or key already exists."""
+        with self._write(durable=True) as conn:
+            cursor = conn.execute(
+                _INSERT_OPERATION,
+                (
+                    new.operation_id,
+                    new.key,
+                    new.delivery,
+                    new.method,
+                    new.url,
+                    json.dumps(list(new.request_headers)),
+                    new.request_body,
+                    new.fingerprint,
+                    new.profile,
+                    new.key_header,
+                    new.created_at,
+                    new.created_at,
+                    new.key_expires_at,
+                    new.deadline_at,
+                    owner,
+                    lease_until,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def _record_attempt(self, operation_id: str, record: AttemptRecord, *, now: float) -> None:
+        """The attempt row and the operation's new state, in one transaction."""
+        response_headers = (
+            None if record.response_headers is None else json.dumps(list(record.response_headers))
+        )
+        with self._write() as conn:
+            conn.execute(
+                _INSERT_ATTEMPT,
+                (
+                    operation_id,
+                    operation_id,
+                    record.started_at,
+                    record.elapsed,
+                    record.outcome,
+                    record.status_code,
+                    int(record.replayed),
+                    record.error,
+                    record.wait,
+                ),
+            )
+            conn.execute(
+                """
+                UPDATE operations SET
+                    status = ?, reason = ?, not_before = ?, updated_at = ?,
+                    attempt_count = attempt_count + 1,
+                    last_status_code = coalesce(?, last_status_code),
+                    response_status = ?, response_headers = ?, response_body = ?,
+                    lease_until = ?, lease_owner = CASE WHEN ? > 0 THEN lease_owner END
+                WHERE operation_id = ?
+                """,
+                (
+                    record.status,
+                    record.reason,
+                    record.not_before,
+                    now,
+                    record.status_code,
+                    record.response_status,
+                    response_headers,
+                    record.response_body,
+                    record.lease_until,
+                    record.lease_until,
+                    operation_id,
+                ),
+            )
+
+    def _set_status(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str | None,
+        now: float,
+        expect: Status = "pending",
+    ) -> bool:
+        """Move an operation out of ``expect`` without an attempt; releases any lease."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                """
+                UPDATE operations SET status = ?, reason = ?, updated_at = ?,
+                    lease_owner = NULL, lease_until = 0
+                WHERE operation_id = ? AND status = ?
+                """,
+                (status, reason, now, operation_id, expect),
+            )
+            return cursor.rowcount == 1
+
+    def _take_lease(
+        self, operation: Operation, *, owner: str, lease_until: float, now: float
+    ) -> bool:
+        """Compare-and-swap on the lease read in ``operation``: one winner only."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                """
+                UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ?
+                WHERE operation_id = ? AND status = 'pending'
+                  AND lease_until = ? AND lease_owner IS ?
+                """,
+                (
+                    owner,
+                    lease_until,
+                    now,
+                    operation.operation_id,
+                    operation.lease_until,
+                    operation.lease_owner,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def _release_lease(self, operation_id: str, *, owner: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
+                "WHERE operation_id = ? AND lease_owner = ?",
+                (operation_id, owner),
+            )
+
+    # -- reading ---------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                return list(self.db.query(sql, params))
+            except sqlite3.DatabaseError as error:
+                raise self._open_error(error) from error
+
+    def operation(self, operation_id_or_key: str) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key."""
+        rows = self._query(
+            "SELECT * FROM operations WHERE operation_id = ? "
+            "UNION ALL SELECT * FROM operations WHERE key = ? AND operation_id != ? LIMIT 1",
+            (operation_id_or_key, operation_id_or_key, operation_id_or_key),
+        )
+        if not rows:
+            return None
+        attempts = tuple(
+            Attempt(
+                number=row["number"],
+                started_at=row["started_at"],
+                elapsed=row["elapsed"],
+                outcome=row["outcome"],
+                status_code=row["status_code"],
+                replayed=bool(row["replayed"]),
+                error=row["error"],
+                wait=row["wait"],
+            )
+            for row in self._query(
+                "SELECT * FROM attempts WHERE operation_id = ? ORDER BY number",
+                (rows[0]["operation_id"],),
+            )
+        )
+        return Operation._from_row(rows[0], attempts)
+
+    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
+        """The operation with this id, else the one with this key (no attempts)."""
+        for column, value in (("operation_id", operation_id), ("key", key)):
+            if value is None:
+                continue
+            rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,))
+            if rows:
+                return Operation._from_row(rows[0])
+        return None
+
+    def operations(
+        self,
+        *,
+        status: Status | Sequence[Status] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Operation]:
+        """Operations (without their attempts), filtered by status and age.
+
+        ``since`` is seconds since the epoch: only operations updated since then.
+        """
+        where, params = [], []
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            for value in statuses:
+                if value not in STATUSES:
+                    raise ValueError(f"unknown status {value!r}; expected one of {STATUSES}")
+            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            params.extend(statuses)
+        if since is not None:
+            where.append("updated_at >= ?")
+            params.append(since)
+        sql = "SELECT * FROM operations"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at " + ("DESC" if newest_first else "ASC")
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [Operation._from_row(row) for row in self._query(sql, params)]
+
+    def counts(self) -> dict[str, int]:
+        """Operations per status; every status is present, zero included."""
+        counts = dict.fromkeys(STATUSES, 0)
+        for row in self._query("SELECT status, count(*) AS n FROM operations GROUP BY status"):
+            counts[row["status"]] = row["n"]
+        return counts
+

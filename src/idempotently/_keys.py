@@ -1,0 +1,92 @@
+"""Keys, request fingerprints and header redaction (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable
+
+import httpx
+
+# Never written to the journal, whatever the user configures.
+SENSITIVE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
+# Recomputed by httpx from the body on every send; storing them adds nothing.
+_DERIVED_HEADERS = frozenset({"content-length", "transfer-encoding", "host"})
+# Response headers that would leak a session into the journal.
+_SENSITIVE_RESPONSE_HEADERS = frozenset({"set-cookie", "set-cookie2"})
+# The stored body is already decoded; these would make httpx decode it again.
+_ENCODING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+def new_operation_id() -> str:
+    return f"op_{uuid.uuid4().hex}"
+
+
+def redaction_set(extra: Iterable[str] = ()) -> frozenset[str]:
+    return SENSITIVE_HEADERS | {name.lower() for name in extra}
+
+
+def journaled_request_headers(
+    headers: httpx.Headers, redacted: frozenset[str]
+) -> list[tuple[str, str]]:
+    """The request headers that may be stored: no secrets, nothing httpx derives."""
+    return [
+        (name, value)
+        for name, value in headers.multi_items()
+        if name.lower() not in redacted and name.lower() not in _DERIVED_HEADERS
+    ]
+
+
+def journaled_response_headers(
+    headers: httpx.Headers, redacted: frozenset[str]
+) -> list[tuple[str, str]]:
+    return [
+        (name, value)
+        for name, value in headers.multi_items()
+        if name.lower() not in redacted
+        and name.lower() not in _SENSITIVE_RESPONSE_HEADERS | _ENCODING_HEADERS
+    ]
+
+
+def normalised_url(url: httpx.URL) -> str:
+    """Scheme, host, port and path as httpx normalises them, query sorted."""
+    query = sorted(url.params.multi_items())
+    return str(url.copy_with(query=None, fragment=None).copy_merge_params(query))
+
+
+def canonical_body(body: bytes, content_type: str | None) -> bytes:
+    """JSON bodies key-sorted and whitespace-free, so equal payloads agree."""
+    if content_type and "json" in content_type.lower():
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return body
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+    return body
+
+
+def fingerprint(
+    method: str,
+    url: httpx.URL,
+    body: bytes,
+    headers: httpx.Headers,
+    fingerprint_headers: Iterable[str] = (),
+) -> str:
+    """SHA-256 over what makes two requests the same operation.
+
+    Volatile headers (Date, trace ids) are out unless named in
+    ``fingerprint_headers``; the idempotency key itself is never in.
+    """
+    digest = hashlib.sha256()
+    for part in (method.upper(), normalised_url(url)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(canonical_body(body, headers.get("content-type")))
+    for name in sorted({name.lower() for name in fingerprint_headers}):
+        digest.update(b"\0" + name.encode() + b"=" + headers.get(name, "").encode())
+    return digest.hexdigest()

@@ -1,0 +1,84 @@
+"""Parsing of the headers a server uses to pace or stop retries (pure).
+
+Nothing here raises on what a server sends: garbage means "no hint".
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+from collections.abc import Mapping
+
+# Header names a server may use to say "do (not) retry this" (lowercase).
+SHOULD_RETRY_HEADERS = ("stripe-should-retry", "x-should-retry")
+
+# Anything longer than this is not a Retry-After value, it is an attack.
+_MAX_HEADER_LENGTH = 64
+
+
+def parse_retry_after(value: str | None, *, now: float) -> float | None:
+    """Seconds to wait from a Retry-After value, or None when there is none.
+
+    Accepts delta-seconds (floats tolerated) and an HTTP-date; a date in the
+    past gives 0. Negative, infinite, NaN or unparsable values give None.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > _MAX_HEADER_LENGTH:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return _parse_http_date(value, now=now)
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return seconds
+
+
+def _parse_http_date(value: str, *, now: float) -> float | None:
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if moment.tzinfo is None:  # RFC 9110 dates are always GMT
+        return None
+    try:
+        return max(0.0, moment.timestamp() - now)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def parse_retry_after_ms(value: str | None) -> float | None:
+    """Seconds from a ``retry-after-ms`` value (OpenAI, Anthropic), or None."""
+    if value is None or len(value) > _MAX_HEADER_LENGTH:
+        return None
+    try:
+        millis = float(value.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(millis) or millis < 0:
+        return None
+    return millis / 1000.0
+
+
+def server_wait(headers: Mapping[str, str], *, now: float) -> float | None:
+    """The wait a response asks for: ``retry-after-ms`` wins over ``Retry-After``."""
+    millis = parse_retry_after_ms(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis
+    return parse_retry_after(headers.get("retry-after"), now=now)
+
+
+def should_retry_hint(headers: Mapping[str, str]) -> bool | None:
+    """The server's explicit retry hint, or None when it gives none (or garbage)."""
+    for name in SHOULD_RETRY_HEADERS:
+        value = headers.get(name)
+        if value is None:
+            continue
+        value = value.strip().lower()
+        if value == "true":
+            return True
+        if value == "false":
+            return False
+    return None
