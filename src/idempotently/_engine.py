@@ -22,6 +22,7 @@ import tenacity as _t
 
 from idempotently._exceptions import (
     RESUME_HINT,
+    ErrorContext,
     IdempotentlyError,
     InvalidKeyError,
     KeyReuseError,
@@ -204,7 +205,7 @@ class Engine:
         operation_id: str | None,
         key: str | None,
     ) -> Flight | httpx.Response:
-        ids = {"operation_id": operation.operation_id, "key": operation.key}
+        ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
         if operation_id is not None and operation.operation_id != operation_id:
             raise KeyReuseError(
                 f"idempotency key {key!r} already belongs to operation "
@@ -231,7 +232,7 @@ class Engine:
 
     def resume_flight(self, operation: Operation, request: httpx.Request) -> Flight:
         """Take the lease on a pending operation, or raise why it cannot go now."""
-        ids = {"operation_id": operation.operation_id, "key": operation.key}
+        ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
         now = self.clock()
         held = (
             operation.lease_owner is not None
@@ -305,7 +306,7 @@ class Engine:
 
     def settled(self, operation: Operation, build: BuildRequest) -> httpx.Response:
         """The stored answer of a finished operation, or the error that ended it."""
-        ids = {"operation_id": operation.operation_id, "key": operation.key}
+        ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
         if operation.status == "needs_reconcile":
             raise NeedsReconcileError(f"operation needs reconciling: {operation.reason}", **ids)
         if operation.status == "abandoned":
@@ -343,7 +344,11 @@ class Engine:
         )
 
     def _journal_call(
-        self, operation_id: str | None, key: str | None, write: Callable[..., Any], *args: Any,
+        self,
+        operation_id: str | None,
+        key: str | None,
+        write: Callable[..., Any],
+        *args: Any,
         **kwargs: Any,
     ) -> Any:
         """A journal write whose error names the operation it was for."""
@@ -414,7 +419,11 @@ class Flight:
             self.in_progress_answers += 1
         now = engine.clock()
         decision = decide(
-            engine.policy, engine.profile, self._state(), now=now, response=response,
+            engine.policy,
+            engine.profile,
+            self._state(),
+            now=now,
+            response=response,
             rand=engine.rand,
         )
         replayed = engine.profile.is_replay(response)
@@ -442,7 +451,11 @@ class Flight:
     def on_error(self, error: httpx.TransportError) -> Step:
         now = self.engine.clock()
         decision = decide(
-            self.engine.policy, self.engine.profile, self._state(), now=now, error=error,
+            self.engine.policy,
+            self.engine.profile,
+            self._state(),
+            now=now,
+            error=error,
             rand=self.engine.rand,
         )
         self._persist(
@@ -519,14 +532,20 @@ class Flight:
         """Return the final answer, or raise what the decision means."""
         decision = step.decision
         action = decision.action
-        ids = {"operation_id": self.operation_id, "key": self.key, "response": step.response}
+        ids: ErrorContext = {
+            "operation_id": self.operation_id,
+            "key": self.key,
+            "response": step.response,
+        }
         if action in (Action.SUCCEED, Action.FAIL):
             assert step.response is not None
             return step.response
         error: IdempotentlyError
         if action is Action.FAIL_LOCALLY:
             assert step.error is not None
-            _add_note(step.error, f"idempotently: operation {self.operation_id!r}, key {self.key!r}")
+            _add_note(
+                step.error, f"idempotently: operation {self.operation_id!r}, key {self.key!r}"
+            )
             raise step.error
         if action is Action.RETRY_LATER:
             assert decision.not_before is not None

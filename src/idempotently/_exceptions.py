@@ -22,7 +22,7 @@ concerned, e.g. a journal that cannot be opened).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     import httpx
@@ -31,6 +31,14 @@ RESUME_HINT = (
     "it stays pending with its key; finish it with Session.resume() or "
     "`idempotently resume`, or call again with the same operation_id"
 )
+
+
+class ErrorContext(TypedDict, total=False):
+    """What every error says about the operation it concerns."""
+
+    operation_id: str | None
+    key: str | None
+    response: httpx.Response | None
 
 
 class IdempotentlyError(Exception):

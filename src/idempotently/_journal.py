@@ -506,7 +506,8 @@ class Journal:
 
         ``since`` is seconds since the epoch: only operations updated since then.
         """
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         if status is not None:
             statuses = [status] if isinstance(status, str) else list(status)
             for value in statuses:
@@ -528,8 +529,7 @@ class Journal:
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
-        counts = dict.fromkeys(STATUSES, 0)
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         for row in self._query("SELECT status, count(*) AS n FROM operations GROUP BY status"):
             counts[row["status"]] = row["n"]
         return counts
-

@@ -55,7 +55,7 @@ def journaled_response_headers(
 
 def normalised_url(url: httpx.URL) -> str:
     """Scheme, host, port and path as httpx normalises them, query sorted."""
-    query = sorted(url.params.multi_items())
+    query: list[tuple[str, str | int | float | bool | None]] = sorted(url.params.multi_items())
     return str(url.copy_with(query=None, fragment=None).copy_merge_params(query))
 
 

@@ -74,9 +74,13 @@ class RetryPolicy:
 
     max_attempts: int = attrs.field(default=DEFAULT_MAX_ATTEMPTS, validator=attrs.validators.gt(0))
     deadline: float = attrs.field(default=DEFAULT_DEADLINE, validator=attrs.validators.gt(0))
-    initial_backoff: float = attrs.field(default=DEFAULT_INITIAL_BACKOFF, validator=attrs.validators.ge(0))
+    initial_backoff: float = attrs.field(
+        default=DEFAULT_INITIAL_BACKOFF, validator=attrs.validators.ge(0)
+    )
     max_backoff: float = attrs.field(default=DEFAULT_MAX_BACKOFF, validator=attrs.validators.ge(0))
-    max_retry_after: float = attrs.field(default=DEFAULT_RETRY_AFTER_MAX, validator=attrs.validators.ge(0))
+    max_retry_after: float = attrs.field(
+        default=DEFAULT_RETRY_AFTER_MAX, validator=attrs.validators.ge(0)
+    )
     in_progress_retries: int = attrs.field(
         default=DEFAULT_IN_PROGRESS_RETRIES, validator=attrs.validators.ge(0)
     )
@@ -240,7 +244,9 @@ def _retry_or_stop(
     if state.attempts >= policy.max_attempts:
         stop = f"{what}: {state.attempts} attempts made (max_attempts={policy.max_attempts})"
     elif resume_at > state.started_at + policy.deadline:
-        stop = f"{what}: waiting {wait:g}s more would pass the call's deadline ({policy.deadline:g}s)"
+        stop = (
+            f"{what}: waiting {wait:g}s more would pass the call's deadline ({policy.deadline:g}s)"
+        )
     if stop is None:
         return Decision(Action.RETRY, what, wait=wait)
     if server is not None:

@@ -24,7 +24,12 @@ REPLAY_MARKER_HEADERS = (
 )
 # Words a 409 (or 400) body uses when the key was reused with another payload,
 # as opposed to "in progress" (Brandur's server answers 409 for both).
-MISMATCH_BODY_MARKERS = ("mismatch", "different payload", "different parameters", "idempotency_error")
+MISMATCH_BODY_MARKERS = (
+    "mismatch",
+    "different payload",
+    "different parameters",
+    "idempotency_error",
+)
 
 # Visible ASCII without the characters a quoted sf-string would need escaped:
 # a key that is the same bytes in both formats is a key every server accepts.

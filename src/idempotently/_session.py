@@ -133,7 +133,9 @@ class _SessionBase(Generic[ClientT]):
         )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
+        return (
+            f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
+        )
 
 
 class Session(_SessionBase[httpx.Client]):
@@ -240,9 +242,7 @@ class Session(_SessionBase[httpx.Client]):
 
     def _fly(self, flight: Flight) -> httpx.Response:
         try:
-            step: Step = _t.Retrying(**flight.retrying_options(self._sleep))(
-                self._attempt, flight
-            )
+            step: Step = _t.Retrying(**flight.retrying_options(self._sleep))(self._attempt, flight)
         finally:
             flight.release()
         return flight.finish(step)

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.scripted_server import ScriptedApp, serve
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every async test runs on asyncio and on trio."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def _scripted() -> Iterator[tuple[ScriptedApp, str]]:
+    app = ScriptedApp()
+    with serve(app) as url:
+        yield app, url
+
+
+@pytest.fixture
+def scripted(_scripted: tuple[ScriptedApp, str]) -> Iterator[tuple[ScriptedApp, str]]:
+    """A real uvicorn server on 127.0.0.1 answering from a per-test script."""
+    app, url = _scripted
+    app.reset()
+    yield app, url
+    app.reset()
