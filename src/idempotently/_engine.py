@@ -158,7 +158,10 @@ class Engine:
             request.method, request.url, body, request.headers, self.fingerprint_headers
         )
         for _ in range(3):  # a concurrent caller may insert between our find and insert
-            existing = self.journal._find(operation_id, key)
+            # A call with neither id nor key is new by construction: no lookup.
+            existing = None
+            if operation_id is not None or key is not None:
+                existing = self.journal._find(operation_id, key)
             if existing is not None:
                 return self._continue(existing, request, build, print_, operation_id, key)
             new_id = operation_id or new_operation_id()
@@ -491,6 +494,7 @@ class Flight:
         status: Status = _STATUS_AFTER[action]
         retrying = action is Action.RETRY
         record = AttemptRecord(
+            number=self.attempts_before + self.attempts,
             started_at=self._attempt_started,
             elapsed=now - self._attempt_started,
             outcome=outcome.value,

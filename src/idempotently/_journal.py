@@ -64,10 +64,9 @@ CREATE TABLE operations (
     reason           TEXT
 );
 CREATE INDEX operations_by_status ON operations (status, created_at);
-CREATE INDEX operations_by_update ON operations (updated_at);
 CREATE TABLE attempts (
     id          INTEGER PRIMARY KEY,
-    operation_id TEXT NOT NULL REFERENCES operations (operation_id) ON DELETE CASCADE,
+    operation_id TEXT NOT NULL,
     number      INTEGER NOT NULL,
     started_at  REAL NOT NULL,
     elapsed     REAL NOT NULL,
@@ -92,7 +91,7 @@ ON CONFLICT DO NOTHING
 _INSERT_ATTEMPT = """
 INSERT INTO attempts (
     operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
-) VALUES (?, (SELECT attempt_count + 1 FROM operations WHERE operation_id = ?), ?, ?, ?, ?, ?, ?, ?)
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
@@ -176,6 +175,8 @@ class NewOperation:
 class AttemptRecord:
     """One attempt's result and the operation's state after it."""
 
+    number: int
+    """1 for the operation's first attempt ever, across calls and restarts."""
     started_at: float
     elapsed: float
     outcome: str
@@ -219,7 +220,6 @@ class Journal:
             conn = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
-            conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
@@ -362,7 +362,7 @@ class Journal:
                 _INSERT_ATTEMPT,
                 (
                     operation_id,
-                    operation_id,
+                    record.number,
                     record.started_at,
                     record.elapsed,
                     record.outcome,
@@ -504,7 +504,7 @@ class Journal:
     ) -> list[Operation]:
         """Operations (without their attempts), filtered by status and age.
 
-        ``since`` is seconds since the epoch: only operations updated since then.
+        ``since`` is seconds since the epoch: only operations created since then.
         """
         where: list[str] = []
         params: list[Any] = []
@@ -516,7 +516,7 @@ class Journal:
             where.append(f"status IN ({', '.join('?' for _ in statuses)})")
             params.extend(statuses)
         if since is not None:
-            where.append("updated_at >= ?")
+            where.append("created_at >= ?")
             params.append(since)
         sql = "SELECT * FROM operations"
         if where:

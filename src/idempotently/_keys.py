@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import urllib.parse
 import uuid
 from collections.abc import Iterable
 
@@ -54,9 +55,16 @@ def journaled_response_headers(
 
 
 def normalised_url(url: httpx.URL) -> str:
-    """Scheme, host, port and path as httpx normalises them, query sorted."""
-    query: list[tuple[str, str | int | float | bool | None]] = sorted(url.params.multi_items())
-    return str(url.copy_with(query=None, fragment=None).copy_merge_params(query))
+    """Scheme, host, port and path as httpx normalised them, query pairs sorted.
+
+    Built from the parsed parts rather than ``URL.copy_with``, which re-parses
+    the whole URL and costs more than the journal write on the hot path.
+    """
+    query = urllib.parse.urlencode(
+        sorted(urllib.parse.parse_qsl(url.query.decode("ascii"), keep_blank_values=True))
+    )
+    port = "" if url.port is None else f":{url.port}"
+    return f"{url.scheme}://{url.host}{port}{url.path}" + (f"?{query}" if query else "")
 
 
 def canonical_body(body: bytes, content_type: str | None) -> bytes:
