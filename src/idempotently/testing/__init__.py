@@ -72,7 +72,7 @@ def __getattr__(name: str) -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        if error.name in ("starlette", "uvicorn"):
+        if (error.name or "").partition(".")[0] in ("starlette", "uvicorn"):
             raise ImportError(MOCK_EXTRA_MESSAGE, name=error.name) from error
         raise
     return getattr(module, name)

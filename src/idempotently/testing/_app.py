@@ -34,7 +34,7 @@ from idempotently.testing._database import Database
 from idempotently.testing._faults import Fault, Faults, ScheduledFault
 from idempotently.testing._problems import PROBLEM_MEDIA_TYPE, Problem, bad_request
 from idempotently.testing._provider import FakeProvider, Ledger, provider_key_for
-from idempotently.testing._states import next_step
+from idempotently.testing._states import is_stale, next_step
 from idempotently.testing._stats import Stats, Tally
 from idempotently.testing._store import KeyStore, StoredCharge
 
@@ -352,7 +352,9 @@ class MockApp:
                 record = self.keys.get(user, key)
                 if record is None or record.status != "in_progress":
                     return
-                if self.clock.now() - record.locked_at >= self.config.stale_after:
+                if is_stale(
+                    record.locked_at, now=self.clock.now(), stale_after=self.config.stale_after
+                ):
                     return
 
     def _in_progress(self) -> Response:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from idempotently.testing._app import ConnectionDropped, MockApp
@@ -90,7 +91,7 @@ class MockServer:
         """Charges per (user, `metadata.order_id`)."""
         return self.app.ledger.count_by_order()
 
-    def keys(self, user: str | None = None) -> list[IdempotencyRecord]:
+    def idempotency_keys(self, user: str | None = None) -> list[IdempotencyRecord]:
         """The rows of `idempotency_key`, to see what is `in_progress`, `completed` or `failed`."""
         return self.app.keys.records(user)
 
@@ -120,7 +121,10 @@ class MockServer:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio only sets TCP_NODELAY on sockets
+    # whose proto says TCP, and without it every keep-alive request waits ~40 ms
+    # for a delayed ACK between the response's header and body writes.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -136,9 +140,7 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _uvicorn_server(app: MockApp, log_level: str) -> Any:
-    import uvicorn
-
+def _uvicorn_server(app: MockApp, log_level: str) -> uvicorn.Server:
     config = uvicorn.Config(
         _SocketApp(app),
         log_level=log_level,

@@ -9,6 +9,15 @@ from idempotently.testing._store import IdempotencyRecord
 Step = Literal["replay", "mismatch", "take_over", "in_progress"]
 
 
+def is_stale(locked_at: float, *, now: float, stale_after: float) -> bool:
+    """Whether a lock taken at `locked_at` is `stale_after` old.
+
+    Written as `locked_at + stale_after <= now`, like the stuck count's SQL, so
+    that a clock advanced by exactly `stale_after` is stale in both places.
+    """
+    return locked_at + stale_after <= now
+
+
 def next_step(
     record: IdempotencyRecord, request_hash: str, *, now: float, stale_after: float
 ) -> Step:
@@ -24,6 +33,6 @@ def next_step(
         return "mismatch"
     if record.status == "completed":
         return "replay"
-    if record.status == "failed" or now - record.locked_at >= stale_after:
+    if record.status == "failed" or is_stale(record.locked_at, now=now, stale_after=stale_after):
         return "take_over"
     return "in_progress"

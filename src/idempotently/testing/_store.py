@@ -196,8 +196,9 @@ class KeyStore:
     def count_stuck(self, *, now: float, stale_after: float) -> int:
         """`in_progress` keys older than `stale_after`: the operations currently stuck."""
         row = self._db.fetch_one(
-            "SELECT count(*) FROM idempotency_key WHERE status = 'in_progress' AND locked_at < ?",
-            (now - stale_after,),
+            "SELECT count(*) FROM idempotency_key"
+            " WHERE status = 'in_progress' AND locked_at + ? <= ?",
+            (stale_after, now),
         )
         return int(row[0]) if row is not None else 0
 

@@ -6,8 +6,6 @@ starlette or uvicorn (the optional `[mock]` extra) until the command runs.
 
 from __future__ import annotations
 
-import importlib.util
-
 import click
 
 from idempotently.testing._config import DEFAULT_KEY_TTL, DEFAULT_STALE_AFTER
@@ -106,14 +104,16 @@ def mock_server_command(
     Prints the server's URL on the first line of stdout. Faults, the clock and
     the ledger are driven over HTTP: see docs/mock-server.md.
     """
-    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise click.ClickException(MOCK_EXTRA_MESSAGE)
+    try:
+        from idempotently.testing._app import MockApp
+        from idempotently.testing._server import run
+    except ImportError as error:
+        if (error.name or "").partition(".")[0] in ("starlette", "uvicorn"):
+            raise click.ClickException(MOCK_EXTRA_MESSAGE) from None
+        raise
 
-    from idempotently.testing._app import MockApp
     from idempotently.testing._clock import SystemClock, VirtualClock
     from idempotently.testing._config import MockServerConfig
-    from idempotently.testing._server import run
 
     try:
         config = MockServerConfig(
