@@ -3,8 +3,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import respx
 
 from tests.scripted_server import ScriptedApp, serve
+from tests.support import FakeTime
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -27,3 +29,16 @@ def scripted(_scripted: tuple[ScriptedApp, str]) -> Iterator[tuple[ScriptedApp, 
     app.reset()
     yield app, url
     app.reset()
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    """A clock that moves only when the code under test sleeps."""
+    return FakeTime()
+
+
+@pytest.fixture
+def router() -> Iterator[respx.MockRouter]:
+    """respx in place of the network; unmatched requests fail the test."""
+    with respx.mock(assert_all_called=False) as mock:
+        yield mock

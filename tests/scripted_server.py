@@ -110,7 +110,8 @@ class ScriptedApp:
 @contextmanager
 def serve(app: Any) -> Iterator[str]:
     """Run ``app`` with uvicorn on a free 127.0.0.1 port; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP so asyncio sets TCP_NODELAY (else ~40 ms delayed-ACK stalls).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

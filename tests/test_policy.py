@@ -280,14 +280,7 @@ def test_should_retry_true_makes_a_400_retryable(hint: str) -> None:
     [
         GENERIC,
         IETF,
-        pytest.param(
-            STRIPE,
-            marks=pytest.mark.xfail(
-                reason="BUG: on STRIPE (mismatch_statuses empty) a 422 with a should-retry "
-                "hint is retried; DESIGN §3.2 says 422 is never retried",
-                strict=True,
-            ),
-        ),
+        STRIPE,
     ],
     ids=lambda profile: profile.name,
 )
@@ -396,12 +389,6 @@ def test_own_deadline_passed_during_the_wait_needs_reconcile() -> None:
     assert Action.RECONCILE == decision.action
 
 
-@pytest.mark.xfail(
-    reason="BUG: _retry_or_stop returns RETRY_LATER for a server wait above max_retry_after "
-    "before it checks the operation's own deadline_at, so an operation whose deadline has "
-    "passed stays pending with a not_before after it instead of needs_reconcile",
-    strict=True,
-)
 def test_own_deadline_passed_needs_reconcile_even_with_a_long_retry_after() -> None:
     """A long Retry-After does not keep an operation past its own deadline pending."""
     decision = on_response(answer(429, {"Retry-After": "3600"}), call(deadline_at=NOW - 1))

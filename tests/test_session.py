@@ -4,55 +4,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import attrs
 import httpx
 import pytest
 import respx
 
 import idempotently
 from idempotently import profiles
-
-URL = "https://api.example.test/v1/charges"
-
-
-@attrs.define
-class FakeTime:
-    """A clock that only moves when the session sleeps."""
-
-    now: float = 1_800_000_000.0
-    sleeps: list[float] = attrs.field(factory=list)
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    async def async_sleep(self, seconds: float) -> None:
-        self.sleep(seconds)
-
-
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-def router() -> Iterator[respx.MockRouter]:
-    with respx.mock(assert_all_called=False) as mock:
-        yield mock
-
-
-def make_session(tmp_path: Path, fake_time: FakeTime, **options: Any) -> idempotently.Session:
-    options.setdefault("headers", {"Authorization": "Bearer sk_test"})
-    return idempotently.Session(
-        tmp_path / "journal.db", clock=fake_time.clock, sleep=fake_time.sleep, **options
-    )
+from tests.support import URL, FakeTime, make_session
 
 
 def keys_and_bodies(route: respx.Route) -> set[tuple[str | None, bytes]]:

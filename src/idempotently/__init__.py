@@ -7,12 +7,13 @@ before the first byte is sent, reused on every attempt and after a crash.
 from __future__ import annotations
 
 from idempotently import profiles
-from idempotently._engine import Receipt
+from idempotently._engine import Receipt, ResumeResult, Settlement
 from idempotently._exceptions import (
     IdempotentlyError,
     InvalidKeyError,
     JournalCorruptError,
     JournalError,
+    JournalMissingError,
     JournalVersionError,
     JournalWriteError,
     KeyReuseError,
@@ -22,7 +23,7 @@ from idempotently._exceptions import (
     OperationPendingError,
     RetryLaterError,
 )
-from idempotently._journal import Attempt, Journal, Operation
+from idempotently._journal import Attempt, Journal, JournalStats, Operation
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
@@ -37,6 +38,8 @@ __all__ = [
     "Journal",
     "JournalCorruptError",
     "JournalError",
+    "JournalMissingError",
+    "JournalStats",
     "JournalVersionError",
     "JournalWriteError",
     "KeyReuseError",
@@ -46,9 +49,11 @@ __all__ = [
     "OperationInProgressError",
     "OperationPendingError",
     "Receipt",
+    "ResumeResult",
     "RetryLaterError",
     "RetryPolicy",
     "ServerProfile",
     "Session",
+    "Settlement",
     "profiles",
 ]

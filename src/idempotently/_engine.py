@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import httpx
@@ -102,6 +102,60 @@ def lease_owner_alive(owner: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@attrs.frozen
+class ResumeResult:
+    """What resume did with one operation."""
+
+    operation_id: str
+    key: str
+    status: Status
+    """The operation's status in the journal afterwards."""
+    action: str
+    """``succeeded``, ``failed``, ``still_pending``, ``waiting``, ``leased``,
+    ``needs_reconcile``, ``abandoned``, ``reconciled``, ``skipped``; with
+    ``dry_run``: ``would_send``, ``would_wait``, ``would_skip_leased``,
+    ``would_abandon``, ``would_need_reconcile`` or ``would_reconcile``."""
+    detail: str
+    status_code: int | None = None
+    replayed: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        operation: Operation,
+        status: Status,
+        action: str,
+        detail: str | None,
+        status_code: int | None = None,
+        replayed: bool = False,
+    ) -> ResumeResult:
+        return cls(
+            operation.operation_id,
+            operation.key,
+            status,
+            action,
+            detail or "",
+            status_code,
+            replayed,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Settlement:
+    """A reconciler's verdict: what really happened to a needs_reconcile operation.
+
+    ``succeeded`` with the object it found (as a response, optional), or
+    ``failed`` when it is sure the operation never took effect.
+    """
+
+    status: Literal["succeeded", "failed"]
+    note: str
+    response: httpx.Response | None = None
 
 
 @attrs.frozen
@@ -233,45 +287,65 @@ class Engine:
         request = self.rebuild(operation, build, live=live)
         return self.resume_flight(operation, request)
 
-    def resume_flight(self, operation: Operation, request: httpx.Request) -> Flight:
+    def blocker(self, operation: Operation, *, resuming: bool) -> tuple[str, str] | None:
+        """Why a pending operation cannot be sent now, as (kind, reason); None if it can.
+
+        Kinds: ``leased`` (another live sender), ``abandon`` (at-most-once that
+        may have gone out), ``expired`` (key may be forgotten), ``deadline``
+        (its own deadline passed), ``waiting`` (not_before in the future).
+        """
+        now = self.clock()
+        owner = operation.lease_owner
+        if (
+            owner is not None
+            and owner != self.owner
+            and operation.lease_until > now
+            and lease_owner_alive(owner)
+        ):
+            return "leased", (
+                f"another caller ({owner}) is sending this operation; "
+                f"its lease runs until {_iso(operation.lease_until)}"
+            )
+        if operation.delivery == "at_most_once" and (resuming or owner is not None):
+            return "abandon", (
+                "an at-most-once operation whose send may have gone out is never resent"
+            )
+        if now > operation.key_expires_at - self.key_expiry_margin:
+            return "expired", (
+                f"the key was created at {_iso(operation.created_at)} and the server may have "
+                f"forgotten it (key lifetime {self.profile.key_lifetime:g}s, safety margin "
+                f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
+                "up and settle it"
+            )
+        if operation.deadline_at is not None and now > operation.deadline_at:
+            return "deadline", (
+                f"the operation's own deadline ({_iso(operation.deadline_at)}) has passed"
+            )
+        if operation.not_before is not None and operation.not_before > now:
+            return "waiting", (f"the server asked not to retry before {_iso(operation.not_before)}")
+        return None
+
+    def resume_flight(
+        self, operation: Operation, request: httpx.Request, *, resuming: bool = False
+    ) -> Flight:
         """Take the lease on a pending operation, or raise why it cannot go now."""
         ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
+        blocked = self.blocker(operation, resuming=resuming)
+        if blocked is not None:
+            kind, reason = blocked
+            if kind == "leased":
+                raise OperationInProgressError(reason, **ids)
+            if kind == "waiting":
+                assert operation.not_before is not None
+                raise RetryLaterError(
+                    f"{reason}; {RESUME_HINT}", not_before=operation.not_before, **ids
+                )
+            if kind == "abandon":
+                self._settle_without_attempt(operation, "abandoned", reason)
+                raise OperationAbandonedError(reason, **ids)
+            self._settle_without_attempt(operation, "needs_reconcile", reason)
+            raise NeedsReconcileError(reason, **ids)
         now = self.clock()
-        held = (
-            operation.lease_owner is not None
-            and operation.lease_owner != self.owner
-            and operation.lease_until > now
-            and lease_owner_alive(operation.lease_owner)
-        )
-        if held:
-            raise OperationInProgressError(
-                f"another caller ({operation.lease_owner}) is sending this operation; "
-                f"its lease runs until {_iso(operation.lease_until)}",
-                **ids,
-            )
-        if operation.delivery == "at_most_once" and operation.lease_owner is not None:
-            reason = "an at-most-once send was interrupted and may have been delivered"
-            self._settle_without_attempt(operation, "abandoned", reason)
-            raise OperationAbandonedError(reason, **ids)
-        if now > operation.key_expires_at - self.key_expiry_margin:
-            reason = (
-                f"the key was created at {_iso(operation.created_at)} and the server may have "
-                f"forgotten it by now (key lifetime {self.profile.key_lifetime:g}s): resending "
-                "could act twice; look the object up and settle it"
-            )
-            self._settle_without_attempt(operation, "needs_reconcile", reason)
-            raise NeedsReconcileError(reason, **ids)
-        if operation.deadline_at is not None and now > operation.deadline_at:
-            reason = f"the operation's own deadline ({_iso(operation.deadline_at)}) has passed"
-            self._settle_without_attempt(operation, "needs_reconcile", reason)
-            raise NeedsReconcileError(reason, **ids)
-        if operation.not_before is not None and operation.not_before > now:
-            raise RetryLaterError(
-                f"the server asked not to retry before {_iso(operation.not_before)}; "
-                + RESUME_HINT,
-                not_before=operation.not_before,
-                **ids,
-            )
         if not self._journal_call(
             operation.operation_id,
             operation.key,
@@ -294,13 +368,104 @@ class Engine:
             operation.attempt_count,
         )
 
-    def rebuild(
-        self, operation: Operation, build: BuildRequest, live: httpx.Request | None = None
-    ) -> httpx.Request:
-        """The journaled request, byte-identical, with live credentials re-applied."""
-        request = build(
-            operation.method, operation.url, operation.request_headers, operation.request_body
+    # -- resume --------------------------------------------------------------------
+
+    def resume_queue(self, *, include_needs_reconcile: bool) -> list[Operation]:
+        """Pending operations, oldest first; needs_reconcile ones too for a reconciler."""
+        statuses: list[Status] = ["pending"]
+        if include_needs_reconcile:
+            statuses.append("needs_reconcile")
+        return self.journal.operations(status=statuses, newest_first=False)
+
+    def plan(self, operation: Operation) -> ResumeResult:
+        """What resume would do with this operation, without doing it (--dry-run)."""
+        if operation.status != "pending":
+            return ResumeResult.of(operation, operation.status, "would_reconcile", operation.reason)
+        blocked = self.blocker(operation, resuming=True)
+        if blocked is None:
+            return ResumeResult.of(operation, "pending", "would_send", "would resend its key")
+        kind, reason = blocked
+        return ResumeResult.of(operation, "pending", _PLANNED_ACTIONS[kind], reason)
+
+    def start_resume(
+        self, operation: Operation, build: BuildRequest, base_url: str | None
+    ) -> Flight | ResumeResult:
+        """Lease a pending operation for resending, or say why it is not sent."""
+        if operation.status != "pending":
+            return ResumeResult.of(operation, operation.status, "skipped", operation.reason)
+        request = self.rebuild(operation, build, base_url=base_url)
+        try:
+            return self.resume_flight(operation, request, resuming=True)
+        except IdempotentlyError as error:
+            return self.result_of_error(operation, error)
+
+    def result_of_error(self, operation: Operation, error: BaseException) -> ResumeResult:
+        """A resume outcome from the error a flight (or its start) raised."""
+        response = getattr(error, "response", None)
+        code = None if response is None else response.status_code
+        message = getattr(error, "message", str(error))
+        if isinstance(error, RetryLaterError):
+            return ResumeResult.of(operation, "pending", "waiting", message, code)
+        if isinstance(error, OperationInProgressError):
+            return ResumeResult.of(operation, "pending", "leased", message, code)
+        if isinstance(error, OperationPendingError):
+            return ResumeResult.of(operation, "pending", "still_pending", message, code)
+        if isinstance(error, NeedsReconcileError):
+            return ResumeResult.of(operation, "needs_reconcile", "needs_reconcile", message, code)
+        if isinstance(error, OperationAbandonedError):
+            return ResumeResult.of(operation, "abandoned", "abandoned", message, code)
+        return ResumeResult.of(operation, "failed", "failed", message, code)
+
+    def result_of_response(self, operation: Operation, response: httpx.Response) -> ResumeResult:
+        receipt = response.extensions.get(EXTENSION)
+        replayed = bool(receipt and receipt.replayed)
+        status: Status = "succeeded" if response.status_code < 400 else "failed"
+        detail = f"{response.status_code}" + (" (replayed by the server)" if replayed else "")
+        return ResumeResult.of(operation, status, status, detail, response.status_code, replayed)
+
+    def settle(self, operation: Operation, settlement: Settlement | None) -> ResumeResult | None:
+        """Record a reconciler's verdict on a needs_reconcile operation."""
+        if settlement is None:
+            return None
+        response = settlement.response
+        self._journal_call(
+            operation.operation_id,
+            operation.key,
+            self.journal._settle,
+            operation.operation_id,
+            settlement.status,
+            reason=f"reconciled: {settlement.note}",
+            now=self.clock(),
+            response_status=None if response is None else response.status_code,
+            response_headers=None
+            if response is None
+            else journaled_response_headers(response.headers, self.redact_headers),
+            response_body=None if response is None else response.content,
         )
+        return ResumeResult.of(
+            operation,
+            settlement.status,
+            "reconciled",
+            settlement.note,
+            None if response is None else response.status_code,
+        )
+
+    def rebuild(
+        self,
+        operation: Operation,
+        build: BuildRequest,
+        live: httpx.Request | None = None,
+        base_url: str | None = None,
+    ) -> httpx.Request:
+        """The journaled request, byte-identical, with live credentials re-applied.
+
+        ``base_url`` moves it to another origin (scheme, host, port), keeping path and query.
+        """
+        url = operation.url
+        if base_url is not None:
+            base = httpx.URL(base_url)
+            url = str(httpx.URL(url).copy_with(scheme=base.scheme, host=base.host, port=base.port))
+        request = build(operation.method, url, operation.request_headers, operation.request_body)
         if live is not None:
             for name in self.redact_headers:
                 if name in live.headers:
@@ -575,6 +740,14 @@ class Flight:
         if not self._settled:
             self.engine.journal._release_lease(self.operation_id, owner=self.engine.owner)
 
+
+_PLANNED_ACTIONS = {
+    "leased": "would_skip_leased",
+    "abandon": "would_abandon",
+    "expired": "would_need_reconcile",
+    "deadline": "would_need_reconcile",
+    "waiting": "would_wait",
+}
 
 _STATUS_AFTER: dict[Action, Status] = {
     Action.SUCCEED: "succeeded",

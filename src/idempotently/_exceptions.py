@@ -2,6 +2,7 @@
 
     IdempotentlyError
     ├── JournalError                  the journal file cannot be used
+    │   ├── JournalMissingError       no journal at that path
     │   ├── JournalVersionError       written by a newer idempotently
     │   ├── JournalCorruptError       not a journal, or damaged
     │   └── JournalWriteError         disk full, read-only, locked
@@ -66,6 +67,10 @@ class IdempotentlyError(Exception):
 
 class JournalError(IdempotentlyError):
     """The journal file cannot be opened, read or written."""
+
+
+class JournalMissingError(JournalError, FileNotFoundError):
+    """No journal at that path (only when opened with ``create=False``)."""
 
 
 class JournalVersionError(JournalError):

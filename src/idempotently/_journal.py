@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -23,6 +24,7 @@ import sqlite_utils
 from idempotently._exceptions import (
     JournalCorruptError,
     JournalError,
+    JournalMissingError,
     JournalVersionError,
     JournalWriteError,
 )
@@ -194,6 +196,26 @@ class AttemptRecord:
     response_body: bytes | None = None
 
 
+_WRITE_ADVICE = {
+    "locked": "another process held the journal's write lock past the busy timeout; "
+    "look for a stuck process using this file, or raise busy_timeout",
+    "full": "the disk is full; free some space",
+    "readonly": "the file or its directory is read-only; fix the permissions",
+    "other": "check free disk space and that the file and its directory are writable",
+}
+
+
+def _write_problem(error: sqlite3.Error) -> str:
+    message = str(error).lower()
+    if "locked" in message or "busy" in message:
+        return "locked"
+    if "full" in message:
+        return "full"
+    if "readonly" in message or "read-only" in message:
+        return "readonly"
+    return "other"
+
+
 def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((name, value) for name, value in json.loads(text))
 
@@ -204,12 +226,27 @@ class Journal:
     Safe to share between threads; several processes may open the same file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        busy_timeout: float = 30.0,
+    ) -> None:
         self.path = os.fspath(path)
+        if not create and self.path != ":memory:" and not os.path.exists(self.path):
+            raise JournalMissingError(
+                f"no journal at {self.path}; pass --journal PATH (or set IDEMPOTENTLY_JOURNAL) "
+                "to the file your Session writes"
+            )
         self._lock = threading.RLock()
         self._conn = self._connect(busy_timeout)
         self.db = sqlite_utils.Database(self._conn)
-        self._check_schema()
+        try:
+            self._check_schema()
+        except BaseException:
+            self._conn.close()
+            raise
 
     # -- opening -------------------------------------------------------------
 
@@ -253,27 +290,47 @@ class Journal:
     def _check_schema(self) -> None:
         try:
             with self._lock:
-                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
-                tables = set(self.db.table_names())
+                # One read transaction: a consistent snapshot even while
+                # another process is creating the schema.
+                self._conn.execute("BEGIN")
+                try:
+                    version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+                    app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
+                    tables = set(self.db.table_names())
+                finally:
+                    self._conn.execute("COMMIT")
+                if version == 0 and not tables:
+                    self._create_schema()
+                    return
+                if app_id != APPLICATION_ID:
+                    raise JournalCorruptError(
+                        f"{self.path} is an SQLite database but not an idempotently journal; "
+                        "point --journal (or Journal(path)) at the journal file"
+                    )
                 if version > SCHEMA_VERSION:
                     raise JournalVersionError(
                         f"{self.path} has journal schema version {version}, but this "
                         f"idempotently reads up to version {SCHEMA_VERSION}; upgrade "
                         "idempotently (pip install -U idempotently). The file was not modified."
                     )
-                if version == 0 and not tables:
-                    self._create_schema()
-                elif app_id != APPLICATION_ID or not {"operations", "attempts"} <= tables:
+                if not {"operations", "attempts"} <= tables:
                     raise JournalCorruptError(
-                        f"{self.path} is an SQLite database but not an idempotently journal; "
-                        "point --journal (or Journal(path)) at the journal file"
+                        f"{self.path} is missing journal tables; restore it from a backup"
                     )
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
 
     def _create_schema(self) -> None:
-        self._conn.execute("PRAGMA journal_mode = WAL")
+        # Switching to WAL needs an exclusive lock and SQLite does not always
+        # wait for it: several processes creating one journal retry briefly.
+        for _ in range(100):
+            try:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error):
+                    raise
+                time.sleep(0.02)
         with self._write(durable=True):
             # Another process may have created it while we waited for the lock.
             if "operations" in self.db.table_names():
@@ -317,8 +374,9 @@ class Journal:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise JournalWriteError(
-                    f"cannot write the journal {self.path}: {error}; check free disk space "
-                    "and that the file is writable (nothing was lost: the previous state stands)"
+                    f"cannot write the journal {self.path}: {error}; "
+                    + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
+                    + " (nothing was lost: the previous state stands)"
                 ) from error
             finally:
                 if durable:
@@ -440,6 +498,38 @@ class Journal:
             )
             return cursor.rowcount == 1
 
+    def _settle(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str,
+        now: float,
+        response_status: int | None = None,
+        response_headers: Sequence[tuple[str, str]] | None = None,
+        response_body: bytes | None = None,
+    ) -> bool:
+        """A reconciler's verdict on a needs_reconcile operation."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                """
+                UPDATE operations SET status = ?, reason = ?, updated_at = ?,
+                    response_status = ?, response_headers = ?, response_body = ?,
+                    lease_owner = NULL, lease_until = 0
+                WHERE operation_id = ? AND status = 'needs_reconcile'
+                """,
+                (
+                    status,
+                    reason,
+                    now,
+                    response_status,
+                    None if response_headers is None else json.dumps(list(response_headers)),
+                    response_body,
+                    operation_id,
+                ),
+            )
+            return cursor.rowcount == 1
+
     def _release_lease(self, operation_id: str, *, owner: str) -> None:
         with self._write() as conn:
             conn.execute(
@@ -450,7 +540,7 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         with self._lock:
             try:
                 return list(self.db.query(sql, params))
@@ -527,9 +617,113 @@ class Journal:
             params.append(limit)
         return [Operation._from_row(row) for row in self._query(sql, params)]
 
+    def stats(self, *, now: float, stuck_after: float = 60.0) -> JournalStats:
+        """Counts, rates and the stuck count (pending, unleased, idle ``stuck_after`` s)."""
+        counts = self.counts()
+        attempts = self._query(
+            """
+            SELECT count(*) AS attempts,
+                   count(status_code) AS answered,
+                   coalesce(sum(replayed), 0) AS replayed,
+                   coalesce(sum(status_code IN (409, 423)), 0) AS in_progress
+            FROM attempts
+            """
+        )[0]
+        pending = self._query(
+            """
+            SELECT min(created_at) AS oldest,
+                   coalesce(sum(lease_until < :now AND updated_at < :idle), 0) AS stuck
+            FROM operations WHERE status = 'pending'
+            """,
+            {"now": now, "idle": now - stuck_after},
+        )[0]
+        return JournalStats(
+            counts=counts,
+            operations=sum(counts.values()),
+            attempts=attempts["attempts"],
+            answered_attempts=attempts["answered"],
+            replayed_attempts=attempts["replayed"],
+            in_progress_attempts=attempts["in_progress"],
+            oldest_pending_created_at=pending["oldest"],
+            stuck=pending["stuck"],
+            now=now,
+        )
+
+    def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
+        """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
+
+        Never touches ``pending`` or ``needs_reconcile``: those still need work.
+        Returns how many operations were (or, with ``dry_run``, would be) deleted.
+        """
+        finished = ", ".join(f"'{status}'" for status in FINISHED_STATUSES)
+        where = f"status IN ({finished}) AND updated_at < ?"
+        cutoff = now - older_than
+        if dry_run:
+            return int(
+                self._query(f"SELECT count(*) AS n FROM operations WHERE {where}", (cutoff,))[0][
+                    "n"
+                ]
+            )
+        with self._write() as conn:
+            conn.execute(
+                f"DELETE FROM attempts WHERE operation_id IN "
+                f"(SELECT operation_id FROM operations WHERE {where})",
+                (cutoff,),
+            )
+            return conn.execute(f"DELETE FROM operations WHERE {where}", (cutoff,)).rowcount
+
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
         counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         for row in self._query("SELECT status, count(*) AS n FROM operations GROUP BY status"):
             counts[row["status"]] = row["n"]
         return counts
+
+
+@attrs.frozen
+class JournalStats:
+    """What to watch: the article's replay rate, 409 rate and stuck count, client-side."""
+
+    counts: dict[str, int]
+    """Operations per status; every status is present."""
+    operations: int
+    attempts: int
+    answered_attempts: int
+    replayed_attempts: int
+    in_progress_attempts: int
+    """Answers with 409 or 423: the server was still working on the key."""
+    oldest_pending_created_at: float | None
+    stuck: int
+    """Pending operations nobody is sending: lease expired and untouched for a while."""
+    now: float
+
+    @property
+    def replay_rate(self) -> float:
+        return self.replayed_attempts / self.answered_attempts if self.answered_attempts else 0.0
+
+    @property
+    def in_progress_rate(self) -> float:
+        return self.in_progress_attempts / self.answered_attempts if self.answered_attempts else 0.0
+
+    @property
+    def retries_per_operation(self) -> float:
+        return (self.attempts - self.operations) / self.operations if self.operations else 0.0
+
+    @property
+    def oldest_pending_age(self) -> float | None:
+        if self.oldest_pending_created_at is None:
+            return None
+        return max(0.0, self.now - self.oldest_pending_created_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "operations": self.operations,
+            "attempts": self.attempts,
+            "replay_rate": round(self.replay_rate, 6),
+            "in_progress_rate": round(self.in_progress_rate, 6),
+            "retries_per_operation": round(self.retries_per_operation, 6),
+            "oldest_pending_age": self.oldest_pending_age,
+            "stuck": self.stuck,
+            "needs_reconcile": self.counts["needs_reconcile"],
+        }

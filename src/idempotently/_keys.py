@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import urllib.parse
 import uuid
 from collections.abc import Iterable
 
@@ -55,16 +54,16 @@ def journaled_response_headers(
 
 
 def normalised_url(url: httpx.URL) -> str:
-    """Scheme, host, port and path as httpx normalised them, query pairs sorted.
+    """Scheme, authority and raw path as sent on the wire, query pairs sorted.
 
-    Built from the parsed parts rather than ``URL.copy_with``, which re-parses
-    the whole URL and costs more than the journal write on the hot path.
+    Raw (still percent-encoded) parts keep ``/a%2Fb`` apart from ``/a/b``.
+    Built from the parts rather than ``URL.copy_with``, which re-parses the
+    whole URL and costs more than the journal write on the hot path.
     """
-    query = urllib.parse.urlencode(
-        sorted(urllib.parse.parse_qsl(url.query.decode("ascii"), keep_blank_values=True))
-    )
-    port = "" if url.port is None else f":{url.port}"
-    return f"{url.scheme}://{url.host}{port}{url.path}" + (f"?{query}" if query else "")
+    path, _, raw_query = url.raw_path.decode("ascii").partition("?")
+    query = "&".join(sorted(raw_query.split("&"))) if raw_query else ""
+    authority = url.netloc.decode("ascii")
+    return f"{url.scheme}://{authority}{path}" + (f"?{query}" if query else "")
 
 
 def canonical_body(body: bytes, content_type: str | None) -> bytes:

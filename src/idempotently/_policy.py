@@ -21,6 +21,8 @@ Delivery = Literal["exactly_once", "at_most_once"]
 
 # Statuses that say "nothing happened yet, come back": retried on every server.
 RETRY_STATUS_CODES = frozenset({408, 425, 429})
+# Final whatever a hint header says: the request itself is wrong.
+NEVER_RETRY_STATUS_CODES = frozenset({422})
 # The server provably did not act on these: even at-most-once may resend.
 NOT_ACTED_STATUS_CODES = frozenset({408, 425, 429})
 
@@ -191,8 +193,15 @@ def _decide_response(
                 Action.RECONCILE,
                 f"{status} and the server says not to retry: the outcome is unknown",
             )
-    elif not (in_progress or status in RETRY_STATUS_CODES or hint is True):
+    elif status in NEVER_RETRY_STATUS_CODES or not (
+        in_progress or status in RETRY_STATUS_CODES or hint is True
+    ):
         return Decision(Action.FAIL, f"{status}: a final answer; retrying it would be a loop")
+    elif hint is False and in_progress:
+        # The first request may still be running: not "nothing happened".
+        return Decision(
+            Action.PENDING, f"{status}: the key is in progress and the server says not to retry"
+        )
     elif hint is False:
         return Decision(Action.FAIL, f"{status} and the server says not to retry")
 
@@ -228,17 +237,17 @@ def _retry_or_stop(
 ) -> Decision:
     wait = max(server or 0.0, policy.backoff(state.attempts, rand))
     resume_at = now + wait
+    if state.deadline_at is not None and resume_at > state.deadline_at:
+        return Decision(
+            Action.RECONCILE,
+            f"{what}: the operation's own deadline passes before it could be retried",
+        )
     if server is not None and server > policy.max_retry_after:
         return Decision(
             Action.RETRY_LATER,
             f"{what}: the server asks to wait {server:g}s, more than max_retry_after "
             f"({policy.max_retry_after:g}s)",
             not_before=now + server,
-        )
-    if state.deadline_at is not None and resume_at > state.deadline_at:
-        return Decision(
-            Action.RECONCILE,
-            f"{what}: the operation's own deadline passes before it could be retried",
         )
     stop = None
     if state.attempts >= policy.max_attempts:

@@ -33,7 +33,7 @@ MISMATCH_BODY_MARKERS = (
 
 # Visible ASCII without the characters a quoted sf-string would need escaped:
 # a key that is the same bytes in both formats is a key every server accepts.
-_KEY_CHARACTERS = re.compile(r"^[!#-\[\]-~]+$")
+_KEY_CHARACTERS = re.compile(r"[!#-\[\]-~]+")
 
 
 @attrs.frozen
@@ -69,7 +69,7 @@ class ServerProfile:
                 f"{self.name!r} profile; got {len(key)}",
                 key=key,
             )
-        if not _KEY_CHARACTERS.match(key):
+        if not _KEY_CHARACTERS.fullmatch(key):
             raise InvalidKeyError(
                 "idempotency key may hold only visible ASCII characters, without quotes "
                 "or backslashes; use a UUID or your own ASCII id",

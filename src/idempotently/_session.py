@@ -31,15 +31,23 @@ from idempotently._engine import (
     DEFAULT_LEASE_DURATION,
     Engine,
     Flight,
+    ResumeResult,
+    Settlement,
     Step,
 )
-from idempotently._journal import Journal
+from idempotently._exceptions import IdempotentlyError, JournalError
+from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
 from idempotently._policy import Delivery, RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
 JournalArg = str | os.PathLike[str] | Journal
+Reconciler = Callable[[Operation, httpx.Client], "Settlement | None"]
+AsyncReconciler = Callable[[Operation, httpx.AsyncClient], Awaitable["Settlement | None"]]
+OnResult = Callable[[ResumeResult], object]
+# What ends one operation's resume without ending the whole resume.
+_SETTLING_ERRORS = (IdempotentlyError, httpx.TransportError)
 
 
 class _SessionBase(Generic[ClientT]):
@@ -255,6 +263,49 @@ class Session(_SessionBase[httpx.Client]):
             return flight.on_error(error)
         return flight.on_response(response)
 
+    def resume(
+        self,
+        *,
+        reconciler: Reconciler | None = None,
+        dry_run: bool = False,
+        base_url: str | None = None,
+        on_result: OnResult | None = None,
+    ) -> list[ResumeResult]:
+        """Re-drive every pending operation with its stored key and bytes.
+
+        One result per operation, oldest first: sent and settled, still
+        pending (waiting for ``not_before``, leased by another process, budget
+        spent), abandoned (at-most-once), or needs_reconcile (key past its
+        lifetime, replayed 5xx, own deadline passed). With a ``reconciler``,
+        needs_reconcile operations are handed to it to settle. Credentials
+        come from this session's client, never from the journal.
+        """
+        engine = self._engine
+        results = []
+        for operation in engine.resume_queue(include_needs_reconcile=reconciler is not None):
+            if dry_run:
+                result = engine.plan(operation)
+            else:
+                result = self._resume_one(operation, base_url)
+                if reconciler is not None and result.status == "needs_reconcile":
+                    current = self.journal.operation(operation.operation_id) or operation
+                    result = engine.settle(current, reconciler(current, self.client)) or result
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+        return results
+
+    def _resume_one(self, operation: Operation, base_url: str | None) -> ResumeResult:
+        started = self._engine.start_resume(operation, self._build, base_url)
+        if not isinstance(started, Flight):
+            return started
+        try:
+            return self._engine.result_of_response(operation, self._fly(started))
+        except JournalError:
+            raise
+        except _SETTLING_ERRORS as error:
+            return self._engine.result_of_error(operation, error)
+
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
@@ -375,6 +426,42 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         except httpx.TransportError as error:
             return flight.on_error(error)
         return flight.on_response(response)
+
+    async def resume(
+        self,
+        *,
+        reconciler: AsyncReconciler | None = None,
+        dry_run: bool = False,
+        base_url: str | None = None,
+        on_result: OnResult | None = None,
+    ) -> list[ResumeResult]:
+        """Re-drive every pending operation; see :meth:`Session.resume`."""
+        engine = self._engine
+        results = []
+        for operation in engine.resume_queue(include_needs_reconcile=reconciler is not None):
+            if dry_run:
+                result = engine.plan(operation)
+            else:
+                result = await self._resume_one(operation, base_url)
+                if reconciler is not None and result.status == "needs_reconcile":
+                    current = self.journal.operation(operation.operation_id) or operation
+                    verdict = await reconciler(current, self.client)
+                    result = engine.settle(current, verdict) or result
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+        return results
+
+    async def _resume_one(self, operation: Operation, base_url: str | None) -> ResumeResult:
+        started = self._engine.start_resume(operation, self._build, base_url)
+        if not isinstance(started, Flight):
+            return started
+        try:
+            return self._engine.result_of_response(operation, await self._fly(started))
+        except JournalError:
+            raise
+        except _SETTLING_ERRORS as error:
+            return self._engine.result_of_error(operation, error)
 
     async def aclose(self) -> None:
         if self._owns_client:
