@@ -1,16 +1,434 @@
-"""The `idempotently` command: a thin layer over Journal and Session."""
+"""The `idempotently` command: a thin layer over Journal and Session.
+
+Each command opens the journal, makes one library call and prints the result:
+an aligned table for people, ``--json`` for scripts. Read-only commands never
+create a journal; any :class:`JournalError` becomes a one-line error (exit 1).
+Usage errors (bad option values) exit 2. Reference: docs/cli.md.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
 import click
+import httpx
 
 from idempotently import __version__
+from idempotently._cli_durations import DURATION, format_age, format_duration
+from idempotently._cli_format import (
+    operation_detail_json,
+    operation_json,
+    operation_lines,
+    percent,
+    table,
+)
+from idempotently._engine import DEFAULT_LEASE_DURATION, ResumeResult
+from idempotently._exceptions import JournalError
+from idempotently._journal import STATUSES, Journal
+from idempotently._profiles import BUILTIN_PROFILES
+from idempotently._session import Session
+
+JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
+DEFAULT_JOURNAL = "idempotently.db"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group()
+@click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False),
+    envvar=JOURNAL_ENVVAR,
+    show_envvar=True,
+    default=DEFAULT_JOURNAL,
+    show_default=True,
+    metavar="PATH",
+    help="The journal file your Session writes.",
+)
 @click.version_option(__version__, prog_name="idempotently")
-def cli() -> None:
-    """Audit and resume the idempotently journal."""
+def cli(journal_path: str) -> None:
+    """Audit and resume the idempotently journal.
+
+    Tables for people, --json for scripts. Exit status: 0 success, 1 failure
+    (including a missing or unreadable journal), 2 usage error.
+    """
+
+
+# -- reusable pieces ---------------------------------------------------------------
+
+
+@contextmanager
+def journal_errors() -> Iterator[None]:
+    """A journal that cannot be used is the user's to fix: one line, exit 1."""
+    try:
+        yield
+    except JournalError as error:
+        raise click.ClickException(str(error)) from None
+
+
+def with_journal(command: F) -> F:
+    """Open the journal read-write but never create it; pass it as the first argument.
+
+    Also accepts ``--journal`` after the command name, which wins over the global one.
+    """
+
+    def wrapper(ctx: click.Context, /, journal_path: str | None, **options: Any) -> Any:
+        path = journal_path or ctx.find_root().params["journal_path"]
+        with journal_errors(), Journal(path, create=False) as journal:
+            return command(journal, **options)
+
+    functools.update_wrapper(wrapper, command)
+    decorated = click.option(
+        "--journal",
+        "journal_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        metavar="PATH",
+        help="The journal file (same as the global --journal, given after the command).",
+    )(click.pass_context(wrapper))
+    return decorated  # type: ignore[return-value]  # one parameter less than F
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
+)
+
+
+def echo_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def echo_lines(lines: Sequence[str], indent: str = "") -> None:
+    for line in lines:
+        click.echo(f"{indent}{line}".rstrip())
+
+
+def fail(message: str) -> None:
+    """Exit 1 with the reason on stderr, after the normal output was printed."""
+    click.echo(f"idempotently: {message}", err=True)
+    raise click.exceptions.Exit(1)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# -- list --------------------------------------------------------------------------
+
+
+@cli.command("list")
+@click.option(
+    "--status",
+    "statuses",
+    type=click.Choice(STATUSES),
+    multiple=True,
+    help="Only operations in this status; repeat for several.",
+)
+@click.option(
+    "--since",
+    type=DURATION,
+    metavar="DURATION",
+    help="Only operations created within this long ago, e.g. 1h or 7d.",
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), metavar="N", help="At most N operations, newest first."
+)
+@json_option
+@with_journal
+def list_command(
+    journal: Journal,
+    statuses: tuple[str, ...],
+    since: float | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """List operations, newest first."""
+    now = time.time()
+    operations = journal.operations(
+        status=statuses or None,  # type: ignore[arg-type]  # click.Choice checked them
+        since=None if since is None else now - since,
+        limit=limit,
+    )
+    if as_json:
+        echo_json([operation_json(operation) for operation in operations])
+        return
+    if not operations:
+        click.echo(
+            f"no operations in {journal.path} match"
+            if statuses or since
+            else f"no operations in {journal.path}"
+        )
+        return
+    echo_lines(
+        table(
+            ("operation", "status", "method", "url", "attempts", "last", "created"),
+            (
+                (
+                    op.operation_id,
+                    op.status,
+                    op.method,
+                    op.url,
+                    op.attempt_count,
+                    op.last_status_code,
+                    format_age(op.created_at, now),
+                )
+                for op in operations
+            ),
+            right="attempts,last",
+        )
+    )
+
+
+# -- show --------------------------------------------------------------------------
+
+
+@cli.command("show")
+@click.argument("operation_id_or_key", metavar="OPERATION_ID_OR_KEY")
+@json_option
+@with_journal
+def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> None:
+    """Show one operation, every attempt, and the request and response bodies.
+
+    Secret headers (Authorization, Cookie, X-Api-Key, Proxy-Authorization) are
+    never journaled, and never printed even if a journal holds them.
+    """
+    operation = journal.operation(operation_id_or_key)
+    if operation is None:
+        raise click.ClickException(f"no operation or key '{operation_id_or_key}' in {journal.path}")
+    if as_json:
+        echo_json(operation_detail_json(operation))
+        return
+    echo_lines(operation_lines(operation, time.time()))
+
+
+# -- stats -------------------------------------------------------------------------
+
+
+@cli.command("stats")
+@click.option(
+    "--stuck-after",
+    type=DURATION,
+    default=f"{DEFAULT_LEASE_DURATION:g}s",
+    show_default=True,
+    metavar="DURATION",
+    help="A pending operation nobody holds and idle this long counts as stuck.",
+)
+@click.option(
+    "--fail-on-stuck",
+    is_flag=True,
+    help="Exit 1 if anything is stuck or needs reconciling (for cron and alerting).",
+)
+@json_option
+@with_journal
+def stats_command(journal: Journal, stuck_after: float, fail_on_stuck: bool, as_json: bool) -> None:
+    """Counts per status, replay and 409 rates, retries, oldest pending, stuck count."""
+    stats = journal.stats(now=time.time(), stuck_after=stuck_after)
+    if as_json:
+        echo_json({"journal": journal.path, **stats.to_json(), "stuck_after": stuck_after})
+    else:
+        age = stats.oldest_pending_age
+        lines = [
+            ("journal", journal.path),
+            ("operations", str(stats.operations)),
+            *((f"  {status}", str(count)) for status, count in stats.counts.items()),
+            ("attempts", str(stats.attempts)),
+            ("replay rate", f"{percent(stats.replay_rate)} of answers were replays"),
+            ("409 rate", f"{percent(stats.in_progress_rate)} of answers said in progress"),
+            ("retries/op", f"{stats.retries_per_operation:.2f}"),
+            ("oldest pending", "-" if age is None else f"created {format_duration(age)} ago"),
+            (
+                "stuck",
+                f"{stats.stuck} (pending, unleased, idle over {format_duration(stuck_after)})",
+            ),
+        ]
+        width = max(len(name) for name, _ in lines)
+        for name, value in lines:
+            click.echo(f"{name.ljust(width)}  {value}")
+    reconcile = stats.counts["needs_reconcile"]
+    if fail_on_stuck and (stats.stuck or reconcile):
+        problems = []
+        if stats.stuck:
+            problems.append(
+                f"{plural(stats.stuck, 'operation')} stuck (idle over "
+                f"{format_duration(stuck_after)}; run `idempotently resume`)"
+            )
+        if reconcile:
+            problems.append(
+                f"{plural(reconcile, 'operation')} "
+                f"{'needs' if reconcile == 1 else 'need'} reconciling "
+                "(`idempotently list --status needs_reconcile`)"
+            )
+        fail(f"{journal.path}: " + "; ".join(problems))
+
+
+# -- resume ------------------------------------------------------------------------
+
+
+def headers_from_env(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    """``NAME=ENVVAR`` pairs to headers; credentials come from the environment, never argv."""
+    headers: dict[str, str] = {}
+    for value in values:
+        name, sep, envvar = value.partition("=")
+        if not sep or not name.strip() or not envvar.strip():
+            raise click.BadParameter(
+                f"{value!r} is not NAME=ENVVAR (e.g. Authorization=MY_TOKEN)", ctx, param
+            )
+        if envvar not in os.environ:
+            raise click.BadParameter(
+                f"environment variable {envvar} is not set (needed for the {name} header)",
+                ctx,
+                param,
+            )
+        headers[name.strip()] = os.environ[envvar]
+    return headers
+
+
+def checked_base_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL as error:
+        raise click.BadParameter(f"{value!r}: {error}", ctx, param) from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise click.BadParameter(
+            f"{value!r} is not an http(s) URL like https://host:port", ctx, param
+        )
+    return value
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+@cli.command("resume")
+@click.option("--dry-run", is_flag=True, help="Say what would be done; send nothing.")
+@click.option(
+    "--base-url",
+    metavar="URL",
+    callback=checked_base_url,
+    help="Send to this origin (scheme, host, port) instead of the journaled one.",
+)
+@click.option(
+    "--header-env",
+    "headers",
+    multiple=True,
+    metavar="NAME=ENVVAR",
+    callback=headers_from_env,
+    help="Send header NAME with the value of environment variable ENVVAR; repeatable.",
+)
+@click.option(
+    "--profile",
+    "profile_name",
+    type=click.Choice(sorted(BUILTIN_PROFILES)),
+    default="generic",
+    show_default=True,
+    help="How the server spells replays and keys in progress.",
+)
+@json_option
+@with_journal
+def resume_command(
+    journal: Journal,
+    dry_run: bool,
+    base_url: str | None,
+    headers: dict[str, str],
+    profile_name: str,
+    as_json: bool,
+) -> None:
+    """Finish pending operations with their stored keys and request bytes.
+
+    Operations whose key the server may have forgotten are not resent: they
+    become needs_reconcile. Exit 1 if anything is left pending or needing
+    reconciliation (with --dry-run, exit 0).
+    """
+    results: list[ResumeResult] = []
+    session = Session(journal, headers=headers, profile=BUILTIN_PROFILES[profile_name])
+    with session:
+        if stderr_is_terminal() and not as_json:
+            total = journal.counts()["pending"]
+            with click.progressbar(
+                length=total, label="resuming", file=sys.stderr, show_pos=True
+            ) as bar:
+                results = session.resume(
+                    dry_run=dry_run, base_url=base_url, on_result=lambda _: bar.update(1)
+                )
+        else:
+            results = session.resume(dry_run=dry_run, base_url=base_url)
+    if as_json:
+        echo_json([result.to_json() for result in results])
+    else:
+        echo_resume(results, journal.path, dry_run)
+    if dry_run:
+        return
+    left = journal.counts()
+    if left["pending"] or left["needs_reconcile"]:
+        fail(
+            f"{journal.path}: {left['pending']} pending and "
+            f"{left['needs_reconcile']} needs_reconcile left "
+            "(`idempotently list --status pending --status needs_reconcile`)"
+        )
+
+
+def echo_resume(results: Sequence[ResumeResult], path: str, dry_run: bool) -> None:
+    if not results:
+        click.echo(f"nothing to resume in {path}")
+        return
+    echo_lines(
+        table(
+            ("operation", "action", "status", "code", "detail"),
+            ((r.operation_id, r.action, r.status, r.status_code, r.detail) for r in results),
+            right="code",
+        )
+    )
+    counts = Counter(result.action for result in results)
+    summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
+    verb = "planned" if dry_run else "resumed"
+    click.echo(f"\n{verb} {plural(len(results), 'operation')}: {summary}")
+
+
+# -- prune -------------------------------------------------------------------------
+
+
+@cli.command("prune")
+@click.option(
+    "--older-than",
+    type=DURATION,
+    required=True,
+    metavar="DURATION",
+    help="Delete finished operations not updated for this long, e.g. 7d.",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@json_option
+@with_journal
+def prune_command(journal: Journal, older_than: float, dry_run: bool, as_json: bool) -> None:
+    """Delete finished operations (succeeded, failed, abandoned) and their attempts.
+
+    Never deletes pending or needs_reconcile operations: they still need work.
+    """
+    count = journal.prune(older_than=older_than, now=time.time(), dry_run=dry_run)
+    if as_json:
+        verb = "would_delete" if dry_run else "deleted"
+        echo_json({verb: count, "dry_run": dry_run, "older_than": older_than})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(
+        f"{verb} {plural(count, 'finished operation')} idle over "
+        f"{format_duration(older_than)} from {journal.path}"
+    )
+
+
+# -- companion commands --------------------------------------------------------------
 
 
 def _register_mock_server() -> None:
@@ -22,3 +440,8 @@ def _register_mock_server() -> None:
 
 
 _register_mock_server()
+
+# -- demo (issue 4 item 4) -----------------------------------------------------------
+# Register `demo` (idempotently._demo) here, lazily like mock-server: it is not
+# written in this module. docs/cli.md already has its section, and
+# tests/test_docs_cli.py requires one for every registered command.

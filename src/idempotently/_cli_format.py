@@ -1,0 +1,225 @@
+"""How the CLI renders journal records: JSON for scripts, aligned text for people.
+
+Pure functions of the library's own types; nothing here reads the journal.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from idempotently._cli_durations import format_age, format_duration
+from idempotently._journal import Attempt, Operation
+from idempotently._keys import SENSITIVE_HEADERS
+
+# The journal never stores these; a CLI that prints headers still refuses to,
+# in case a journal was written by something else or a newer redaction list.
+HIDDEN_HEADERS = SENSITIVE_HEADERS | {"set-cookie", "set-cookie2"}
+REDACTED = "[redacted]"
+
+
+def iso(timestamp: float | None) -> str | None:
+    """ISO-8601 in UTC with milliseconds, e.g. ``2026-01-02T03:04:05.678+00:00``."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def when(timestamp: float | None, now: float) -> str:
+    """A time for people: ISO to the second plus how long ago (``… (3m ago)``)."""
+    if timestamp is None:
+        return "-"
+    moment = datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return f"{moment} ({format_age(timestamp, now)})"
+
+
+def visible_headers(headers: Iterable[tuple[str, str]] | None) -> list[tuple[str, str]]:
+    """Headers safe to print: secrets are replaced, never shown."""
+    return [
+        (name, REDACTED if name.lower() in HIDDEN_HEADERS else value)
+        for name, value in headers or ()
+    ]
+
+
+def body_json(body: bytes | None) -> dict[str, Any] | None:
+    """A body for scripts: its size, its text if UTF-8 (parsed too if JSON), else base64."""
+    if body is None:
+        return None
+    rendered: dict[str, Any] = {"size": len(body)}
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        rendered["base64"] = base64.b64encode(body).decode("ascii")
+        return rendered
+    rendered["text"] = text
+    with contextlib.suppress(ValueError):
+        rendered["json"] = json.loads(text)
+    return rendered
+
+
+def body_lines(body: bytes | None) -> list[str]:
+    """A body for people: pretty JSON, plain text, or a byte count for binary."""
+    if body is None:
+        return ["(none)"]
+    if not body:
+        return ["(empty)"]
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return [f"({len(body)} bytes of binary data; --json shows them as base64)"]
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False).splitlines()
+    except ValueError:
+        return text.splitlines()
+
+
+def operation_json(operation: Operation) -> dict[str, Any]:
+    """An operation as ``list --json`` prints it (no bodies, no headers)."""
+    return {
+        "operation_id": operation.operation_id,
+        "key": operation.key,
+        "status": operation.status,
+        "reason": operation.reason,
+        "delivery": operation.delivery,
+        "method": operation.method,
+        "url": operation.url,
+        "attempts": operation.attempt_count,
+        "last_status_code": operation.last_status_code,
+        "created_at": iso(operation.created_at),
+        "updated_at": iso(operation.updated_at),
+        "not_before": iso(operation.not_before),
+        "deadline_at": iso(operation.deadline_at),
+        "key_expires_at": iso(operation.key_expires_at),
+        "lease_owner": operation.lease_owner,
+        "lease_until": iso(operation.lease_until) if operation.lease_until else None,
+    }
+
+
+def attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "number": attempt.number,
+        "outcome": attempt.outcome,
+        "status_code": attempt.status_code,
+        "replayed": attempt.replayed,
+        "started_at": iso(attempt.started_at),
+        "elapsed": attempt.elapsed,
+        "wait": attempt.wait,
+        "error": attempt.error,
+    }
+
+
+def operation_detail_json(operation: Operation) -> dict[str, Any]:
+    """An operation as ``show --json`` prints it: everything, attempts included."""
+    return {
+        **operation_json(operation),
+        "profile": operation.profile,
+        "key_header": operation.key_header,
+        "fingerprint": operation.fingerprint,
+        "request_headers": [list(pair) for pair in visible_headers(operation.request_headers)],
+        "request_body": body_json(operation.request_body),
+        "response_status": operation.response_status,
+        "response_headers": None
+        if operation.response_headers is None
+        else [list(pair) for pair in visible_headers(operation.response_headers)],
+        "response_body": body_json(operation.response_body),
+        "history": [attempt_json(attempt) for attempt in operation.attempts],
+    }
+
+
+def operation_lines(op: Operation, now: float) -> list[str]:
+    """``show`` for people: the fields, the attempt table, headers and bodies."""
+    out: list[str] = []
+    status = op.status + (f" ({op.reason})" if op.reason else "")
+    fields = [
+        ("operation", op.operation_id),
+        ("key", f"{op.key}  ({op.key_header}, profile {op.profile})"),
+        ("status", status),
+        ("delivery", op.delivery),
+        ("request", f"{op.method} {op.url}"),
+        ("created", when(op.created_at, now)),
+        ("updated", when(op.updated_at, now)),
+        ("key expires", when(op.key_expires_at, now)),
+    ]
+    if op.deadline_at is not None:
+        fields.append(("deadline", when(op.deadline_at, now)))
+    if op.not_before is not None:
+        fields.append(("not before", when(op.not_before, now)))
+    if op.lease_until > now:
+        fields.append(("leased by", f"{op.lease_owner} until {when(op.lease_until, now)}"))
+    fields.append(("attempts", str(op.attempt_count)))
+    width = max(len(name) for name, _ in fields)
+    out += [f"{name.ljust(width)}  {value}" for name, value in fields]
+
+    out += ["", "attempts"]
+    if op.attempts:
+        rows = (
+            (
+                a.number,
+                a.outcome,
+                a.status_code,
+                "yes" if a.replayed else "no",
+                when(a.started_at, now),
+                seconds(a.elapsed),
+                seconds(a.wait),
+                a.error,
+            )
+            for a in op.attempts
+        )
+        headers = ("#", "outcome", "status", "replayed", "started", "elapsed", "wait", "error")
+        out += _indent(table(headers, rows, right="#,status,elapsed,wait"))
+    else:
+        out.append("  (none yet)")
+
+    out += ["", "request headers"]
+    out += _indent(f"{name}: {value}" for name, value in visible_headers(op.request_headers))
+    out += ["", f"request body ({_bytes(len(op.request_body))})"]
+    out += _indent(body_lines(op.request_body))
+
+    if op.response_status is None:
+        return [*out, "", "response: none stored"]
+    out += ["", f"response {op.response_status}"]
+    out += _indent(f"{name}: {value}" for name, value in visible_headers(op.response_headers))
+    out += ["", f"response body ({_bytes(len(op.response_body or b''))})"]
+    out += _indent(body_lines(op.response_body))
+    return out
+
+
+def _indent(lines: Iterable[str]) -> list[str]:
+    return [f"  {line}".rstrip() for line in lines]
+
+
+def _bytes(size: int) -> str:
+    return f"{size} byte{'' if size == 1 else 's'}"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: str = "") -> list[str]:
+    """Aligned columns; a ``None`` cell shows as ``-``; columns named in ``right`` align right."""
+    cells = [["-" if cell is None else str(cell) for cell in row] for row in rows]
+    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(headers)]
+    right_aligned = {i for i, name in enumerate(headers) if name in right.split(",")}
+
+    def line(row: Sequence[str]) -> str:
+        padded = [
+            cell.rjust(widths[i]) if i in right_aligned else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        return "  ".join(padded).rstrip()
+
+    return [line(list(headers))] + [line(row) for row in cells]
+
+
+def seconds(value: float | None) -> str | None:
+    """Elapsed or wait time for people: ``0.012s``, ``2.5s``, ``3m20s``."""
+    if value is None:
+        return None
+    if value < 60:
+        return f"{value:.3f}s" if value < 10 else f"{value:.1f}s"
+    return format_duration(value)
+
+
+def percent(rate: float) -> str:
+    return f"{rate * 100:.1f}%"
