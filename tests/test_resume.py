@@ -188,3 +188,19 @@ async def test_async_resume_resends_with_the_stored_key(
         results = await s.resume()
     assert ["succeeded"] == [r.status for r in results]
     assert key == route.calls.last.request.headers["idempotency-key"]
+
+
+def test_stuck_counts_idle_pending_operations_but_not_waiting_ones(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """stats().stuck: pending and idle past the window, unless the server asked to wait."""
+    leave_pending(tmp_path, fake_time, router, "idle")
+    router.post(URL).mock(return_value=httpx.Response(429, headers={"Retry-After": "7200"}))
+    with make_session(tmp_path, fake_time) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={"amount": 2}, operation_id="waiting")
+        fresh = s.journal.stats(now=fake_time.now)
+        later = s.journal.stats(now=fake_time.now + 600)
+    assert (0, 0) == (fresh.stuck, fresh.counts["needs_reconcile"])
+    assert 1 == later.stuck  # "idle"; "waiting" is not due until its not_before
+    assert 2 == later.counts["pending"]

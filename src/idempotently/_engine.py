@@ -51,7 +51,7 @@ from idempotently._policy import (
     decide,
     error_outcome,
 )
-from idempotently._profiles import GENERIC, ServerProfile
+from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 
 logger = logging.getLogger("idempotently")
 
@@ -313,7 +313,8 @@ class Engine:
         if now > operation.key_expires_at - self.key_expiry_margin:
             return "expired", (
                 f"the key was created at {_iso(operation.created_at)} and the server may have "
-                f"forgotten it (key lifetime {self.profile.key_lifetime:g}s, safety margin "
+                f"forgotten it (key lifetime "
+                f"{operation.key_expires_at - operation.created_at:g}s, safety margin "
                 f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
                 "up and settle it"
             )
@@ -358,7 +359,7 @@ class Engine:
             raise OperationInProgressError(
                 "another caller took this operation's lease first", **ids
             )
-        return Flight(
+        flight = Flight(
             self,
             operation.operation_id,
             operation.key,
@@ -367,6 +368,18 @@ class Engine:
             operation.deadline_at,
             operation.attempt_count,
         )
+        flight.profile = self.profile_for(operation)
+        return flight
+
+    def profile_for(self, operation: Operation) -> ServerProfile:
+        """The profile an operation was journaled under, to read its answers with.
+
+        The session's own when the names match (it may be a custom variant),
+        else the built-in of that name, else the session's.
+        """
+        if operation.profile == self.profile.name:
+            return self.profile
+        return BUILTIN_PROFILES.get(operation.profile, self.profile)
 
     # -- resume --------------------------------------------------------------------
 
@@ -542,6 +555,7 @@ class Flight:
         attempts_before: int,
     ) -> None:
         self.engine = engine
+        self.profile = engine.profile
         self.operation_id = operation_id
         self.key = key
         self.request = request
@@ -583,18 +597,19 @@ class Flight:
 
     def on_response(self, response: httpx.Response) -> Step:
         engine = self.engine
-        if engine.profile.is_in_progress(response):
+        profile = self.profile
+        if profile.is_in_progress(response):
             self.in_progress_answers += 1
         now = engine.clock()
         decision = decide(
             engine.policy,
-            engine.profile,
+            profile,
             self._state(),
             now=now,
             response=response,
             rand=engine.rand,
         )
-        replayed = engine.profile.is_replay(response)
+        replayed = profile.is_replay(response)
         keep = decision.action in (Action.SUCCEED, Action.FAIL, Action.RECONCILE)
         self._persist(
             decision,
@@ -620,7 +635,7 @@ class Flight:
         now = self.engine.clock()
         decision = decide(
             self.engine.policy,
-            self.engine.profile,
+            self.profile,
             self._state(),
             now=now,
             error=error,

@@ -66,6 +66,7 @@ CREATE TABLE operations (
     reason           TEXT
 );
 CREATE INDEX operations_by_status ON operations (status, created_at);
+CREATE INDEX operations_by_age ON operations (created_at);
 CREATE TABLE attempts (
     id          INTEGER PRIMARY KEY,
     operation_id TEXT NOT NULL,
@@ -632,7 +633,8 @@ class Journal:
         pending = self._query(
             """
             SELECT min(created_at) AS oldest,
-                   coalesce(sum(lease_until < :now AND updated_at < :idle), 0) AS stuck
+                   coalesce(sum(lease_until < :now AND updated_at < :idle
+                                AND coalesce(not_before, 0) <= :now), 0) AS stuck
             FROM operations WHERE status = 'pending'
             """,
             {"now": now, "idle": now - stuck_after},
@@ -694,7 +696,8 @@ class JournalStats:
     """Answers with 409 or 423: the server was still working on the key."""
     oldest_pending_created_at: float | None
     stuck: int
-    """Pending operations nobody is sending: lease expired and untouched for a while."""
+    """Pending operations nobody is sending: lease expired, untouched for a while,
+    and not waiting for a ``not_before`` the server asked for."""
     now: float
 
     @property

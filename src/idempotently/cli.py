@@ -431,17 +431,14 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, as_json: b
 # -- companion commands --------------------------------------------------------------
 
 
-def _register_mock_server() -> None:
-    # The command module imports starlette/uvicorn only when it runs, so the
-    # CLI works without the [mock] extra and says what to install.
+def _register_companions() -> None:
+    # Both import starlette/uvicorn only when they run, so the CLI works
+    # without the [mock] extra and they say what to install.
+    from idempotently._demo import demo_command
     from idempotently.testing.cli import mock_server_command
 
+    cli.add_command(demo_command)
     cli.add_command(mock_server_command)
 
 
-_register_mock_server()
-
-# -- demo (issue 4 item 4) -----------------------------------------------------------
-# Register `demo` (idempotently._demo) here, lazily like mock-server: it is not
-# written in this module. docs/cli.md already has its section, and
-# tests/test_docs_cli.py requires one for every registered command.
+_register_companions()
