@@ -212,6 +212,26 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: str =
     return [line(list(headers))] + [line(row) for row in cells]
 
 
+def operations_table(operations: Iterable[Operation], now: float) -> list[str]:
+    """The aligned table of `idempotently list` (the demo prints it too)."""
+    return table(
+        ("operation", "status", "method", "url", "attempts", "last", "created"),
+        (
+            (
+                op.operation_id,
+                op.status,
+                op.method,
+                op.url,
+                op.attempt_count,
+                op.last_status_code,
+                format_age(op.created_at, now),
+            )
+            for op in operations
+        ),
+        right="attempts,last",
+    )
+
+
 def seconds(value: float | None) -> str | None:
     """Elapsed or wait time for people: ``0.012s``, ``2.5s``, ``3m20s``."""
     if value is None:

@@ -25,6 +25,7 @@ from typing import Any
 import click
 import httpx
 
+from idempotently._cli_format import operations_table
 from idempotently._exceptions import IdempotentlyError
 from idempotently._journal import Journal
 from idempotently._policy import RetryPolicy
@@ -158,11 +159,8 @@ def demo_command(keep: bool) -> None:
         say("\n5. The audit: the journal, as `idempotently list` shows it")
         with Journal(journal, create=False) as audit:
             operations = audit.operations(newest_first=False)
-            for operation in operations:
-                say(
-                    f"   {operation.operation_id:<16} {operation.status:<10} "
-                    f"{operation.attempt_count} attempt(s)  last status {operation.last_status_code}"
-                )
+            for line in operations_table(operations, time.time()):
+                say(f"   {line}")
         ledger = server.ledger.count_by_order()
         stats = server.stats()
         say("\n6. The server's ledger: charges per order")
@@ -190,9 +188,7 @@ def demo_command(keep: bool) -> None:
 @contextmanager
 def _worker(journal: Path, url: str, orders: list[int]) -> Iterator[subprocess.Popen[str]]:
     command = [sys.executable, "-m", "idempotently._demo", "worker", str(journal), url]
-    process = subprocess.Popen(
-        [*command, *map(str, orders)], stdout=subprocess.PIPE, text=True
-    )
+    process = subprocess.Popen([*command, *map(str, orders)], stdout=subprocess.PIPE, text=True)
     try:
         yield process
     finally:

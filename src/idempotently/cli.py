@@ -22,11 +22,12 @@ import click
 import httpx
 
 from idempotently import __version__
-from idempotently._cli_durations import DURATION, format_age, format_duration
+from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     operation_detail_json,
     operation_json,
     operation_lines,
+    operations_table,
     percent,
     table,
 )
@@ -168,24 +169,7 @@ def list_command(
             else f"no operations in {journal.path}"
         )
         return
-    echo_lines(
-        table(
-            ("operation", "status", "method", "url", "attempts", "last", "created"),
-            (
-                (
-                    op.operation_id,
-                    op.status,
-                    op.method,
-                    op.url,
-                    op.attempt_count,
-                    op.last_status_code,
-                    format_age(op.created_at, now),
-                )
-                for op in operations
-            ),
-            right="attempts,last",
-        )
-    )
+    echo_lines(operations_table(operations, now))
 
 
 # -- show --------------------------------------------------------------------------
