@@ -418,3 +418,50 @@ def test_public_names_are_exported() -> None:
     public = {name for name in dir(idempotently) if name.isidentifier() and name[0] != "_"}
     assert sorted(idempotently.__all__) == idempotently.__all__
     assert set(idempotently.__all__) == public - {"annotations", "cli", "testing"}
+
+
+def test_a_full_disk_before_sending_loses_nothing_and_says_so(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """SQLITE_FULL on the key's commit: JournalWriteError naming the cause, nothing sent."""
+    route = router.post(URL).mock(return_value=httpx.Response(201))
+    with make_session(tmp_path, fake_time) as s:
+        s.post(URL, json={"amount": 1}, operation_id="before")
+        pages = s.journal._conn.execute("PRAGMA page_count").fetchone()[0]
+        s.journal._conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is now "full"
+        with pytest.raises(idempotently.JournalWriteError) as caught:
+            s.post(URL, json={"amount": 2, "pad": "x" * 20_000}, operation_id="after")
+        s.journal._conn.execute("PRAGMA max_page_count = 1073741823")
+        assert "disk is full" in str(caught.value)
+        assert ("after", 1) == (caught.value.operation_id, route.call_count)
+        assert s.journal.operation("after") is None  # no half-written row
+        assert "succeeded" == s.journal.operation("before").status  # type: ignore[union-attr]
+        assert 201 == s.post(URL, json={"amount": 2}, operation_id="after").status_code
+
+
+def test_a_full_disk_after_the_answer_keeps_the_operation_pending_with_the_response(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """If the answer cannot be journaled, the error carries it and resume can still settle it."""
+    big = {"id": "ch_1", "receipt": "r" * 50_000}
+    route = router.post(URL).mock(return_value=httpx.Response(201, json=big))
+    with make_session(tmp_path, fake_time) as s:
+        original = s.journal._record_attempt
+
+        def full_disk(*args: object, **kwargs: object) -> None:
+            pages = s.journal._conn.execute("PRAGMA page_count").fetchone()[0]
+            s.journal._conn.execute(f"PRAGMA max_page_count = {pages}")
+            try:
+                original(*args, **kwargs)  # type: ignore[arg-type]
+            finally:
+                s.journal._conn.execute("PRAGMA max_page_count = 1073741823")
+
+        s.journal._record_attempt = full_disk  # type: ignore[method-assign]
+        with pytest.raises(idempotently.JournalWriteError) as caught:
+            s.post(URL, json={"amount": 1}, operation_id="op")
+        s.journal._record_attempt = original  # type: ignore[method-assign]
+        assert caught.value.operation_id == "op"
+        assert "pending" == s.journal.operation("op").status  # type: ignore[union-attr]
+        results = s.resume()
+    assert [("op", "succeeded")] == [(r.operation_id, r.status) for r in results]
+    assert 2 == route.call_count  # the resume resent the same key; the server replays

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Literal
 
 import attrs
@@ -367,13 +367,15 @@ class Journal:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._conn
+                    self._conn.execute("COMMIT")
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    # SQLite may already have rolled back (SQLITE_FULL does):
+                    # a second ROLLBACK would hide the real error.
+                    if self._conn.in_transaction:
+                        with suppress(sqlite3.Error):
+                            self._conn.execute("ROLLBACK")
                     raise
-                self._conn.execute("COMMIT")
             except sqlite3.OperationalError as error:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
                 raise JournalWriteError(
                     f"cannot write the journal {self.path}: {error}; "
                     + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
@@ -381,7 +383,8 @@ class Journal:
                 ) from error
             finally:
                 if durable:
-                    self._conn.execute("PRAGMA synchronous = NORMAL")
+                    with suppress(sqlite3.Error):
+                        self._conn.execute("PRAGMA synchronous = NORMAL")
 
     # -- writes used by the sessions -------------------------------------------
 
