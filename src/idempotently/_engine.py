@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any, Literal
 
 import attrs
@@ -25,6 +26,7 @@ from idempotently._exceptions import (
     ErrorContext,
     IdempotentlyError,
     InvalidKeyError,
+    JournalError,
     KeyReuseError,
     NeedsReconcileError,
     OperationAbandonedError,
@@ -753,7 +755,10 @@ class Flight:
     def release(self) -> None:
         """Give up the lease if the call ends without settling (cancelled, crashed)."""
         if not self._settled:
-            self.engine.journal._release_lease(self.operation_id, owner=self.engine.owner)
+            # If the journal cannot take this write either, the lease simply
+            # expires; the error that ended the call is the one to report.
+            with suppress(JournalError):
+                self.engine.journal._release_lease(self.operation_id, owner=self.engine.owner)
 
 
 _PLANNED_ACTIONS = {
