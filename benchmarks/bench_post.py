@@ -122,17 +122,25 @@ def header() -> str:
     return f"{'':<34}{'ops/s':>9}{'p50 ms':>10}{'p99 ms':>10}  ratio"
 
 
-def bench_sync(url: str, journal: Path, ops: int, rounds: int) -> tuple[Series, Series]:
+def bench_sync(url: str, tmp: Path, ops: int, rounds: int) -> tuple[Series, Series, Series]:
     bare, journaled = Series("httpx.Client.post"), Series("idempotently.Session.post")
+    unsynced = Series("  same, Journal(fsync_keys=False)")
     per_round = ops // rounds
-    with httpx.Client(base_url=url) as client, idempotently.Session(journal, base_url=url) as s:
-        for _ in range(20):  # warm both connection pools
-            client.post("/v1/charges", json=PAYLOAD)
-            s.post("/v1/charges", json=PAYLOAD)
+    with (
+        httpx.Client(base_url=url) as client,
+        idempotently.Session(tmp / f"{uuid.uuid4()}.db", base_url=url) as s,
+        idempotently.Session(
+            idempotently.Journal(tmp / f"{uuid.uuid4()}.db", fsync_keys=False), base_url=url
+        ) as fast,
+    ):
+        for _ in range(20):  # warm the connection pools
+            for sender in (client, s, fast):
+                sender.post("/v1/charges", json=PAYLOAD)
         for _ in range(rounds):
             timed_batch(bare, per_round, lambda: client.post("/v1/charges", json=PAYLOAD))
             timed_batch(journaled, per_round, lambda: s.post("/v1/charges", json=PAYLOAD))
-    return bare, journaled
+            timed_batch(unsynced, per_round, lambda: fast.post("/v1/charges", json=PAYLOAD))
+    return bare, journaled, unsynced
 
 
 async def bench_async(
@@ -170,11 +178,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
             print(f"loopback server {url}; journal in {tmp}; {args.ops} ops per series")
             print(header())
-            bare, journaled = bench_sync(
-                url, Path(tmp) / f"{uuid.uuid4()}.db", args.ops, args.rounds
-            )
+            bare, journaled, unsynced = bench_sync(url, Path(tmp), args.ops, args.rounds)
             print(bare.row(None))
             print(journaled.row(bare))
+            print(unsynced.row(bare))
             for concurrency in (1, 10):
                 bare, journaled = anyio.run(
                     bench_async,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import Iterable
 
@@ -24,33 +25,48 @@ def new_key() -> str:
 
 
 def new_operation_id() -> str:
-    return f"op_{uuid.uuid4().hex}"
+    return f"op_{os.urandom(16).hex()}"
 
 
 def redaction_set(extra: Iterable[str] = ()) -> frozenset[str]:
     return SENSITIVE_HEADERS | {name.lower() for name in extra}
 
 
+# httpx.Headers decodes every header on every lookup; the hot path reads the
+# raw (bytes) list once instead. Header bytes are ASCII/latin-1 by RFC 9110.
+
+
 def journaled_request_headers(
     headers: httpx.Headers, redacted: frozenset[str]
 ) -> list[tuple[str, str]]:
     """The request headers that may be stored: no secrets, nothing httpx derives."""
-    return [
-        (name, value)
-        for name, value in headers.multi_items()
-        if name.lower() not in redacted and name.lower() not in _DERIVED_HEADERS
-    ]
+    stored = []
+    for raw_name, raw_value in headers.raw:
+        name = raw_name.decode("latin-1")
+        lowered = name.lower()
+        if lowered not in redacted and lowered not in _DERIVED_HEADERS:
+            stored.append((name, raw_value.decode("latin-1")))
+    return stored
 
 
 def journaled_response_headers(
     headers: httpx.Headers, redacted: frozenset[str]
 ) -> list[tuple[str, str]]:
-    return [
-        (name, value)
-        for name, value in headers.multi_items()
-        if name.lower() not in redacted
-        and name.lower() not in _SENSITIVE_RESPONSE_HEADERS | _ENCODING_HEADERS
-    ]
+    dropped = redacted | _SENSITIVE_RESPONSE_HEADERS | _ENCODING_HEADERS
+    stored = []
+    for raw_name, raw_value in headers.raw:
+        name = raw_name.decode("latin-1")
+        if name.lower() not in dropped:
+            stored.append((name, raw_value.decode("latin-1")))
+    return stored
+
+
+def header_value(headers: httpx.Headers, name: bytes) -> str | None:
+    """The first value of a header (``name`` lowercase), read from the raw list."""
+    for raw_name, raw_value in headers.raw:
+        if raw_name.lower() == name:
+            return raw_value.decode("latin-1")
+    return None
 
 
 def normalised_url(url: httpx.URL) -> str:
@@ -93,7 +109,7 @@ def fingerprint(
     for part in (method.upper(), normalised_url(url)):
         digest.update(part.encode())
         digest.update(b"\0")
-    digest.update(canonical_body(body, headers.get("content-type")))
+    digest.update(canonical_body(body, header_value(headers, b"content-type")))
     for name in sorted({name.lower() for name in fingerprint_headers}):
         digest.update(b"\0" + name.encode() + b"=" + headers.get(name, "").encode())
     return digest.hexdigest()

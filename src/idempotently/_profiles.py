@@ -33,6 +33,8 @@ MISMATCH_BODY_MARKERS = (
 
 # Visible ASCII without the characters a quoted sf-string would need escaped:
 # a key that is the same bytes in both formats is a key every server accepts.
+_TRUE_VALUES = frozenset({b"true", b"?1", b"1"})
+
 _KEY_CHARACTERS = re.compile(r"[!#-\[\]-~]+")
 
 
@@ -55,6 +57,11 @@ class ServerProfile:
     mismatch_error_types: frozenset[str] = frozenset()
     """Error ``type`` values in a JSON body that mean "key reused" (Stripe's 400)."""
     replay_headers: tuple[str, ...] = REPLAY_MARKER_HEADERS
+    _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
+
+    @_replay_markers.default
+    def _lowercase_replay_markers(self) -> frozenset[bytes]:
+        return frozenset(name.lower().encode("latin-1") for name in self.replay_headers)
 
     def render_key(self, key: str) -> str:
         """The header value for ``key``, exactly as sent on every attempt."""
@@ -78,9 +85,10 @@ class ServerProfile:
 
     def is_replay(self, response: httpx.Response) -> bool:
         """Whether the server says this response is a stored one."""
+        markers = self._replay_markers
         return any(
-            response.headers.get(name, "").strip().lower() in {"true", "?1", "1"}
-            for name in self.replay_headers
+            name.lower() in markers and value.strip().lower() in _TRUE_VALUES
+            for name, value in response.headers.raw
         )
 
     def is_payload_mismatch(self, response: httpx.Response) -> bool:
