@@ -204,3 +204,27 @@ def test_stuck_counts_idle_pending_operations_but_not_waiting_ones(
     assert (0, 0) == (fresh.stuck, fresh.counts["needs_reconcile"])
     assert 1 == later.stuck  # "idle"; "waiting" is not due until its not_before
     assert 2 == later.counts["pending"]
+
+
+@pytest.mark.anyio
+async def test_async_reconciler_settles_what_needs_reconciling(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """AsyncSession.resume awaits the reconciler and journals its verdict."""
+    leave_pending(tmp_path, fake_time, router, "old")
+    fake_time.now += 30 * 3600
+
+    async def reconciler(
+        operation: idempotently.Operation, client: httpx.AsyncClient
+    ) -> idempotently.Settlement:
+        return idempotently.Settlement("failed", f"no charge for {operation.operation_id}")
+
+    async with idempotently.AsyncSession(
+        tmp_path / "journal.db", clock=fake_time.clock, sleep=fake_time.async_sleep
+    ) as s:
+        results = await s.resume(reconciler=reconciler)
+        operation = s.journal.operation("old")
+    assert [("failed", "reconciled", "no charge for old")] == [
+        (r.status, r.action, r.detail) for r in results
+    ]
+    assert operation is not None and "reconciled: no charge for old" == operation.reason

@@ -13,7 +13,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import suppress
 from typing import Any, Literal
 
@@ -65,6 +65,7 @@ EXTENSION = "idempotently"
 _HOST = socket.gethostname()
 
 BuildRequest = Callable[[str, str, Sequence[tuple[str, str]], bytes], httpx.Request]
+ResumeFlow = Generator["Flight | Operation | ResumeResult", Any, None]
 
 
 @attrs.frozen
@@ -391,6 +392,32 @@ class Engine:
         if include_needs_reconcile:
             statuses.append("needs_reconcile")
         return self.journal.operations(status=statuses, newest_first=False)
+
+    def resume_flow(
+        self, build: BuildRequest, *, dry_run: bool, base_url: str | None, reconciling: bool
+    ) -> ResumeFlow:
+        """Resume as a sans-I/O flow the sync and async drivers step through.
+
+        It yields a :class:`Flight` to send (send back the response, or the
+        error that ended it), an :class:`Operation` to reconcile (send back
+        the reconciler's ``Settlement`` or None), and each
+        :class:`ResumeResult` as it is known (send back None).
+        """
+        for operation in self.resume_queue(include_needs_reconcile=reconciling):
+            if dry_run:
+                yield self.plan(operation)
+                continue
+            result = self.start_resume(operation, build, base_url)
+            if isinstance(result, Flight):
+                outcome = yield result
+                if isinstance(outcome, httpx.Response):
+                    result = self.result_of_response(operation, outcome)
+                else:
+                    result = self.result_of_error(operation, outcome)
+            if reconciling and result.status == "needs_reconcile":
+                current = self.journal.operation(operation.operation_id) or operation
+                result = self.settle(current, (yield current)) or result
+            yield result
 
     def plan(self, operation: Operation) -> ResumeResult:
         """What resume would do with this operation, without doing it (--dry-run)."""

@@ -31,6 +31,7 @@ from idempotently._engine import (
     DEFAULT_LEASE_DURATION,
     Engine,
     Flight,
+    ResumeFlow,
     ResumeResult,
     Settlement,
     Step,
@@ -48,6 +49,19 @@ AsyncReconciler = Callable[[Operation, httpx.AsyncClient], Awaitable["Settlement
 OnResult = Callable[[ResumeResult], object]
 # What ends one operation's resume without ending the whole resume.
 _SETTLING_ERRORS = (IdempotentlyError, httpx.TransportError)
+
+
+def _advance(flow: ResumeFlow, reply: Any) -> Flight | Operation | ResumeResult | None:
+    try:
+        return flow.send(reply)
+    except StopIteration:
+        return None
+
+
+def _report(result: ResumeResult, results: list[ResumeResult], on_result: OnResult | None) -> None:
+    results.append(result)
+    if on_result is not None:
+        on_result(result)
 
 
 class _SessionBase(Generic[ClientT]):
@@ -280,31 +294,26 @@ class Session(_SessionBase[httpx.Client]):
         needs_reconcile operations are handed to it to settle. Credentials
         come from this session's client, never from the journal.
         """
-        engine = self._engine
-        results = []
-        for operation in engine.resume_queue(include_needs_reconcile=reconciler is not None):
-            if dry_run:
-                result = engine.plan(operation)
+        flow = self._engine.resume_flow(
+            self._build, dry_run=dry_run, base_url=base_url, reconciling=reconciler is not None
+        )
+        results: list[ResumeResult] = []
+        reply: Any = None
+        while (step := _advance(flow, reply)) is not None:
+            if isinstance(step, Flight):
+                try:
+                    reply = self._fly(step)
+                except JournalError:
+                    raise
+                except _SETTLING_ERRORS as error:
+                    reply = error
+            elif isinstance(step, Operation):
+                assert reconciler is not None
+                reply = reconciler(step, self.client)
             else:
-                result = self._resume_one(operation, base_url)
-                if reconciler is not None and result.status == "needs_reconcile":
-                    current = self.journal.operation(operation.operation_id) or operation
-                    result = engine.settle(current, reconciler(current, self.client)) or result
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+                _report(step, results, on_result)
+                reply = None
         return results
-
-    def _resume_one(self, operation: Operation, base_url: str | None) -> ResumeResult:
-        started = self._engine.start_resume(operation, self._build, base_url)
-        if not isinstance(started, Flight):
-            return started
-        try:
-            return self._engine.result_of_response(operation, self._fly(started))
-        except JournalError:
-            raise
-        except _SETTLING_ERRORS as error:
-            return self._engine.result_of_error(operation, error)
 
     def close(self) -> None:
         if self._owns_client:
@@ -436,32 +445,26 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         on_result: OnResult | None = None,
     ) -> list[ResumeResult]:
         """Re-drive every pending operation; see :meth:`Session.resume`."""
-        engine = self._engine
-        results = []
-        for operation in engine.resume_queue(include_needs_reconcile=reconciler is not None):
-            if dry_run:
-                result = engine.plan(operation)
+        flow = self._engine.resume_flow(
+            self._build, dry_run=dry_run, base_url=base_url, reconciling=reconciler is not None
+        )
+        results: list[ResumeResult] = []
+        reply: Any = None
+        while (step := _advance(flow, reply)) is not None:
+            if isinstance(step, Flight):
+                try:
+                    reply = await self._fly(step)
+                except JournalError:
+                    raise
+                except _SETTLING_ERRORS as error:
+                    reply = error
+            elif isinstance(step, Operation):
+                assert reconciler is not None
+                reply = await reconciler(step, self.client)
             else:
-                result = await self._resume_one(operation, base_url)
-                if reconciler is not None and result.status == "needs_reconcile":
-                    current = self.journal.operation(operation.operation_id) or operation
-                    verdict = await reconciler(current, self.client)
-                    result = engine.settle(current, verdict) or result
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+                _report(step, results, on_result)
+                reply = None
         return results
-
-    async def _resume_one(self, operation: Operation, base_url: str | None) -> ResumeResult:
-        started = self._engine.start_resume(operation, self._build, base_url)
-        if not isinstance(started, Flight):
-            return started
-        try:
-            return self._engine.result_of_response(operation, await self._fly(started))
-        except JournalError:
-            raise
-        except _SETTLING_ERRORS as error:
-            return self._engine.result_of_error(operation, error)
 
     async def aclose(self) -> None:
         if self._owns_client:
