@@ -64,6 +64,12 @@ EXTENSION = "idempotently"
 
 _HOST = socket.gethostname()
 
+RECONCILE_HINT = (
+    "it will not be resent: look the object up on the server and settle it with "
+    "Session.resume(reconciler=...)"
+)
+ABANDON_HINT = "check whether it arrived; a new operation_id sends it once more"
+
 BuildRequest = Callable[[str, str, Sequence[tuple[str, str]], bytes], httpx.Request]
 ResumeFlow = Generator["Flight | Operation | ResumeResult", Any, None]
 
@@ -346,9 +352,9 @@ class Engine:
                 )
             if kind == "abandon":
                 self._settle_without_attempt(operation, "abandoned", reason)
-                raise OperationAbandonedError(reason, **ids)
+                raise OperationAbandonedError(f"{reason}; {ABANDON_HINT}", **ids)
             self._settle_without_attempt(operation, "needs_reconcile", reason)
-            raise NeedsReconcileError(reason, **ids)
+            raise NeedsReconcileError(f"{reason}; {RECONCILE_HINT}", **ids)
         now = self.clock()
         if not self._journal_call(
             operation.operation_id,
@@ -518,11 +524,24 @@ class Engine:
         """The stored answer of a finished operation, or the error that ended it."""
         ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
         if operation.status == "needs_reconcile":
-            raise NeedsReconcileError(f"operation needs reconciling: {operation.reason}", **ids)
+            raise NeedsReconcileError(
+                f"operation needs reconciling ({operation.reason}); it is never resent: look "
+                "it up on the server and settle it with Session.resume(reconciler=...), see "
+                f"`idempotently show {operation.operation_id}`",
+                **ids,
+            )
         if operation.status == "abandoned":
-            raise OperationAbandonedError(f"operation was abandoned: {operation.reason}", **ids)
+            raise OperationAbandonedError(
+                f"operation was abandoned ({operation.reason}); it is never sent again: check "
+                "whether it arrived, and use a new operation_id to send it once more",
+                **ids,
+            )
         if operation.response_status is None:
-            raise IdempotentlyError(f"operation failed: {operation.reason}", **ids)
+            raise IdempotentlyError(
+                f"operation failed before anything was sent ({operation.reason}); fix the "
+                "request and send it under a new operation_id",
+                **ids,
+            )
         request = self.rebuild(operation, build)
         response = httpx.Response(
             operation.response_status,
@@ -768,9 +787,9 @@ class Flight:
                 **ids,
             )
         elif action is Action.RECONCILE:
-            error = NeedsReconcileError(decision.reason, **ids)
+            error = NeedsReconcileError(f"{decision.reason}; {RECONCILE_HINT}", **ids)
         elif action is Action.ABANDON:
-            error = OperationAbandonedError(decision.reason, **ids)
+            error = OperationAbandonedError(f"{decision.reason}; {ABANDON_HINT}", **ids)
         else:
             error = OperationPendingError(
                 f"outcome unknown after {self.attempts} attempt(s) ({decision.reason}); "
