@@ -9,22 +9,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 import httpx
 import tenacity as _t
-from httpx._client import UseClientDefault
-from httpx._types import (
-    CookieTypes,
-    HeaderTypes,
-    QueryParamTypes,
-    RequestContent,
-    RequestData,
-    RequestExtensions,
-    RequestFiles,
-    TimeoutTypes,
-)
+
+if TYPE_CHECKING:  # httpx's private modules, for annotations only
+    from httpx._client import UseClientDefault
+    from httpx._types import (
+        CookieTypes,
+        HeaderTypes,
+        QueryParamTypes,
+        RequestContent,
+        RequestData,
+        RequestExtensions,
+        RequestFiles,
+        TimeoutTypes,
+    )
 
 from idempotently._engine import (
     DEFAULT_KEY_EXPIRY_MARGIN,
