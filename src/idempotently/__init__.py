@@ -27,11 +27,13 @@ from idempotently._journal import Attempt, Journal, JournalStats, Operation
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
+from idempotently._transport import AsyncTransport, Transport
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "AsyncSession",
+    "AsyncTransport",
     "Attempt",
     "IdempotentlyError",
     "InvalidKeyError",
@@ -55,5 +57,6 @@ __all__ = [
     "ServerProfile",
     "Session",
     "Settlement",
+    "Transport",
     "profiles",
 ]

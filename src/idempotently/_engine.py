@@ -1,8 +1,9 @@
 """The one core the sync and async sessions share.
 
 It decides (through :func:`idempotently._policy.decide`) and persists to the
-journal (SQLite is synchronous in both worlds); the drivers in ``_session.py``
-only send, sleep and hand the results back.
+journal (SQLite is synchronous in both worlds); its callers (the sessions in
+``_session.py``, the transports in ``_transport.py``) only supply how to send
+and how to sleep.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import suppress
 from typing import Any, Literal
 
@@ -72,6 +73,9 @@ ABANDON_HINT = "check whether it arrived; a new operation_id sends it once more"
 
 BuildRequest = Callable[[str, str, Sequence[tuple[str, str]], bytes], httpx.Request]
 ResumeFlow = Generator["Flight | Operation | ResumeResult", Any, None]
+Send = Callable[[httpx.Request], httpx.Response]
+"""Sends one attempt and returns its response with the body read."""
+AsyncSend = Callable[[httpx.Request], Awaitable[httpx.Response]]
 
 
 @attrs.frozen
@@ -637,6 +641,43 @@ class Flight:
             "retry": self.retry,
             "reraise": True,
         }
+
+    # The two drivers every caller (Session, Transport) shares: only the send differs.
+    def fly(self, send: Send, sleep: Callable[[float], None]) -> httpx.Response:
+        """Attempt until the engine settles, then return the answer or raise."""
+        try:
+            step: Step = _t.Retrying(**self.retrying_options(sleep))(self._attempt, send)
+        finally:
+            self.release()
+        return self.finish(step)
+
+    async def afly(
+        self, send: AsyncSend, sleep: Callable[[float], Awaitable[None]]
+    ) -> httpx.Response:
+        """The async twin of :meth:`fly`."""
+        try:
+            step: Step = await _t.AsyncRetrying(**self.retrying_options(sleep))(
+                self._aattempt, send
+            )
+        finally:
+            self.release()
+        return self.finish(step)
+
+    def _attempt(self, send: Send) -> Step:
+        request = self.begin_attempt()
+        try:
+            response = send(request)
+        except httpx.TransportError as error:
+            return self.on_error(error)
+        return self.on_response(response)
+
+    async def _aattempt(self, send: AsyncSend) -> Step:
+        request = self.begin_attempt()
+        try:
+            response = await send(request)
+        except httpx.TransportError as error:
+            return self.on_error(error)
+        return self.on_response(response)
 
     def begin_attempt(self) -> httpx.Request:
         self._attempt_started = self.engine.clock()

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 import httpx
-import tenacity as _t
 
 if TYPE_CHECKING:  # httpx's private modules, for annotations only
     from httpx._client import UseClientDefault
@@ -36,7 +35,6 @@ from idempotently._engine import (
     ResumeFlow,
     ResumeResult,
     Settlement,
-    Step,
 )
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._journal import Journal, Operation
@@ -265,19 +263,7 @@ class Session(_SessionBase[httpx.Client]):
         return self._fly(prepared)
 
     def _fly(self, flight: Flight) -> httpx.Response:
-        try:
-            step: Step = _t.Retrying(**flight.retrying_options(self._sleep))(self._attempt, flight)
-        finally:
-            flight.release()
-        return flight.finish(step)
-
-    def _attempt(self, flight: Flight) -> Step:
-        request = flight.begin_attempt()
-        try:
-            response = self.client.send(request)
-        except httpx.TransportError as error:
-            return flight.on_error(error)
-        return flight.on_response(response)
+        return flight.fly(self.client.send, self._sleep)
 
     def resume(
         self,
@@ -422,21 +408,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         return await self._fly(prepared)
 
     async def _fly(self, flight: Flight) -> httpx.Response:
-        try:
-            step: Step = await _t.AsyncRetrying(**flight.retrying_options(self._sleep))(
-                self._attempt, flight
-            )
-        finally:
-            flight.release()
-        return flight.finish(step)
-
-    async def _attempt(self, flight: Flight) -> Step:
-        request = flight.begin_attempt()
-        try:
-            response = await self.client.send(request)
-        except httpx.TransportError as error:
-            return flight.on_error(error)
-        return flight.on_response(response)
+        return await flight.afly(self.client.send, self._sleep)
 
     async def resume(
         self,
