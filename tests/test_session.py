@@ -483,3 +483,44 @@ def test_fsync_keys_false_commits_the_key_without_an_fsync(
     insert = next(i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO operations"))
     assert "COMMIT" in statements[insert : statements.index("SEND")]
     assert "PRAGMA synchronous = FULL" not in statements
+
+
+def test_one_session_shared_by_threads_journals_every_operation_once(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """8 threads x 25 calls through one Session: 200 operations, 200 distinct keys, all settled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    route = router.post(URL).mock(side_effect=[httpx.Response(503), *[httpx.Response(201)] * 200])
+    with make_session(tmp_path, fake_time) as s, ThreadPoolExecutor(8) as pool:
+        responses = list(
+            pool.map(
+                lambda i: s.post(URL, json={"order": i}, operation_id=f"order-{i}"), range(200)
+            )
+        )
+        counts = s.journal.counts()
+    assert {201} == {response.status_code for response in responses}
+    assert 200 == counts["succeeded"] and 200 == sum(counts.values())
+    assert 200 == len({c.request.headers["idempotency-key"] for c in route.calls})
+    assert 201 == route.call_count  # the one 503 was retried, nothing else resent
+
+
+@pytest.mark.anyio
+async def test_one_async_session_shared_by_tasks_journals_every_operation_once(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """50 concurrent tasks through one AsyncSession (asyncio and trio): 50 settled operations."""
+    import anyio
+
+    route = router.post(URL).mock(return_value=httpx.Response(201))
+    async with (
+        idempotently.AsyncSession(
+            tmp_path / "journal.db", clock=fake_time.clock, sleep=fake_time.async_sleep
+        ) as s,
+        anyio.create_task_group() as group,
+    ):
+        for i in range(50):
+            group.start_soon(lambda i=i: s.post(URL, json={"order": i}, operation_id=f"o-{i}"))
+    with idempotently.Journal(tmp_path / "journal.db") as journal:
+        assert 50 == journal.counts()["succeeded"]
+    assert 50 == len({c.request.headers["idempotency-key"] for c in route.calls})
