@@ -317,7 +317,8 @@ class Engine:
         ):
             return "leased", (
                 f"another caller ({owner}) is sending this operation; "
-                f"its lease runs until {_iso(operation.lease_until)}"
+                f"its lease runs until {_iso(operation.lease_until)}: let it finish, or "
+                "call again (or resume) after that"
             )
         if operation.delivery == "at_most_once" and (resuming or owner is not None):
             return "abandon", (
@@ -370,7 +371,9 @@ class Engine:
             now=now,
         ):
             raise OperationInProgressError(
-                "another caller took this operation's lease first", **ids
+                "another caller took this operation's lease first: let it finish, or call "
+                "again (or resume) later",
+                **ids,
             )
         flight = Flight(
             self,
