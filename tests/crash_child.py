@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 import idempotently
-from idempotently._engine import Engine
+from idempotently._store import Queue, Store
 from idempotently._journal import AttemptRecord, Journal, NewOperation, Operation
 
 PHASES = ("before_commit", "before_send", "after_charge", "before_journal_update")
@@ -169,14 +169,14 @@ def wait_at_barrier(pending: int) -> None:
 
 def resume(args: argparse.Namespace, session: idempotently.Session) -> None:
     if args.barrier:
-        read_queue = Engine.resume_queue
+        read_queue = Queue.run
 
-        def queue_then_wait(self: Engine, **kwargs: Any) -> list[Operation]:
-            queue = read_queue(self, **kwargs)
+        def queue_then_wait(self: Queue, store: Store) -> list[Operation]:
+            queue = read_queue(self, store)
             wait_at_barrier(len(queue))
             return queue
 
-        Engine.resume_queue = queue_then_wait  # type: ignore[method-assign]
+        Queue.run = queue_then_wait  # type: ignore[method-assign]
     session.resume(
         base_url=args.url,
         on_result=lambda result: emit("resumed", pid=os.getpid(), **result.to_json()),

@@ -118,7 +118,7 @@ def test_reopening_keeps_the_data(path: Path) -> None:
         insert(journal, new_operation())
         journal._record_attempt(
             "op-1",
-            AttemptRecord(number=1, started_at=NOW, elapsed=0.1, outcome="not_sent"),
+            AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
             now=NOW,
         )
 
@@ -254,7 +254,6 @@ def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> Non
     journal._record_attempt(
         "op-1",
         AttemptRecord(
-            number=1,
             started_at=NOW,
             elapsed=0.5,
             outcome="answered",
@@ -268,7 +267,6 @@ def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> Non
     journal._record_attempt(
         "op-1",
         AttemptRecord(
-            number=2,
             started_at=NOW + 2,
             elapsed=1.0,
             outcome="maybe_delivered",
@@ -281,7 +279,6 @@ def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> Non
     journal._record_attempt(
         "op-1",
         AttemptRecord(
-            number=3,
             started_at=NOW + 4,
             elapsed=0.2,
             outcome="answered",
@@ -331,13 +328,13 @@ def test_a_network_error_keeps_the_last_status_code(journal: Journal) -> None:
     insert(journal, new_operation())
     journal._record_attempt(
         "op-1",
-        AttemptRecord(number=1, started_at=NOW, elapsed=0.1, outcome="answered", status_code=503),
+        AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status_code=503),
         now=NOW,
     )
     journal._record_attempt(
         "op-1",
         AttemptRecord(
-            number=2, started_at=NOW + 1, elapsed=0.1, outcome="maybe_delivered", not_before=NOW + 9
+            started_at=NOW + 1, elapsed=0.1, outcome="maybe_delivered", not_before=NOW + 9
         ),
         now=NOW + 1,
     )
@@ -357,14 +354,12 @@ def test_a_retrying_caller_keeps_its_lease(journal: Journal) -> None:
     insert(journal, new_operation(), lease_until=NOW + 30)
     journal._record_attempt(
         "op-1",
-        AttemptRecord(
-            number=1, started_at=NOW, elapsed=0.1, outcome="not_sent", lease_until=NOW + 60
-        ),
+        AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent", lease_until=NOW + 60),
         now=NOW,
     )
     kept = journal.operation("op-1")
     journal._record_attempt(
-        "op-1", AttemptRecord(number=2, started_at=NOW, elapsed=0.1, outcome="not_sent"), now=NOW
+        "op-1", AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"), now=NOW
     )
     released = journal.operation("op-1")
 
@@ -388,7 +383,6 @@ def populated(journal: Journal) -> Journal:
         journal._record_attempt(
             operation_id,
             AttemptRecord(
-                number=1,
                 started_at=NOW + 60 * number,
                 elapsed=0.1,
                 outcome="answered",
@@ -499,9 +493,7 @@ def test_lease_is_not_taken_on_a_finished_operation(journal: Journal) -> None:
     insert(journal, new_operation())
     journal._record_attempt(
         "op-1",
-        AttemptRecord(
-            number=1, started_at=NOW, elapsed=0.1, outcome="answered", status="succeeded"
-        ),
+        AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status="succeeded"),
         now=NOW,
     )
     operation = journal.operation("op-1")
@@ -599,7 +591,7 @@ def test_two_journals_on_one_file_lose_nothing(path: Path) -> None:
                 assert insert(journal, new_operation(operation_id))
                 journal._record_attempt(
                     operation_id,
-                    AttemptRecord(number=1, started_at=NOW, elapsed=0.1, outcome="not_sent"),
+                    AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
                     now=NOW,
                 )
 

@@ -94,7 +94,7 @@ def test_invalid_keys_are_rejected(key: str) -> None:
     with pytest.raises(InvalidKeyError) as caught:
         GENERIC.validate_key(key)
 
-    assert key == caught.value.key
+    assert key[:100] == caught.value.key
 
 
 def test_invalid_key_error_is_a_value_error_under_the_root() -> None:

@@ -12,6 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from idempotently._retry_after import (
+    MAX_SERVER_WAIT,
     parse_retry_after,
     parse_retry_after_ms,
     server_wait,
@@ -67,14 +68,14 @@ def test_none_means_no_wait() -> None:
 
 @given(seconds=st.integers(min_value=0, max_value=10**40))
 def test_integer_delta_seconds_round_trip(seconds: int) -> None:
-    """Delta-seconds is read as that many seconds."""
-    assert float(seconds) == parse_retry_after(str(seconds), now=NOW)
+    """Delta-seconds is read as that many seconds, up to a year (longer is a year)."""
+    assert min(float(seconds), MAX_SERVER_WAIT) == parse_retry_after(str(seconds), now=NOW)
 
 
 @given(seconds=st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False))
 def test_float_delta_seconds_are_tolerated(seconds: float) -> None:
-    """Fractional delta-seconds are tolerated and read exactly."""
-    assert seconds == parse_retry_after(repr(seconds), now=NOW)
+    """Fractional delta-seconds are tolerated and read exactly (up to a year)."""
+    assert min(seconds, MAX_SERVER_WAIT) == parse_retry_after(repr(seconds), now=NOW)
 
 
 def test_surrounding_whitespace_is_ignored() -> None:
@@ -85,7 +86,8 @@ def test_surrounding_whitespace_is_ignored() -> None:
 @given(moment=future_dates)
 def test_future_http_date_gives_the_delta(moment: datetime) -> None:
     """An HTTP-date in the future means: wait until then."""
-    assert moment.timestamp() - NOW == parse_retry_after(http_date(moment), now=NOW)
+    expected = min(moment.timestamp() - NOW, MAX_SERVER_WAIT)
+    assert expected == parse_retry_after(http_date(moment), now=NOW)
 
 
 @given(moment=past_dates)
@@ -213,7 +215,22 @@ def test_should_retry_hint_never_raises(value: str) -> None:
 
 def test_date_hint_is_relative_to_the_given_now() -> None:
     """The wait is measured from the injected ``now``, not the wall clock."""
-    moment = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    moment = datetime(2024, 1, 1, tzinfo=timezone.utc)
     later = NOW + timedelta(days=1).total_seconds()
 
     assert moment.timestamp() - later == parse_retry_after(http_date(moment), now=later)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("Retry-After", "99999999999999999999"),
+        ("Retry-After", "1e20"),
+        ("Retry-After", "1e308"),
+        ("retry-after-ms", "1e30"),
+        ("Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT"),
+    ],
+)
+def test_a_huge_server_wait_is_clamped_to_a_year(name: str, value: str) -> None:
+    """A hostile Retry-After means "a year from now", never an overflow later on."""
+    assert MAX_SERVER_WAIT == server_wait(httpx.Headers({name: value}), now=NOW)

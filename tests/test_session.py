@@ -12,6 +12,8 @@ import respx
 
 import idempotently
 from idempotently import profiles
+from idempotently._flow import Call, Held
+from idempotently._store import Send
 from tests.support import URL, FakeTime, make_session
 
 
@@ -300,24 +302,21 @@ def test_at_most_once_retries_what_was_never_sent(
 def test_live_lease_of_another_caller_blocks_a_second_sender(
     tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
 ) -> None:
-    """While one caller holds an operation's lease, another gets OperationInProgressError."""
+    """While one caller holds an operation's lease, another waits for it, then gets
+    OperationInProgressError: never a second send."""
     route = router.post(URL).mock(return_value=httpx.Response(201))
     with make_session(tmp_path, fake_time) as first, make_session(tmp_path, fake_time) as second:
         # The first caller journaled the operation and is (as far as anyone knows) sending it.
         request = first.client.build_request("POST", URL, json={"amount": 1})
         request.read()
-        flight = first._engine.prepare(
-            request,
-            first._build,
-            operation_id="op",
-            key=None,
-            delivery="exactly_once",
-            deadline_at=None,
-        )
-        assert not isinstance(flight, httpx.Response)
+        flow = first._engine.call(Call(request, operation_id="op"), first._build, Held())
+        command = next(flow)
+        while not isinstance(command, Send):
+            command = flow.send(command.run(first.journal))  # type: ignore[union-attr]
         with pytest.raises(idempotently.OperationInProgressError):
             second.post(URL, json={"amount": 1}, operation_id="op")
     assert 0 == route.call_count
+    assert 60 >= sum(fake_time.sleeps) > 50  # it waited for the first, within its deadline
 
 
 def test_operation_deadline_passed_needs_reconciling(

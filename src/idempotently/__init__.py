@@ -7,7 +7,6 @@ before the first byte is sent, reused on every attempt and after a crash.
 from __future__ import annotations
 
 from idempotently import profiles
-from idempotently._engine import Receipt, ResumeResult, Settlement
 from idempotently._exceptions import (
     IdempotentlyError,
     InvalidKeyError,
@@ -21,8 +20,10 @@ from idempotently._exceptions import (
     OperationAbandonedError,
     OperationInProgressError,
     OperationPendingError,
+    RequestNotSentError,
     RetryLaterError,
 )
+from idempotently._flow import Receipt, ResumeResult, Settlement
 from idempotently._journal import Attempt, Journal, JournalStats, Operation
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
@@ -51,6 +52,7 @@ __all__ = [
     "OperationInProgressError",
     "OperationPendingError",
     "Receipt",
+    "RequestNotSentError",
     "ResumeResult",
     "RetryLaterError",
     "RetryPolicy",

@@ -9,21 +9,24 @@
     ├── KeyReuseError (ValueError)    same operation id, different request
     ├── InvalidKeyError (ValueError)  key rejected by the server profile
     ├── OperationInProgressError      another live caller holds the lease
+    ├── RequestNotSentError           the request cannot be sent (bad URL, illegal header)
     ├── OperationPendingError         retries ran out, outcome unknown
     │   └── RetryLaterError           the server asked us to come back later
     ├── NeedsReconcileError           only a human or a reconciler can decide
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
 
-Transport errors from httpx are not wrapped when they are final: they come
-through as the ``__cause__`` of an ``OperationPendingError`` when the outcome is
-unknown, so the operation id, the key and the way to resume travel with them.
-Every error carries ``operation_id`` and ``key`` (``None`` where no operation is
-concerned, e.g. a journal that cannot be opened).
+Transport errors from httpx come through as the ``__cause__`` of an
+``OperationPendingError`` when the outcome is unknown, so the operation id, the
+key and the way to resume travel with them. A request httpx refuses to send is
+a ``RequestNotSentError`` without its cause: httpx quotes the offending header
+value, which may be a credential. Every error carries ``operation_id`` and
+``key`` (``None`` where no operation is concerned, e.g. a journal that cannot be
+opened), and survives a pickle round trip (to a worker process and back).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     import httpx
@@ -64,6 +67,17 @@ class IdempotentlyError(Exception):
             return self.message
         return f"{self.message} [operation {self.operation_id!r}, key {self.key!r}]"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments (not_before) would not survive Exception's own
+        # reduce; the attributes are restored as they are.
+        return (_restore, (type(self), self.message), self.__dict__)
+
+
+def _restore(cls: type[IdempotentlyError], message: str) -> IdempotentlyError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    return error
+
 
 class JournalError(IdempotentlyError):
     """The journal file cannot be opened, read or written."""
@@ -98,6 +112,11 @@ class InvalidKeyError(IdempotentlyError, ValueError):
 
 class OperationInProgressError(IdempotentlyError):
     """Another live caller (thread, task or process) is sending this operation."""
+
+
+class RequestNotSentError(IdempotentlyError):
+    """httpx refused to send the request (a URL scheme it cannot send to, an illegal
+    header value): nothing reached the server on this attempt."""
 
 
 class OperationPendingError(IdempotentlyError):

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import sqlite_utils
@@ -28,14 +28,12 @@ from idempotently._exceptions import (
     JournalVersionError,
     JournalWriteError,
 )
+from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
 
 SCHEMA_VERSION = 1
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
 
-Status = Literal["pending", "succeeded", "failed", "needs_reconcile", "abandoned"]
-STATUSES: tuple[Status, ...] = ("pending", "succeeded", "failed", "needs_reconcile", "abandoned")
-FINISHED_STATUSES: tuple[Status, ...] = ("succeeded", "failed", "abandoned")
 
 _SCHEMA = """
 CREATE TABLE operations (
@@ -92,10 +90,13 @@ INSERT INTO operations (
 ON CONFLICT DO NOTHING
 """
 
+# The attempt's number is the operation's next one, read in the same
+# transaction: two writers can never both claim number n.
 _INSERT_ATTEMPT = """
 INSERT INTO attempts (
     operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+) SELECT operation_id, attempt_count + 1, ?, ?, ?, ?, ?, ?, ?
+FROM operations WHERE operation_id = ?
 """
 
 
@@ -106,7 +107,7 @@ class Attempt:
     number: int
     started_at: float
     elapsed: float
-    outcome: str
+    outcome: Outcome
     """``not_sent``, ``maybe_delivered`` or ``answered``."""
     status_code: int | None
     replayed: bool
@@ -123,7 +124,7 @@ class Operation:
     operation_id: str
     key: str
     status: Status
-    delivery: str
+    delivery: Delivery
     method: str
     url: str
     request_headers: tuple[tuple[str, str], ...]
@@ -162,7 +163,7 @@ class NewOperation:
 
     operation_id: str
     key: str
-    delivery: str
+    delivery: Delivery
     method: str
     url: str
     request_headers: Sequence[tuple[str, str]]
@@ -179,11 +180,9 @@ class NewOperation:
 class AttemptRecord:
     """One attempt's result and the operation's state after it."""
 
-    number: int
-    """1 for the operation's first attempt ever, across calls and restarts."""
     started_at: float
     elapsed: float
-    outcome: str
+    outcome: Outcome
     status_code: int | None = None
     replayed: bool = False
     error: str | None = None
@@ -399,6 +398,9 @@ class Journal:
 
     # -- writes used by the sessions -------------------------------------------
 
+    def _check_still_there(self) -> None:
+        """Raise if the file was deleted or replaced since it was opened."""
+
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
         """Durably record a new operation; False if its id or key already exists."""
         with self._write(durable=self.fsync_keys) as conn:
@@ -434,8 +436,6 @@ class Journal:
             conn.execute(
                 _INSERT_ATTEMPT,
                 (
-                    operation_id,
-                    record.number,
                     record.started_at,
                     record.elapsed,
                     record.outcome,
@@ -443,6 +443,7 @@ class Journal:
                     int(record.replayed),
                     record.error,
                     record.wait,
+                    operation_id,
                 ),
             )
             conn.execute(
@@ -571,32 +572,35 @@ class Journal:
         )
         if not rows:
             return None
+        return self._with_attempts(rows[0])
+
+    def _with_attempts(self, row: dict[str, Any]) -> Operation:
         attempts = tuple(
             Attempt(
-                number=row["number"],
-                started_at=row["started_at"],
-                elapsed=row["elapsed"],
-                outcome=row["outcome"],
-                status_code=row["status_code"],
-                replayed=bool(row["replayed"]),
-                error=row["error"],
-                wait=row["wait"],
+                number=attempt["number"],
+                started_at=attempt["started_at"],
+                elapsed=attempt["elapsed"],
+                outcome=attempt["outcome"],
+                status_code=attempt["status_code"],
+                replayed=bool(attempt["replayed"]),
+                error=attempt["error"],
+                wait=attempt["wait"],
             )
-            for row in self._query(
+            for attempt in self._query(
                 "SELECT * FROM attempts WHERE operation_id = ? ORDER BY number",
-                (rows[0]["operation_id"],),
+                (row["operation_id"],),
             )
         )
-        return Operation._from_row(rows[0], attempts)
+        return Operation._from_row(row, attempts)
 
     def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
-        """The operation with this id, else the one with this key (no attempts)."""
+        """The operation with this id, else the one with this key, with its attempts."""
         for column, value in (("operation_id", operation_id), ("key", key)):
             if value is None:
                 continue
             rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,))
             if rows:
-                return Operation._from_row(rows[0])
+                return self._with_attempts(rows[0])
         return None
 
     def operations(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterable
 
@@ -83,14 +84,28 @@ def normalised_url(url: httpx.URL) -> str:
 
 
 def canonical_body(body: bytes, content_type: str | None) -> bytes:
-    """JSON bodies key-sorted and whitespace-free, so equal payloads agree."""
-    if content_type and "json" in content_type.lower():
+    """What identifies a body: JSON key-sorted and whitespace-free, multipart without its
+    random boundary, anything else (or JSON too deep to canonicalise) as it is.
+
+    Never raises: whatever httpx can send has a fingerprint.
+    """
+    if not content_type:
+        return body
+    lowered = content_type.lower()
+    if "json" in lowered:
         try:
             parsed = json.loads(body)
-        except ValueError:
+            return json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+        except (ValueError, RecursionError):
             return body
-        return json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+    if lowered.startswith("multipart/"):
+        boundary = _BOUNDARY.search(content_type)
+        if boundary is not None:
+            return body.replace(boundary.group(1).strip('"').encode("latin-1"), b"")
     return body
+
+
+_BOUNDARY = re.compile(r"(?i)boundary=(\"[^\"]+\"|[^;\s]+)")
 
 
 def fingerprint(
@@ -111,5 +126,27 @@ def fingerprint(
         digest.update(b"\0")
     digest.update(canonical_body(body, header_value(headers, b"content-type")))
     for name in sorted({name.lower() for name in fingerprint_headers}):
-        digest.update(b"\0" + name.encode() + b"=" + headers.get(name, "").encode())
+        values = [value for key, value in headers.raw if key.lower() == name.encode("latin-1")]
+        digest.update(b"\0" + name.encode("latin-1") + b"=" + b",".join(values))
     return digest.hexdigest()
+
+
+def journaled_url(url: httpx.URL) -> str:
+    """The URL as stored: never with its userinfo (``https://user:pass@host``)."""
+    if url.userinfo:
+        return str(url.copy_with(username=None, password=None))
+    return str(url)
+
+
+def secret_values(
+    headers: httpx.Headers, redacted: frozenset[str], url: httpx.URL | None = None
+) -> list[str]:
+    """The values an error text must never show: redacted headers and URL passwords."""
+    values = [
+        raw_value.decode("latin-1")
+        for raw_name, raw_value in headers.raw
+        if raw_name.decode("latin-1").lower() in redacted
+    ]
+    if url is not None and url.userinfo:
+        values.extend(part for part in (url.password, url.userinfo.decode("latin-1")) if part)
+    return values

@@ -1,30 +1,48 @@
-"""What is retried, and when: the decision core, free of I/O.
+"""What is retried, and when: each answer classified once, one pure decision.
 
-``decide()`` turns the outcome of one attempt into an :class:`Decision`; the
-sync and async drivers only send, sleep and persist what it says.
+:func:`classify` turns a response into an :class:`Answer` and
+:func:`classify_error` a transport error into a :class:`Failure`, once;
+:func:`decide` turns one of them and the call's :class:`CallState` into a
+:class:`Decision` that carries the next state (as urllib3's
+``Retry.increment`` returns the next ``Retry``). Nothing here does I/O.
+
+tenacity supplies the budget: the wait and stop strategies (composable, and
+replaceable through :class:`RetryPolicy`'s ``wait=`` and ``stop=``) are
+evaluated on a ``tenacity.RetryCallState`` built from the call's own clock.
 """
 
 from __future__ import annotations
 
-import enum
 import random
-from collections.abc import Callable
-from typing import Literal
+import re
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 import httpx
+import tenacity as _t
 
 from idempotently._profiles import ServerProfile
-from idempotently._retry_after import server_wait, should_retry_hint
+from idempotently._retry_after import server_wait
+from idempotently._vocabulary import Action, Delivery, Outcome
 
-Delivery = Literal["exactly_once", "at_most_once"]
+if TYPE_CHECKING:
+    WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
+    StopStrategy: TypeAlias = Callable[[_t.RetryCallState], bool]
 
 # Statuses that say "nothing happened yet, come back": retried on every server.
 RETRY_STATUS_CODES = frozenset({408, 425, 429})
 # Final whatever a hint header says: the request itself is wrong.
 NEVER_RETRY_STATUS_CODES = frozenset({422})
-# The server provably did not act on these: even at-most-once may resend.
+# The server provably did not act on these: even at-most-once may resend them,
+# and they do not make a later final 4xx ambiguous.
 NOT_ACTED_STATUS_CODES = frozenset({408, 425, 429})
+# What a server that releases the key on a 5xx may still safely be asked again:
+# the gateway answered, the handler did not run.
+GATEWAY_STATUS_CODES = frozenset({502, 503, 504})
+# Answers about the client's credentials, not about the operation: a resume
+# that gets one keeps the operation as it was.
+CREDENTIAL_STATUS_CODES = frozenset({401, 403, 407})
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_DEADLINE = 60.0
@@ -34,230 +52,391 @@ DEFAULT_RETRY_AFTER_MAX = 30.0
 DEFAULT_IN_PROGRESS_RETRIES = 3
 
 
-class Outcome(str, enum.Enum):
-    """What the client can know about one attempt."""
+class full_jitter(_t.wait.wait_base):
+    """Exponential backoff with full jitter: uniform in ``[0, min(maximum, initial * 2**(n-1))]``.
 
-    NOT_SENT = "not_sent"
-    """Connect error or pool timeout: the server cannot have seen it."""
-    MAYBE_DELIVERED = "maybe_delivered"
-    """Timeout, reset or protocol error after sending: it may have been acted on."""
-    ANSWERED = "answered"
-    """The server answered with a status code."""
+    A tenacity wait strategy (it composes with ``+``) whose randomness is
+    injectable, so tests can fix it.
+    """
 
+    def __init__(
+        self, initial: float, maximum: float, rand: Callable[[], float] = random.random
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.rand = rand
 
-class Action(enum.Enum):
-    SUCCEED = "succeed"
-    """A 2xx/3xx: the operation succeeded."""
-    FAIL = "fail"
-    """A final 4xx: the server said no, nothing happened."""
-    RETRY = "retry"
-    """Sleep ``wait`` seconds, then send the same bytes with the same key."""
-    PENDING = "pending"
-    """Budget spent, outcome unknown: stays pending for resume."""
-    RETRY_LATER = "retry_later"
-    """The server's wait is longer than allowed: pending until ``not_before``."""
-    RECONCILE = "reconcile"
-    """Resending cannot settle it: needs_reconcile."""
-    ABANDON = "abandon"
-    """At-most-once and maybe delivered: never resent."""
-    FAIL_LOCALLY = "fail_locally"
-    """The request cannot be sent at all (bad URL, bad header): failed, error raised."""
+    def __call__(self, retry_state: _t.RetryCallState) -> float:
+        exponent = min(retry_state.attempt_number - 1, 62)  # 2**62 is past any cap
+        ceiling = min(self.maximum, self.initial * (2.0**exponent))
+        return ceiling * self.rand()
 
 
 @attrs.frozen
 class RetryPolicy:
     """How hard one call tries before it leaves the operation pending.
 
-    Every wait is ``max(server's Retry-After, exponential backoff with full
-    jitter)``; no wait ever runs past ``deadline`` (seconds for the whole call)
-    or beyond ``max_retry_after``: the call stops instead, the operation stays
-    pending, and :class:`~idempotently.RetryLaterError` says when to come back.
+    Every wait is ``max(server's Retry-After, backoff)``, the backoff being
+    exponential with full jitter; no wait runs past ``deadline`` (seconds for
+    the whole call) or beyond ``max_retry_after``: the call stops instead, the
+    operation stays pending, and :class:`~idempotently.RetryLaterError` says
+    when to come back.
+
+    ``wait=`` and ``stop=`` take tenacity strategies instead of the defaults
+    (``full_jitter(initial_backoff, max_backoff)`` and
+    ``stop_after_attempt(max_attempts) | stop_before_delay(deadline)``), e.g.
+    ``RetryPolicy(stop=tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(10))``.
+    The server's Retry-After and the operation's own deadline still apply.
     """
 
-    max_attempts: int = attrs.field(default=DEFAULT_MAX_ATTEMPTS, validator=attrs.validators.gt(0))
-    deadline: float = attrs.field(default=DEFAULT_DEADLINE, validator=attrs.validators.gt(0))
-    initial_backoff: float = attrs.field(
-        default=DEFAULT_INITIAL_BACKOFF, validator=attrs.validators.ge(0)
+    max_attempts: int = attrs.field(
+        default=DEFAULT_MAX_ATTEMPTS,
+        validator=[attrs.validators.instance_of(int), attrs.validators.gt(0)],
     )
-    max_backoff: float = attrs.field(default=DEFAULT_MAX_BACKOFF, validator=attrs.validators.ge(0))
+    deadline: float = attrs.field(
+        default=DEFAULT_DEADLINE,
+        converter=float,
+        validator=[attrs.validators.gt(0), attrs.validators.lt(float("inf"))],
+    )
+    initial_backoff: float = attrs.field(
+        default=DEFAULT_INITIAL_BACKOFF,
+        converter=float,
+        validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
+    )
+    max_backoff: float = attrs.field(
+        default=DEFAULT_MAX_BACKOFF,
+        converter=float,
+        validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
+    )
     max_retry_after: float = attrs.field(
-        default=DEFAULT_RETRY_AFTER_MAX, validator=attrs.validators.ge(0)
+        default=DEFAULT_RETRY_AFTER_MAX,
+        converter=float,
+        validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
     in_progress_retries: int = attrs.field(
-        default=DEFAULT_IN_PROGRESS_RETRIES, validator=attrs.validators.ge(0)
+        default=DEFAULT_IN_PROGRESS_RETRIES,
+        validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)],
     )
     """How many "key in progress" answers (409) one call waits through."""
+    wait: WaitStrategy | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
+    """A tenacity wait strategy replacing the default backoff."""
+    stop: StopStrategy | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
+    """A tenacity stop strategy replacing ``max_attempts`` and ``deadline``."""
 
     def backoff(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
-        """Full jitter: uniform in ``[0, min(max_backoff, initial * 2**(n-1))]``."""
-        exponent = min(retry_number - 1, 62)  # 2**62 is already past any cap
-        ceiling = min(self.max_backoff, self.initial_backoff * (2.0**exponent))
-        return ceiling * rand()
+        """The backoff before retry number ``retry_number`` (1 for the first retry)."""
+        return self._wait_strategy(rand)(_retry_call_state(retry_number, 0.0, 0.0))
+
+    def _wait_strategy(self, rand: Callable[[], float]) -> WaitStrategy:
+        if self.wait is not None:
+            return self.wait
+        return full_jitter(self.initial_backoff, self.max_backoff, rand)
+
+    def _stop_strategy(self) -> StopStrategy:
+        if self.stop is not None:
+            return self.stop
+        return _t.stop_after_attempt(self.max_attempts) | _t.stop_before_delay(self.deadline)
+
+
+def _retry_call_state(attempts: int, elapsed: float, upcoming_sleep: float) -> _t.RetryCallState:
+    """tenacity's view of a call: its strategies read only these fields."""
+    state = _t.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = attempts
+    state.start_time = 0.0
+    state.outcome_timestamp = elapsed
+    state.upcoming_sleep = upcoming_sleep
+    return state
+
+
+# -- classification: each answer once --------------------------------------------------
+
+
+@attrs.frozen
+class Answer:
+    """One response, classified once by the operation's server profile."""
+
+    status_code: int
+    replayed: bool = False
+    """The server marked it as its stored answer for this key."""
+    in_progress: bool = False
+    """The server says the key's first request is still running."""
+    mismatch: bool = False
+    """The server says the key was used with another payload."""
+    hint: bool | None = None
+    """The server's explicit "retry this?" header, if any."""
+    server_wait: float | None = None
+    """Seconds the server asks to wait (Retry-After, retry-after-ms), clamped."""
+
+    @property
+    def outcome(self) -> Outcome:
+        return "answered"
+
+
+@attrs.frozen
+class Failure:
+    """One attempt that ended without an answer, classified once."""
+
+    outcome: Outcome
+    """``not_sent`` (the server cannot have seen it) or ``maybe_delivered``."""
+    text: str
+    """``Type: message``, with every secret header value scrubbed out."""
+    unsendable: bool = False
+    """The request cannot be sent at all (bad URL scheme, illegal header)."""
+    unreadable: bool = False
+    """The server answered, but httpx could not read the answer (an undecodable body,
+    a redirect loop): resending would meet the same answer."""
+
+
+Signal = Answer | Failure
+
+
+def classify(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
+    status = response.status_code
+    mismatch = profile.is_payload_mismatch(response)
+    return Answer(
+        status_code=status,
+        replayed=profile.is_replay(response),
+        in_progress=status in profile.in_progress_statuses and not mismatch,
+        mismatch=mismatch,
+        hint=profile.retry_hint(response),
+        server_wait=server_wait(response.headers, now=now) if status >= 400 else None,
+    )
+
+
+_NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_UNSENDABLE_ERRORS = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
+_UNREADABLE_ERRORS = (httpx.DecodingError, httpx.TooManyRedirects)
+
+
+def classify_error(error: BaseException, *, secrets: Collection[str] = ()) -> Failure:
+    """A transport error (or one raised while reading the answer) as a :class:`Failure`."""
+    text = scrub(f"{type(error).__name__}: {error}", secrets)
+    if isinstance(error, _UNSENDABLE_ERRORS):
+        return Failure("not_sent", text, unsendable=True)
+    if isinstance(error, _NOT_SENT_ERRORS):
+        return Failure("not_sent", text)
+    if isinstance(error, _UNREADABLE_ERRORS):
+        return Failure("maybe_delivered", text, unreadable=True)
+    return Failure("maybe_delivered", text)
+
+
+def scrub(text: str, secrets: Collection[str]) -> str:
+    """``text`` with every secret value (and its stripped form) replaced by ``[redacted]``.
+
+    httpx quotes an illegal header value in its error, token included.
+    """
+    for secret in sorted(secrets, key=len, reverse=True):
+        for form in {secret, secret.strip(), repr(secret)[1:-1], repr(secret.encode())[2:-1]}:
+            if len(form) >= 4:
+                text = text.replace(form, "[redacted]")
+    return _BEARER.sub(r"\1[redacted]", text)
+
+
+_BEARER = re.compile(r"(?i)\b(bearer |basic |token )[^\s'\"\\]+")
+
+
+# -- the decision ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CallState:
+    """What the operation's attempts have shown so far, as one decision needs it."""
+
+    started_at: float
+    """When this call (or this resume of the operation) started."""
+    attempts: int = 0
+    """Attempts made by this call."""
+    in_progress_answers: int = 0
+    """"In progress" answers seen by this call."""
+    deadline_at: float | None = None
+    """The operation's own absolute deadline, surviving restarts."""
+    delivery: Delivery = "exactly_once"
+    acted: bool = False
+    """An attempt so far (this call's or an earlier one's) may have been acted on."""
+    in_progress_since: float | None = None
+    """Since when the server has answered "in progress" without interruption."""
+    resuming: bool = False
+
+    def after(self, signal: Signal, *, now: float) -> CallState:
+        """The state once ``signal`` (this call's next attempt) is known."""
+        if isinstance(signal, Failure):
+            acted = signal.outcome == "maybe_delivered"
+            in_progress = False
+        else:
+            acted = signal.status_code not in NOT_ACTED_STATUS_CODES
+            in_progress = signal.in_progress
+        return attrs.evolve(
+            self,
+            attempts=self.attempts + 1,
+            in_progress_answers=self.in_progress_answers + in_progress,
+            acted=self.acted or acted,
+            in_progress_since=(self.in_progress_since or now) if in_progress else None,
+        )
 
 
 @attrs.frozen
 class Decision:
     action: Action
     reason: str
+    state: CallState
+    """The call's state after this attempt, for the next decision."""
     wait: float = 0.0
     not_before: float | None = None
-
-
-@attrs.frozen
-class CallState:
-    """What one call has done so far (the journal holds the rest)."""
-
-    started_at: float
-    attempts: int
-    """Attempts made by this call, the one being decided included."""
-    in_progress_answers: int
-    """409-style answers seen by this call, the one being decided included."""
-    deadline_at: float | None = None
-    """The operation's own absolute deadline, surviving restarts."""
-    delivery: Delivery = "exactly_once"
-
-
-def error_outcome(error: httpx.TransportError) -> Outcome:
-    if isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return Outcome.NOT_SENT
-    if isinstance(error, (httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
-        return Outcome.NOT_SENT
-    return Outcome.MAYBE_DELIVERED
 
 
 def decide(
     policy: RetryPolicy,
     profile: ServerProfile,
     state: CallState,
+    signal: Signal,
     *,
     now: float,
-    response: httpx.Response | None = None,
-    error: httpx.TransportError | None = None,
     rand: Callable[[], float] = random.random,
 ) -> Decision:
-    """The next step after one attempt: exactly one of ``response``/``error``."""
-    if error is not None:
-        return _decide_error(policy, state, error, now=now, rand=rand)
-    assert response is not None
-    return _decide_response(policy, profile, state, response, now=now, rand=rand)
+    """The next step after one attempt whose result is ``signal``."""
+    before = state
+    state = state.after(signal, now=now)
 
+    def decision(action: Action, reason: str, **extra: float | None) -> Decision:
+        return Decision(action, reason, state, **extra)  # type: ignore[arg-type]
 
-def _decide_error(
-    policy: RetryPolicy,
-    state: CallState,
-    error: httpx.TransportError,
-    *,
-    now: float,
-    rand: Callable[[], float],
-) -> Decision:
-    name = type(error).__name__
-    if isinstance(error, (httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
-        return Decision(Action.FAIL_LOCALLY, f"the request cannot be sent: {name}: {error}")
-    outcome = error_outcome(error)
-    if outcome is Outcome.MAYBE_DELIVERED and state.delivery == "at_most_once":
-        return Decision(
-            Action.ABANDON,
-            f"{name} after sending: an at-most-once operation that may have been "
-            "delivered is never resent",
-        )
-    return _retry_or_stop(policy, state, f"{name}: {error}", server=None, now=now, rand=rand)
+    def final(what: str) -> Decision:
+        """A final answer: failed only when it proves nothing happened."""
+        assert isinstance(signal, Answer)
+        if signal.replayed:
+            return decision("fail", f"{what} (the server's stored answer for this key)")
+        if state.resuming and signal.status_code in CREDENTIAL_STATUS_CODES:
+            return decision(
+                "unresolved",
+                f"{what}: the server refused the credentials this resume sent; the "
+                "operation keeps its state (pass the right ones, e.g. --header-env)",
+            )
+        if before.acted:
+            return decision(
+                "unresolved",
+                f"{what} after an earlier attempt that may have been delivered: this answer "
+                "says nothing about that attempt, so the operation stays pending with its key",
+            )
+        return decision("fail", f"{what}: a final answer; retrying it would be a loop")
 
+    if isinstance(signal, Failure):
+        if signal.unsendable:
+            reason = f"the request cannot be sent: {signal.text}"
+            if before.acted or state.resuming:
+                return decision("unsent", reason + "; the operation keeps its state")
+            return decision("fail", reason)
+        if signal.outcome == "maybe_delivered" and state.delivery == "at_most_once":
+            return decision(
+                "abandon",
+                f"{signal.text} after sending: an at-most-once operation that may have "
+                "been delivered is never resent",
+            )
+        if signal.unreadable:
+            return decision(
+                "pending",
+                f"the server answered but its answer cannot be read ({signal.text}); "
+                "resending would meet the same answer",
+            )
+        return _retry_or_stop(policy, state, signal.text, None, now=now, rand=rand)
 
-def _decide_response(
-    policy: RetryPolicy,
-    profile: ServerProfile,
-    state: CallState,
-    response: httpx.Response,
-    *,
-    now: float,
-    rand: Callable[[], float],
-) -> Decision:
-    status = response.status_code
+    status = signal.status_code
     if status < 400:
-        return Decision(Action.SUCCEED, f"{status}")
-    if profile.is_payload_mismatch(response):
-        return Decision(
-            Action.FAIL, f"{status}: the server says this key was used with another payload"
-        )
-    hint = should_retry_hint(response.headers)
-    in_progress = profile.is_in_progress(response)
+        return decision("succeed", f"{status}")
+    if signal.mismatch:
+        if before.acted and not signal.replayed:
+            return decision(
+                "reconcile",
+                f"{status}: the server says this key was used with another payload after "
+                "an attempt that may have been delivered; look the object up",
+            )
+        return decision("fail", f"{status}: the server says this key was used with another payload")
+    hint = signal.hint
     if status >= 500:
-        if profile.is_replay(response):
-            return Decision(
-                Action.RECONCILE,
+        if signal.replayed:
+            return decision(
+                "reconcile",
                 f"the server replays a stored {status}: resending cannot change it; "
                 "look the object up to learn what happened",
             )
         if hint is False:
-            return Decision(
-                Action.RECONCILE,
-                f"{status} and the server says not to retry: the outcome is unknown",
+            return decision(
+                "reconcile", f"{status} and the server says not to retry: the outcome is unknown"
             )
-    elif status in NEVER_RETRY_STATUS_CODES or not (
-        in_progress or status in RETRY_STATUS_CODES or hint is True
-    ):
-        return Decision(Action.FAIL, f"{status}: a final answer; retrying it would be a loop")
-    elif hint is False and in_progress:
-        # The first request may still be running: not "nothing happened".
-        return Decision(
-            Action.PENDING, f"{status}: the key is in progress and the server says not to retry"
-        )
-    elif hint is False:
-        return Decision(Action.FAIL, f"{status} and the server says not to retry")
+        if not profile.stores_server_errors and status not in GATEWAY_STATUS_CODES:
+            return decision(
+                "reconcile",
+                f"{status} from a server that does not store errors under the key: its "
+                "handler may have acted, and a resend would run it again",
+            )
+    elif signal.in_progress:
+        if hint is False:
+            return decision(
+                "pending", f"{status}: the key is in progress and the server says not to retry"
+            )
+        timeout = profile.in_progress_timeout
+        since = state.in_progress_since
+        if timeout is not None and since is not None and now - since > timeout:
+            return decision(
+                "reconcile",
+                f"{status}: the server has said 'in progress' for {now - since:g}s, longer "
+                f"than the profile allows ({timeout:g}s): its lock may never expire",
+            )
+        if state.in_progress_answers > policy.in_progress_retries:
+            return decision(
+                "pending",
+                f"{status}: the key is still in progress on the server after "
+                f"{state.in_progress_answers} answers",
+            )
+    elif status in NEVER_RETRY_STATUS_CODES or hint is False:
+        return final(f"{status}" + (" and the server says not to retry" if hint is False else ""))
+    elif not (status in RETRY_STATUS_CODES or hint is True):
+        return final(f"{status}")
 
     if state.delivery == "at_most_once" and status not in NOT_ACTED_STATUS_CODES:
-        return Decision(
-            Action.ABANDON,
+        return decision(
+            "abandon",
             f"{status}: an at-most-once operation the server may have acted on is never resent",
         )
-    if in_progress and state.in_progress_answers > policy.in_progress_retries:
-        return Decision(
-            Action.PENDING,
-            f"{status}: the key is still in progress on the server after "
-            f"{state.in_progress_answers} answers",
-        )
-    return _retry_or_stop(
-        policy,
-        state,
-        f"{status}",
-        server=server_wait(response.headers, now=now),
-        now=now,
-        rand=rand,
-    )
+    return _retry_or_stop(policy, state, f"{status}", signal.server_wait, now=now, rand=rand)
 
 
 def _retry_or_stop(
     policy: RetryPolicy,
     state: CallState,
     what: str,
-    *,
     server: float | None,
+    *,
     now: float,
     rand: Callable[[], float],
 ) -> Decision:
-    wait = max(server or 0.0, policy.backoff(state.attempts, rand))
-    resume_at = now + wait
-    if state.deadline_at is not None and resume_at > state.deadline_at:
+    elapsed = now - state.started_at
+    backoff = policy._wait_strategy(rand)(_retry_call_state(state.attempts, elapsed, 0.0))
+    wait = max(server or 0.0, backoff)
+    if state.deadline_at is not None and now + wait > state.deadline_at:
         return Decision(
-            Action.RECONCILE,
+            "reconcile",
             f"{what}: the operation's own deadline passes before it could be retried",
+            state,
         )
     if server is not None and server > policy.max_retry_after:
         return Decision(
-            Action.RETRY_LATER,
+            "retry_later",
             f"{what}: the server asks to wait {server:g}s, more than max_retry_after "
             f"({policy.max_retry_after:g}s)",
+            state,
             not_before=now + server,
         )
-    stop = None
-    if state.attempts >= policy.max_attempts:
-        stop = f"{what}: {state.attempts} attempts made (max_attempts={policy.max_attempts})"
-    elif resume_at > state.started_at + policy.deadline:
+    if policy._stop_strategy()(_retry_call_state(state.attempts, elapsed, wait)):
         stop = (
-            f"{what}: waiting {wait:g}s more would pass the call's deadline ({policy.deadline:g}s)"
+            f"{what}: stopped after {state.attempts} attempt"
+            f"{'' if state.attempts == 1 else 's'} and {elapsed:g}s "
+            f"(max_attempts={policy.max_attempts}, deadline={policy.deadline:g}s)"
         )
-    if stop is None:
-        return Decision(Action.RETRY, what, wait=wait)
-    if server is not None:
-        return Decision(Action.RETRY_LATER, stop, not_before=now + server)
-    return Decision(Action.PENDING, stop)
+        if server is not None:
+            return Decision("retry_later", stop, state, not_before=now + server)
+        return Decision("pending", stop, state)
+    return Decision("retry", what, state, wait=wait)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Collection
 from typing import Literal
 
 import attrs
@@ -22,14 +23,50 @@ REPLAY_MARKER_HEADERS = (
     "X-Idempotent-Replayed",
     "X-Idempotency-Replayed",
 )
-# Words a 409 (or 400) body uses when the key was reused with another payload,
-# as opposed to "in progress" (Brandur's server answers 409 for both).
-MISMATCH_BODY_MARKERS = (
-    "mismatch",
-    "different payload",
-    "different parameters",
-    "idempotency_error",
-)
+# Words a 409 body uses when the key was reused with another payload, as
+# opposed to "in progress" (Brandur's server answers 409 for both).
+MISMATCH_BODY_MARKERS = ("mismatch", "different payload", "different parameters")
+DEFAULT_IN_PROGRESS_TIMEOUT = 60 * 60.0
+RETRY_HINT_HEADERS = ("Stripe-Should-Retry", "X-Should-Retry")
+
+MismatchMatcher = Callable[[httpx.Response], bool]
+"""Says whether an answer means "this key was used with another payload"."""
+
+
+def body_mentions(*words: str, statuses: Collection[int] = frozenset({409})) -> MismatchMatcher:
+    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``."""
+    lowered = tuple(word.lower() for word in words)
+    wanted = frozenset(statuses)
+
+    def matches(response: httpx.Response) -> bool:
+        if response.status_code not in wanted:
+            return False
+        body = _body_text(response).lower()
+        return any(word in body for word in lowered)
+
+    return matches
+
+
+def error_type(*types: str, statuses: Collection[int] = frozenset({400})) -> MismatchMatcher:
+    """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style)."""
+    wanted_types = frozenset(types)
+    wanted = frozenset(statuses)
+
+    def matches(response: httpx.Response) -> bool:
+        if response.status_code not in wanted:
+            return False
+        return _error_type(_body_text(response)) in wanted_types
+
+    return matches
+
+
+def never(response: httpx.Response) -> bool:
+    """A matcher that recognises nothing (only ``mismatch_statuses`` count)."""
+    return False
+
+
+DEFAULT_MISMATCH_MATCHER = body_mentions(*MISMATCH_BODY_MARKERS)
+"""A 409 whose body mentions a mismatch (Brandur's server)."""
 
 # Visible ASCII without the characters a quoted sf-string would need escaped:
 # a key that is the same bytes in both formats is a key every server accepts.
@@ -48,20 +85,39 @@ class ServerProfile:
 
     name: str
     key_header: str = DEFAULT_KEY_HEADER
+    """The request header that carries the key."""
     key_format: KeyFormat = "token"
+    """``token`` (sent bare) or ``sf-string`` (an RFC 8941 quoted string)."""
     max_key_length: int = DEFAULT_MAX_KEY_LENGTH
     key_lifetime: float = DEFAULT_KEY_LIFETIME
     """Seconds the server remembers a key; resume never resends an older one."""
     in_progress_statuses: frozenset[int] = frozenset({409})
+    """Answers meaning "this key's first request is still running": retried, capped."""
+    in_progress_timeout: float | None = DEFAULT_IN_PROGRESS_TIMEOUT
+    """Seconds of uninterrupted "in progress" answers after which the operation goes to
+    needs_reconcile (a server lock that never expires); None waits forever."""
     mismatch_statuses: frozenset[int] = frozenset({422})
-    mismatch_error_types: frozenset[str] = frozenset()
-    """Error ``type`` values in a JSON body that mean "key reused" (Stripe's 400)."""
+    """Answers that always mean "this key was used with another payload"."""
+    mismatch_matcher: MismatchMatcher = DEFAULT_MISMATCH_MATCHER
+    """Recognises a payload mismatch among other answers (a 409 or 400 body)."""
+    stores_server_errors: bool = True
+    """Whether the server stores a 5xx under the key. When False (middlewares that
+    release the key and re-run the handler), a 500 may have acted: it goes to
+    needs_reconcile, and only 502, 503 and 504 are retried."""
     replay_headers: tuple[str, ...] = REPLAY_MARKER_HEADERS
+    """Response headers marking a stored answer replayed (value true, ?1 or 1)."""
+    retry_hint_headers: tuple[str, ...] = RETRY_HINT_HEADERS
+    """Response headers saying true/false to "should this be retried"."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
+    _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
     @_replay_markers.default
     def _lowercase_replay_markers(self) -> frozenset[bytes]:
         return frozenset(name.lower().encode("latin-1") for name in self.replay_headers)
+
+    @_hint_markers.default
+    def _lowercase_hint_markers(self) -> frozenset[bytes]:
+        return frozenset(name.lower().encode("latin-1") for name in self.retry_hint_headers)
 
     def render_key(self, key: str) -> str:
         """The header value for ``key``, exactly as sent on every attempt."""
@@ -69,18 +125,26 @@ class ServerProfile:
             return f'"{key}"'
         return key
 
+    def parse_key(self, value: str) -> str:
+        """The key in a header value this profile renders (quotes removed)."""
+        if self.key_format == "sf-string" and len(value) >= 2 and value[0] == value[-1] == '"':
+            return value[1:-1]
+        return value
+
     def validate_key(self, key: str) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"idempotency_key must be a str, not {type(key).__name__}")
         if not key or len(key) > self.max_key_length:
             raise InvalidKeyError(
                 f"idempotency key must be 1 to {self.max_key_length} characters for the "
                 f"{self.name!r} profile; got {len(key)}",
-                key=key,
+                key=key[:100],
             )
         if not _KEY_CHARACTERS.fullmatch(key):
             raise InvalidKeyError(
                 "idempotency key may hold only visible ASCII characters, without quotes "
                 "or backslashes; use a UUID or your own ASCII id",
-                key=key,
+                key=key[:100],
             )
 
     def is_replay(self, response: httpx.Response) -> bool:
@@ -91,17 +155,28 @@ class ServerProfile:
             for name, value in response.headers.raw
         )
 
+    def retry_hint(self, response: httpx.Response) -> bool | None:
+        """The server's explicit "retry this?" (true/false), or None (none, or garbage)."""
+        markers = self._hint_markers
+        for name, value in response.headers.raw:
+            if name.lower() in markers:
+                word = value.strip().lower()
+                if word == b"true":
+                    return True
+                if word == b"false":
+                    return False
+        return None
+
     def is_payload_mismatch(self, response: httpx.Response) -> bool:
         """Whether the server says the key was used before with another payload."""
-        status = response.status_code
-        if status in self.mismatch_statuses:
+        if response.status_code in self.mismatch_statuses:
             return True
-        if status not in {400, 409}:
+        if response.status_code < 400:
             return False
-        body = _body_text(response).lower()
-        if status == 400:
-            return _error_type(body) in self.mismatch_error_types
-        return any(marker in body for marker in MISMATCH_BODY_MARKERS)
+        try:
+            return bool(self.mismatch_matcher(response))
+        except Exception:  # a user's matcher must not turn an answer into a crash
+            return False
 
     def is_in_progress(self, response: httpx.Response) -> bool:
         return response.status_code in self.in_progress_statuses and not self.is_payload_mismatch(
@@ -133,9 +208,9 @@ GENERIC = ServerProfile(name="generic")
 STRIPE = ServerProfile(
     name="stripe",
     mismatch_statuses=frozenset(),
-    mismatch_error_types=frozenset({"idempotency_error"}),
+    mismatch_matcher=error_type("idempotency_error"),
 )
-"""Stripe: mismatch is ``400 {"error": {"type": "idempotency_error"}}``."""
+"""Stripe: mismatch is ``400 {"error": {"type": "idempotency_error"}}``; 5xx are stored."""
 
 IETF = ServerProfile(name="ietf", key_format="sf-string")
 """draft-ietf-httpapi-idempotency-key-header: the key is an RFC 8941 quoted string."""

@@ -14,6 +14,11 @@ SHOULD_RETRY_HEADERS = ("stripe-should-retry", "x-should-retry")
 
 # Anything longer than this is not a Retry-After value, it is an attack.
 _MAX_HEADER_LENGTH = 64
+MAX_SERVER_WAIT = 366 * 24 * 60 * 60.0
+"""A year: any longer wait a server asks for is read as this one.
+
+Clamped here, before anything is stored, so that a hostile ``Retry-After:
+1e20`` means "much later" and never an overflow in a stored ``not_before``."""
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:
@@ -33,7 +38,7 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
         return _parse_http_date(value, now=now)
     if not math.isfinite(seconds) or seconds < 0:
         return None
-    return seconds
+    return min(seconds, MAX_SERVER_WAIT)
 
 
 def _parse_http_date(value: str, *, now: float) -> float | None:
@@ -44,7 +49,7 @@ def _parse_http_date(value: str, *, now: float) -> float | None:
     if moment.tzinfo is None:  # RFC 9110 dates are always GMT
         return None
     try:
-        return max(0.0, moment.timestamp() - now)
+        return min(max(0.0, moment.timestamp() - now), MAX_SERVER_WAIT)
     except (OverflowError, OSError, ValueError):
         return None
 
@@ -59,7 +64,7 @@ def parse_retry_after_ms(value: str | None) -> float | None:
         return None
     if not math.isfinite(millis) or millis < 0:
         return None
-    return millis / 1000.0
+    return min(millis / 1000.0, MAX_SERVER_WAIT)
 
 
 def server_wait(headers: Mapping[str, str], *, now: float) -> float | None:

@@ -1,14 +1,17 @@
-"""Session and AsyncSession: thin drivers over the shared engine.
+"""Session and AsyncSession: httpx clients whose writes run through the operation flow.
 
-They build the request, hand it to the engine (which journals it), then only
-send and sleep; tenacity runs the loop with the engine's decisions.
+They render the request, check the caller's arguments, and hand both to the
+flow (``_flow.py``) through a driver (``_drivers.py``); every decision is the
+flow's.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
@@ -27,41 +30,91 @@ if TYPE_CHECKING:  # httpx's private modules, for annotations only
         TimeoutTypes,
     )
 
-from idempotently._engine import (
+from idempotently._drivers import arun, run
+from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
+    Call,
     Engine,
-    Flight,
-    ResumeFlow,
+    Held,
     ResumeResult,
     Settlement,
+    check_call_arguments,
 )
-from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
-from idempotently._policy import Delivery, RetryPolicy
+from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile
+from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
 JournalArg = str | os.PathLike[str] | Journal
 Reconciler = Callable[[Operation, httpx.Client], "Settlement | None"]
 AsyncReconciler = Callable[[Operation, httpx.AsyncClient], Awaitable["Settlement | None"]]
 OnResult = Callable[[ResumeResult], object]
-# What ends one operation's resume without ending the whole resume.
-_SETTLING_ERRORS = (IdempotentlyError, httpx.TransportError)
 
 
-def _advance(flow: ResumeFlow, reply: Any) -> Flight | Operation | ResumeResult | None:
-    try:
-        return flow.send(reply)
-    except StopIteration:
-        return None
+def _options_of(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls).parameters)
 
 
-def _report(result: ResumeResult, results: list[ResumeResult], on_result: OnResult | None) -> None:
-    results.append(result)
-    if on_result is not None:
-        on_result(result)
+_CLIENT_OPTIONS = {
+    httpx.Client: _options_of(httpx.Client),
+    httpx.AsyncClient: _options_of(httpx.AsyncClient),
+}
+
+
+def check_engine_options(
+    *,
+    policy: object,
+    profile: object,
+    redact_headers: object,
+    fingerprint_headers: object,
+    lease_duration: object,
+    key_expiry_margin: object,
+    clock: object,
+    sleep: object,
+) -> None:
+    """The options every Session and Transport shares, checked before anything is opened."""
+    if policy is not None and not isinstance(policy, RetryPolicy):
+        raise TypeError(f"policy must be an idempotently.RetryPolicy, not {type(policy).__name__}")
+    if not isinstance(profile, ServerProfile):
+        raise TypeError(
+            "profile must be an idempotently.ServerProfile (e.g. "
+            f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
+        )
+    for name, names in (
+        ("redact_headers", redact_headers),
+        ("fingerprint_headers", fingerprint_headers),
+    ):
+        if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+            raise TypeError(f"{name} must be a list of header names, not {type(names).__name__}")
+        for header in names:
+            if not isinstance(header, str) or not header:
+                raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
+    for name, value, low in (
+        ("lease_duration", lease_duration, 0.0),
+        ("key_expiry_margin", key_expiry_margin, -0.0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+        if not math.isfinite(value) or value < 0 or (low == 0.0 and value == 0):
+            raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
+    for name, function in (("clock", clock), ("sleep", sleep)):
+        if not callable(function):
+            raise TypeError(f"{name} must be callable, not {type(function).__name__}")
+
+
+def open_journal(journal: object) -> tuple[Journal, bool]:
+    """The journal to use, and whether we opened it (and so close it)."""
+    if isinstance(journal, Journal):
+        return journal, False
+    if isinstance(journal, (str, os.PathLike)):
+        return Journal(journal), True
+    raise TypeError(
+        f"journal must be a path (str or os.PathLike) or an idempotently.Journal, not "
+        f"{type(journal).__name__}"
+    )
 
 
 class _SessionBase(Generic[ClientT]):
@@ -71,87 +124,94 @@ class _SessionBase(Generic[ClientT]):
         self,
         journal: JournalArg,
         *,
-        client: ClientT | None = None,
-        policy: RetryPolicy | None = None,
-        profile: ServerProfile = GENERIC,
-        redact_headers: Iterable[str] = (),
-        fingerprint_headers: Iterable[str] = (),
-        lease_duration: float = DEFAULT_LEASE_DURATION,
-        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
-        clock: Callable[[], float] = time.time,
-        **client_kwargs: Any,
+        client: ClientT | None,
+        policy: RetryPolicy | None,
+        profile: ServerProfile,
+        redact_headers: Iterable[str],
+        fingerprint_headers: Iterable[str],
+        lease_duration: float,
+        key_expiry_margin: float,
+        clock: Callable[[], float],
+        sleep: object,
+        client_options: dict[str, Any],
     ) -> None:
-        if client is not None and client_kwargs:
+        # Everything is checked before the journal file is created.
+        unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
+        if unknown:
             raise TypeError(
-                f"pass either client= or httpx client options ({', '.join(client_kwargs)}), "
+                f"{type(self).__name__}() got unexpected keyword argument"
+                f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: neither an "
+                f"idempotently option nor an httpx.{self._client_class.__name__} option"
+            )
+        if client is not None and client_options:
+            raise TypeError(
+                f"pass either client= or httpx client options ({', '.join(client_options)}), "
                 "not both"
             )
-        self._owns_journal = not isinstance(journal, Journal)
-        self.journal = Journal(journal) if not isinstance(journal, Journal) else journal
+        if client is not None and not isinstance(client, self._client_class):
+            raise TypeError(
+                f"client must be an httpx.{self._client_class.__name__}, not "
+                f"{type(client).__name__}"
+            )
+        redact_headers = (
+            tuple(redact_headers) if not isinstance(redact_headers, str) else redact_headers
+        )
+        fingerprint_headers = (
+            tuple(fingerprint_headers)
+            if not isinstance(fingerprint_headers, str)
+            else fingerprint_headers
+        )
+        check_engine_options(
+            policy=policy,
+            profile=profile,
+            redact_headers=redact_headers,
+            fingerprint_headers=fingerprint_headers,
+            lease_duration=lease_duration,
+            key_expiry_margin=key_expiry_margin,
+            clock=clock,
+            sleep=sleep,
+        )
+        self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None
-        self.client: ClientT = client if client is not None else self._client_class(**client_kwargs)
+        self.client: ClientT = (
+            client if client is not None else self._client_class(**client_options)
+        )
         self.policy = policy or RetryPolicy()
         self.profile = profile
         self._engine = Engine(
-            journal=self.journal,
             policy=self.policy,
             profile=profile,
             clock=clock,
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
-            lease_duration=lease_duration,
-            key_expiry_margin=key_expiry_margin,
+            lease_duration=float(lease_duration),
+            key_expiry_margin=float(key_expiry_margin),
         )
 
     def _build(
-        self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes
+        self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> httpx.Request:
-        return self.client.build_request(method, url, headers=list(headers), content=body)
+        base = self.client.base_url
+        if not url.userinfo and base.userinfo and base.host == url.host:
+            # The journal never holds URL credentials: re-apply the live client's.
+            url = url.copy_with(username=base.username, password=base.password)
+        return self.client.build_request(method, url, headers=headers, content=body)
 
-    def _render(
-        self,
-        method: str,
-        url: httpx.URL | str,
-        *,
-        content: RequestContent | None,
-        data: RequestData | None,
-        files: RequestFiles | None,
-        json: Any | None,
-        params: QueryParamTypes | None,
-        headers: HeaderTypes | None,
-        cookies: CookieTypes | None,
-        timeout: TimeoutTypes | UseClientDefault,
-        extensions: RequestExtensions | None,
-    ) -> httpx.Request:
-        return self.client.build_request(
-            method,
-            url,
-            content=content,
-            data=data,
-            files=files,
-            json=json,
-            params=params,
-            headers=headers,
-            cookies=cookies,
-            timeout=timeout,
-            extensions=extensions,
-        )
-
-    def _prepare(
+    def _call(
         self,
         request: httpx.Request,
         operation_id: str | None,
         idempotency_key: str | None,
         delivery: Delivery,
         deadline_at: float | None,
-    ) -> Flight | httpx.Response:
-        return self._engine.prepare(
+    ) -> Call:
+        key = adopted_key(self.profile, request, idempotency_key)
+        return Call(
             request,
-            self._build,
             operation_id=operation_id,
-            key=idempotency_key,
+            key=key,
             delivery=delivery,
-            deadline_at=deadline_at,
+            deadline_at=None if deadline_at is None else float(deadline_at),
         )
 
     def __repr__(self) -> str:
@@ -160,11 +220,36 @@ class _SessionBase(Generic[ClientT]):
         )
 
 
+def adopted_key(
+    profile: ServerProfile, request: httpx.Request, idempotency_key: str | None
+) -> str | None:
+    """The key the caller chose: ``idempotency_key=``, or the profile's header on the request.
+
+    Validated against the profile; a header that disagrees with the argument is an error.
+    """
+    raw = request.headers.get(profile.key_header)
+    header_key = None if raw is None else profile.parse_key(raw)
+    if idempotency_key is not None and header_key is not None and header_key != idempotency_key:
+        raise ValueError(
+            f"idempotency_key={idempotency_key!r} disagrees with the {profile.key_header} "
+            f"header ({raw!r}); pass one of them"
+        )
+    key = idempotency_key if idempotency_key is not None else header_key
+    if key is not None:
+        profile.validate_key(key)
+    return key
+
+
 class Session(_SessionBase[httpx.Client]):
     """An httpx client whose writes carry one journaled idempotency key each.
 
     ``Session("ops.db", base_url=..., headers=...)`` takes any ``httpx.Client``
-    option; ``Session("ops.db", client=httpx.Client(...))`` wraps an existing one.
+    option; ``Session("ops.db", client=httpx.Client(...))`` wraps an existing
+    one. A misspelt option is a ``TypeError`` before the journal is created.
+
+    One Session may be shared by threads: one operation is sent by one caller
+    at a time; the others wait for its answer (within the policy's deadline)
+    or get :class:`~idempotently.OperationInProgressError`.
     """
 
     _client_class = httpx.Client
@@ -173,10 +258,30 @@ class Session(_SessionBase[httpx.Client]):
         self,
         journal: JournalArg,
         *,
-        sleep: Callable[[float], None] = time.sleep,
-        **options: Any,
+        client: httpx.Client | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile = GENERIC,
+        redact_headers: Iterable[str] = (),
+        fingerprint_headers: Iterable[str] = (),
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], object] = time.sleep,
+        **client_options: Any,
     ) -> None:
-        super().__init__(journal, **options)
+        super().__init__(
+            journal,
+            client=client,
+            policy=policy,
+            profile=profile,
+            redact_headers=redact_headers,
+            fingerprint_headers=fingerprint_headers,
+            lease_duration=lease_duration,
+            key_expiry_margin=key_expiry_margin,
+            clock=clock,
+            sleep=sleep,
+            client_options=client_options,
+        )
         self._sleep = sleep
 
     def post(
@@ -240,10 +345,18 @@ class Session(_SessionBase[httpx.Client]):
         The key is journaled before the first byte is sent. ``operation_id``
         makes the call repeatable across restarts: a settled operation returns
         its stored response without a network call, a pending one continues
-        with its stored key. ``deadline_at`` (seconds since the epoch) is the
-        operation's own deadline, kept across restarts.
+        with its stored key. ``idempotency_key`` (or the profile's key header
+        set on the request) is used as the key instead of a random one.
+        ``deadline_at`` (seconds since the epoch) is the operation's own
+        deadline, kept across restarts.
         """
-        request = self._render(
+        check_call_arguments(
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            delivery=delivery,
+            deadline_at=deadline_at,
+        )
+        request = self.client.build_request(
             method,
             url,
             content=content,
@@ -257,13 +370,15 @@ class Session(_SessionBase[httpx.Client]):
             extensions=extensions,
         )
         request.read()
-        prepared = self._prepare(request, operation_id, idempotency_key, delivery, deadline_at)
-        if isinstance(prepared, httpx.Response):
-            return prepared
-        return self._fly(prepared)
-
-    def _fly(self, flight: Flight) -> httpx.Response:
-        return flight.fly(self.client.send, self._sleep)
+        call = self._call(request, operation_id, idempotency_key, delivery, deadline_at)
+        held = Held()
+        return run(
+            self._engine.call(call, self._build, held),
+            held,
+            self.journal,
+            send=self.client.send,
+            sleep=self._sleep,
+        )
 
     def resume(
         self,
@@ -275,33 +390,30 @@ class Session(_SessionBase[httpx.Client]):
     ) -> list[ResumeResult]:
         """Re-drive every pending operation with its stored key and bytes.
 
-        One result per operation, oldest first: sent and settled, still
-        pending (waiting for ``not_before``, leased by another process, budget
-        spent), abandoned (at-most-once), or needs_reconcile (key past its
-        lifetime, replayed 5xx, own deadline passed). With a ``reconciler``,
-        needs_reconcile operations are handed to it to settle. Credentials
-        come from this session's client, never from the journal.
+        One result per operation, oldest first, each also passed to
+        ``on_result`` as soon as it is known: sent and settled, still pending
+        (waiting for ``not_before``, leased by another caller, budget spent,
+        unresolved, not sent), abandoned (at-most-once), or needs_reconcile
+        (key past its lifetime, replayed 5xx, own deadline passed). With a
+        ``reconciler``, needs_reconcile operations are handed to it to settle.
+        Credentials come from this session's client, never from the journal.
         """
-        flow = self._engine.resume_flow(
-            self._build, dry_run=dry_run, base_url=base_url, reconciling=reconciler is not None
+        check_resume_arguments(base_url=base_url, reconciler=reconciler, on_result=on_result)
+        held = Held()
+        client = self.client
+        return run(
+            self._engine.resume(
+                self._build, held, dry_run=dry_run, base_url=base_url, reconciling=bool(reconciler)
+            ),
+            held,
+            self.journal,
+            send=self.client.send,
+            sleep=self._sleep,
+            reconcile=None
+            if reconciler is None
+            else lambda operation: reconciler(operation, client),
+            report=on_result,
         )
-        results: list[ResumeResult] = []
-        reply: Any = None
-        while (step := _advance(flow, reply)) is not None:
-            if isinstance(step, Flight):
-                try:
-                    reply = self._fly(step)
-                except JournalError:
-                    raise
-                except _SETTLING_ERRORS as error:
-                    reply = error
-            elif isinstance(step, Operation):
-                assert reconciler is not None
-                reply = reconciler(step, self.client)
-            else:
-                _report(step, results, on_result)
-                reply = None
-        return results
 
     def close(self) -> None:
         if self._owns_client:
@@ -316,8 +428,30 @@ class Session(_SessionBase[httpx.Client]):
         self.close()
 
 
+def check_resume_arguments(*, base_url: object, reconciler: object, on_result: object) -> None:
+    if base_url is not None:
+        if not isinstance(base_url, (str, httpx.URL)):
+            raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")
+        try:
+            url = httpx.URL(base_url)
+        except httpx.InvalidURL as error:
+            raise ValueError(f"base_url {base_url!r} is not a URL: {error}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(
+                f"base_url must be an http(s) origin like https://host:port, not {base_url!r}; "
+                "nothing was resent"
+            )
+    for name, function in (("reconciler", reconciler), ("on_result", on_result)):
+        if function is not None and not callable(function):
+            raise TypeError(f"{name} must be callable, not {type(function).__name__}")
+
+
 class AsyncSession(_SessionBase[httpx.AsyncClient]):
-    """The async twin of :class:`Session`, on asyncio or trio (anyio)."""
+    """The async twin of :class:`Session`, on asyncio or trio (anyio).
+
+    Journal writes run in a worker thread: the event loop never waits for a
+    lock or an fsync. Tasks sharing one AsyncSession send one operation once.
+    """
 
     _client_class = httpx.AsyncClient
 
@@ -325,10 +459,30 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         self,
         journal: JournalArg,
         *,
-        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
-        **options: Any,
+        client: httpx.AsyncClient | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile = GENERIC,
+        redact_headers: Iterable[str] = (),
+        fingerprint_headers: Iterable[str] = (),
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        **client_options: Any,
     ) -> None:
-        super().__init__(journal, **options)
+        super().__init__(
+            journal,
+            client=client,
+            policy=policy,
+            profile=profile,
+            redact_headers=redact_headers,
+            fingerprint_headers=fingerprint_headers,
+            lease_duration=lease_duration,
+            key_expiry_margin=key_expiry_margin,
+            clock=clock,
+            sleep=sleep,
+            client_options=client_options,
+        )
         self._sleep = sleep
 
     async def post(
@@ -388,7 +542,13 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         deadline_at: float | None = None,
     ) -> httpx.Response:
         """Send one operation; see :meth:`Session.request`."""
-        request = self._render(
+        check_call_arguments(
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            delivery=delivery,
+            deadline_at=deadline_at,
+        )
+        request = self.client.build_request(
             method,
             url,
             content=content,
@@ -402,13 +562,15 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             extensions=extensions,
         )
         await request.aread()
-        prepared = self._prepare(request, operation_id, idempotency_key, delivery, deadline_at)
-        if isinstance(prepared, httpx.Response):
-            return prepared
-        return await self._fly(prepared)
-
-    async def _fly(self, flight: Flight) -> httpx.Response:
-        return await flight.afly(self.client.send, self._sleep)
+        call = self._call(request, operation_id, idempotency_key, delivery, deadline_at)
+        held = Held()
+        return await arun(
+            self._engine.call(call, self._build, held),
+            held,
+            self.journal,
+            send=self.client.send,
+            sleep=self._sleep,
+        )
 
     async def resume(
         self,
@@ -419,26 +581,25 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         on_result: OnResult | None = None,
     ) -> list[ResumeResult]:
         """Re-drive every pending operation; see :meth:`Session.resume`."""
-        flow = self._engine.resume_flow(
-            self._build, dry_run=dry_run, base_url=base_url, reconciling=reconciler is not None
+        check_resume_arguments(base_url=base_url, reconciler=reconciler, on_result=on_result)
+        held = Held()
+        client = self.client
+
+        async def reconcile(operation: Operation) -> Settlement | None:
+            assert reconciler is not None
+            return await reconciler(operation, client)
+
+        return await arun(
+            self._engine.resume(
+                self._build, held, dry_run=dry_run, base_url=base_url, reconciling=bool(reconciler)
+            ),
+            held,
+            self.journal,
+            send=self.client.send,
+            sleep=self._sleep,
+            reconcile=None if reconciler is None else reconcile,
+            report=on_result,
         )
-        results: list[ResumeResult] = []
-        reply: Any = None
-        while (step := _advance(flow, reply)) is not None:
-            if isinstance(step, Flight):
-                try:
-                    reply = await self._fly(step)
-                except JournalError:
-                    raise
-                except _SETTLING_ERRORS as error:
-                    reply = error
-            elif isinstance(step, Operation):
-                assert reconciler is not None
-                reply = await reconciler(step, self.client)
-            else:
-                _report(step, results, on_result)
-                reply = None
-        return results
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -2,31 +2,40 @@
 
 Vendor SDKs built on httpx accept an ``http_client``; giving that client one of
 these transports journals every write the SDK sends, adopting the
-``Idempotency-Key`` the SDK already put on the request. The decisions are the
-engine's; these drivers only read bodies, send through the wrapped transport
-and sleep.
+``Idempotency-Key`` the SDK already put on the request. They run the same
+operation flow as the sessions (``_flow.py``); these drivers only read
+bodies, send through the wrapped transport and sleep.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable
 
 import anyio
 import httpx
 
-from idempotently._engine import Engine, Flight
-from idempotently._journal import Journal
+from idempotently._drivers import arun, run
+from idempotently._flow import (
+    DEFAULT_KEY_EXPIRY_MARGIN,
+    DEFAULT_LEASE_DURATION,
+    Call,
+    Engine,
+    Held,
+    check_call_arguments,
+)
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile
+from idempotently._session import JournalArg, adopted_key, check_engine_options, open_journal
+from idempotently._vocabulary import DELIVERIES, Delivery
 
 OPERATION_ID_HEADER = "Idempotency-Operation-Id"
 """A request header naming the operation; sent on to the server unchanged."""
+DELIVERY_HEADER = "Idempotency-Delivery"
+"""A request header choosing ``exactly_once`` or ``at_most_once`` for one request;
+it is not sent on to the server."""
 DEFAULT_METHODS = frozenset({"POST", "PATCH"})
-
-JournalArg = str | os.PathLike[str] | Journal
 
 
 class _TransportBase:
@@ -37,66 +46,87 @@ class _TransportBase:
         policy: RetryPolicy | None,
         profile: ServerProfile,
         methods: Collection[str],
+        delivery: Delivery,
         redact_headers: Iterable[str],
+        fingerprint_headers: Iterable[str],
+        lease_duration: float,
+        key_expiry_margin: float,
         clock: Callable[[], float],
+        sleep: object,
     ) -> None:
-        self._owns_journal = not isinstance(journal, Journal)
-        self.journal = journal if isinstance(journal, Journal) else Journal(journal)
+        redact_headers = (
+            redact_headers if isinstance(redact_headers, str) else tuple(redact_headers)
+        )
+        fingerprint_headers = (
+            fingerprint_headers
+            if isinstance(fingerprint_headers, str)
+            else tuple(fingerprint_headers)
+        )
+        check_engine_options(
+            policy=policy,
+            profile=profile,
+            redact_headers=redact_headers,
+            fingerprint_headers=fingerprint_headers,
+            lease_duration=lease_duration,
+            key_expiry_margin=key_expiry_margin,
+            clock=clock,
+            sleep=sleep,
+        )
+        if isinstance(methods, str) or not all(isinstance(method, str) for method in methods):
+            raise TypeError(f"methods must be a collection of method names, not {methods!r}")
+        if delivery not in DELIVERIES:
+            raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
+        self.journal, self._owns_journal = open_journal(journal)
         self.profile = profile
         self.methods = frozenset(method.upper() for method in methods)
+        self.delivery: Delivery = delivery
         self._engine = Engine(
-            journal=self.journal,
             policy=policy or RetryPolicy(),
             profile=profile,
             clock=clock,
             redact_headers=redaction_set(redact_headers),
+            fingerprint_headers=tuple(fingerprint_headers),
+            lease_duration=float(lease_duration),
+            key_expiry_margin=float(key_expiry_margin),
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
         return request.method.upper() in self.methods
 
-    def _prepare(self, request: httpx.Request) -> Flight | httpx.Response:
-        """Journal the request (its body already read) under its adopted key and operation."""
-        key = self._adopted_key(request)
+    def _call(self, request: httpx.Request) -> Call:
+        """The call a request (its body read) stands for: its key, operation and delivery.
+
+        Without ``Idempotency-Operation-Id`` the key names the operation: the
+        SDK's own retry, a caller continuing with the key an error gave it, or
+        the same request object sent again all find it. With one, a named
+        operation keeps the key it was first sent with (an SDK that draws a
+        fresh key per call must not create a second operation on the server).
+        """
         operation_id = request.headers.get(OPERATION_ID_HEADER)
-        if operation_id is None:
-            # The SDK's own retry resends the same key: it must find the same operation.
-            operation_id = None if key is None else f"key:{key}"
-        elif key is not None and self.journal._find(operation_id, None) is not None:
-            # A named operation keeps the key it was first sent with: an SDK that
-            # makes a fresh key per call (after a restart, say) must not create a
-            # second operation on the server.
-            key = None
+        delivery: Delivery = request.headers.pop(DELIVERY_HEADER, self.delivery)  # type: ignore[assignment]  # checked below
+        check_call_arguments(
+            operation_id=operation_id, idempotency_key=None, delivery=delivery, deadline_at=None
+        )
+        key = adopted_key(self.profile, request, None)
+        return Call(
+            request,
+            operation_id=operation_id,
+            key=key,
+            keep_journaled_key=operation_id is not None,
+            delivery=delivery,
+            new_operation_id=None if key is None else f"key:{key}",
+        )
+
+    def _build(self, request: httpx.Request) -> Callable[..., httpx.Request]:
         extensions = request.extensions
 
         def build(
-            method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes
+            method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
         ) -> httpx.Request:
             # Keep the live request's extensions: its timeouts apply to a resend too.
-            return httpx.Request(
-                method, url, headers=list(headers), content=body, extensions=extensions
-            )
+            return httpx.Request(method, url, headers=headers, content=body, extensions=extensions)
 
-        return self._engine.prepare(
-            request,
-            build,
-            operation_id=operation_id,
-            key=key,
-            delivery="exactly_once",
-            deadline_at=None,
-        )
-
-    def _adopted_key(self, request: httpx.Request) -> str | None:
-        value: str | None = request.headers.get(self.profile.key_header)
-        if value is None:
-            return None
-        if (
-            self.profile.key_format == "sf-string"
-            and len(value) >= 2
-            and value[0] == value[-1] == '"'
-        ):
-            return value[1:-1]  # the engine renders the quotes again
-        return value
+        return build
 
     def __repr__(self) -> str:
         return (
@@ -110,7 +140,8 @@ class Transport(_TransportBase, httpx.BaseTransport):
     ``httpx.Client(transport=Transport("ops.db"))`` journals each write before
     it is sent, adopts the ``Idempotency-Key`` header the request carries (or
     adds one), retries through ``transport`` by the :class:`RetryPolicy`, and
-    returns the stored answer for a key that already settled. It raises what
+    returns the stored answer for a key that already settled. It takes the
+    Session's options, ``delivery=`` included, and raises what
     :class:`Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...); other methods pass straight through.
     """
@@ -123,17 +154,30 @@ class Transport(_TransportBase, httpx.BaseTransport):
         policy: RetryPolicy | None = None,
         profile: ServerProfile = GENERIC,
         methods: Collection[str] = DEFAULT_METHODS,
+        delivery: Delivery = "exactly_once",
         redact_headers: Iterable[str] = (),
+        fingerprint_headers: Iterable[str] = (),
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
+        if transport is not None and not isinstance(transport, httpx.BaseTransport):
+            raise TypeError(
+                f"transport must be an httpx.BaseTransport, not {type(transport).__name__}"
+            )
         super().__init__(
             journal,
             policy=policy,
             profile=profile,
             methods=methods,
+            delivery=delivery,
             redact_headers=redact_headers,
+            fingerprint_headers=fingerprint_headers,
+            lease_duration=lease_duration,
+            key_expiry_margin=key_expiry_margin,
             clock=clock,
+            sleep=sleep,
         )
         self.transport = transport if transport is not None else httpx.HTTPTransport()
         self._sleep = sleep
@@ -142,18 +186,22 @@ class Transport(_TransportBase, httpx.BaseTransport):
         if not self._journaled(request):
             return self.transport.handle_request(request)
         request.read()
-        prepared = self._prepare(request)
-        if isinstance(prepared, httpx.Response):
-            return prepared
-        return prepared.fly(self._send, self._sleep)
+        call = self._call(request)
+        held = Held()
+        return run(
+            self._engine.call(call, self._build(request), held),
+            held,
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
 
     def _send(self, request: httpx.Request) -> httpx.Response:
         response = self.transport.handle_request(request)
         try:
-            response.read()  # the engine journals the body of a final answer
-        except BaseException:
+            response.read()  # the flow journals the body of a final answer
+        finally:
             response.close()
-            raise
         return response
 
     def close(self) -> None:
@@ -173,17 +221,30 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
         policy: RetryPolicy | None = None,
         profile: ServerProfile = GENERIC,
         methods: Collection[str] = DEFAULT_METHODS,
+        delivery: Delivery = "exactly_once",
         redact_headers: Iterable[str] = (),
+        fingerprint_headers: Iterable[str] = (),
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
     ) -> None:
+        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+            raise TypeError(
+                f"transport must be an httpx.AsyncBaseTransport, not {type(transport).__name__}"
+            )
         super().__init__(
             journal,
             policy=policy,
             profile=profile,
             methods=methods,
+            delivery=delivery,
             redact_headers=redact_headers,
+            fingerprint_headers=fingerprint_headers,
+            lease_duration=lease_duration,
+            key_expiry_margin=key_expiry_margin,
             clock=clock,
+            sleep=sleep,
         )
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._sleep = sleep
@@ -192,18 +253,22 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
         if not self._journaled(request):
             return await self.transport.handle_async_request(request)
         await request.aread()
-        prepared = self._prepare(request)
-        if isinstance(prepared, httpx.Response):
-            return prepared
-        return await prepared.afly(self._send, self._sleep)
+        call = self._call(request)
+        held = Held()
+        return await arun(
+            self._engine.call(call, self._build(request), held),
+            held,
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         response = await self.transport.handle_async_request(request)
         try:
             await response.aread()
-        except BaseException:
+        finally:
             await response.aclose()
-            raise
         return response
 
     async def aclose(self) -> None:

@@ -31,11 +31,12 @@ from idempotently._cli_format import (
     percent,
     table,
 )
-from idempotently._engine import DEFAULT_LEASE_DURATION, ResumeResult
 from idempotently._exceptions import JournalError
-from idempotently._journal import STATUSES, Journal
+from idempotently._flow import DEFAULT_LEASE_DURATION, ResumeResult
+from idempotently._journal import Journal
 from idempotently._profiles import BUILTIN_PROFILES
 from idempotently._session import Session
+from idempotently._vocabulary import STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
 DEFAULT_JOURNAL = "idempotently.db"

@@ -1,0 +1,850 @@
+"""The operation flow: one sans-I/O core for calls, transports and resume.
+
+Like httpx's ``auth_flow`` or h11, the flow does no I/O. It is a generator
+that yields commands (``_store.py``): send this request, sleep this long, make
+this journal write durable, report this result; and receives their results.
+The drivers (``_drivers.py``) decide how: the sync one inline, the async one
+with every journal command off its event loop. The same flow serves
+``Session.request``, ``Transport.handle_request`` and ``resume``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Literal, TypeVar
+
+import attrs
+import httpx
+
+from idempotently._exceptions import (
+    RESUME_HINT,
+    ErrorContext,
+    IdempotentlyError,
+    KeyReuseError,
+    NeedsReconcileError,
+    OperationAbandonedError,
+    OperationInProgressError,
+    OperationPendingError,
+    RequestNotSentError,
+    RetryLaterError,
+)
+from idempotently._journal import AttemptRecord, NewOperation, Operation
+from idempotently._keys import (
+    fingerprint,
+    journaled_request_headers,
+    journaled_response_headers,
+    journaled_url,
+    new_key,
+    new_operation_id,
+    redaction_set,
+    secret_values,
+)
+from idempotently._policy import (
+    NOT_ACTED_STATUS_CODES,
+    Answer,
+    CallState,
+    Decision,
+    RetryPolicy,
+    classify,
+    classify_error,
+    decide,
+)
+from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
+from idempotently._store import (
+    Command,
+    Find,
+    Insert,
+    Queue,
+    Reconcile,
+    Record,
+    Report,
+    Send,
+    SetStatus,
+    Settle,
+    Sleep,
+    TakeLease,
+)
+from idempotently._vocabulary import (
+    DELIVERIES,
+    RESUME_ACTION_OF,
+    RESUME_ACTION_OF_BLOCKER,
+    STATUS_AFTER,
+    Blocker,
+    Delivery,
+    ResumeAction,
+    Status,
+)
+
+logger = logging.getLogger("idempotently")
+
+T = TypeVar("T")
+Flow = Generator[Command, Any, T]
+
+DEFAULT_LEASE_DURATION = 60.0
+DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
+MAX_OPERATION_ID_LENGTH = 255
+EXTENSION = "idempotently"
+"""``response.extensions[EXTENSION]`` holds the :class:`Receipt`."""
+
+# A second caller of an operation in flight looks again after these waits.
+_FIRST_POLL = 0.01
+_MAX_POLL = 0.25
+
+_HOST = socket.gethostname()
+
+RECONCILE_HINT = (
+    "it will not be resent: look the object up on the server and settle it with "
+    "Session.resume(reconciler=...)"
+)
+ABANDON_HINT = "check whether it arrived; a new operation_id sends it once more"
+
+BuildRequest = Callable[[str, httpx.URL, list[tuple[bytes, bytes]], bytes], httpx.Request]
+"""Builds a request from its journaled parts (the client's defaults re-applied)."""
+
+
+@attrs.frozen
+class Receipt:
+    """What idempotently knows about a returned response.
+
+    Found at ``response.extensions["idempotently"]``.
+    """
+
+    operation_id: str
+    key: str
+    attempts: int
+    """Attempts journaled for the operation so far, across calls and restarts."""
+    replayed: bool
+    """The server marked the final answer as a replay of a stored response."""
+    replayed_locally: bool
+    """Returned from the journal without any network call."""
+
+
+@attrs.frozen
+class ResumeResult:
+    """What resume did with one operation."""
+
+    operation_id: str
+    key: str
+    status: Status
+    """The operation's status in the journal afterwards."""
+    action: ResumeAction
+    """What happened: ``succeeded``, ``failed``, ``still_pending``, ``unresolved``,
+    ``not_sent``, ``waiting``, ``leased``, ``needs_reconcile``, ``abandoned``,
+    ``reconciled``, ``skipped``; with ``dry_run``: ``would_send``, ``would_wait``,
+    ``would_skip_leased``, ``would_abandon``, ``would_need_reconcile`` or
+    ``would_reconcile``."""
+    detail: str
+    status_code: int | None = None
+    replayed: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        operation: Operation,
+        status: Status,
+        action: ResumeAction,
+        detail: str | None,
+        status_code: int | None = None,
+        replayed: bool = False,
+    ) -> ResumeResult:
+        return cls(
+            operation.operation_id,
+            operation.key,
+            status,
+            action,
+            detail or "",
+            status_code,
+            replayed,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Settlement:
+    """A reconciler's verdict: what really happened to a needs_reconcile operation.
+
+    ``succeeded`` with the object it found (as a response, optional), or
+    ``failed`` when it is sure the operation never took effect.
+    """
+
+    status: Literal["succeeded", "failed"] = attrs.field(
+        validator=attrs.validators.in_(("succeeded", "failed"))
+    )
+    note: str
+    response: httpx.Response | None = None
+
+
+@attrs.define
+class Held:
+    """The lease a running flow holds, so that its driver can release it if the
+    flow ends early (cancelled, interrupted, a journal error)."""
+
+    lease: tuple[str, str] | None = None
+    """(operation_id, owner)"""
+
+
+@attrs.frozen
+class Call:
+    """One call's request and what its caller said about it (already validated)."""
+
+    request: httpx.Request
+    """Rendered, its body read."""
+    operation_id: str | None = None
+    key: str | None = None
+    keep_journaled_key: bool = False
+    """A named operation keeps the key it was first sent with, whatever ``key`` says
+    (an SDK that draws a fresh key on every call, behind a Transport)."""
+    delivery: Delivery = "exactly_once"
+    deadline_at: float | None = None
+    new_operation_id: str | None = None
+    """The id a new operation gets when ``operation_id`` is None (else a random one)."""
+
+
+@attrs.frozen
+class End:
+    """How an operation's attempts ended this time."""
+
+    operation_id: str
+    key: str
+    decision: Decision
+    attempts: int
+    """Attempts journaled for the operation so far."""
+    response: httpx.Response | None = None
+    error: BaseException | None = None
+
+
+def check_call_arguments(
+    *,
+    operation_id: object,
+    idempotency_key: object,
+    delivery: object,
+    deadline_at: object,
+) -> None:
+    """The boundary: a wrong type or value is an error before anything is journaled or sent."""
+    if operation_id is not None:
+        if not isinstance(operation_id, str):
+            raise TypeError(
+                f"operation_id must be a str (e.g. 'order-42:charge'), not "
+                f"{type(operation_id).__name__}"
+            )
+        if not operation_id or len(operation_id) > MAX_OPERATION_ID_LENGTH:
+            raise ValueError(
+                f"operation_id must be 1 to {MAX_OPERATION_ID_LENGTH} characters, not "
+                f"{len(operation_id)}; leave it out to have one generated"
+            )
+        if not operation_id.isprintable():
+            raise ValueError(
+                f"operation_id {operation_id[:60]!r} holds control characters; use "
+                "printable characters only"
+            )
+    if idempotency_key is not None and not isinstance(idempotency_key, str):
+        raise TypeError(f"idempotency_key must be a str, not {type(idempotency_key).__name__}")
+    if delivery not in DELIVERIES:
+        raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
+    if deadline_at is not None:
+        if isinstance(deadline_at, bool) or not isinstance(deadline_at, (int, float)):
+            raise TypeError(
+                "deadline_at must be seconds since the epoch (a number, e.g. "
+                f"time.time() + 3600), not {type(deadline_at).__name__}"
+            )
+        if not (0 < deadline_at < 1e11):  # 1e11 s is the year 5138: a unit mistake
+            raise ValueError(
+                f"deadline_at must be seconds since the epoch (e.g. time.time() + 3600), "
+                f"not {deadline_at!r}"
+            )
+
+
+def new_lease_owner() -> str:
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def lease_owner_alive(owner: str) -> bool:
+    """False only when the owner is provably gone: a dead process on this host."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != _HOST or not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def maybe_acted(status_code: int | None, outcome: str) -> bool:
+    """Whether an attempt may have been acted on by the server."""
+    if outcome == "maybe_delivered":
+        return True
+    return outcome == "answered" and status_code not in NOT_ACTED_STATUS_CODES
+
+
+@attrs.define
+class Engine:
+    """What every flow of one Session or Transport shares: its configuration."""
+
+    policy: RetryPolicy = attrs.field(factory=RetryPolicy)
+    profile: ServerProfile = GENERIC
+    clock: Callable[[], float] = time.time
+    rand: Callable[[], float] = random.random
+    redact_headers: frozenset[str] = attrs.field(factory=redaction_set)
+    fingerprint_headers: tuple[str, ...] = ()
+    lease_duration: float = DEFAULT_LEASE_DURATION
+    key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN
+
+    # -- one call ------------------------------------------------------------------------
+
+    def call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
+        """Journal the operation (or find it), then attempt until the decision settles.
+
+        Returns the final answer (2xx, 3xx, a final 4xx, or the stored answer of a
+        settled operation), or raises what the end means.
+        """
+        started = self.clock()
+        request = call.request
+        print_ = fingerprint(
+            request.method, request.url, request.content, request.headers, self.fingerprint_headers
+        )
+        secrets = secret_values(request.headers, self.redact_headers, request.url)
+        named = call.operation_id is not None or call.key is not None
+        wait_until = started + self.policy.deadline
+        poll = _FIRST_POLL
+        while True:
+            operation = (yield Find(call.operation_id, call.key)) if named else None
+            if operation is None:
+                now = self.clock()
+                if call.deadline_at is not None and call.deadline_at <= now:
+                    raise ValueError(
+                        f"deadline_at ({_iso(call.deadline_at)}) has already passed: nothing "
+                        "was journaled or sent"
+                    )
+                new, owner = self._new_operation(call, print_, now)
+                if (yield Insert(new, owner, now + self.lease_duration)):
+                    held.lease = (new.operation_id, owner)
+                    logger.debug(
+                        "operation %s: key %s journaled",
+                        new.operation_id,
+                        new.key,
+                        extra=_fields(new.operation_id, new.key, event="journaled"),
+                    )
+                    state = CallState(
+                        started_at=started, deadline_at=call.deadline_at, delivery=call.delivery
+                    )
+                    end = yield from self._attempts(
+                        new.operation_id, new.key, request, state, self.profile, 0, held, secrets
+                    )
+                    return self._finish(end)
+                continue  # another caller created it first: find theirs
+            self._check_same(operation, call, print_)
+            if operation.status != "pending":
+                return self.stored_response(operation, build)
+            blocker = self.blocker(operation)
+            if blocker is not None and blocker[0] == "leased":
+                # Another thread, task or process is sending it: wait for its answer.
+                if self.clock() + poll > min(wait_until, operation.deadline_at or wait_until):
+                    raise OperationInProgressError(blocker[1], **_ids(operation))
+                yield Sleep(poll)
+                poll = min(poll * 2, _MAX_POLL)
+                continue
+            if blocker is not None:
+                yield from self._apply_blocker(operation, blocker[0], blocker[1])
+                raise _blocker_error(operation, blocker[0], blocker[1])
+            owner = new_lease_owner()
+            now = self.clock()
+            if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
+                continue  # another caller took it between our read and our swap
+            held.lease = (operation.operation_id, owner)
+            end = yield from self._attempts(
+                operation.operation_id,
+                operation.key,
+                self.rebuild(operation, build, live=request),
+                self._state_of(operation, started, resuming=False),
+                self.profile_for(operation),
+                operation.attempt_count,
+                held,
+                secrets,
+            )
+            return self._finish(end)
+
+    def _new_operation(self, call: Call, print_: str, now: float) -> tuple[NewOperation, str]:
+        request = call.request
+        key = call.key or new_key()
+        request.headers[self.profile.key_header] = self.profile.render_key(key)
+        new = NewOperation(
+            operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
+            key=key,
+            delivery=call.delivery,
+            method=request.method,
+            url=journaled_url(request.url),
+            request_headers=journaled_request_headers(request.headers, self.redact_headers),
+            request_body=request.content,
+            fingerprint=print_,
+            profile=self.profile.name,
+            key_header=self.profile.key_header,
+            created_at=now,
+            key_expires_at=now + self.profile.key_lifetime,
+            deadline_at=call.deadline_at,
+        )
+        return new, new_lease_owner()
+
+    def _check_same(self, operation: Operation, call: Call, print_: str) -> None:
+        """Raise :class:`KeyReuseError` unless ``call`` is the journaled operation again."""
+        ids = _ids(operation)
+        if call.operation_id is not None and operation.operation_id != call.operation_id:
+            raise KeyReuseError(
+                f"idempotency key {call.key!r} already belongs to operation "
+                f"{operation.operation_id!r}; use a new key for a new operation",
+                **ids,
+            )
+        if call.key is not None and operation.key != call.key and not call.keep_journaled_key:
+            raise KeyReuseError(
+                f"operation {operation.operation_id!r} was journaled with another key; "
+                "pass the same idempotency_key, or none",
+                **ids,
+            )
+        if operation.fingerprint != print_:
+            raise KeyReuseError(
+                f"operation {operation.operation_id!r} was first sent as "
+                f"{operation.method} {operation.url} with another payload; nothing was sent. "
+                "Use a new operation_id for a different request",
+                **ids,
+            )
+
+    def _finish(self, end: End) -> httpx.Response:
+        """The final answer of a call, or the error its end means."""
+        decision = end.decision
+        action = decision.action
+        ids: ErrorContext = {
+            "operation_id": end.operation_id,
+            "key": end.key,
+            "response": end.response,
+        }
+        if action in ("succeed", "fail") and end.response is not None:
+            return end.response
+        if action == "fail" or action == "unsent":
+            # The error may quote a secret header's value: only the scrubbed text
+            # travels, and the original is not chained.
+            state = "failed" if action == "fail" else "pending"
+            raise RequestNotSentError(
+                f"{decision.reason}; nothing reached the server on this attempt, the "
+                f"operation is {state}. Fix the URL or headers"
+                + (" and call again" if state == "pending" else " and use a new operation_id"),
+                **ids,
+            ) from None
+        error: IdempotentlyError
+        if action == "retry_later":
+            assert decision.not_before is not None
+            error = RetryLaterError(
+                f"{decision.reason}; not before {_iso(decision.not_before)}: {RESUME_HINT}",
+                not_before=decision.not_before,
+                **ids,
+            )
+        elif action == "reconcile":
+            error = NeedsReconcileError(f"{decision.reason}; {RECONCILE_HINT}", **ids)
+        elif action == "abandon":
+            error = OperationAbandonedError(f"{decision.reason}; {ABANDON_HINT}", **ids)
+        else:
+            attempts = decision.state.attempts
+            error = OperationPendingError(
+                f"outcome unknown after {attempts} attempt{'' if attempts == 1 else 's'} "
+                f"({decision.reason}); " + RESUME_HINT,
+                **ids,
+            )
+        raise error from end.error
+
+    # -- attempts: shared by calls and resume ----------------------------------------------
+
+    def _attempts(
+        self,
+        operation_id: str,
+        key: str,
+        request: httpx.Request,
+        state: CallState,
+        profile: ServerProfile,
+        attempts: int,
+        held: Held,
+        secrets: Sequence[str],
+    ) -> Flow[End]:
+        """Send until the decision is anything but a retry; journal every attempt."""
+        while True:
+            started = self.clock()
+            reply = yield Send(request)
+            now = self.clock()
+            attempts += 1
+            response = reply if isinstance(reply, httpx.Response) else None
+            error = None if response is not None else reply
+            signal = (
+                classify(profile, response, now=now)
+                if response is not None
+                else classify_error(reply, secrets=secrets)
+            )
+            decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
+            state = decision.state
+            action = decision.action
+            retrying = action == "retry"
+            keep = response is not None and action in ("succeed", "fail", "reconcile")
+            answer = signal if isinstance(signal, Answer) else None
+            record = AttemptRecord(
+                started_at=started,
+                elapsed=now - started,
+                outcome=signal.outcome,
+                status_code=None if answer is None else answer.status_code,
+                replayed=answer is not None and answer.replayed,
+                error=None if answer is not None else signal.text,  # type: ignore[union-attr]
+                wait=decision.wait if retrying else None,
+                status=STATUS_AFTER[action],
+                reason=None if action == "succeed" else decision.reason,
+                not_before=decision.not_before,
+                lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
+                response_status=response.status_code if keep and response else None,
+                response_headers=journaled_response_headers(response.headers, self.redact_headers)
+                if keep and response
+                else None,
+                response_body=response.content if keep and response else None,
+            )
+            yield Record(operation_id, record, now)
+            if not retrying:
+                held.lease = None  # the record released it
+            if response is not None:
+                response.extensions = {
+                    **response.extensions,
+                    EXTENSION: Receipt(
+                        operation_id=operation_id,
+                        key=key,
+                        attempts=attempts,
+                        replayed=answer is not None and answer.replayed,
+                        replayed_locally=False,
+                    ),
+                }
+            (logger.info if retrying else logger.debug)(
+                "operation %s (key %s) attempt %d: %s -> %s%s",
+                operation_id,
+                key,
+                attempts,
+                decision.reason,
+                action,
+                f" in {decision.wait:.3f}s" if retrying else "",
+                extra=_fields(
+                    operation_id,
+                    key,
+                    event="attempt",
+                    attempt=attempts,
+                    outcome=signal.outcome,
+                    status_code=record.status_code,
+                    action=action,
+                    wait=decision.wait,
+                ),
+            )
+            if retrying:
+                yield Sleep(decision.wait)
+                continue
+            return End(operation_id, key, decision, attempts, response, error)
+
+    def _state_of(self, operation: Operation, started: float, *, resuming: bool) -> CallState:
+        """A new call's state, from what the journal knows of the operation's attempts."""
+        profile = self.profile_for(operation)
+        in_progress_since = None
+        for attempt in operation.attempts:
+            if attempt.status_code in profile.in_progress_statuses:
+                in_progress_since = in_progress_since or attempt.started_at
+            else:
+                in_progress_since = None
+        return CallState(
+            started_at=started,
+            deadline_at=operation.deadline_at,
+            delivery=operation.delivery,
+            acted=any(
+                maybe_acted(attempt.status_code, attempt.outcome) for attempt in operation.attempts
+            ),
+            in_progress_since=in_progress_since,
+            resuming=resuming,
+        )
+
+    # -- what stops a pending operation ---------------------------------------------------
+
+    def blocker(
+        self, operation: Operation, *, resuming: bool = False
+    ) -> tuple[Blocker, str] | None:
+        """Why a pending operation cannot be sent now, and the reason; None if it can."""
+        now = self.clock()
+        owner = operation.lease_owner
+        if owner is not None and operation.lease_until > now and lease_owner_alive(owner):
+            return "leased", (
+                f"another caller ({owner}) is sending this operation; "
+                f"its lease runs until {_iso(operation.lease_until)}: let it finish, or "
+                "call again (or resume) after that"
+            )
+        if operation.delivery == "at_most_once" and (
+            resuming
+            or owner is not None
+            or any(
+                maybe_acted(attempt.status_code, attempt.outcome) for attempt in operation.attempts
+            )
+        ):
+            return "abandon", (
+                "an at-most-once operation whose send may have gone out is never resent"
+            )
+        if now > operation.key_expires_at - self.key_expiry_margin:
+            return "expired", (
+                f"the key was created at {_iso(operation.created_at)} and the server may have "
+                f"forgotten it (key lifetime "
+                f"{operation.key_expires_at - operation.created_at:g}s, safety margin "
+                f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
+                "up and settle it"
+            )
+        if operation.deadline_at is not None and now > operation.deadline_at:
+            return "deadline", (
+                f"the operation's own deadline ({_iso(operation.deadline_at)}) has passed"
+            )
+        if operation.not_before is not None and operation.not_before > now:
+            return "waiting", f"the server asked not to retry before {_iso(operation.not_before)}"
+        return None
+
+    def _apply_blocker(self, operation: Operation, kind: Blocker, reason: str) -> Flow[Status]:
+        """Journal what a blocker means for the operation; return its status."""
+        status: Status = "pending"
+        if kind == "abandon":
+            status = "abandoned"
+        elif kind in ("expired", "deadline"):
+            status = "needs_reconcile"
+        if status != "pending":
+            yield SetStatus(operation.operation_id, status, reason, self.clock())
+        return status
+
+    def profile_for(self, operation: Operation) -> ServerProfile:
+        """The profile an operation was journaled under, to read its answers with.
+
+        The session's own when the names match (it may be a custom variant),
+        else the built-in of that name, else the session's.
+        """
+        if operation.profile == self.profile.name:
+            return self.profile
+        return BUILTIN_PROFILES.get(operation.profile, self.profile)
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def resume(
+        self,
+        build: BuildRequest,
+        held: Held,
+        *,
+        dry_run: bool,
+        base_url: str | None,
+        reconciling: bool,
+    ) -> Flow[list[ResumeResult]]:
+        """Every pending operation (and needs_reconcile ones for a reconciler), oldest
+        first: each reported as soon as it is known, all returned at the end."""
+        statuses: tuple[Status, ...] = ("pending",)
+        if reconciling:
+            statuses += ("needs_reconcile",)
+        results: list[ResumeResult] = []
+        for listed in (yield Queue(statuses)):
+            operation = (yield Find(listed.operation_id, None)) or listed
+            if dry_run:
+                result = self.plan(operation)
+            else:
+                result = yield from self._resume_one(operation, build, held, base_url)
+                if reconciling and result.status == "needs_reconcile":
+                    current = (yield Find(operation.operation_id, None)) or operation
+                    settlement = yield Reconcile(current)
+                    if settlement is not None:
+                        result = yield from self._settle(current, settlement)
+            yield Report(result)
+            results.append(result)
+        return results
+
+    def plan(self, operation: Operation) -> ResumeResult:
+        """What resume would do with this operation, without doing it (dry run)."""
+        if operation.status != "pending":
+            return ResumeResult.of(operation, operation.status, "would_reconcile", operation.reason)
+        blocked = self.blocker(operation, resuming=True)
+        if blocked is None:
+            return ResumeResult.of(operation, "pending", "would_send", "would resend its key")
+        kind, reason = blocked
+        return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
+
+    def _resume_one(
+        self, operation: Operation, build: BuildRequest, held: Held, base_url: str | None
+    ) -> Flow[ResumeResult]:
+        if operation.status != "pending":
+            return ResumeResult.of(operation, operation.status, "skipped", operation.reason)
+        blocked = self.blocker(operation, resuming=True)
+        if blocked is not None:
+            kind, reason = blocked
+            status = yield from self._apply_blocker(operation, kind, reason)
+            return ResumeResult.of(operation, status, RESUME_ACTION_OF_BLOCKER[kind][0], reason)
+        try:
+            request = self.rebuild(operation, build, base_url=base_url)
+        except (httpx.HTTPError, ValueError, TypeError) as error:
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "not_sent",
+                f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
+                f"its state; see `idempotently show {operation.operation_id}`",
+            )
+        owner = new_lease_owner()
+        now = self.clock()
+        if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
+            return ResumeResult.of(
+                operation, "pending", "leased", "another caller took its lease first"
+            )
+        held.lease = (operation.operation_id, owner)
+        end = yield from self._attempts(
+            operation.operation_id,
+            operation.key,
+            request,
+            self._state_of(operation, now, resuming=True),
+            self.profile_for(operation),
+            operation.attempt_count,
+            held,
+            secret_values(request.headers, self.redact_headers, request.url),
+        )
+        decision = end.decision
+        code = None if end.response is None else end.response.status_code
+        replayed = bool(end.response is not None and end.response.extensions[EXTENSION].replayed)
+        detail = decision.reason
+        if decision.action == "succeed" and replayed:
+            detail += " (replayed by the server)"
+        return ResumeResult.of(
+            operation,
+            STATUS_AFTER[decision.action],
+            RESUME_ACTION_OF[decision.action],  # never "retry": the attempts end otherwise
+            detail,
+            code,
+            replayed,
+        )
+
+    def _settle(self, operation: Operation, settlement: Settlement) -> Flow[ResumeResult]:
+        response = settlement.response
+        yield Settle(
+            operation.operation_id,
+            settlement.status,
+            f"reconciled: {settlement.note}",
+            self.clock(),
+            None if response is None else response.status_code,
+            None
+            if response is None
+            else journaled_response_headers(response.headers, self.redact_headers),
+            None if response is None else response.content,
+        )
+        return ResumeResult.of(
+            operation,
+            settlement.status,
+            "reconciled",
+            settlement.note,
+            None if response is None else response.status_code,
+        )
+
+    # -- requests and answers from the journal ------------------------------------------------
+
+    def rebuild(
+        self,
+        operation: Operation,
+        build: BuildRequest,
+        *,
+        live: httpx.Request | None = None,
+        base_url: str | None = None,
+    ) -> httpx.Request:
+        """The journaled request, byte for byte, with live credentials re-applied.
+
+        ``base_url`` moves it to another origin (scheme, host, port), keeping path and query.
+        """
+        url = httpx.URL(operation.url)
+        if base_url is not None:
+            base = httpx.URL(base_url)
+            url = url.copy_with(scheme=base.scheme, host=base.host, port=base.port)
+        if live is not None and live.url.userinfo and live.url.host == url.host:
+            url = url.copy_with(username=live.url.username, password=live.url.password)
+        headers = [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in operation.request_headers
+        ]
+        request = build(operation.method, url, headers, operation.request_body)
+        if live is not None:
+            for raw_name, raw_value in live.headers.raw:
+                if raw_name.decode("latin-1").lower() in self.redact_headers:
+                    request.headers[raw_name.decode("latin-1")] = raw_value.decode("latin-1")
+        return request
+
+    def stored_response(self, operation: Operation, build: BuildRequest) -> httpx.Response:
+        """The stored answer of a finished operation, or the error that ended it."""
+        ids = _ids(operation)
+        if operation.status == "needs_reconcile":
+            raise NeedsReconcileError(
+                f"operation needs reconciling ({operation.reason}); it is never resent: look "
+                "it up on the server and settle it with Session.resume(reconciler=...), see "
+                f"`idempotently show {operation.operation_id}`",
+                **ids,
+            )
+        if operation.status == "abandoned":
+            raise OperationAbandonedError(
+                f"operation was abandoned ({operation.reason}); it is never sent again: check "
+                "whether it arrived, and use a new operation_id to send it once more",
+                **ids,
+            )
+        if operation.response_status is None:
+            raise RequestNotSentError(
+                f"operation failed before anything reached the server ({operation.reason}); "
+                "fix the request and send it under a new operation_id",
+                **ids,
+            )
+        response = httpx.Response(
+            operation.response_status,
+            headers=list(operation.response_headers or ()),
+            content=operation.response_body or b"",
+            request=self.rebuild(operation, build),
+        )
+        response.extensions = {
+            **response.extensions,
+            EXTENSION: Receipt(
+                operation_id=operation.operation_id,
+                key=operation.key,
+                attempts=operation.attempt_count,
+                replayed=False,
+                replayed_locally=True,
+            ),
+        }
+        return response
+
+
+def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> IdempotentlyError:
+    ids = _ids(operation)
+    if kind == "waiting":
+        assert operation.not_before is not None
+        return RetryLaterError(f"{reason}; {RESUME_HINT}", not_before=operation.not_before, **ids)
+    if kind == "abandon":
+        return OperationAbandonedError(f"{reason}; {ABANDON_HINT}", **ids)
+    if kind == "leased":
+        return OperationInProgressError(reason, **ids)
+    return NeedsReconcileError(f"{reason}; {RECONCILE_HINT}", **ids)
+
+
+def _ids(operation: Operation) -> ErrorContext:
+    return {"operation_id": operation.operation_id, "key": operation.key}
+
+
+def _fields(operation_id: str, key: str, **fields: Any) -> dict[str, Any]:
+    """Log record fields (``extra=``): structured logging reads them by name."""
+    return {"idempotently": {"operation_id": operation_id, "key": key, **fields}}
+
+
+def _iso(timestamp: float) -> str:
+    try:
+        moment = datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp:g} (seconds since the epoch)"
+    return moment.isoformat(timespec="seconds")

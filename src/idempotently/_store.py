@@ -1,0 +1,213 @@
+"""The commands the operation flow yields, and the store interface that runs them.
+
+The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
+journal: it yields one of these values and receives the result. Journal
+commands run against a :class:`Store` (the SQLite :class:`~idempotently.Journal`
+today); the sync driver runs them inline, the async driver in a worker thread
+so that no lock wait and no fsync ever blocks the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import httpx
+
+from idempotently._vocabulary import Status
+
+if TYPE_CHECKING:
+    from idempotently._journal import AttemptRecord, NewOperation, Operation
+
+
+class Store(Protocol):
+    """What the flow needs from a journal. Every method is one short transaction."""
+
+    def _check_still_there(self) -> None: ...
+
+    def _find(self, operation_id: str | None, key: str | None) -> Operation | None: ...
+
+    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool: ...
+
+    def _take_lease(
+        self, operation: Operation, *, owner: str, lease_until: float, now: float
+    ) -> bool: ...
+
+    def _record_attempt(self, operation_id: str, record: AttemptRecord, *, now: float) -> None: ...
+
+    def _set_status(
+        self, operation_id: str, status: Status, *, reason: str | None, now: float
+    ) -> bool: ...
+
+    def _release_lease(self, operation_id: str, *, owner: str) -> None: ...
+
+    def _settle(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str,
+        now: float,
+        response_status: int | None = None,
+        response_headers: Sequence[tuple[str, str]] | None = None,
+        response_body: bytes | None = None,
+    ) -> bool: ...
+
+    def operations(
+        self,
+        *,
+        status: Status | Sequence[Status] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Operation]: ...
+
+
+# -- journal commands ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Find:
+    """The operation with this id (else this key), with its attempts; or None."""
+
+    operation_id: str | None
+    key: str | None
+
+    def run(self, store: Store) -> Operation | None:
+        return store._find(self.operation_id, self.key)
+
+
+@attrs.frozen
+class Insert:
+    """Make the new operation's key durable (before its first byte is sent); False if taken."""
+
+    new: NewOperation
+    owner: str
+    lease_until: float
+
+    def run(self, store: Store) -> bool:
+        store._check_still_there()
+        return store._insert_operation(self.new, owner=self.owner, lease_until=self.lease_until)
+
+
+@attrs.frozen
+class TakeLease:
+    """Compare-and-swap the lease read in ``operation``; True for the one winner."""
+
+    operation: Operation
+    owner: str
+    lease_until: float
+    now: float
+
+    def run(self, store: Store) -> bool:
+        store._check_still_there()
+        return store._take_lease(
+            self.operation, owner=self.owner, lease_until=self.lease_until, now=self.now
+        )
+
+
+@attrs.frozen
+class Record:
+    """One attempt and the operation's state after it, in one transaction."""
+
+    operation_id: str
+    record: AttemptRecord
+    now: float
+
+    def run(self, store: Store) -> None:
+        store._record_attempt(self.operation_id, self.record, now=self.now)
+
+
+@attrs.frozen
+class SetStatus:
+    """Move a pending operation to ``status`` without an attempt (releases any lease)."""
+
+    operation_id: str
+    status: Status
+    reason: str
+    now: float
+
+    def run(self, store: Store) -> bool:
+        return store._set_status(self.operation_id, self.status, reason=self.reason, now=self.now)
+
+
+@attrs.frozen
+class Release:
+    """Give up a lease this caller holds (a call cancelled or crashed mid-flight)."""
+
+    operation_id: str
+    owner: str
+
+    def run(self, store: Store) -> None:
+        store._release_lease(self.operation_id, owner=self.owner)
+
+
+@attrs.frozen
+class Settle:
+    """Record a reconciler's verdict on a needs_reconcile operation."""
+
+    operation_id: str
+    status: Status
+    reason: str
+    now: float
+    response_status: int | None
+    response_headers: Sequence[tuple[str, str]] | None
+    response_body: bytes | None
+
+    def run(self, store: Store) -> bool:
+        return store._settle(
+            self.operation_id,
+            self.status,
+            reason=self.reason,
+            now=self.now,
+            response_status=self.response_status,
+            response_headers=self.response_headers,
+            response_body=self.response_body,
+        )
+
+
+@attrs.frozen
+class Queue:
+    """Operations with these statuses, oldest first (what resume works through)."""
+
+    statuses: tuple[Status, ...]
+
+    def run(self, store: Store) -> list[Operation]:
+        return store.operations(status=list(self.statuses), newest_first=False)
+
+
+JournalCommand = Find | Insert | TakeLease | Record | SetStatus | Release | Settle | Queue
+
+# -- commands for the driver ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Send:
+    """Send one attempt; the reply is the response (body read) or the error that ended it."""
+
+    request: httpx.Request
+
+
+@attrs.frozen
+class Sleep:
+    """Wait this many seconds before the next step."""
+
+    seconds: float
+
+
+@attrs.frozen
+class Reconcile:
+    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement."""
+
+    operation: Operation
+
+
+@attrs.frozen
+class Report:
+    """One operation's resume result, as soon as it is known; reply: None."""
+
+    result: Any
+
+
+Command = JournalCommand | Send | Sleep | Reconcile | Report
