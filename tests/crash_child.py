@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 
 import idempotently
-from idempotently._store import Queue, Store
 from idempotently._journal import AttemptRecord, Journal, NewOperation, Operation
+from idempotently._store import Queue, Store
 
 PHASES = ("before_commit", "before_send", "after_charge", "before_journal_update")
 USER = "shop_1"

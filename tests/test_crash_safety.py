@@ -382,12 +382,13 @@ def test_two_resumers_on_one_journal_send_each_operation_once(tmp_path: Path) ->
 
     results = [[e for e in r.events if e["event"] == "resumed"] for r in resumers]
     sent = [[e["operation_id"] for e in found if e["action"] == "succeeded"] for found in results]
-    # Each resumer went through the whole snapshot: what it did not send, the other had leased.
+    # Each resumer went through the whole snapshot: what it did not send, the other had
+    # leased (or, read again just before, had already finished).
     assert [RESUMED_OPERATIONS] * 2 == [len(found) for found in results]
     assert sorted(operation_id(i) for i in range(RESUMED_OPERATIONS)) == sorted(sent[0] + sent[1])
     assert all(sent), "both resumers sent something"
     others = {e["action"] for found in results for e in found if e["action"] != "succeeded"}
-    assert others <= {"leased"}
+    assert others <= {"leased", "skipped"}
     # One request per operation: no key was ever sent twice, so never two at once.
     assert (RESUMED_OPERATIONS, 0, 0) == (stats.requests, stats.replays, stats.conflicts)
     with idempotently.Journal(journal, create=False) as journaled:
