@@ -390,7 +390,8 @@ def test_resume_exits_1_when_work_is_left(
     result = run("--journal", str(path), "resume", "--base-url", url)
     assert 1 == result.exit_code
     assert 1 == len(app.arrivals)  # only the one not told to wait
-    assert "1 pending and 0 needs_reconcile left" in result.stderr
+    assert "1 waiting; " in result.stderr
+    assert "has 1 pending and 0 needs_reconcile" in result.stderr
     assert "waiting" in result.stdout
 
 

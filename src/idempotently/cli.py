@@ -9,6 +9,7 @@ Usage errors (bad option values) exit 2. Reference: docs/cli.md.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import sys
@@ -34,9 +35,9 @@ from idempotently._cli_format import (
 from idempotently._exceptions import JournalError
 from idempotently._flow import DEFAULT_LEASE_DURATION, ResumeResult
 from idempotently._journal import Journal
-from idempotently._profiles import BUILTIN_PROFILES
+from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
 from idempotently._session import Session
-from idempotently._vocabulary import STATUSES
+from idempotently._vocabulary import RESUME_DONE, STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
 DEFAULT_JOURNAL = "idempotently.db"
@@ -293,6 +294,37 @@ def checked_base_url(ctx: click.Context, param: click.Parameter, value: str | No
     return value
 
 
+def profile_option(ctx: click.Context, param: click.Parameter, value: str) -> ServerProfile:
+    """A built-in profile by name, or ``package.module:NAME`` for one of the user's."""
+    if value in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[value]
+    module_name, sep, attribute = value.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(
+            f"{value!r} is neither a built-in profile ({', '.join(sorted(BUILTIN_PROFILES))}) "
+            "nor module:NAME",
+            ctx,
+            param,
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # an import error of the user's module, whatever it is
+        raise click.BadParameter(
+            f"cannot import {module_name!r} ({type(error).__name__}: {error}); is it on "
+            "PYTHONPATH?",
+            ctx,
+            param,
+        ) from None
+    profile = getattr(module, attribute, None)
+    if not isinstance(profile, ServerProfile):
+        raise click.BadParameter(
+            f"{value!r} is not an idempotently.ServerProfile (found {type(profile).__name__})",
+            ctx,
+            param,
+        )
+    return profile
+
+
 def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
@@ -315,11 +347,13 @@ def stderr_is_terminal() -> bool:
 )
 @click.option(
     "--profile",
-    "profile_name",
-    type=click.Choice(sorted(BUILTIN_PROFILES)),
+    "profile",
+    callback=profile_option,
     default="generic",
     show_default=True,
-    help="How the server spells replays and keys in progress.",
+    metavar="NAME",
+    help="How the server spells replays and keys in progress: generic, stripe, ietf, or "
+    "module:NAME for a ServerProfile of your own.",
 )
 @json_option
 @with_journal
@@ -328,17 +362,18 @@ def resume_command(
     dry_run: bool,
     base_url: str | None,
     headers: dict[str, str],
-    profile_name: str,
+    profile: ServerProfile,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and request bytes.
 
     Operations whose key the server may have forgotten are not resent: they
-    become needs_reconcile. Exit 1 if anything is left pending or needing
-    reconciliation (with --dry-run, exit 0).
+    become needs_reconcile. Exit 1 if any operation ended failed or
+    needs_reconcile, could not be sent, or is left pending (with --dry-run,
+    exit 0).
     """
     results: list[ResumeResult] = []
-    session = Session(journal, headers=headers, profile=BUILTIN_PROFILES[profile_name])
+    session = Session(journal, headers=headers, profile=profile)
     with session:
         if stderr_is_terminal() and not as_json:
             total = journal.counts()["pending"]
@@ -356,11 +391,17 @@ def resume_command(
         echo_resume(results, journal.path, dry_run)
     if dry_run:
         return
+    unsettled = Counter(
+        result.action
+        for result in results
+        if not (result.action in RESUME_DONE or result.status == "succeeded")
+    )
     left = journal.counts()
-    if left["pending"] or left["needs_reconcile"]:
+    if unsettled or left["pending"] or left["needs_reconcile"]:
+        ended = ", ".join(f"{count} {action}" for action, count in sorted(unsettled.items()))
         fail(
-            f"{journal.path}: {left['pending']} pending and "
-            f"{left['needs_reconcile']} needs_reconcile left "
+            (f"{ended}; " if ended else "") + f"{journal.path} has {left['pending']} pending and "
+            f"{left['needs_reconcile']} needs_reconcile "
             "(`idempotently list --status pending --status needs_reconcile`)"
         )
 
