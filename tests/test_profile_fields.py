@@ -1,4 +1,4 @@
-"""Every ServerProfile field changes what a Session does: each test fails if its field is ignored."""
+"""Every ServerProfile field changes what a Session does: each test fails if it is ignored."""
 
 from __future__ import annotations
 
@@ -216,9 +216,11 @@ def test_a_replayed_500_by_the_profiles_marker_needs_reconcile(
     """A 500 marked replayed by the profile's header replays forever: not resent."""
     profile = attrs.evolve(profiles.GENERIC, name="x", replay_headers=("X-Replayed",))
     route = router.post(URL).mock(return_value=httpx.Response(500, headers={"X-Replayed": "1"}))
-    with make_session(tmp_path, fake_time, profile=profile) as s:
-        with pytest.raises(idempotently.NeedsReconcileError):
-            s.post(URL, json={})
+    with (
+        make_session(tmp_path, fake_time, profile=profile) as s,
+        pytest.raises(idempotently.NeedsReconcileError),
+    ):
+        s.post(URL, json={})
     assert 1 == route.call_count
 
 
@@ -246,9 +248,11 @@ def test_name_chooses_how_resume_reads_an_operations_answers(
     """An operation journaled under Stripe's profile is read as Stripe by any resumer."""
     policy = idempotently.RetryPolicy(max_attempts=1)
     router.post(URL).mock(side_effect=httpx.ReadTimeout("lost"))
-    with make_session(tmp_path, fake_time, profile=profiles.STRIPE, policy=policy) as s:
-        with pytest.raises(idempotently.OperationPendingError):
-            s.post(URL, json={}, operation_id="op")
+    with (
+        make_session(tmp_path, fake_time, profile=profiles.STRIPE, policy=policy) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(URL, json={}, operation_id="op")
     router.post(URL).mock(
         return_value=httpx.Response(400, json={"error": {"type": "idempotency_error"}})
     )

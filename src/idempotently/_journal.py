@@ -10,6 +10,7 @@ replay from the server, which the key makes harmless. See docs/journal.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -29,6 +30,9 @@ from idempotently._exceptions import (
     JournalWriteError,
 )
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
+
+MAX_LIMIT = 2**63 - 1
+"""SQLite's largest integer: the largest ``limit`` a listing takes."""
 
 SCHEMA_VERSION = 1
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
@@ -215,6 +219,28 @@ def _write_problem(error: sqlite3.Error) -> str:
     if "readonly" in message or "read-only" in message:
         return "readonly"
     return "other"
+
+
+def _check_number(
+    name: str, value: object, *, integer: bool, low: float | None = None, high: float | None = None
+) -> None:
+    """A read argument is a finite number in range (None allowed), or a clear error."""
+    if value is None:
+        return
+    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(
+            f"{name} must be {'an int' if integer else 'a number'}, not {type(value).__name__}"
+        )
+    assert isinstance(value, (int, float))
+    if (
+        not math.isfinite(value)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
+        bounds = f" from {low:g}" if low is not None else ""
+        bounds += f" to {high:g}" if high is not None else ""
+        raise ValueError(f"{name} must be a finite number{bounds}, not {value!r}")
 
 
 def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
@@ -615,6 +641,8 @@ class Journal:
 
         ``since`` is seconds since the epoch: only operations created since then.
         """
+        _check_number("since", since, integer=False)
+        _check_number("limit", limit, integer=True, low=1, high=MAX_LIMIT)
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
@@ -675,6 +703,8 @@ class Journal:
         Never touches ``pending`` or ``needs_reconcile``: those still need work.
         Returns how many operations were (or, with ``dry_run``, would be) deleted.
         """
+        _check_number("older_than", older_than, integer=False, low=0)
+        _check_number("now", now, integer=False)
         finished = ", ".join(f"'{status}'" for status in FINISHED_STATUSES)
         where = f"status IN ({finished}) AND updated_at < ?"
         cutoff = now - older_than

@@ -433,7 +433,7 @@ def _retry_or_stop(
     if policy._stop_strategy()(_retry_call_state(state.attempts, elapsed, wait)):
         stop = (
             f"{what}: stopped after {state.attempts} attempt"
-            f"{'' if state.attempts == 1 else 's'} and {elapsed:g}s "
+            f"{'' if state.attempts == 1 else 's'} and {elapsed:.3g}s "
             f"(max_attempts={policy.max_attempts}, deadline={policy.deadline:g}s)"
         )
         if server is not None:

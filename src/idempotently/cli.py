@@ -34,7 +34,7 @@ from idempotently._cli_format import (
 )
 from idempotently._exceptions import JournalError
 from idempotently._flow import DEFAULT_LEASE_DURATION, ResumeResult
-from idempotently._journal import Journal
+from idempotently._journal import MAX_LIMIT, Journal
 from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
 from idempotently._session import Session
 from idempotently._vocabulary import RESUME_DONE, STATUSES
@@ -143,7 +143,10 @@ def plural(count: int, noun: str) -> str:
     help="Only operations created within this long ago, e.g. 1h or 7d.",
 )
 @click.option(
-    "--limit", type=click.IntRange(min=1), metavar="N", help="At most N operations, newest first."
+    "--limit",
+    type=click.IntRange(min=1, max=MAX_LIMIT),
+    metavar="N",
+    help="At most N operations, newest first.",
 )
 @json_option
 @with_journal
