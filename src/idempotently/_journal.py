@@ -222,6 +222,90 @@ def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((name, value) for name, value in json.loads(text))
 
 
+def _is_corruption(error: sqlite3.Error) -> bool:
+    """SQLITE_CORRUPT or SQLITE_NOTADB: the file is damaged, retrying cannot help."""
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None and code & 0xFF in (11, 26):
+        return True
+    message = str(error).lower()
+    return "malformed" in message or "not a database" in message
+
+
+# What each column may hold, by column name: (types, NULL allowed, allowed values).
+# Every row read goes through Journal._check_row, so a damaged value is a
+# JournalCorruptError naming the operation, never a crash further on. Aliases in
+# queries (stats, counts) must not reuse these names for something else.
+_TEXT: tuple[type, ...] = (str,)
+_REAL: tuple[type, ...] = (int, float)
+_INT: tuple[type, ...] = (int,)
+_BLOB: tuple[type, ...] = (bytes,)
+_COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
+    "operation_id": (_TEXT, False, ()),
+    "key": (_TEXT, False, ()),
+    "status": (_TEXT, False, STATUSES),
+    "delivery": (_TEXT, False, ("exactly_once", "at_most_once")),
+    "method": (_TEXT, False, ()),
+    "url": (_TEXT, False, ()),
+    "request_headers": (_TEXT, False, ()),
+    "request_body": (_BLOB, False, ()),
+    "fingerprint": (_TEXT, False, ()),
+    "profile": (_TEXT, False, ()),
+    "key_header": (_TEXT, False, ()),
+    "created_at": (_REAL, False, ()),
+    "updated_at": (_REAL, False, ()),
+    "key_expires_at": (_REAL, False, ()),
+    "deadline_at": (_REAL, True, ()),
+    "not_before": (_REAL, True, ()),
+    "lease_owner": (_TEXT, True, ()),
+    "lease_until": (_REAL, False, ()),
+    "attempt_count": (_INT, False, ()),
+    "last_status_code": (_INT, True, ()),
+    "response_status": (_INT, True, ()),
+    "response_headers": (_TEXT, True, ()),
+    "response_body": (_BLOB, True, ()),
+    "reason": (_TEXT, True, ()),
+    "number": (_INT, False, ()),
+    "started_at": (_REAL, False, ()),
+    "elapsed": (_REAL, False, ()),
+    "outcome": (_TEXT, False, ("not_sent", "maybe_delivered", "answered")),
+    "status_code": (_INT, True, ()),
+    "replayed": (_INT, False, ()),
+    "error": (_TEXT, True, ()),
+    "wait": (_REAL, True, ()),
+}
+_HEADER_COLUMNS = ("request_headers", "response_headers")
+
+
+def _column_problem(column: str, value: object) -> str | None:
+    """What is wrong with ``value`` in ``column``, or None if it can be decoded."""
+    rule = _COLUMNS.get(column)
+    if rule is None:
+        return None
+    types, nullable, choices = rule
+    if value is None:
+        return None if nullable else f"{column} is NULL"
+    if not isinstance(value, types):
+        return f"{column} holds {type(value).__name__} {_short(value)}"
+    if choices and value not in choices:
+        return f"{column} is {_short(value)}, not one of {', '.join(choices)}"
+    if column in _HEADER_COLUMNS:
+        try:
+            pairs = json.loads(str(value))
+        except ValueError as error:
+            return f"{column} is not valid JSON ({error})"
+        if not isinstance(pairs, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+            for pair in pairs
+        ):
+            return f"{column} is not a list of [name, value] pairs"
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class Journal:
     """The local record of every operation, its key and its attempts.
 
@@ -289,7 +373,7 @@ class Journal:
 
     def _open_error(self, error: sqlite3.DatabaseError) -> JournalError:
         message = str(error)
-        if "not a database" in message or "malformed" in message:
+        if _is_corruption(error):
             return JournalCorruptError(
                 f"{self.path} is not a readable idempotently journal ({message}); "
                 "move it aside and restore a backup, or point --journal at the right file"
@@ -386,7 +470,11 @@ class Journal:
                         with suppress(sqlite3.Error):
                             self._conn.execute("ROLLBACK")
                     raise
-            except sqlite3.OperationalError as error:
+            except sqlite3.DatabaseError as error:
+                if _is_corruption(error):
+                    raise self._damaged(error) from error
+                if not isinstance(error, sqlite3.OperationalError):
+                    raise
                 raise JournalWriteError(
                     f"cannot write the journal {self.path}: {error}; "
                     + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
@@ -557,10 +645,43 @@ class Journal:
 
     def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         with self._lock:
+            cursor = None
             try:
-                return list(self.db.query(sql, params))
+                cursor = self._conn.execute(sql, params)
+                columns = [description[0] for description in cursor.description]
+                rows = [dict(zip(columns, row, strict=True)) for row in cursor]
             except sqlite3.DatabaseError as error:
+                if _is_corruption(error):
+                    raise self._damaged(error) from error
                 raise self._open_error(error) from error
+            finally:
+                # A statement that failed halfway must not hold its read
+                # transaction open (until garbage collection) under later writes.
+                if cursor is not None:
+                    cursor.close()
+        for row in rows:
+            self._check_row(row)
+        return rows
+
+    def _check_row(self, row: dict[str, Any]) -> None:
+        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
+        for column, value in row.items():
+            problem = _column_problem(column, value)
+            if problem is not None:
+                operation_id, key = row.get("operation_id"), row.get("key")
+                raise JournalCorruptError(
+                    f"{self.path} holds a damaged operation: {problem}; move the journal aside "
+                    "and restore a backup (or repair that row with the sqlite3 shell); the "
+                    "other operations can still be read one by one with `idempotently show`",
+                    operation_id=operation_id if isinstance(operation_id, str) else None,
+                    key=key if isinstance(key, str) else None,
+                )
+
+    def _damaged(self, error: sqlite3.DatabaseError) -> JournalCorruptError:
+        return JournalCorruptError(
+            f"the journal {self.path} is damaged ({error}); stop using it: move it aside "
+            f"(keep it: `sqlite3 {self.path} .recover` may save its rows) and restore a backup"
+        )
 
     def operation(self, operation_id_or_key: str) -> Operation | None:
         """One operation with all its attempts, by operation id or by key."""

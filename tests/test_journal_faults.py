@@ -1,0 +1,322 @@
+"""Damaged, moved and placeholder journals: clear JournalErrors, never a raw traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+
+import idempotently
+from idempotently import (
+    Journal,
+    JournalCorruptError,
+    JournalError,
+)
+from idempotently._journal import AttemptRecord
+from idempotently.cli import cli
+from tests.test_journal import NOW, insert, new_operation
+
+SRC = Path(__file__).parent.parent / "src"
+
+
+def run(*args: str) -> Result:
+    """The CLI in-process; an exception that is not a clean exit fails the test."""
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def assert_one_line_error(result: Result, path: Path, *words: str) -> None:
+    assert 1 == result.exit_code, result.output
+    assert 1 == len(result.stderr.strip().splitlines()), result.stderr
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.stderr
+
+
+def sql(path: Path, *statements: str) -> None:
+    """Raw writes with sqlite3, as another program (or a bad disk) would make them."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "ops.db"
+
+
+def fill(path: Path, count: int) -> None:
+    """``count`` operations op-000...; every third one pending, the others succeeded."""
+    with Journal(path, fsync_keys=False) as journal:
+        for number in range(count):
+            operation_id = f"op-{number:03}"
+            insert(journal, new_operation(operation_id, created_at=NOW + number, body=b"x" * 500))
+            journal._record_attempt(
+                operation_id,
+                AttemptRecord(
+                    number=1,
+                    started_at=NOW + number,
+                    elapsed=0.1,
+                    outcome="answered",
+                    status_code=201,
+                    status="pending" if number % 3 == 0 else "succeeded",
+                ),
+                now=NOW + number,
+            )
+
+
+# -- damaged pages --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def damaged_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 operations (about 75 pages), closed, then garbage from a third of the file on.
+
+    Every b-tree (both tables, every index) has pages in that range, and op-299 (the
+    newest row) lives on the last page of the operations table.
+    """
+    path = tmp_path_factory.mktemp("damaged") / "ops.db"
+    fill(path, 300)
+    data = bytearray(path.read_bytes())
+    assert 50 * 4096 < len(data)
+    start = len(data) // 3
+    data[start:] = b"\xa5" * (len(data) - start)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.fixture
+def damaged(damaged_template: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "ops.db"
+    shutil.copyfile(damaged_template, path)
+    return path
+
+
+def later_attempt(journal: Journal) -> None:
+    journal._record_attempt(
+        "op-299",
+        AttemptRecord(number=2, started_at=NOW, elapsed=0.1, outcome="not_sent"),
+        now=NOW,
+    )
+
+
+READS: dict[str, Callable[[Journal], object]] = {
+    "operations": lambda journal: journal.operations(),
+    "operation": lambda journal: journal.operation("op-299"),
+    "_find": lambda journal: journal._find("op-299", None),
+    "counts": lambda journal: journal.counts(),
+    "stats": lambda journal: journal.stats(now=NOW),
+    "prune dry run": lambda journal: journal.prune(older_than=0, now=NOW + 1000, dry_run=True),
+}
+WRITES: dict[str, Callable[[Journal], object]] = {
+    "prune": lambda journal: journal.prune(older_than=0, now=NOW + 1000),
+    "_insert_operation": lambda journal: insert(journal, new_operation("new-1")),
+    "_record_attempt": later_attempt,
+}
+
+
+@pytest.mark.parametrize("call", [*READS.values(), *WRITES.values()], ids=[*READS, *WRITES])
+def test_damaged_pages_are_a_corrupt_error(
+    damaged: Path, call: Callable[[Journal], object]
+) -> None:
+    """Every read and write on damaged pages raises JournalCorruptError naming the file."""
+    with Journal(damaged) as journal, pytest.raises(JournalCorruptError) as caught:
+        call(journal)
+
+    message = str(caught.value)
+    assert f"{damaged} is damaged (database disk image is malformed)" in message
+    assert ".recover" in message
+    assert "restore a backup" in message
+
+
+@pytest.mark.parametrize("read", READS.values(), ids=list(READS))
+def test_a_damaged_read_leaves_no_transaction_behind(
+    damaged: Path, read: Callable[[Journal], object]
+) -> None:
+    """After a read fails on damage, the next write reports the damage, not a stuck transaction."""
+    with Journal(damaged) as journal:
+        with pytest.raises(JournalCorruptError) as first:
+            read(journal)
+        with pytest.raises(JournalError) as second:
+            insert(journal, new_operation("new-1"))
+
+        assert first.value is not None  # still referenced, as a caller's error handler would
+        assert "JournalCorruptError" == type(second.value).__name__
+
+
+# -- damaged rows ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Path:
+    """A journal with op-000 (pending), op-001 and op-002 (succeeded)."""
+    path = tmp_path / "ops.db"
+    fill(path, 3)
+    return path
+
+
+ROW_READS: dict[str, Callable[[Journal], object]] = {
+    "operations": lambda journal: journal.operations(),
+    "operation": lambda journal: journal.operation("op-001"),
+    "operation by key": lambda journal: journal.operation("key-op-001"),
+    "_find": lambda journal: journal._find("op-001", None),
+}
+
+
+@pytest.mark.parametrize("read", ROW_READS.values(), ids=list(ROW_READS))
+def test_a_row_with_broken_json_is_a_corrupt_error(
+    three: Path, read: Callable[[Journal], object]
+) -> None:
+    """Broken JSON in one row raises JournalCorruptError naming the file, the operation, a fix."""
+    sql(three, "UPDATE operations SET request_headers = '[[\"a\", ' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal, pytest.raises(JournalCorruptError) as caught:
+        read(journal)
+
+    message = str(caught.value)
+    assert ("op-001", "key-op-001") == (caught.value.operation_id, caught.value.key)
+    assert str(three) in message
+    assert "'op-001'" in message
+    assert "request_headers is not valid JSON" in message
+    assert "restore a backup" in message
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "problem"),
+    [
+        ("operations", "response_headers", "'{\"a\": 1}'", "response_headers is not a list"),
+        ("operations", "request_headers", "'[[\"a\", 1]]'", "request_headers is not a list"),
+        ("operations", "status", "'done'", "status is 'done', not one of"),
+        ("operations", "created_at", "'yesterday'", "created_at holds str"),
+        ("operations", "request_body", "'text'", "request_body holds str"),
+        ("operations", "attempt_count", "1.5", "attempt_count holds float"),
+        ("attempts", "outcome", "'lost'", "outcome is 'lost', not one of"),
+        ("attempts", "elapsed", "x'00'", "elapsed holds bytes"),
+    ],
+)
+def test_a_row_with_a_wrong_value_is_a_corrupt_error(
+    three: Path, table: str, column: str, value: str, problem: str
+) -> None:
+    """A value of the wrong type or outside its set raises JournalCorruptError saying which."""
+    sql(three, f"UPDATE {table} SET {column} = {value} WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal, pytest.raises(JournalCorruptError) as caught:
+        journal.operation("op-001")
+
+    assert "op-001" == caught.value.operation_id
+    assert problem in str(caught.value)
+
+
+def test_an_unknown_status_is_a_corrupt_error_in_counts_and_stats(three: Path) -> None:
+    """A status outside the set makes counts and stats raise JournalCorruptError too."""
+    sql(three, "UPDATE operations SET status = 'done' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal:
+        for call in (journal.counts, lambda: journal.stats(now=NOW)):
+            with pytest.raises(JournalCorruptError, match="status is 'done'"):
+                call()
+
+
+def test_the_other_rows_stay_readable(three: Path) -> None:
+    """A damaged row does not hide the others from a lookup by id."""
+    sql(three, "UPDATE operations SET request_headers = 'nope' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal:
+        operation = journal.operation("op-002")
+
+    assert operation is not None
+    assert "op-002" == operation.operation_id
+
+
+def counting_transport() -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201, json={"id": "ch_1"})
+
+    return httpx.MockTransport(handler), sent
+
+
+def test_session_post_on_a_damaged_row_raises_before_sending(three: Path) -> None:
+    """Session.post on an operation whose row is damaged: JournalCorruptError, nothing sent."""
+    sql(three, "UPDATE operations SET request_headers = '{' WHERE operation_id = 'op-001'")
+    transport, sent = counting_transport()
+
+    with (
+        idempotently.Session(three, transport=transport) as session,
+        pytest.raises(JournalCorruptError) as caught,
+    ):
+        session.post("https://api.example.test/v1/charges", json={}, operation_id="op-001")
+
+    assert [] == sent
+    assert "op-001" == caught.value.operation_id
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list",),
+        ("show", "op-299"),
+        ("stats",),
+        ("resume",),
+        ("resume", "--dry-run"),
+        ("prune", "--older-than", "0s"),
+        ("prune", "--older-than", "0s", "--dry-run"),
+    ],
+    ids=" ".join,
+)
+def test_commands_on_damaged_pages_fail_in_one_line(damaged: Path, args: tuple[str, ...]) -> None:
+    """Every command on damaged pages: exit 1, one line naming the file and what to do."""
+    result = run("--journal", str(damaged), *args)
+
+    assert_one_line_error(result, damaged, "damaged", "restore a backup")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("list",), ("show", "op-000"), ("resume",), ("resume", "--dry-run")],
+    ids=" ".join,
+)
+def test_commands_on_a_damaged_row_fail_in_one_line(three: Path, args: tuple[str, ...]) -> None:
+    """Every command reading a row with broken JSON: exit 1, one line naming file and operation."""
+    sql(three, "UPDATE operations SET response_headers = '[' WHERE operation_id = 'op-000'")
+
+    result = run("--journal", str(three), *args)
+
+    assert_one_line_error(result, three, "'op-000'", "restore a backup")
+
+
+def test_a_damaged_journal_from_a_real_process_is_one_line(three: Path) -> None:
+    """`python -m idempotently list` on a damaged row: exit 1, one stderr line, no traceback."""
+    sql(three, "UPDATE operations SET request_headers = '[' WHERE operation_id = 'op-001'")
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "idempotently", "--journal", str(three), "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+    assert 1 == result.returncode
+    assert "" == result.stdout
+    assert 1 == len(result.stderr.strip().splitlines()), result.stderr
+    assert result.stderr.startswith("Error: ")
+    assert "'op-001'" in result.stderr
