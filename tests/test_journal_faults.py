@@ -19,6 +19,7 @@ from idempotently import (
     Journal,
     JournalCorruptError,
     JournalError,
+    JournalMovedError,
 )
 from idempotently._journal import AttemptRecord
 from idempotently.cli import cli
@@ -263,6 +264,67 @@ def test_session_post_on_a_damaged_row_raises_before_sending(three: Path) -> Non
 
     assert [] == sent
     assert "op-001" == caught.value.operation_id
+
+
+# -- a file deleted or replaced while open ---------------------------------------------
+
+
+def remove_journal_files(path: Path) -> None:
+    """What `rm ops.db*` (a cleanup job, a careless deploy) does under an open journal."""
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        name.unlink(missing_ok=True)
+
+
+def test_a_journal_deleted_while_open_journals_no_new_key(path: Path) -> None:
+    """A journal deleted under an open Journal refuses new keys; the ghost file gets none."""
+    with Journal(path) as journal:
+        insert(journal, new_operation("op-1"))
+        remove_journal_files(path)
+
+        with pytest.raises(JournalMovedError) as caught:
+            insert(journal, new_operation("op-2"))
+
+        assert journal.operation("op-2") is None  # read from the deleted file itself
+    assert str(path) in str(caught.value)
+    assert "deleted" in str(caught.value)
+    assert not path.exists()
+
+
+def test_a_journal_replaced_while_open_journals_no_new_key(path: Path, tmp_path: Path) -> None:
+    """A journal renamed over while open refuses new keys, in the old file and the new one."""
+    other = tmp_path / "other.db"
+    Journal(other).close()
+    with Journal(path) as journal:
+        insert(journal, new_operation("op-1"))
+        os.replace(other, path)
+
+        with pytest.raises(JournalMovedError) as caught:
+            insert(journal, new_operation("op-2"))
+
+        assert journal.operation("op-2") is None
+    with Journal(path) as new:
+        assert new.operation("op-2") is None
+    assert "replaced" in str(caught.value)
+
+
+def test_a_journal_left_in_place_still_takes_keys(path: Path) -> None:
+    """The check costs nothing when nothing moved: keys are journaled as before."""
+    with Journal(path) as journal:
+        journal._check_still_there()
+        assert insert(journal, new_operation("op-1"))
+
+
+def test_session_post_after_the_journal_was_deleted_sends_nothing(path: Path) -> None:
+    """Session.post on a deleted journal raises JournalMovedError before any byte is sent."""
+    transport, sent = counting_transport()
+    with idempotently.Session(path, transport=transport) as session:
+        session.post("https://api.example.test/v1/charges", json={}, operation_id="first")
+        remove_journal_files(path)
+
+        with pytest.raises(JournalMovedError):
+            session.post("https://api.example.test/v1/charges", json={}, operation_id="second")
+
+    assert 1 == len(sent)  # the first call's request, and nothing for the second
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from idempotently._exceptions import (
     JournalCorruptError,
     JournalError,
     JournalMissingError,
+    JournalMovedError,
     JournalVersionError,
     JournalWriteError,
 )
@@ -330,6 +331,9 @@ class Journal:
         """
         self.path = os.fspath(path)
         self.fsync_keys = fsync_keys
+        # SQLite resolves a relative path once, at open; so does the moved-file check.
+        self._abspath = os.path.abspath(self.path)
+        self._file_id: tuple[int, int] | None = None
         if not create and self.path != ":memory:" and not os.path.exists(self.path):
             raise JournalMissingError(
                 f"no journal at {self.path}; pass --journal PATH (or set IDEMPOTENTLY_JOURNAL) "
@@ -340,6 +344,8 @@ class Journal:
         self.db = sqlite_utils.Database(self._conn)
         try:
             self._check_schema()
+            if self.path != ":memory:":
+                self._file_id = self._file_identity()
         except BaseException:
             self._conn.close()
             raise
@@ -450,6 +456,35 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({self.path!r})"
 
+    # -- the file under the path -------------------------------------------------
+
+    def _file_identity(self) -> tuple[int, int]:
+        try:
+            found = os.stat(self._abspath)
+        except OSError as error:
+            raise JournalMovedError(
+                f"the journal {self.path} was deleted or moved while in use "
+                f"({error.strerror}); nothing was sent: a key journaled in a file nobody opens "
+                "again could never be resumed. Put the file back, or close this Journal (or "
+                "Session) and open a new one"
+            ) from error
+        return found.st_dev, found.st_ino
+
+    def _check_still_there(self) -> None:
+        """Raise :class:`JournalMovedError` unless ``path`` is still the file this Journal has open.
+
+        One ``os.stat``. Call it before journaling a new key: a file deleted or
+        renamed over while open keeps taking writes, but nobody would resume them.
+        """
+        if self._file_id is None:
+            return
+        if self._file_identity() != self._file_id:
+            raise JournalMovedError(
+                f"the journal {self.path} was replaced by another file while in use; "
+                "nothing was sent. Close this Journal (or Session) and open it again to use "
+                "the new file; operations pending in the old one are only in the old one"
+            )
+
     # -- transactions ----------------------------------------------------------
 
     @contextmanager
@@ -489,6 +524,7 @@ class Journal:
 
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
         """Durably record a new operation; False if its id or key already exists."""
+        self._check_still_there()
         with self._write(durable=self.fsync_keys) as conn:
             cursor = conn.execute(
                 _INSERT_OPERATION,
