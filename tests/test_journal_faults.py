@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +22,7 @@ from idempotently import (
     JournalCorruptError,
     JournalError,
     JournalMovedError,
+    JournalWriteError,
 )
 from idempotently._journal import AttemptRecord
 from idempotently.cli import cli
@@ -325,6 +328,91 @@ def test_session_post_after_the_journal_was_deleted_sends_nothing(path: Path) ->
             session.post("https://api.example.test/v1/charges", json={}, operation_id="second")
 
     assert 1 == len(sent)  # the first call's request, and nothing for the second
+
+
+# -- read-only opening and placeholder files ----------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{"readonly": True}, {"create": False}])
+def test_an_empty_placeholder_is_never_initialised(path: Path, options: dict[str, Any]) -> None:
+    """Journal(readonly=True) or create=False on a 0-byte file: 'not a journal', file untouched."""
+    path.touch()
+
+    with pytest.raises(JournalCorruptError) as caught:
+        Journal(path, **options)
+
+    assert 0 == path.stat().st_size
+    assert ["ops.db"] == sorted(child.name for child in path.parent.iterdir())
+    assert str(path) in str(caught.value)
+    assert "not an idempotently journal" in str(caught.value)
+
+
+def test_a_read_only_journal_reads_and_never_writes(path: Path) -> None:
+    """readonly=True reads everything and refuses every write, leaving the file as it was."""
+    fill(path, 3)
+    before = path.read_bytes()
+
+    with Journal(path, readonly=True) as journal:
+        assert ["op-002", "op-001", "op-000"] == [op.operation_id for op in journal.operations()]
+        with pytest.raises(JournalWriteError, match="opened read-only"):
+            insert(journal, new_operation("op-9"))
+        with pytest.raises(JournalWriteError, match="opened read-only"):
+            journal.prune(older_than=0, now=NOW + 1000)
+
+    assert before == path.read_bytes()
+
+
+def test_a_read_only_journal_is_read_only_down_to_sqlite(path: Path) -> None:
+    """readonly=True opens the file with SQLite's mode=ro: not even a raw statement writes."""
+    fill(path, 1)
+
+    with Journal(path, readonly=True) as journal, pytest.raises(sqlite3.OperationalError) as caught:
+        journal._conn.execute("DELETE FROM operations")
+
+    assert "readonly" in str(caught.value)
+
+
+def journal_mode(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+READ_ONLY_COMMANDS = [
+    ("list",),
+    ("show", "op-1"),
+    ("stats",),
+    ("resume", "--dry-run"),
+    ("prune", "--older-than", "1d", "--dry-run"),
+]
+
+
+@pytest.mark.parametrize(
+    "args", [*READ_ONLY_COMMANDS, ("resume",), ("prune", "--older-than", "1d")], ids=" ".join
+)
+def test_commands_leave_a_placeholder_file_untouched(path: Path, args: tuple[str, ...]) -> None:
+    """Every command on a 0-byte file: one-line 'not a journal' error, exit 1, file untouched."""
+    path.touch()
+
+    result = run("--journal", str(path), *args)
+
+    assert_one_line_error(result, path, "not an idempotently journal")
+    assert 0 == path.stat().st_size
+    assert ["ops.db"] == sorted(child.name for child in path.parent.iterdir())
+
+
+@pytest.mark.parametrize("args", READ_ONLY_COMMANDS, ids=" ".join)
+def test_read_only_commands_never_write(path: Path, args: tuple[str, ...]) -> None:
+    """list, show, stats and the dry runs leave a rollback-mode journal byte for byte."""
+    fill(path, 3)
+    sql(path, "PRAGMA journal_mode = DELETE")
+    before = path.read_bytes()
+
+    result = run("--journal", str(path), *args)
+
+    assert result.exit_code in (0, 1), result.output  # show op-1: no such operation
+    assert "Traceback" not in result.output
+    assert before == path.read_bytes()
+    assert "delete" == journal_mode(path)
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -318,10 +319,15 @@ class Journal:
         path: str | os.PathLike[str],
         *,
         create: bool = True,
+        readonly: bool = False,
         busy_timeout: float = 30.0,
         fsync_keys: bool = True,
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
+
+        ``create=False`` neither creates the file nor initialises an empty
+        one. ``readonly=True`` implies it, and opens the file read-only (SQLite
+        ``mode=ro``): nothing is ever written, not even the switch to WAL mode.
 
         ``fsync_keys=False`` commits the row naming a key without an fsync: it
         still survives the process being killed (SIGKILL, OOM), but not a power
@@ -331,10 +337,12 @@ class Journal:
         """
         self.path = os.fspath(path)
         self.fsync_keys = fsync_keys
+        self.readonly = readonly
+        self._create = create and not readonly
         # SQLite resolves a relative path once, at open; so does the moved-file check.
         self._abspath = os.path.abspath(self.path)
         self._file_id: tuple[int, int] | None = None
-        if not create and self.path != ":memory:" and not os.path.exists(self.path):
+        if not self._create and self.path != ":memory:" and not os.path.exists(self.path):
             raise JournalMissingError(
                 f"no journal at {self.path}; pass --journal PATH (or set IDEMPOTENTLY_JOURNAL) "
                 "to the file your Session writes"
@@ -355,9 +363,14 @@ class Journal:
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         if self.path != ":memory:" and not os.path.exists(self.path):
             self._create_private_file()
+        readonly = self.readonly and self.path != ":memory:"
         try:
             conn = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+                Path(self._abspath).as_uri() + "?mode=ro" if readonly else self.path,
+                timeout=busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=readonly,
             )
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as error:
@@ -402,6 +415,12 @@ class Journal:
                 finally:
                     self._conn.execute("COMMIT")
                 if version == 0 and not tables:
+                    if not self._create:
+                        raise JournalCorruptError(
+                            f"{self.path} is empty, not an idempotently journal (it was left "
+                            "as it is); point --journal (or Journal(path)) at the file your "
+                            "Session writes"
+                        )
                     self._create_schema()
                     return
                 if app_id != APPLICATION_ID:
@@ -490,6 +509,10 @@ class Journal:
     @contextmanager
     def _write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One short write transaction; ``durable`` fsyncs the WAL at commit."""
+        if self.readonly:
+            raise JournalWriteError(
+                f"the journal {self.path} was opened read-only; open it without readonly=True"
+            )
         with self._lock:
             try:
                 if durable:
