@@ -8,7 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from idempotently import (
 )
 from idempotently._journal import AttemptRecord
 from idempotently.cli import cli
-from tests.test_journal import NOW, insert, new_operation
+from tests.test_journal import NOW, insert, mode, new_operation
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -413,6 +413,60 @@ def test_read_only_commands_never_write(path: Path, args: tuple[str, ...]) -> No
     assert "Traceback" not in result.output
     assert before == path.read_bytes()
     assert "delete" == journal_mode(path)
+
+
+# -- symlinks --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    previous = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def test_a_journal_created_through_a_dangling_symlink_is_private(tmp_path: Path) -> None:
+    """Creating a journal through a dangling symlink makes its target (and -wal, -shm) 0600."""
+    target = tmp_path / "data" / "ops.db"
+    target.parent.mkdir()
+    link = tmp_path / "ops.db"
+    link.symlink_to(target)
+
+    with umask(0o022), Journal(link) as journal:
+        insert(journal, new_operation())
+        wal, shm = Path(f"{target}-wal"), Path(f"{target}-shm")
+
+        assert (0o600, 0o600, 0o600) == (mode(target), mode(wal), mode(shm))
+    assert link.is_symlink()
+
+
+def test_a_journal_created_through_a_symlinked_directory_is_private(tmp_path: Path) -> None:
+    """Creating a journal under a symlink to a directory makes the file 0600."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "data")
+
+    with umask(0o022), Journal(tmp_path / "linked" / "ops.db") as journal:
+        insert(journal, new_operation())
+
+    assert 0o600 == mode(tmp_path / "data" / "ops.db")
+
+
+def test_a_journal_opened_through_a_symlink_writes_its_target(tmp_path: Path) -> None:
+    """A symlink to an existing journal: keys land in the target, which stays 0600."""
+    target = tmp_path / "ops.db"
+    Journal(target).close()
+    link = tmp_path / "link.db"
+    link.symlink_to(target)
+
+    with umask(0o022), Journal(link) as journal:
+        insert(journal, new_operation())
+        assert 0o600 == mode(Path(f"{target}-wal"))
+
+    with Journal(target) as journal:
+        assert 1 == journal.counts()["pending"]
+    assert 0o600 == mode(target)
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -379,8 +379,10 @@ class Journal:
 
     def _create_private_file(self) -> None:
         # SQLite gives -wal and -shm the main file's mode, so 0600 here covers all three.
+        # O_EXCL refuses a symlink, even a dangling one: create its target instead,
+        # or SQLite would create it with the umask's mode.
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(os.path.realpath(self.path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return  # another process created it first: fine
         except OSError as error:
