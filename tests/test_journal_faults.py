@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,26 @@ def journal_mode(path: Path) -> str:
         return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
 
 
+def test_read_only_opening_never_switches_the_journal_mode(path: Path) -> None:
+    """A rollback-mode journal opened read-only stays in rollback mode."""
+    fill(path, 1)
+    sql(path, "PRAGMA journal_mode = DELETE")
+
+    Journal(path, readonly=True).close()
+
+    assert "delete" == journal_mode(path)
+
+
+def test_a_rollback_mode_journal_is_switched_to_wal_when_opened_to_write(path: Path) -> None:
+    """A journal left in rollback mode (by an older version) is in WAL mode once reopened."""
+    fill(path, 1)
+    sql(path, "PRAGMA journal_mode = DELETE")
+
+    Journal(path).close()
+
+    assert "wal" == journal_mode(path)
+
+
 READ_ONLY_COMMANDS = [
     ("list",),
     ("show", "op-1"),
@@ -467,6 +488,38 @@ def test_a_journal_opened_through_a_symlink_writes_its_target(tmp_path: Path) ->
     with Journal(target) as journal:
         assert 1 == journal.counts()["pending"]
     assert 0o600 == mode(target)
+
+
+# -- WAL mode ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def read_lock(path: Path) -> Iterator[None]:
+    """Another connection in a read transaction: reads go on, the switch to WAL cannot."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT * FROM sqlite_master").fetchall()
+        yield
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def test_wal_mode_that_cannot_be_set_is_an_error_within_the_busy_timeout(path: Path) -> None:
+    """When WAL mode cannot be set, JournalWriteError after about busy_timeout; no journal made."""
+    path.touch()
+    with read_lock(path):
+        started = time.monotonic()
+        with pytest.raises(JournalWriteError) as caught:
+            Journal(path, busy_timeout=0.2)
+        elapsed = time.monotonic() - started
+
+    assert elapsed < 2.0  # it was up to 100 x busy_timeout
+    assert "WAL mode" in str(caught.value)
+    assert str(path) in str(caught.value)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert [] == conn.execute("SELECT name FROM sqlite_master").fetchall()
 
 
 # -- the command line ---------------------------------------------------------------------

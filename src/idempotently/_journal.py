@@ -339,6 +339,7 @@ class Journal:
         self.fsync_keys = fsync_keys
         self.readonly = readonly
         self._create = create and not readonly
+        self._busy_timeout = busy_timeout
         # SQLite resolves a relative path once, at open; so does the moved-file check.
         self._abspath = os.path.abspath(self.path)
         self._file_id: tuple[int, int] | None = None
@@ -440,20 +441,56 @@ class Journal:
                     raise JournalCorruptError(
                         f"{self.path} is missing journal tables; restore it from a backup"
                     )
+                if not self.readonly:
+                    # A journal an older idempotently left in rollback mode.
+                    self._ensure_wal()
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
 
+    def _ensure_wal(self) -> None:
+        """Switch the file to WAL mode (persistent), or raise: never a rollback-mode journal.
+
+        Switching needs an exclusive lock and SQLite does not always wait for
+        it (several processes creating one journal): retry, but for no longer
+        than the busy timeout in all.
+        """
+        if self.path == ":memory:" or self._journal_mode() == "wal":
+            return
+        deadline = time.monotonic() + self._busy_timeout
+        problem, kind = "", "other"
+        try:
+            while True:
+                try:
+                    mode = str(self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                except sqlite3.OperationalError as error:
+                    if _write_problem(error) != "locked":
+                        raise
+                    problem, kind = str(error), "locked"
+                else:
+                    if mode.lower() == "wal":
+                        return
+                    problem = f"SQLite kept journal_mode {mode}"
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._conn.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+                time.sleep(min(0.02, left))
+        finally:
+            with suppress(sqlite3.Error):
+                self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        raise JournalWriteError(
+            f"cannot switch the journal {self.path} to WAL mode ({problem}) within the "
+            f"{self._busy_timeout:g} s busy timeout; "
+            + _WRITE_ADVICE[kind]
+            + " (the journal was left unchanged)"
+        )
+
+    def _journal_mode(self) -> str:
+        return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
     def _create_schema(self) -> None:
-        # Switching to WAL needs an exclusive lock and SQLite does not always
-        # wait for it: several processes creating one journal retry briefly.
-        for _ in range(100):
-            try:
-                self._conn.execute("PRAGMA journal_mode = WAL")
-                break
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error):
-                    raise
-                time.sleep(0.02)
+        self._ensure_wal()
         with self._write(durable=True):
             # Another process may have created it while we waited for the lock.
             if "operations" in self.db.table_names():
