@@ -5,6 +5,7 @@
     │   ├── JournalMissingError       no journal at that path
     │   ├── JournalVersionError       written by a newer idempotently
     │   ├── JournalCorruptError       not a journal, or damaged
+    │   ├── JournalMovedError         deleted or replaced while open
     │   └── JournalWriteError         disk full, read-only, locked
     ├── KeyReuseError (ValueError)    same operation id, different request
     ├── InvalidKeyError (ValueError)  key rejected by the server profile
@@ -93,6 +94,14 @@ class JournalVersionError(JournalError):
 
 class JournalCorruptError(JournalError):
     """The file is not an idempotently journal, or it is damaged."""
+
+
+class JournalMovedError(JournalError):
+    """The file at the journal's path was deleted or replaced while it was open.
+
+    Raised before a new key is journaled, so nothing is sent with a key that
+    only a deleted (or no longer used) file would remember.
+    """
 
 
 class JournalWriteError(JournalError):

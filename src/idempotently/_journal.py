@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -26,6 +27,7 @@ from idempotently._exceptions import (
     JournalCorruptError,
     JournalError,
     JournalMissingError,
+    JournalMovedError,
     JournalVersionError,
     JournalWriteError,
 )
@@ -247,6 +249,90 @@ def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((name, value) for name, value in json.loads(text))
 
 
+def _is_corruption(error: sqlite3.Error) -> bool:
+    """SQLITE_CORRUPT or SQLITE_NOTADB: the file is damaged, retrying cannot help."""
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None and code & 0xFF in (11, 26):
+        return True
+    message = str(error).lower()
+    return "malformed" in message or "not a database" in message
+
+
+# What each column may hold, by column name: (types, NULL allowed, allowed values).
+# Every row read goes through Journal._check_row, so a damaged value is a
+# JournalCorruptError naming the operation, never a crash further on. Aliases in
+# queries (stats, counts) must not reuse these names for something else.
+_TEXT: tuple[type, ...] = (str,)
+_REAL: tuple[type, ...] = (int, float)
+_INT: tuple[type, ...] = (int,)
+_BLOB: tuple[type, ...] = (bytes,)
+_COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
+    "operation_id": (_TEXT, False, ()),
+    "key": (_TEXT, False, ()),
+    "status": (_TEXT, False, STATUSES),
+    "delivery": (_TEXT, False, ("exactly_once", "at_most_once")),
+    "method": (_TEXT, False, ()),
+    "url": (_TEXT, False, ()),
+    "request_headers": (_TEXT, False, ()),
+    "request_body": (_BLOB, False, ()),
+    "fingerprint": (_TEXT, False, ()),
+    "profile": (_TEXT, False, ()),
+    "key_header": (_TEXT, False, ()),
+    "created_at": (_REAL, False, ()),
+    "updated_at": (_REAL, False, ()),
+    "key_expires_at": (_REAL, False, ()),
+    "deadline_at": (_REAL, True, ()),
+    "not_before": (_REAL, True, ()),
+    "lease_owner": (_TEXT, True, ()),
+    "lease_until": (_REAL, False, ()),
+    "attempt_count": (_INT, False, ()),
+    "last_status_code": (_INT, True, ()),
+    "response_status": (_INT, True, ()),
+    "response_headers": (_TEXT, True, ()),
+    "response_body": (_BLOB, True, ()),
+    "reason": (_TEXT, True, ()),
+    "number": (_INT, False, ()),
+    "started_at": (_REAL, False, ()),
+    "elapsed": (_REAL, False, ()),
+    "outcome": (_TEXT, False, ("not_sent", "maybe_delivered", "answered")),
+    "status_code": (_INT, True, ()),
+    "replayed": (_INT, False, ()),
+    "error": (_TEXT, True, ()),
+    "wait": (_REAL, True, ()),
+}
+_HEADER_COLUMNS = ("request_headers", "response_headers")
+
+
+def _column_problem(column: str, value: object) -> str | None:
+    """What is wrong with ``value`` in ``column``, or None if it can be decoded."""
+    rule = _COLUMNS.get(column)
+    if rule is None:
+        return None
+    types, nullable, choices = rule
+    if value is None:
+        return None if nullable else f"{column} is NULL"
+    if not isinstance(value, types):
+        return f"{column} holds {type(value).__name__} {_short(value)}"
+    if choices and value not in choices:
+        return f"{column} is {_short(value)}, not one of {', '.join(choices)}"
+    if column in _HEADER_COLUMNS:
+        try:
+            pairs = json.loads(str(value))
+        except ValueError as error:
+            return f"{column} is not valid JSON ({error})"
+        if not isinstance(pairs, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+            for pair in pairs
+        ):
+            return f"{column} is not a list of [name, value] pairs"
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class Journal:
     """The local record of every operation, its key and its attempts.
 
@@ -258,10 +344,15 @@ class Journal:
         path: str | os.PathLike[str],
         *,
         create: bool = True,
+        readonly: bool = False,
         busy_timeout: float = 30.0,
         fsync_keys: bool = True,
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
+
+        ``create=False`` neither creates the file nor initialises an empty
+        one. ``readonly=True`` implies it, and opens the file read-only (SQLite
+        ``mode=ro``): nothing is ever written, not even the switch to WAL mode.
 
         ``fsync_keys=False`` commits the row naming a key without an fsync: it
         still survives the process being killed (SIGKILL, OOM), but not a power
@@ -271,7 +362,13 @@ class Journal:
         """
         self.path = os.fspath(path)
         self.fsync_keys = fsync_keys
-        if not create and self.path != ":memory:" and not os.path.exists(self.path):
+        self.readonly = readonly
+        self._create = create and not readonly
+        self._busy_timeout = busy_timeout
+        # SQLite resolves a relative path once, at open; so does the moved-file check.
+        self._abspath = os.path.abspath(self.path)
+        self._file_id: tuple[int, int] | None = None
+        if not self._create and self.path != ":memory:" and not os.path.exists(self.path):
             raise JournalMissingError(
                 f"no journal at {self.path}; pass --journal PATH (or set IDEMPOTENTLY_JOURNAL) "
                 "to the file your Session writes"
@@ -281,6 +378,8 @@ class Journal:
         self.db = sqlite_utils.Database(self._conn)
         try:
             self._check_schema()
+            if self.path != ":memory:":
+                self._file_id = self._file_identity()
         except BaseException:
             self._conn.close()
             raise
@@ -290,9 +389,14 @@ class Journal:
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         if self.path != ":memory:" and not os.path.exists(self.path):
             self._create_private_file()
+        readonly = self.readonly and self.path != ":memory:"
         try:
             conn = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+                Path(self._abspath).as_uri() + "?mode=ro" if readonly else self.path,
+                timeout=busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=readonly,
             )
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as error:
@@ -301,8 +405,10 @@ class Journal:
 
     def _create_private_file(self) -> None:
         # SQLite gives -wal and -shm the main file's mode, so 0600 here covers all three.
+        # O_EXCL refuses a symlink, even a dangling one: create its target instead,
+        # or SQLite would create it with the umask's mode.
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(os.path.realpath(self.path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return  # another process created it first: fine
         except OSError as error:
@@ -314,7 +420,7 @@ class Journal:
 
     def _open_error(self, error: sqlite3.DatabaseError) -> JournalError:
         message = str(error)
-        if "not a database" in message or "malformed" in message:
+        if _is_corruption(error):
             return JournalCorruptError(
                 f"{self.path} is not a readable idempotently journal ({message}); "
                 "move it aside and restore a backup, or point --journal at the right file"
@@ -337,6 +443,12 @@ class Journal:
                 finally:
                     self._conn.execute("COMMIT")
                 if version == 0 and not tables:
+                    if not self._create:
+                        raise JournalCorruptError(
+                            f"{self.path} is empty, not an idempotently journal (it was left "
+                            "as it is); point --journal (or Journal(path)) at the file your "
+                            "Session writes"
+                        )
                     self._create_schema()
                     return
                 if app_id != APPLICATION_ID:
@@ -354,20 +466,56 @@ class Journal:
                     raise JournalCorruptError(
                         f"{self.path} is missing journal tables; restore it from a backup"
                     )
+                if not self.readonly:
+                    # A journal an older idempotently left in rollback mode.
+                    self._ensure_wal()
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
 
+    def _ensure_wal(self) -> None:
+        """Switch the file to WAL mode (persistent), or raise: never a rollback-mode journal.
+
+        Switching needs an exclusive lock and SQLite does not always wait for
+        it (several processes creating one journal): retry, but for no longer
+        than the busy timeout in all.
+        """
+        if self.path == ":memory:" or self._journal_mode() == "wal":
+            return
+        deadline = time.monotonic() + self._busy_timeout
+        problem, kind = "", "other"
+        try:
+            while True:
+                try:
+                    mode = str(self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                except sqlite3.OperationalError as error:
+                    if _write_problem(error) != "locked":
+                        raise
+                    problem, kind = str(error), "locked"
+                else:
+                    if mode.lower() == "wal":
+                        return
+                    problem = f"SQLite kept journal_mode {mode}"
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._conn.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+                time.sleep(min(0.02, left))
+        finally:
+            with suppress(sqlite3.Error):
+                self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        raise JournalWriteError(
+            f"cannot switch the journal {self.path} to WAL mode ({problem}) within the "
+            f"{self._busy_timeout:g} s busy timeout; "
+            + _WRITE_ADVICE[kind]
+            + " (the journal was left unchanged)"
+        )
+
+    def _journal_mode(self) -> str:
+        return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
     def _create_schema(self) -> None:
-        # Switching to WAL needs an exclusive lock and SQLite does not always
-        # wait for it: several processes creating one journal retry briefly.
-        for _ in range(100):
-            try:
-                self._conn.execute("PRAGMA journal_mode = WAL")
-                break
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error):
-                    raise
-                time.sleep(0.02)
+        self._ensure_wal()
         with self._write(durable=True):
             # Another process may have created it while we waited for the lock.
             if "operations" in self.db.table_names():
@@ -391,11 +539,44 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({self.path!r})"
 
+    # -- the file under the path -------------------------------------------------
+
+    def _file_identity(self) -> tuple[int, int]:
+        try:
+            found = os.stat(self._abspath)
+        except OSError as error:
+            raise JournalMovedError(
+                f"the journal {self.path} was deleted or moved while in use "
+                f"({error.strerror}); nothing was sent: a key journaled in a file nobody opens "
+                "again could never be resumed. Put the file back, or close this Journal (or "
+                "Session) and open a new one"
+            ) from error
+        return found.st_dev, found.st_ino
+
+    def _check_still_there(self) -> None:
+        """Raise :class:`JournalMovedError` unless ``path`` is still the file this Journal has open.
+
+        One ``os.stat``. Call it before journaling a new key: a file deleted or
+        renamed over while open keeps taking writes, but nobody would resume them.
+        """
+        if self._file_id is None:
+            return
+        if self._file_identity() != self._file_id:
+            raise JournalMovedError(
+                f"the journal {self.path} was replaced by another file while in use; "
+                "nothing was sent. Close this Journal (or Session) and open it again to use "
+                "the new file; operations pending in the old one are only in the old one"
+            )
+
     # -- transactions ----------------------------------------------------------
 
     @contextmanager
     def _write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One short write transaction; ``durable`` fsyncs the WAL at commit."""
+        if self.readonly:
+            raise JournalWriteError(
+                f"the journal {self.path} was opened read-only; open it without readonly=True"
+            )
         with self._lock:
             try:
                 if durable:
@@ -411,7 +592,11 @@ class Journal:
                         with suppress(sqlite3.Error):
                             self._conn.execute("ROLLBACK")
                     raise
-            except sqlite3.OperationalError as error:
+            except sqlite3.DatabaseError as error:
+                if _is_corruption(error):
+                    raise self._damaged(error) from error
+                if not isinstance(error, sqlite3.OperationalError):
+                    raise
                 raise JournalWriteError(
                     f"cannot write the journal {self.path}: {error}; "
                     + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
@@ -424,11 +609,9 @@ class Journal:
 
     # -- writes used by the sessions -------------------------------------------
 
-    def _check_still_there(self) -> None:
-        """Raise if the file was deleted or replaced since it was opened."""
-
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
         """Durably record a new operation; False if its id or key already exists."""
+        self._check_still_there()
         with self._write(durable=self.fsync_keys) as conn:
             cursor = conn.execute(
                 _INSERT_OPERATION,
@@ -584,10 +767,43 @@ class Journal:
 
     def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         with self._lock:
+            cursor = None
             try:
-                return list(self.db.query(sql, params))
+                cursor = self._conn.execute(sql, params)
+                columns = [description[0] for description in cursor.description]
+                rows = [dict(zip(columns, row, strict=True)) for row in cursor]
             except sqlite3.DatabaseError as error:
+                if _is_corruption(error):
+                    raise self._damaged(error) from error
                 raise self._open_error(error) from error
+            finally:
+                # A statement that failed halfway must not hold its read
+                # transaction open (until garbage collection) under later writes.
+                if cursor is not None:
+                    cursor.close()
+        for row in rows:
+            self._check_row(row)
+        return rows
+
+    def _check_row(self, row: dict[str, Any]) -> None:
+        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
+        for column, value in row.items():
+            problem = _column_problem(column, value)
+            if problem is not None:
+                operation_id, key = row.get("operation_id"), row.get("key")
+                raise JournalCorruptError(
+                    f"{self.path} holds a damaged operation: {problem}; move the journal aside "
+                    "and restore a backup (or repair that row with the sqlite3 shell); the "
+                    "other operations can still be read one by one with `idempotently show`",
+                    operation_id=operation_id if isinstance(operation_id, str) else None,
+                    key=key if isinstance(key, str) else None,
+                )
+
+    def _damaged(self, error: sqlite3.DatabaseError) -> JournalCorruptError:
+        return JournalCorruptError(
+            f"the journal {self.path} is damaged ({error}); stop using it: move it aside "
+            f"(keep it: `sqlite3 {self.path} .recover` may save its rows) and restore a backup"
+        )
 
     def operation(self, operation_id_or_key: str) -> Operation | None:
         """One operation with all its attempts, by operation id or by key."""

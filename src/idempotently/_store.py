@@ -87,7 +87,6 @@ class Insert:
     lease_until: float
 
     def run(self, store: Store) -> bool:
-        store._check_still_there()
         return store._insert_operation(self.new, owner=self.owner, lease_until=self.lease_until)
 
 

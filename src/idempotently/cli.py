@@ -1,8 +1,9 @@
 """The `idempotently` command: a thin layer over Journal and Session.
 
 Each command opens the journal, makes one library call and prints the result:
-an aligned table for people, ``--json`` for scripts. Read-only commands never
-create a journal; any :class:`JournalError` becomes a one-line error (exit 1).
+an aligned table for people, ``--json`` for scripts. No command creates a
+journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
+any :class:`JournalError` becomes a one-line error (exit 1).
 Usage errors (bad option values) exit 2. Reference: docs/cli.md.
 """
 
@@ -78,27 +79,33 @@ def journal_errors() -> Iterator[None]:
         raise click.ClickException(str(error)) from None
 
 
-def with_journal(command: F) -> F:
-    """Open the journal read-write but never create it; pass it as the first argument.
+def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> Callable[[F], F]:
+    """Open the journal but never create it; pass it as the command's first argument.
 
+    ``readonly`` opens it read-only (nothing is created, initialised or written);
+    ``readonly_if`` names a flag (``dry_run``) that makes this run read-only.
     Also accepts ``--journal`` after the command name, which wins over the global one.
     """
 
-    def wrapper(ctx: click.Context, /, journal_path: str | None, **options: Any) -> Any:
-        path = journal_path or ctx.find_root().params["journal_path"]
-        with journal_errors(), Journal(path, create=False) as journal:
-            return command(journal, **options)
+    def decorate(command: F) -> F:
+        def wrapper(ctx: click.Context, /, journal_path: str | None, **options: Any) -> Any:
+            path = journal_path or ctx.find_root().params["journal_path"]
+            read_only = readonly or bool(readonly_if and options[readonly_if])
+            with journal_errors(), Journal(path, create=False, readonly=read_only) as journal:
+                return command(journal, **options)
 
-    functools.update_wrapper(wrapper, command)
-    decorated = click.option(
-        "--journal",
-        "journal_path",
-        type=click.Path(dir_okay=False),
-        default=None,
-        metavar="PATH",
-        help="The journal file (same as the global --journal, given after the command).",
-    )(click.pass_context(wrapper))
-    return decorated  # type: ignore[return-value]  # one parameter less than F
+        functools.update_wrapper(wrapper, command)
+        decorated = click.option(
+            "--journal",
+            "journal_path",
+            type=click.Path(dir_okay=False),
+            default=None,
+            metavar="PATH",
+            help="The journal file (same as the global --journal, given after the command).",
+        )(click.pass_context(wrapper))
+        return decorated  # type: ignore[return-value]  # one parameter less than F
+
+    return decorate
 
 
 json_option = click.option(
@@ -149,7 +156,7 @@ def plural(count: int, noun: str) -> str:
     help="At most N operations, newest first.",
 )
 @json_option
-@with_journal
+@with_journal(readonly=True)
 def list_command(
     journal: Journal,
     statuses: tuple[str, ...],
@@ -183,7 +190,7 @@ def list_command(
 @cli.command("show")
 @click.argument("operation_id_or_key", metavar="OPERATION_ID_OR_KEY")
 @json_option
-@with_journal
+@with_journal(readonly=True)
 def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> None:
     """Show one operation, every attempt, and the request and response bodies.
 
@@ -217,7 +224,7 @@ def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> N
     help="Exit 1 if anything is stuck or needs reconciling (for cron and alerting).",
 )
 @json_option
-@with_journal
+@with_journal(readonly=True)
 def stats_command(journal: Journal, stuck_after: float, fail_on_stuck: bool, as_json: bool) -> None:
     """Counts per status, replay and 409 rates, retries, oldest pending, stuck count."""
     stats = journal.stats(now=time.time(), stuck_after=stuck_after)
@@ -359,7 +366,7 @@ def stderr_is_terminal() -> bool:
     "module:NAME for a ServerProfile of your own.",
 )
 @json_option
-@with_journal
+@with_journal(readonly_if="dry_run")
 def resume_command(
     journal: Journal,
     dry_run: bool,
@@ -439,7 +446,7 @@ def echo_resume(results: Sequence[ResumeResult], path: str, dry_run: bool) -> No
 )
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @json_option
-@with_journal
+@with_journal(readonly_if="dry_run")
 def prune_command(journal: Journal, older_than: float, dry_run: bool, as_json: bool) -> None:
     """Delete finished operations (succeeded, failed, abandoned) and their attempts.
 

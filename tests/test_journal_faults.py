@@ -1,0 +1,578 @@
+"""Damaged, moved and placeholder journals: clear JournalErrors, never a raw traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+
+import idempotently
+from idempotently import (
+    Journal,
+    JournalCorruptError,
+    JournalError,
+    JournalMovedError,
+    JournalWriteError,
+)
+from idempotently._journal import AttemptRecord
+from idempotently.cli import cli
+from tests.test_journal import NOW, insert, mode, new_operation
+
+SRC = Path(__file__).parent.parent / "src"
+
+
+def run(*args: str) -> Result:
+    """The CLI in-process; an exception that is not a clean exit fails the test."""
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def assert_one_line_error(result: Result, path: Path, *words: str) -> None:
+    assert 1 == result.exit_code, result.output
+    assert 1 == len(result.stderr.strip().splitlines()), result.stderr
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.stderr
+
+
+def sql(path: Path, *statements: str) -> None:
+    """Raw writes with sqlite3, as another program (or a bad disk) would make them."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "ops.db"
+
+
+def fill(path: Path, count: int) -> None:
+    """``count`` operations op-000...; every third one pending, the others succeeded."""
+    with Journal(path, fsync_keys=False) as journal:
+        for number in range(count):
+            operation_id = f"op-{number:03}"
+            insert(journal, new_operation(operation_id, created_at=NOW + number, body=b"x" * 500))
+            journal._record_attempt(
+                operation_id,
+                AttemptRecord(
+                    started_at=NOW + number,
+                    elapsed=0.1,
+                    outcome="answered",
+                    status_code=201,
+                    status="pending" if number % 3 == 0 else "succeeded",
+                ),
+                now=NOW + number,
+            )
+
+
+# -- damaged pages --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def damaged_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 operations (about 75 pages), closed, then garbage from a third of the file on.
+
+    Every b-tree (both tables, every index) has pages in that range, and op-299 (the
+    newest row) lives on the last page of the operations table.
+    """
+    path = tmp_path_factory.mktemp("damaged") / "ops.db"
+    fill(path, 300)
+    data = bytearray(path.read_bytes())
+    assert 50 * 4096 < len(data)
+    start = len(data) // 3
+    data[start:] = b"\xa5" * (len(data) - start)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.fixture
+def damaged(damaged_template: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "ops.db"
+    shutil.copyfile(damaged_template, path)
+    return path
+
+
+def later_attempt(journal: Journal) -> None:
+    journal._record_attempt(
+        "op-299",
+        AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
+        now=NOW,
+    )
+
+
+READS: dict[str, Callable[[Journal], object]] = {
+    "operations": lambda journal: journal.operations(),
+    "operation": lambda journal: journal.operation("op-299"),
+    "_find": lambda journal: journal._find("op-299", None),
+    "counts": lambda journal: journal.counts(),
+    "stats": lambda journal: journal.stats(now=NOW),
+    "prune dry run": lambda journal: journal.prune(older_than=0, now=NOW + 1000, dry_run=True),
+}
+WRITES: dict[str, Callable[[Journal], object]] = {
+    "prune": lambda journal: journal.prune(older_than=0, now=NOW + 1000),
+    "_insert_operation": lambda journal: insert(journal, new_operation("new-1")),
+    "_record_attempt": later_attempt,
+}
+
+
+@pytest.mark.parametrize("call", [*READS.values(), *WRITES.values()], ids=[*READS, *WRITES])
+def test_damaged_pages_are_a_corrupt_error(
+    damaged: Path, call: Callable[[Journal], object]
+) -> None:
+    """Every read and write on damaged pages raises JournalCorruptError naming the file."""
+    with Journal(damaged) as journal, pytest.raises(JournalCorruptError) as caught:
+        call(journal)
+
+    message = str(caught.value)
+    assert f"{damaged} is damaged (database disk image is malformed)" in message
+    assert ".recover" in message
+    assert "restore a backup" in message
+
+
+@pytest.mark.parametrize("read", READS.values(), ids=list(READS))
+def test_a_damaged_read_leaves_no_transaction_behind(
+    damaged: Path, read: Callable[[Journal], object]
+) -> None:
+    """After a read fails on damage, the next write reports the damage, not a stuck transaction."""
+    with Journal(damaged) as journal:
+        with pytest.raises(JournalCorruptError) as first:
+            read(journal)
+        with pytest.raises(JournalError) as second:
+            insert(journal, new_operation("new-1"))
+
+        assert first.value is not None  # still referenced, as a caller's error handler would
+        assert "JournalCorruptError" == type(second.value).__name__
+
+
+# -- damaged rows ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Path:
+    """A journal with op-000 (pending), op-001 and op-002 (succeeded)."""
+    path = tmp_path / "ops.db"
+    fill(path, 3)
+    return path
+
+
+ROW_READS: dict[str, Callable[[Journal], object]] = {
+    "operations": lambda journal: journal.operations(),
+    "operation": lambda journal: journal.operation("op-001"),
+    "operation by key": lambda journal: journal.operation("key-op-001"),
+    "_find": lambda journal: journal._find("op-001", None),
+}
+
+
+@pytest.mark.parametrize("read", ROW_READS.values(), ids=list(ROW_READS))
+def test_a_row_with_broken_json_is_a_corrupt_error(
+    three: Path, read: Callable[[Journal], object]
+) -> None:
+    """Broken JSON in one row raises JournalCorruptError naming the file, the operation, a fix."""
+    sql(three, "UPDATE operations SET request_headers = '[[\"a\", ' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal, pytest.raises(JournalCorruptError) as caught:
+        read(journal)
+
+    message = str(caught.value)
+    assert ("op-001", "key-op-001") == (caught.value.operation_id, caught.value.key)
+    assert str(three) in message
+    assert "'op-001'" in message
+    assert "request_headers is not valid JSON" in message
+    assert "restore a backup" in message
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "problem"),
+    [
+        ("operations", "response_headers", "'{\"a\": 1}'", "response_headers is not a list"),
+        ("operations", "request_headers", "'[[\"a\", 1]]'", "request_headers is not a list"),
+        ("operations", "status", "'done'", "status is 'done', not one of"),
+        ("operations", "created_at", "'yesterday'", "created_at holds str"),
+        ("operations", "request_body", "'text'", "request_body holds str"),
+        ("operations", "attempt_count", "1.5", "attempt_count holds float"),
+        ("attempts", "outcome", "'lost'", "outcome is 'lost', not one of"),
+        ("attempts", "elapsed", "x'00'", "elapsed holds bytes"),
+    ],
+)
+def test_a_row_with_a_wrong_value_is_a_corrupt_error(
+    three: Path, table: str, column: str, value: str, problem: str
+) -> None:
+    """A value of the wrong type or outside its set raises JournalCorruptError saying which."""
+    sql(three, f"UPDATE {table} SET {column} = {value} WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal, pytest.raises(JournalCorruptError) as caught:
+        journal.operation("op-001")
+
+    assert "op-001" == caught.value.operation_id
+    assert problem in str(caught.value)
+
+
+def test_an_unknown_status_is_a_corrupt_error_in_counts_and_stats(three: Path) -> None:
+    """A status outside the set makes counts and stats raise JournalCorruptError too."""
+    sql(three, "UPDATE operations SET status = 'done' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal:
+        for call in (journal.counts, lambda: journal.stats(now=NOW)):
+            with pytest.raises(JournalCorruptError, match="status is 'done'"):
+                call()
+
+
+def test_the_other_rows_stay_readable(three: Path) -> None:
+    """A damaged row does not hide the others from a lookup by id."""
+    sql(three, "UPDATE operations SET request_headers = 'nope' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal:
+        operation = journal.operation("op-002")
+
+    assert operation is not None
+    assert "op-002" == operation.operation_id
+
+
+def counting_transport() -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201, json={"id": "ch_1"})
+
+    return httpx.MockTransport(handler), sent
+
+
+def test_session_post_on_a_damaged_row_raises_before_sending(three: Path) -> None:
+    """Session.post on an operation whose row is damaged: JournalCorruptError, nothing sent."""
+    sql(three, "UPDATE operations SET request_headers = '{' WHERE operation_id = 'op-001'")
+    transport, sent = counting_transport()
+
+    with (
+        idempotently.Session(three, transport=transport) as session,
+        pytest.raises(JournalCorruptError) as caught,
+    ):
+        session.post("https://api.example.test/v1/charges", json={}, operation_id="op-001")
+
+    assert [] == sent
+    assert "op-001" == caught.value.operation_id
+
+
+# -- a file deleted or replaced while open ---------------------------------------------
+
+
+def remove_journal_files(path: Path) -> None:
+    """What `rm ops.db*` (a cleanup job, a careless deploy) does under an open journal."""
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        name.unlink(missing_ok=True)
+
+
+def test_a_journal_deleted_while_open_journals_no_new_key(path: Path) -> None:
+    """A journal deleted under an open Journal refuses new keys; the ghost file gets none."""
+    with Journal(path) as journal:
+        insert(journal, new_operation("op-1"))
+        remove_journal_files(path)
+
+        with pytest.raises(JournalMovedError) as caught:
+            insert(journal, new_operation("op-2"))
+
+        assert journal.operation("op-2") is None  # read from the deleted file itself
+    assert str(path) in str(caught.value)
+    assert "deleted" in str(caught.value)
+    assert not path.exists()
+
+
+def test_a_journal_replaced_while_open_journals_no_new_key(path: Path, tmp_path: Path) -> None:
+    """A journal renamed over while open refuses new keys, in the old file and the new one."""
+    other = tmp_path / "other.db"
+    Journal(other).close()
+    with Journal(path) as journal:
+        insert(journal, new_operation("op-1"))
+        os.replace(other, path)
+
+        with pytest.raises(JournalMovedError) as caught:
+            insert(journal, new_operation("op-2"))
+
+        assert journal.operation("op-2") is None
+    with Journal(path) as new:
+        assert new.operation("op-2") is None
+    assert "replaced" in str(caught.value)
+
+
+def test_a_journal_left_in_place_still_takes_keys(path: Path) -> None:
+    """The check costs nothing when nothing moved: keys are journaled as before."""
+    with Journal(path) as journal:
+        journal._check_still_there()
+        assert insert(journal, new_operation("op-1"))
+
+
+def test_session_post_after_the_journal_was_deleted_sends_nothing(path: Path) -> None:
+    """Session.post on a deleted journal raises JournalMovedError before any byte is sent."""
+    transport, sent = counting_transport()
+    with idempotently.Session(path, transport=transport) as session:
+        session.post("https://api.example.test/v1/charges", json={}, operation_id="first")
+        remove_journal_files(path)
+
+        with pytest.raises(JournalMovedError):
+            session.post("https://api.example.test/v1/charges", json={}, operation_id="second")
+
+    assert 1 == len(sent)  # the first call's request, and nothing for the second
+
+
+# -- read-only opening and placeholder files ----------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{"readonly": True}, {"create": False}])
+def test_an_empty_placeholder_is_never_initialised(path: Path, options: dict[str, Any]) -> None:
+    """Journal(readonly=True) or create=False on a 0-byte file: 'not a journal', file untouched."""
+    path.touch()
+
+    with pytest.raises(JournalCorruptError) as caught:
+        Journal(path, **options)
+
+    assert 0 == path.stat().st_size
+    assert ["ops.db"] == sorted(child.name for child in path.parent.iterdir())
+    assert str(path) in str(caught.value)
+    assert "not an idempotently journal" in str(caught.value)
+
+
+def test_a_read_only_journal_reads_and_never_writes(path: Path) -> None:
+    """readonly=True reads everything and refuses every write, leaving the file as it was."""
+    fill(path, 3)
+    before = path.read_bytes()
+
+    with Journal(path, readonly=True) as journal:
+        assert ["op-002", "op-001", "op-000"] == [op.operation_id for op in journal.operations()]
+        with pytest.raises(JournalWriteError, match="opened read-only"):
+            insert(journal, new_operation("op-9"))
+        with pytest.raises(JournalWriteError, match="opened read-only"):
+            journal.prune(older_than=0, now=NOW + 1000)
+
+    assert before == path.read_bytes()
+
+
+def test_a_read_only_journal_is_read_only_down_to_sqlite(path: Path) -> None:
+    """readonly=True opens the file with SQLite's mode=ro: not even a raw statement writes."""
+    fill(path, 1)
+
+    with Journal(path, readonly=True) as journal, pytest.raises(sqlite3.OperationalError) as caught:
+        journal._conn.execute("DELETE FROM operations")
+
+    assert "readonly" in str(caught.value)
+
+
+def journal_mode(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+def test_read_only_opening_never_switches_the_journal_mode(path: Path) -> None:
+    """A rollback-mode journal opened read-only stays in rollback mode."""
+    fill(path, 1)
+    sql(path, "PRAGMA journal_mode = DELETE")
+
+    Journal(path, readonly=True).close()
+
+    assert "delete" == journal_mode(path)
+
+
+def test_a_rollback_mode_journal_is_switched_to_wal_when_opened_to_write(path: Path) -> None:
+    """A journal left in rollback mode (by an older version) is in WAL mode once reopened."""
+    fill(path, 1)
+    sql(path, "PRAGMA journal_mode = DELETE")
+
+    Journal(path).close()
+
+    assert "wal" == journal_mode(path)
+
+
+READ_ONLY_COMMANDS = [
+    ("list",),
+    ("show", "op-1"),
+    ("stats",),
+    ("resume", "--dry-run"),
+    ("prune", "--older-than", "1d", "--dry-run"),
+]
+
+
+@pytest.mark.parametrize(
+    "args", [*READ_ONLY_COMMANDS, ("resume",), ("prune", "--older-than", "1d")], ids=" ".join
+)
+def test_commands_leave_a_placeholder_file_untouched(path: Path, args: tuple[str, ...]) -> None:
+    """Every command on a 0-byte file: one-line 'not a journal' error, exit 1, file untouched."""
+    path.touch()
+
+    result = run("--journal", str(path), *args)
+
+    assert_one_line_error(result, path, "not an idempotently journal")
+    assert 0 == path.stat().st_size
+    assert ["ops.db"] == sorted(child.name for child in path.parent.iterdir())
+
+
+@pytest.mark.parametrize("args", READ_ONLY_COMMANDS, ids=" ".join)
+def test_read_only_commands_never_write(path: Path, args: tuple[str, ...]) -> None:
+    """list, show, stats and the dry runs leave a rollback-mode journal byte for byte."""
+    fill(path, 3)
+    sql(path, "PRAGMA journal_mode = DELETE")
+    before = path.read_bytes()
+
+    result = run("--journal", str(path), *args)
+
+    assert result.exit_code in (0, 1), result.output  # show op-1: no such operation
+    assert "Traceback" not in result.output
+    assert before == path.read_bytes()
+    assert "delete" == journal_mode(path)
+
+
+# -- symlinks --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    previous = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def test_a_journal_created_through_a_dangling_symlink_is_private(tmp_path: Path) -> None:
+    """Creating a journal through a dangling symlink makes its target (and -wal, -shm) 0600."""
+    target = tmp_path / "data" / "ops.db"
+    target.parent.mkdir()
+    link = tmp_path / "ops.db"
+    link.symlink_to(target)
+
+    with umask(0o022), Journal(link) as journal:
+        insert(journal, new_operation())
+        wal, shm = Path(f"{target}-wal"), Path(f"{target}-shm")
+
+        assert (0o600, 0o600, 0o600) == (mode(target), mode(wal), mode(shm))
+    assert link.is_symlink()
+
+
+def test_a_journal_created_through_a_symlinked_directory_is_private(tmp_path: Path) -> None:
+    """Creating a journal under a symlink to a directory makes the file 0600."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "data")
+
+    with umask(0o022), Journal(tmp_path / "linked" / "ops.db") as journal:
+        insert(journal, new_operation())
+
+    assert 0o600 == mode(tmp_path / "data" / "ops.db")
+
+
+def test_a_journal_opened_through_a_symlink_writes_its_target(tmp_path: Path) -> None:
+    """A symlink to an existing journal: keys land in the target, which stays 0600."""
+    target = tmp_path / "ops.db"
+    Journal(target).close()
+    link = tmp_path / "link.db"
+    link.symlink_to(target)
+
+    with umask(0o022), Journal(link) as journal:
+        insert(journal, new_operation())
+        assert 0o600 == mode(Path(f"{target}-wal"))
+
+    with Journal(target) as journal:
+        assert 1 == journal.counts()["pending"]
+    assert 0o600 == mode(target)
+
+
+# -- WAL mode ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def read_lock(path: Path) -> Iterator[None]:
+    """Another connection in a read transaction: reads go on, the switch to WAL cannot."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT * FROM sqlite_master").fetchall()
+        yield
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def test_wal_mode_that_cannot_be_set_is_an_error_within_the_busy_timeout(path: Path) -> None:
+    """When WAL mode cannot be set, JournalWriteError after about busy_timeout; no journal made."""
+    path.touch()
+    with read_lock(path):
+        started = time.monotonic()
+        with pytest.raises(JournalWriteError) as caught:
+            Journal(path, busy_timeout=0.2)
+        elapsed = time.monotonic() - started
+
+    assert elapsed < 2.0  # it was up to 100 x busy_timeout
+    assert "WAL mode" in str(caught.value)
+    assert str(path) in str(caught.value)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert [] == conn.execute("SELECT name FROM sqlite_master").fetchall()
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list",),
+        ("show", "op-299"),
+        ("stats",),
+        ("resume",),
+        ("resume", "--dry-run"),
+        ("prune", "--older-than", "0s"),
+        ("prune", "--older-than", "0s", "--dry-run"),
+    ],
+    ids=" ".join,
+)
+def test_commands_on_damaged_pages_fail_in_one_line(damaged: Path, args: tuple[str, ...]) -> None:
+    """Every command on damaged pages: exit 1, one line naming the file and what to do."""
+    result = run("--journal", str(damaged), *args)
+
+    assert_one_line_error(result, damaged, "damaged", "restore a backup")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("list",), ("show", "op-000"), ("resume",), ("resume", "--dry-run")],
+    ids=" ".join,
+)
+def test_commands_on_a_damaged_row_fail_in_one_line(three: Path, args: tuple[str, ...]) -> None:
+    """Every command reading a row with broken JSON: exit 1, one line naming file and operation."""
+    sql(three, "UPDATE operations SET response_headers = '[' WHERE operation_id = 'op-000'")
+
+    result = run("--journal", str(three), *args)
+
+    assert_one_line_error(result, three, "'op-000'", "restore a backup")
+
+
+def test_a_damaged_journal_from_a_real_process_is_one_line(three: Path) -> None:
+    """`python -m idempotently list` on a damaged row: exit 1, one stderr line, no traceback."""
+    sql(three, "UPDATE operations SET request_headers = '[' WHERE operation_id = 'op-001'")
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "idempotently", "--journal", str(three), "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+    assert 1 == result.returncode
+    assert "" == result.stdout
+    assert 1 == len(result.stderr.strip().splitlines()), result.stderr
+    assert result.stderr.startswith("Error: ")
+    assert "'op-001'" in result.stderr
