@@ -445,11 +445,11 @@ class Engine:
                 **ids,
             ) from None
         error: IdempotentlyError
-        if action == "retry_later":
-            assert decision.not_before is not None
+        not_before = decision.not_before
+        if action == "retry_later" and not_before is not None:
             error = RetryLaterError(
-                f"{decision.reason}; not before {_iso(decision.not_before)}: {RESUME_HINT}",
-                not_before=decision.not_before,
+                f"{decision.reason}; not before {_iso(not_before)}: {RESUME_HINT}",
+                not_before=not_before,
                 **ids,
             )
         elif action == "reconcile":
@@ -823,8 +823,7 @@ class Engine:
 
 def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> IdempotentlyError:
     ids = _ids(operation)
-    if kind == "waiting":
-        assert operation.not_before is not None
+    if kind == "waiting" and operation.not_before is not None:
         return RetryLaterError(f"{reason}; {RESUME_HINT}", not_before=operation.not_before, **ids)
     if kind == "abandon":
         return OperationAbandonedError(f"{reason}; {ABANDON_HINT}", **ids)

@@ -229,12 +229,14 @@ def _check_number(
     """A read argument is a finite number in range (None allowed), or a clear error."""
     if value is None:
         return
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+    ):
         raise TypeError(
             f"{name} must be {'an int' if integer else 'a number'}, not {type(value).__name__}"
         )
-    assert isinstance(value, (int, float))
     if (
         not math.isfinite(value)
         or (low is not None and value < low)

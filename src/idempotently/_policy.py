@@ -304,9 +304,8 @@ def decide(
     def decision(action: Action, reason: str, **extra: float | None) -> Decision:
         return Decision(action, reason, state, **extra)  # type: ignore[arg-type]
 
-    def final(what: str) -> Decision:
+    def final(signal: Answer, what: str) -> Decision:
         """A final answer: failed only when it proves nothing happened."""
-        assert isinstance(signal, Answer)
         if signal.replayed:
             return decision("fail", f"{what} (the server's stored answer for this key)")
         if state.resuming and signal.status_code in CREDENTIAL_STATUS_CODES:
@@ -392,9 +391,11 @@ def decide(
                 f"{state.in_progress_answers} answers",
             )
     elif status in NEVER_RETRY_STATUS_CODES or hint is False:
-        return final(f"{status}" + (" and the server says not to retry" if hint is False else ""))
+        return final(
+            signal, f"{status}" + (" and the server says not to retry" if hint is False else "")
+        )
     elif not (status in RETRY_STATUS_CODES or hint is True):
-        return final(f"{status}")
+        return final(signal, f"{status}")
 
     if state.delivery == "at_most_once" and status not in NOT_ACTED_STATUS_CODES:
         return decision(

@@ -584,10 +584,12 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         check_resume_arguments(base_url=base_url, reconciler=reconciler, on_result=on_result)
         held = Held()
         client = self.client
+        reconcile = None
+        if reconciler is not None:
+            user_reconciler = reconciler
 
-        async def reconcile(operation: Operation) -> Settlement | None:
-            assert reconciler is not None
-            return await reconciler(operation, client)
+            async def reconcile(operation: Operation) -> Settlement | None:
+                return await user_reconciler(operation, client)
 
         return await arun(
             self._engine.resume(
@@ -597,7 +599,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             self.journal,
             send=self.client.send,
             sleep=self._sleep,
-            reconcile=None if reconciler is None else reconcile,
+            reconcile=reconcile,
             report=on_result,
         )
 
