@@ -9,7 +9,8 @@ is half-written) and then releases its lease.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import Any, TypeVar
 
@@ -130,3 +131,117 @@ def _with_ids(command: Any, run: Callable[[Store], T], store: Store) -> T:
         error.operation_id = error.operation_id or operation_id
         error.key = error.key or getattr(operation, "key", None)
         raise
+
+
+FlowFactory = Callable[[Held], Flow[T]]
+"""Makes one flow, given the lease holder its driver will clean up after."""
+
+
+def run_each(
+    factories: Sequence[FlowFactory[T]],
+    store: Store,
+    *,
+    concurrency: int,
+    send: Callable[[httpx.Request], httpx.Response],
+    sleep: Callable[[float], object],
+    reconcile: Callable[[Any], Any] | None = None,
+    report: Callable[[Any], object] | None = None,
+) -> list[T]:
+    """Run one flow per factory, ``concurrency`` at a time in threads; results in order.
+
+    The first error stops the workers from starting new flows and is raised once
+    the running ones have ended (each releasing its own lease).
+    """
+    results: list[T] = []
+    if concurrency <= 1 or len(factories) <= 1:
+        for factory in factories:
+            held = Held()
+            results.append(
+                run(
+                    factory(held),
+                    held,
+                    store,
+                    send=send,
+                    sleep=sleep,
+                    reconcile=reconcile,
+                    report=report,
+                )
+            )
+        return results
+    found: dict[int, T] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    indexes = iter(range(len(factories)))
+
+    def locked_report(result: Any) -> object:
+        with lock:  # on_result (a progress bar, say) need not be thread-safe
+            return report(result) if report is not None else None
+
+    def worker() -> None:
+        while not errors:
+            with lock:
+                index = next(indexes, None)
+            if index is None:
+                return
+            held = Held()
+            try:
+                found[index] = run(
+                    factories[index](held),
+                    held,
+                    store,
+                    send=send,
+                    sleep=sleep,
+                    reconcile=reconcile,
+                    report=locked_report,
+                )
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    workers = [
+        threading.Thread(target=worker, name=f"idempotently-resume-{n}", daemon=True)
+        for n in range(min(concurrency, len(factories)))
+    ]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [found[index] for index in range(len(factories))]
+
+
+async def arun_each(
+    factories: Sequence[FlowFactory[T]],
+    store: Store,
+    *,
+    concurrency: int,
+    send: Callable[[httpx.Request], Awaitable[httpx.Response]],
+    sleep: Callable[[float], Awaitable[object]],
+    reconcile: Callable[[Any], Awaitable[Any]] | None = None,
+    report: Callable[[Any], object] | None = None,
+) -> list[T]:
+    """Run one flow per factory, ``concurrency`` tasks at a time; results in order.
+
+    The first error cancels the other tasks (each releases its own lease).
+    """
+    found: dict[int, T] = {}
+    indexes = iter(range(len(factories)))
+
+    async def worker() -> None:
+        for index in indexes:  # shared: each index is taken by exactly one worker
+            held = Held()
+            found[index] = await arun(
+                factories[index](held),
+                held,
+                store,
+                send=send,
+                sleep=sleep,
+                reconcile=reconcile,
+                report=report,
+            )
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(max(1, min(concurrency, len(factories)))):
+            tasks.start_soon(worker)
+    return [found[index] for index in range(len(factories))]

@@ -646,25 +646,50 @@ class Engine:
         reconciling: bool,
     ) -> Flow[list[ResumeResult]]:
         """Every pending operation (and needs_reconcile ones for a reconciler), oldest
-        first: each reported as soon as it is known, all returned at the end."""
+        first, one after the other: each reported as soon as it is known, all returned
+        at the end. (With concurrency, a driver runs :meth:`resume_queue` and then
+        :meth:`resume_operation` for each operation in its own flow.)"""
+        results: list[ResumeResult] = []
+        for listed in (yield from self.resume_queue(reconciling=reconciling)):
+            result = yield from self.resume_operation(
+                listed, build, held, dry_run=dry_run, base_url=base_url, reconciling=reconciling
+            )
+            results.append(result)
+        return results
+
+    def resume_queue(self, *, reconciling: bool) -> Flow[list[Operation]]:
+        """What resume works through: pending operations (and needs_reconcile ones for a
+        reconciler), oldest first."""
         statuses: tuple[Status, ...] = ("pending",)
         if reconciling:
             statuses += ("needs_reconcile",)
-        results: list[ResumeResult] = []
-        for listed in (yield Queue(statuses)):
-            operation = (yield Find(listed.operation_id, None)) or listed
-            if dry_run:
-                result = self.plan(operation)
-            else:
-                result = yield from self._resume_one(operation, build, held, base_url)
-                if reconciling and result.status == "needs_reconcile":
-                    current = (yield Find(operation.operation_id, None)) or operation
-                    settlement = yield Reconcile(current)
-                    if settlement is not None:
-                        result = yield from self._settle(current, settlement)
-            yield Report(result)
-            results.append(result)
-        return results
+        queue: list[Operation] = yield Queue(statuses)
+        return queue
+
+    def resume_operation(
+        self,
+        listed: Operation,
+        build: BuildRequest,
+        held: Held,
+        *,
+        dry_run: bool,
+        base_url: str | None,
+        reconciling: bool,
+    ) -> Flow[ResumeResult]:
+        """Resume one operation of the queue (read again first): send, wait, settle or
+        plan it, report the result and return it."""
+        operation = (yield Find(listed.operation_id, None)) or listed
+        if dry_run:
+            result = self.plan(operation)
+        else:
+            result = yield from self._resume_one(operation, build, held, base_url)
+            if reconciling and result.status == "needs_reconcile":
+                current = (yield Find(operation.operation_id, None)) or operation
+                settlement = yield Reconcile(current)
+                if settlement is not None:
+                    result = yield from self._settle(current, settlement)
+        yield Report(result)
+        return result
 
     def plan(self, operation: Operation) -> ResumeResult:
         """What resume would do with this operation, without doing it (dry run)."""

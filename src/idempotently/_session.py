@@ -7,6 +7,7 @@ flow's.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # httpx's private modules, for annotations only
         TimeoutTypes,
     )
 
-from idempotently._drivers import arun, run
+from idempotently._drivers import arun, arun_each, run, run_each
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -387,6 +388,7 @@ class Session(_SessionBase[httpx.Client]):
         dry_run: bool = False,
         base_url: str | None = None,
         on_result: OnResult | None = None,
+        concurrency: int = 1,
     ) -> list[ResumeResult]:
         """Re-drive every pending operation with its stored key and bytes.
 
@@ -397,16 +399,37 @@ class Session(_SessionBase[httpx.Client]):
         (key past its lifetime, replayed 5xx, own deadline passed). With a
         ``reconciler``, needs_reconcile operations are handed to it to settle.
         Credentials come from this session's client, never from the journal.
+        ``concurrency`` operations are resumed at once (in threads), each under
+        its own lease; results keep the queue's order.
         """
-        check_resume_arguments(base_url=base_url, reconciler=reconciler, on_result=on_result)
+        check_resume_arguments(
+            base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
+        )
+        engine = self._engine
+        reconciling = reconciler is not None
         held = Held()
-        client = self.client
-        return run(
-            self._engine.resume(
-                self._build, held, dry_run=dry_run, base_url=base_url, reconciling=bool(reconciler)
-            ),
+        queue = run(
+            engine.resume_queue(reconciling=reconciling),
             held,
             self.journal,
+            send=self.client.send,
+            sleep=self._sleep,
+        )
+        client = self.client
+        return run_each(
+            [
+                functools.partial(
+                    engine.resume_operation,
+                    listed,
+                    self._build,
+                    dry_run=dry_run,
+                    base_url=base_url,
+                    reconciling=reconciling,
+                )
+                for listed in queue
+            ],
+            self.journal,
+            concurrency=concurrency,
             send=self.client.send,
             sleep=self._sleep,
             reconcile=None
@@ -428,7 +451,16 @@ class Session(_SessionBase[httpx.Client]):
         self.close()
 
 
-def check_resume_arguments(*, base_url: object, reconciler: object, on_result: object) -> None:
+MAX_RESUME_CONCURRENCY = 256
+
+
+def check_resume_arguments(
+    *, base_url: object, reconciler: object, on_result: object, concurrency: object
+) -> None:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+        raise TypeError(f"concurrency must be an int, not {type(concurrency).__name__}")
+    if not 1 <= concurrency <= MAX_RESUME_CONCURRENCY:
+        raise ValueError(f"concurrency must be 1 to {MAX_RESUME_CONCURRENCY}, not {concurrency}")
     if base_url is not None:
         if not isinstance(base_url, (str, httpx.URL)):
             raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")
@@ -579,10 +611,23 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         dry_run: bool = False,
         base_url: str | None = None,
         on_result: OnResult | None = None,
+        concurrency: int = 1,
     ) -> list[ResumeResult]:
-        """Re-drive every pending operation; see :meth:`Session.resume`."""
-        check_resume_arguments(base_url=base_url, reconciler=reconciler, on_result=on_result)
+        """Re-drive every pending operation; see :meth:`Session.resume` (``concurrency``
+        operations at once, as tasks)."""
+        check_resume_arguments(
+            base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
+        )
+        engine = self._engine
+        reconciling = reconciler is not None
         held = Held()
+        queue = await arun(
+            engine.resume_queue(reconciling=reconciling),
+            held,
+            self.journal,
+            send=self.client.send,
+            sleep=self._sleep,
+        )
         client = self.client
         reconcile = None
         if reconciler is not None:
@@ -591,12 +636,20 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             async def reconcile(operation: Operation) -> Settlement | None:
                 return await user_reconciler(operation, client)
 
-        return await arun(
-            self._engine.resume(
-                self._build, held, dry_run=dry_run, base_url=base_url, reconciling=bool(reconciler)
-            ),
-            held,
+        return await arun_each(
+            [
+                functools.partial(
+                    engine.resume_operation,
+                    listed,
+                    self._build,
+                    dry_run=dry_run,
+                    base_url=base_url,
+                    reconciling=reconciling,
+                )
+                for listed in queue
+            ],
             self.journal,
+            concurrency=concurrency,
             send=self.client.send,
             sleep=self._sleep,
             reconcile=reconcile,

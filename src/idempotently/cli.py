@@ -36,8 +36,9 @@ from idempotently._cli_format import (
 from idempotently._exceptions import JournalError
 from idempotently._flow import DEFAULT_LEASE_DURATION, ResumeResult
 from idempotently._journal import MAX_LIMIT, Journal
+from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
-from idempotently._session import Session
+from idempotently._session import MAX_RESUME_CONCURRENCY, Session
 from idempotently._vocabulary import RESUME_DONE, STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
@@ -365,6 +366,27 @@ def stderr_is_terminal() -> bool:
     help="How the server spells replays and keys in progress: generic, stripe, ietf, or "
     "module:NAME for a ServerProfile of your own.",
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_RESUME_CONCURRENCY),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Resume N operations at once, each under its own lease.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 1000),
+    metavar="N",
+    help=f"Attempts per operation in this run (default {DEFAULT_MAX_ATTEMPTS}).",
+)
+@click.option(
+    "--deadline",
+    type=DURATION,
+    metavar="DURATION",
+    help="Time per operation in this run, waits and each attempt included, e.g. 10s "
+    f"(default {DEFAULT_DEADLINE:g}s).",
+)
 @json_option
 @with_journal(readonly_if="dry_run")
 def resume_command(
@@ -373,6 +395,9 @@ def resume_command(
     base_url: str | None,
     headers: dict[str, str],
     profile: ServerProfile,
+    concurrency: int,
+    max_attempts: int | None,
+    deadline: float | None,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and request bytes.
@@ -383,7 +408,16 @@ def resume_command(
     exit 0).
     """
     results: list[ResumeResult] = []
-    session = Session(journal, headers=headers, profile=profile)
+    if deadline is not None and deadline <= 0:
+        raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
+    policy = RetryPolicy(
+        max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+        deadline=deadline or DEFAULT_DEADLINE,
+    )
+    # An attempt in flight is never cut short by the policy: the client's timeout
+    # bounds it, so a dead host costs the deadline, not the default five seconds per try.
+    timeout = httpx.Timeout(min(deadline, 5.0)) if deadline is not None else httpx.Timeout(5.0)
+    session = Session(journal, headers=headers, profile=profile, policy=policy, timeout=timeout)
     with session:
         if stderr_is_terminal() and not as_json:
             total = journal.counts()["pending"]
@@ -391,10 +425,13 @@ def resume_command(
                 length=total, label="resuming", file=sys.stderr, show_pos=True
             ) as bar:
                 results = session.resume(
-                    dry_run=dry_run, base_url=base_url, on_result=lambda _: bar.update(1)
+                    dry_run=dry_run,
+                    base_url=base_url,
+                    on_result=lambda _: bar.update(1),
+                    concurrency=concurrency,
                 )
         else:
-            results = session.resume(dry_run=dry_run, base_url=base_url)
+            results = session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
     if as_json:
         echo_json([result.to_json() for result in results])
     else:

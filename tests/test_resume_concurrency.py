@@ -1,0 +1,214 @@
+"""Resume at scale: several operations at once, each under its own lease, none sent twice."""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from click.testing import CliRunner
+
+import idempotently
+from idempotently.cli import cli
+
+BASE = "https://api.example.test"
+OPERATIONS = 24
+CONCURRENCY = 6
+
+
+def journal_with_pending(path: Path, count: int = OPERATIONS) -> list[str]:
+    """A journal with ``count`` pending operations (each attempt was refused); their ids."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("down", request=request)
+
+    with idempotently.Session(
+        path,
+        transport=httpx.MockTransport(refuse),
+        base_url=BASE,
+        policy=idempotently.RetryPolicy(max_attempts=1),
+    ) as session:
+        for n in range(count):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post("/v1/charges", json={"n": n}, operation_id=f"op-{n:03}")
+    return [f"op-{n:03}" for n in range(count)]
+
+
+class Concurrent:
+    """A server stand-in that answers only once ``parties`` requests are in flight together."""
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties, timeout=10)
+        self.keys: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.keys[request.headers["idempotency-key"]] += 1
+        self.barrier.wait()  # raises BrokenBarrierError unless `parties` sends overlap
+        return httpx.Response(201, json={"ok": True})
+
+
+def test_resume_with_concurrency_sends_each_operation_once_and_in_parallel(
+    tmp_path: Path,
+) -> None:
+    """concurrency=6: six sends overlap, every pending operation is sent exactly once,
+    and the results keep the queue's order."""
+    path = tmp_path / "journal.db"
+    ids = journal_with_pending(path)
+    server = Concurrent(CONCURRENCY)
+    seen: list[str] = []
+    with idempotently.Session(path, transport=httpx.MockTransport(server)) as session:
+        results = session.resume(
+            concurrency=CONCURRENCY, on_result=lambda result: seen.append(result.operation_id)
+        )
+        counts = session.journal.counts()
+    assert ids == [result.operation_id for result in results]
+    assert {"succeeded"} == {result.action for result in results}
+    assert sorted(ids) == sorted(seen)
+    assert OPERATIONS == len(server.keys)
+    assert {1} == set(server.keys.values())
+    assert OPERATIONS == counts["succeeded"]
+
+
+@pytest.mark.anyio
+async def test_async_resume_with_concurrency_sends_each_operation_once_and_in_parallel(
+    tmp_path: Path,
+) -> None:
+    """AsyncSession.resume(concurrency=6) runs six operations as overlapping tasks."""
+    path = tmp_path / "journal.db"
+    ids = journal_with_pending(path)
+    keys: collections.Counter[str] = collections.Counter()
+    in_flight = 0
+    most = 0
+    wave = anyio.Event()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most, wave
+        keys[request.headers["idempotency-key"]] += 1
+        in_flight += 1
+        most = max(most, in_flight)
+        if in_flight == CONCURRENCY:
+            wave.set()
+        with anyio.fail_after(10):
+            await wave.wait()
+        in_flight -= 1
+        if in_flight == 0:
+            wave = anyio.Event()
+        return httpx.Response(201)
+
+    async with idempotently.AsyncSession(path, transport=httpx.MockTransport(answer)) as session:
+        results = await session.resume(concurrency=CONCURRENCY)
+    assert ids == [result.operation_id for result in results]
+    assert {"succeeded"} == {result.action for result in results}
+    assert (OPERATIONS, {1}) == (len(keys), set(keys.values()))
+    assert CONCURRENCY == most
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(0, ValueError), (257, ValueError), (True, TypeError), ("4", TypeError)]
+)
+def test_resume_concurrency_is_checked_before_anything_is_sent(
+    tmp_path: Path, value: object, error: type[Exception]
+) -> None:
+    """A concurrency that is not an int from 1 to 256 is refused, naming the argument."""
+    path = tmp_path / "journal.db"
+    journal_with_pending(path, count=1)
+    sent: list[httpx.Request] = []
+    with idempotently.Session(
+        path, transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(201))
+    ) as session:
+        with pytest.raises(error, match="concurrency"):
+            session.resume(concurrency=value)  # type: ignore[arg-type]
+        assert 1 == session.journal.counts()["pending"]
+    assert [] == sent
+
+
+def test_a_journal_error_in_one_worker_stops_the_resume(tmp_path: Path) -> None:
+    """A journal that fails mid-resume ends the whole resume with that error, leases released."""
+    path = tmp_path / "journal.db"
+    journal_with_pending(path, count=8)
+    journal = idempotently.Journal(path)
+    record = journal._record_attempt
+    calls = 0
+
+    def failing_record(*args: object, **kwargs: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise idempotently.JournalWriteError("disk full (test)")
+        record(*args, **kwargs)  # type: ignore[arg-type]
+
+    journal._record_attempt = failing_record  # type: ignore[method-assign]
+    with idempotently.Session(
+        journal, transport=httpx.MockTransport(lambda r: httpx.Response(201))
+    ) as s, pytest.raises(idempotently.JournalWriteError):
+        s.resume(concurrency=4)
+    journal._record_attempt = record  # type: ignore[method-assign]
+    leased = [op for op in journal.operations() if op.lease_owner is not None]
+    journal.close()
+    assert [] == leased
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_cli_resume_against_a_dead_host_is_bounded_by_its_options(tmp_path: Path) -> None:
+    """--concurrency 4 --max-attempts 2 --deadline 2s against a closed port: each operation
+    tries twice, stays pending, and resume exits 1."""
+    path = tmp_path / "journal.db"
+    journal_with_pending(path, count=8)
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--journal",
+            os.fspath(path),
+            "resume",
+            "--base-url",
+            dead,
+            "--concurrency",
+            "4",
+            "--max-attempts",
+            "2",
+            "--deadline",
+            "2s",
+            "--json",
+        ],
+    )
+    assert 1 == result.exit_code, result.output
+    with idempotently.Journal(path) as journal:
+        operations = journal.operations()
+        attempts = [journal.operation(op.operation_id).attempt_count for op in operations]  # type: ignore[union-attr]
+    assert {"pending"} == {op.status for op in operations}
+    assert [3] * 8 == attempts  # the first call's one, and this run's two
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--concurrency", "0"),
+        ("--concurrency", "300"),
+        ("--max-attempts", "0"),
+        ("--deadline", "0s"),
+    ],
+)
+def test_cli_resume_options_out_of_range_are_usage_errors(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Out-of-range resume options exit 2 and send nothing."""
+    path = tmp_path / "journal.db"
+    journal_with_pending(path, count=1)
+    result = CliRunner().invoke(cli, ["--journal", os.fspath(path), "resume", *args])
+    assert 2 == result.exit_code, result.output
+    with idempotently.Journal(path) as journal:
+        operation = journal.operation("op-000")
+    assert operation is not None and 1 == operation.attempt_count
