@@ -145,9 +145,12 @@ def test_a_journal_error_in_one_worker_stops_the_resume(tmp_path: Path) -> None:
         record(*args, **kwargs)  # type: ignore[arg-type]
 
     journal._record_attempt = failing_record  # type: ignore[method-assign]
-    with idempotently.Session(
-        journal, transport=httpx.MockTransport(lambda r: httpx.Response(201))
-    ) as s, pytest.raises(idempotently.JournalWriteError):
+    with (
+        idempotently.Session(
+            journal, transport=httpx.MockTransport(lambda r: httpx.Response(201))
+        ) as s,
+        pytest.raises(idempotently.JournalWriteError),
+    ):
         s.resume(concurrency=4)
     journal._record_attempt = record  # type: ignore[method-assign]
     leased = [op for op in journal.operations() if op.lease_owner is not None]
