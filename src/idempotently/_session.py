@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # httpx's private modules, for annotations only
         TimeoutTypes,
     )
 
-from idempotently._drivers import arun, arun_each, run, run_each
+from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -197,6 +197,22 @@ class _SessionBase(Generic[ClientT]):
             # The journal never holds URL credentials: re-apply the live client's.
             url = url.copy_with(username=base.username, password=base.password)
         return self.client.build_request(method, url, headers=headers, content=body)
+
+    def _resume_flows(
+        self, queue: list[Operation], *, dry_run: bool, base_url: str | None, reconciling: bool
+    ) -> list[FlowFactory[ResumeResult]]:
+        """One flow per queued operation, for a driver to run (several at once)."""
+        return [
+            functools.partial(
+                self._engine.resume_operation,
+                listed,
+                self._build,
+                dry_run=dry_run,
+                base_url=base_url,
+                reconciling=reconciling,
+            )
+            for listed in queue
+        ]
 
     def _call(
         self,
@@ -405,11 +421,10 @@ class Session(_SessionBase[httpx.Client]):
         check_resume_arguments(
             base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
-        engine = self._engine
         reconciling = reconciler is not None
         held = Held()
         queue = run(
-            engine.resume_queue(reconciling=reconciling),
+            self._engine.resume_queue(reconciling=reconciling),
             held,
             self.journal,
             send=self.client.send,
@@ -417,17 +432,7 @@ class Session(_SessionBase[httpx.Client]):
         )
         client = self.client
         return run_each(
-            [
-                functools.partial(
-                    engine.resume_operation,
-                    listed,
-                    self._build,
-                    dry_run=dry_run,
-                    base_url=base_url,
-                    reconciling=reconciling,
-                )
-                for listed in queue
-            ],
+            self._resume_flows(queue, dry_run=dry_run, base_url=base_url, reconciling=reconciling),
             self.journal,
             concurrency=concurrency,
             send=self.client.send,
@@ -618,11 +623,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         check_resume_arguments(
             base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
-        engine = self._engine
         reconciling = reconciler is not None
         held = Held()
         queue = await arun(
-            engine.resume_queue(reconciling=reconciling),
+            self._engine.resume_queue(reconciling=reconciling),
             held,
             self.journal,
             send=self.client.send,
@@ -637,17 +641,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
                 return await user_reconciler(operation, client)
 
         return await arun_each(
-            [
-                functools.partial(
-                    engine.resume_operation,
-                    listed,
-                    self._build,
-                    dry_run=dry_run,
-                    base_url=base_url,
-                    reconciling=reconciling,
-                )
-                for listed in queue
-            ],
+            self._resume_flows(queue, dry_run=dry_run, base_url=base_url, reconciling=reconciling),
             self.journal,
             concurrency=concurrency,
             send=self.client.send,
