@@ -1,9 +1,10 @@
 """Every invalid charge is refused before the key is claimed, and saves nothing.
 
 The promise of docs/mock-server.md ("Refusals that save nothing"): a request
-the server cannot accept is answered with a 400 problem document, no key row,
-no charge, no outbox event; the corrected request under the same key is then
-a new request (201, one charge). Driven in-process.
+the server cannot accept is answered with a problem document (400, or 413 /
+415 where the status says it better), no key row, no charge, no outbox
+event; the corrected request under the same key is then a new request (201,
+one charge). Driven in-process.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotently.testing import REPLAY_HEADER, MockApp, VirtualClock, create_app
+from idempotently.testing import REPLAY_HEADER, MockApp, MockServer, VirtualClock, create_app
 from idempotently.testing._charge_request import (
     MAX_AMOUNT,
+    MAX_BODY_BYTES,
     MAX_CUSTOMER_LENGTH,
     MAX_METADATA_KEY_LENGTH,
     MAX_METADATA_KEYS,
@@ -403,3 +405,105 @@ def test_limits_are_inclusive() -> None:
         (biggest["amount"], biggest["currency"], biggest["customer"], biggest["metadata"]),
         (1, "usd", "c", {"k": ""}),
     ] == [(c.amount, c.currency, c.customer, c.metadata) for c in app.ledger.charges()]
+
+
+async def chunks(body: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    """`body` streamed without a Content-Length (chunked)."""
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+def padded(size: int) -> bytes:
+    """A valid charge padded with trailing whitespace to exactly `size` bytes."""
+    body = encoded(charge())
+    return body + b" " * (size - len(body))
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["content-length", "chunked"])
+def test_body_over_1_mib_is_a_413_that_saves_nothing(streamed: bool) -> None:
+    """One byte over 1 MiB is a 413 problem, declared or streamed; the key then works."""
+    body = padded(MAX_BODY_BYTES + 1)
+    refusal, after_refusal, retry, app = refuse_then_fix(send(chunks(body) if streamed else body))
+
+    status, media_type, title, detail = problem(refusal)
+    assert (413, PROBLEM_MEDIA_TYPE, "Content Too Large") == (status, media_type, title)
+    assert "larger than 1048576 bytes" in detail
+    assert NOTHING == after_refusal
+    assert_one_charge_under_the_key(retry, app)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["content-length", "chunked"])
+def test_body_of_exactly_1_mib_is_read(streamed: bool) -> None:
+    """A body of exactly 1 MiB is within the limit."""
+    body = padded(MAX_BODY_BYTES)
+    app = create_app(clock=VirtualClock())
+    [response] = run(app, send(chunks(body) if streamed else body))
+
+    assert 201 == response.status_code
+
+
+def test_huge_declared_length_is_refused_unread() -> None:
+    """A Content-Length over 1 MiB is refused from the header alone, even an absurd one."""
+    app = create_app(clock=VirtualClock())
+    absurd = headers_with(content_length=b"9" * 5000)
+    [response] = run(app, send(encoded(charge()), absurd))
+
+    assert 413 == response.status_code
+    assert NOTHING == saved(app)
+
+
+def test_body_over_1_mib_is_a_413_over_a_socket(idempotently_mock_server: MockServer) -> None:
+    """Over uvicorn too, the client reads the 413 (not a broken pipe) and the key stays free."""
+    server = idempotently_mock_server
+    headers = {"Authorization": f"Bearer {USER}", "Idempotency-Key": KEY}
+    with httpx.Client(base_url=server.url, headers=headers) as client:
+        refusal = client.post("/v1/charges", content=padded(2 * MAX_BODY_BYTES))
+        after_refusal = server.idempotency_keys()
+        retry = client.post("/v1/charges", json=charge())
+
+    assert 413 == refusal.status_code
+    assert [] == after_refusal
+    assert 201 == retry.status_code
+    assert {(USER, KEY): 1} == server.charge_count_by_key()
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        pytest.param({"content_type": b"text/plain"}, "text/plain", id="text-plain"),
+        pytest.param(
+            {"content_type": b"application/x-www-form-urlencoded"}, "is not JSON", id="form"
+        ),
+        pytest.param({"content_type": b"application/jsonx"}, "is not JSON", id="jsonx"),
+        pytest.param(
+            {"content_type": b"application/json; charset=utf-16"}, "utf-16", id="charset-utf-16"
+        ),
+        pytest.param({"content_encoding": b"gzip"}, "Content-Encoding", id="gzip"),
+    ],
+)
+def test_body_not_declared_as_json_is_a_415_that_saves_nothing(
+    changes: dict[str, bytes], says: str
+) -> None:
+    """A body declared as something else than UTF-8 JSON is a 415 problem; the key then works."""
+    refusal, after_refusal, retry, app = refuse_then_fix(
+        send(encoded(charge()), headers_with(**changes))
+    )
+
+    status, media_type, title, detail = problem(refusal)
+    assert (415, PROBLEM_MEDIA_TYPE, "Unsupported Media Type") == (status, media_type, title)
+    assert says in detail
+    assert "application/json" in detail
+    assert NOTHING == after_refusal
+    assert_one_charge_under_the_key(retry, app)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, b"application/json", b"Application/JSON; charset=UTF-8", b"application/merchant+json"],
+)
+def test_json_media_types_are_accepted(content_type: bytes | None) -> None:
+    """No Content-Type, application/json (any case, charset UTF-8) and +json types are JSON."""
+    app = create_app(clock=VirtualClock())
+    [response] = run(app, send(encoded(charge()), headers_with(content_type=content_type)))
+
+    assert 201 == response.status_code

@@ -23,7 +23,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from idempotently.testing._charge_request import (
+    MAX_BODY_BYTES,
     ChargeRequest,
+    body_too_large,
+    check_content_type,
+    declared_too_large,
     parse_charge,
     parse_key,
     request_hash,
@@ -99,6 +103,21 @@ def _authenticate(request: Request) -> str:
             headers={"WWW-Authenticate": "Bearer"},
         )
     return token.strip()
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (413) once it exceeds `MAX_BODY_BYTES`: never read whole first."""
+    check_content_type(request.headers.get("content-type"), request.headers.get("content-encoding"))
+    if declared_too_large(request.headers.get("content-length")):
+        raise body_too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class MockApp:
@@ -182,7 +201,7 @@ class MockApp:
                 key_format=self.config.key_format,
                 max_length=self.config.max_key_length,
             )
-            charge, document = parse_charge(await request.body())
+            charge, document = parse_charge(await _read_body(request))
         except Problem as problem:
             self._tally.count("rejected")
             return _problem_response(problem)

@@ -17,7 +17,10 @@ from typing import Any, NoReturn
 import attrs
 
 from idempotently.testing._config import KeyFormat
-from idempotently.testing._problems import bad_request
+from idempotently.testing._problems import Problem, bad_request
+
+MAX_BODY_BYTES = 1024 * 1024
+"""The largest body read (1 MiB); a valid charge is a few kilobytes at most."""
 
 MAX_AMOUNT = 99_999_999
 """Stripe's limit (eight digits of minor units); far inside SQLite's signed 64-bit INTEGER."""
@@ -39,6 +42,7 @@ _MAX_NUMBER_DIGITS = 100
 _UNWANTED_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _CURRENCY = re.compile("[A-Za-z]{3}")
 _JSON_WHITESPACE = " \t\r\n"
+_JSON_MEDIA_TYPE = re.compile(r"application/(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+\+)?json")
 
 
 @attrs.frozen
@@ -53,6 +57,54 @@ class ChargeRequest:
     @property
     def order_id(self) -> str | None:
         return self.metadata.get("order_id")
+
+
+def check_content_type(content_type: str | None, content_encoding: str | None) -> None:
+    """Refuse (415) a body declared as something other than uncompressed UTF-8 JSON.
+
+    No Content-Type at all is taken as JSON, as many clients send raw bytes.
+    """
+    if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
+        raise _unsupported(f"Content-Encoding {_shown(content_encoding)} is not supported")
+    if content_type is None:
+        return
+    media_type, *parameters = content_type.split(";")
+    if not _JSON_MEDIA_TYPE.fullmatch(media_type.strip().lower()):
+        raise _unsupported(f"Content-Type {_shown(content_type)} is not JSON")
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise _unsupported(f"charset {_shown(charset)} is not UTF-8")
+
+
+def _unsupported(reason: str) -> Problem:
+    return Problem(
+        415,
+        "Unsupported Media Type",
+        f"{reason}: send the charge as Content-Type: application/json, UTF-8, uncompressed",
+        slug="unsupported-media-type",
+    )
+
+
+def declared_too_large(content_length: str | None) -> bool:
+    """Whether a Content-Length header announces more than `MAX_BODY_BYTES`."""
+    if content_length is None:
+        return False
+    digits = content_length.strip().lstrip("0")
+    if not (digits.isascii() and digits.isdigit()):
+        return False  # not a length; reading the body finds out its size
+    return len(digits) > len(str(MAX_BODY_BYTES)) or int(digits) > MAX_BODY_BYTES
+
+
+def body_too_large() -> Problem:
+    return Problem(
+        413,
+        "Content Too Large",
+        f"the body is larger than {MAX_BODY_BYTES} bytes (1 MiB); a charge is a few kilobytes:"
+        " send only amount, currency, customer and metadata",
+        slug="body-too-large",
+    )
 
 
 def parse_charge(body: bytes) -> tuple[ChargeRequest, dict[str, Any]]:
