@@ -2,9 +2,9 @@
 
 The promise of docs/mock-server.md ("Refusals that save nothing"): a request
 the server cannot accept is answered with a problem document (400, or 413 /
-415 where the status says it better), no key row, no charge, no outbox
+415 / 401 where the status says it better), no key row, no charge, no outbox
 event; the corrected request under the same key is then a new request (201,
-one charge). Driven in-process.
+one charge). Driven in-process, so hostile headers reach the app unfiltered.
 """
 
 from __future__ import annotations
@@ -507,3 +507,78 @@ def test_json_media_types_are_accepted(content_type: bytes | None) -> None:
     [response] = run(app, send(encoded(charge()), headers_with(content_type=content_type)))
 
     assert 201 == response.status_code
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        pytest.param(None, "needs an Idempotency-Key", id="missing"),
+        pytest.param(b"", "needs an Idempotency-Key", id="empty"),
+        pytest.param(b"   ", "needs an Idempotency-Key", id="spaces"),
+        pytest.param(b"\t", "needs an Idempotency-Key", id="tab"),
+        pytest.param("k-\u00e9".encode("latin-1"), '"\\u00e9" at index 2', id="latin-1"),
+        pytest.param("k-\u00e9".encode(), '"\\u00c3" at index 2', id="utf-8"),
+        pytest.param(b"\xa0k-1", '"\\u00a0" at index 0', id="leading-nbsp"),
+        pytest.param(b"k-\x00", '"\\u0000" at index 2', id="nul"),
+        pytest.param(b"k-\x01", '"\\u0001" at index 2', id="control"),
+        pytest.param(b"k-\x7f", '"\\u007f" at index 2', id="del"),
+        pytest.param(b"k\t1", '"\\t" at index 1', id="inner-tab"),
+        pytest.param(b"k\n1", '"\\n" at index 1', id="newline"),
+        pytest.param(b"k" * 256, "256 characters long; at most 255", id="256-characters"),
+        pytest.param([b"k-1", b"k-2"], "2 Idempotency-Key headers", id="two-headers"),
+        pytest.param([b"k-1", b"k-1"], "2 Idempotency-Key headers", id="same-key-twice"),
+    ],
+)
+def test_hostile_idempotency_key_is_a_400_that_saves_nothing(
+    key: bytes | list[bytes] | None, says: str
+) -> None:
+    """A missing, blank, non-ASCII, control-character or repeated key is a 400; nothing saved."""
+    refusal, after_refusal, retry, app = refuse_then_fix(
+        send(encoded(charge()), headers_with(idempotency_key=key))
+    )
+
+    status, media_type, title, detail = problem(refusal)
+    assert (400, PROBLEM_MEDIA_TYPE, "Bad Request") == (status, media_type, title)
+    assert says in detail
+    assert NOTHING == after_refusal
+    assert_one_charge_under_the_key(retry, app)
+
+
+@pytest.mark.parametrize("key", [b'"quoted"', b"a key with spaces", b"~!@#$%^&*()", b"k" * 255])
+def test_printable_ascii_keys_are_taken_verbatim(key: bytes) -> None:
+    """Any printable ASCII key up to 255 characters is accepted as it was sent."""
+    app = create_app(clock=VirtualClock())
+    [response] = run(app, send(encoded(charge()), headers_with(idempotency_key=key)))
+
+    assert 201 == response.status_code
+    assert [key.decode()] == [record.key for record in app.keys.records()]
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        pytest.param(None, id="missing"),
+        pytest.param(b"Bearer", id="no-token"),
+        pytest.param(b"Bearer    ", id="blank-token"),
+        pytest.param(b"Basic dXNlcjpwdw==", id="basic"),
+        pytest.param(b"Bearer user 1", id="space-in-token"),
+        pytest.param("Bearer us\u00e9r".encode("latin-1"), id="latin-1"),
+        pytest.param(b"Bearer user\x00", id="nul"),
+        pytest.param(b"Bearer " + b"u" * 256, id="256-characters"),
+        pytest.param([b"Bearer user_1", b"Bearer user_2"], id="two-headers"),
+    ],
+)
+def test_malformed_bearer_token_is_a_401_that_saves_nothing(
+    authorization: bytes | list[bytes] | None,
+) -> None:
+    """A missing, malformed or repeated bearer token is a 401 problem that saves nothing."""
+    refusal, after_refusal, retry, app = refuse_then_fix(
+        send(encoded(charge()), headers_with(authorization=authorization))
+    )
+
+    status, media_type, title, detail = problem(refusal)
+    assert (401, PROBLEM_MEDIA_TYPE, "Unauthorized") == (status, media_type, title)
+    assert "Bearer" == refusal.headers["www-authenticate"]
+    assert "RFC 6750" in detail
+    assert NOTHING == after_refusal
+    assert_one_charge_under_the_key(retry, app)

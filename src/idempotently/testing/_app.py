@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from typing import Any
 
@@ -91,22 +92,48 @@ def _json(document: Any) -> str:
     return json.dumps(document, separators=(",", ":"))
 
 
+# RFC 6750's b64token: the token becomes the user id, so keep it plain.
+_BEARER_TOKEN = re.compile("[A-Za-z0-9._~+/-]+=*")
+_MAX_TOKEN_LENGTH = 255
+
+
 def _authenticate(request: Request) -> str:
-    """The user id is the bearer token: any token is a user, none is a 401."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    """The user id is the bearer token: any well-formed token is a user, none is a 401."""
+    values = request.headers.getlist("authorization")
+    scheme, _, token = (values[0] if len(values) == 1 else "").partition(" ")
+    token = token.strip(" \t")
+    if (
+        scheme.lower() != "bearer"
+        or not _BEARER_TOKEN.fullmatch(token)
+        or len(token) > _MAX_TOKEN_LENGTH
+    ):
         raise Problem(
             401,
             "Unauthorized",
-            "send Authorization: Bearer <token>; the token is the user id",
+            "send one Authorization: Bearer <token> header; the token is the user id:"
+            f" up to {_MAX_TOKEN_LENGTH} letters, digits and -._~+/ (RFC 6750)",
             slug="unauthorized",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    return token.strip()
+    return token
+
+
+def _idempotency_key(request: Request, config: MockServerConfig) -> str:
+    values = request.headers.getlist("idempotency-key")
+    if len(values) > 1:
+        raise bad_request(
+            f"the request has {len(values)} Idempotency-Key headers; send exactly one",
+            slug="invalid-idempotency-key",
+        )
+    return parse_key(
+        values[0] if values else None,
+        key_format=config.key_format,
+        max_length=config.max_key_length,
+    )
 
 
 async def _read_body(request: Request) -> bytes:
-    """The body, refused (413) once it exceeds `MAX_BODY_BYTES`: never read whole first."""
+    """The body if declared as JSON (else 415), refused (413) as soon as it passes 1 MiB."""
     check_content_type(request.headers.get("content-type"), request.headers.get("content-encoding"))
     if declared_too_large(request.headers.get("content-length")):
         raise body_too_large()
@@ -196,11 +223,7 @@ class MockApp:
         self._tally.count("requests")
         try:
             user = _authenticate(request)
-            key = parse_key(
-                request.headers.get("idempotency-key"),
-                key_format=self.config.key_format,
-                max_length=self.config.max_key_length,
-            )
+            key = _idempotency_key(request, self.config)
             charge, document = parse_charge(await _read_body(request))
         except Problem as problem:
             self._tally.count("rejected")

@@ -41,6 +41,8 @@ _MAX_NUMBER_DIGITS = 100
 # even be encoded as UTF-8 (for the request hash and SQLite).
 _UNWANTED_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _CURRENCY = re.compile("[A-Za-z]{3}")
+# What an Idempotency-Key may hold: printable ASCII (RFC 8941's sf-string range).
+_KEY_CHARACTERS = re.compile(r"[\x20-\x7e]*")
 _JSON_WHITESPACE = " \t\r\n"
 _JSON_MEDIA_TYPE = re.compile(r"application/(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+\+)?json")
 
@@ -259,14 +261,29 @@ def request_hash(method: str, path: str, query: Iterable[tuple[str, str]], docum
 
 
 def parse_key(value: str | None, *, key_format: KeyFormat, max_length: int) -> str:
-    """The idempotency key carried by the header value; raises a 400 `Problem`."""
-    if value is None or not value.strip():
+    """The idempotency key carried by the header value; raises a 400 `Problem`.
+
+    `value` is the header as Starlette decodes it (latin-1), so non-ASCII
+    bytes show up here as characters outside printable ASCII and are refused.
+    """
+    if value is None or not value.strip(" \t"):
         raise bad_request(
             "this endpoint needs an Idempotency-Key header: one key per logical operation,"
             " reused on every retry",
             slug="missing-idempotency-key",
         )
-    value = value.strip()
+    value = value.strip(" \t")
+    if not _KEY_CHARACTERS.fullmatch(value):
+        index, character = next(
+            (index, character)
+            for index, character in enumerate(value)
+            if not " " <= character <= "~"
+        )
+        raise bad_request(
+            f"the Idempotency-Key has {_shown(character)} at index {index}; a key is printable"
+            " ASCII (a UUID is a good key)",
+            slug="invalid-idempotency-key",
+        )
     key = _parse_sf_string(value) if key_format == "quoted" else value
     if not key:
         raise bad_request("the Idempotency-Key is empty", slug="invalid-idempotency-key")
