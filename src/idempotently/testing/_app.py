@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from typing import Any
 
@@ -23,7 +24,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from idempotently.testing._charge_request import (
+    MAX_BODY_BYTES,
     ChargeRequest,
+    body_too_large,
+    check_content_type,
+    declared_too_large,
     parse_charge,
     parse_key,
     request_hash,
@@ -87,18 +92,59 @@ def _json(document: Any) -> str:
     return json.dumps(document, separators=(",", ":"))
 
 
+# RFC 6750's b64token: the token becomes the user id, so keep it plain.
+_BEARER_TOKEN = re.compile("[A-Za-z0-9._~+/-]+=*")
+_MAX_TOKEN_LENGTH = 255
+
+
 def _authenticate(request: Request) -> str:
-    """The user id is the bearer token: any token is a user, none is a 401."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    """The user id is the bearer token: any well-formed token is a user, none is a 401."""
+    values = request.headers.getlist("authorization")
+    scheme, _, token = (values[0] if len(values) == 1 else "").partition(" ")
+    token = token.strip(" \t")
+    if (
+        scheme.lower() != "bearer"
+        or not _BEARER_TOKEN.fullmatch(token)
+        or len(token) > _MAX_TOKEN_LENGTH
+    ):
         raise Problem(
             401,
             "Unauthorized",
-            "send Authorization: Bearer <token>; the token is the user id",
+            "send one Authorization: Bearer <token> header; the token is the user id:"
+            f" up to {_MAX_TOKEN_LENGTH} letters, digits and -._~+/ (RFC 6750)",
             slug="unauthorized",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    return token.strip()
+    return token
+
+
+def _idempotency_key(request: Request, config: MockServerConfig) -> str:
+    values = request.headers.getlist("idempotency-key")
+    if len(values) > 1:
+        raise bad_request(
+            f"the request has {len(values)} Idempotency-Key headers; send exactly one",
+            slug="invalid-idempotency-key",
+        )
+    return parse_key(
+        values[0] if values else None,
+        key_format=config.key_format,
+        max_length=config.max_key_length,
+    )
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body if declared as JSON (else 415), refused (413) as soon as it passes 1 MiB."""
+    check_content_type(request.headers.get("content-type"), request.headers.get("content-encoding"))
+    if declared_too_large(request.headers.get("content-length")):
+        raise body_too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class MockApp:
@@ -177,12 +223,8 @@ class MockApp:
         self._tally.count("requests")
         try:
             user = _authenticate(request)
-            key = parse_key(
-                request.headers.get("idempotency-key"),
-                key_format=self.config.key_format,
-                max_length=self.config.max_key_length,
-            )
-            charge, document = parse_charge(await request.body())
+            key = _idempotency_key(request, self.config)
+            charge, document = parse_charge(await _read_body(request))
         except Problem as problem:
             self._tally.count("rejected")
             return _problem_response(problem)

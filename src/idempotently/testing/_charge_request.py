@@ -1,22 +1,50 @@
 """What a charge request must look like before any work starts (pure functions).
 
 Everything here runs before the key is claimed, so a refusal saves nothing:
-a malformed request may be fixed and resent with the same key.
+a malformed request may be fixed and resent with the same key. Every value
+that passes fits the database and the fake provider as it is, so a request
+that passes cannot fail later for being malformed (with its key claimed).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
 from idempotently.testing._config import KeyFormat
-from idempotently.testing._problems import bad_request
+from idempotently.testing._problems import Problem, bad_request
 
-_FIELDS = frozenset({"amount", "currency", "customer", "metadata"})
+MAX_BODY_BYTES = 1024 * 1024
+"""The largest body read (1 MiB); a valid charge is a few kilobytes at most."""
+
+MAX_AMOUNT = 99_999_999
+"""Stripe's limit (eight digits of minor units); far inside SQLite's signed 64-bit INTEGER."""
+
+MAX_CUSTOMER_LENGTH = 255
+MAX_METADATA_KEYS = 50
+MAX_METADATA_KEY_LENGTH = 40
+MAX_METADATA_VALUE_LENGTH = 500
+"""Stripe's metadata limits: 50 keys, names up to 40 characters, values up to 500."""
+
+_REQUIRED = frozenset({"amount", "currency", "customer"})
+_FIELDS = _REQUIRED | {"metadata"}
+# No JSON number a charge needs is longer than this; int() of a much longer
+# literal is slow and, past 4300 digits, a ValueError.
+_MAX_NUMBER_DIGITS = 100
+# Control characters (C0, DEL, C1) and unpaired surrogates: JSON can carry
+# them as escapes, but no charge field needs them and a lone surrogate cannot
+# even be encoded as UTF-8 (for the request hash and SQLite).
+_UNWANTED_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CURRENCY = re.compile("[A-Za-z]{3}")
+# What an Idempotency-Key may hold: printable ASCII (RFC 8941's sf-string range).
+_KEY_CHARACTERS = re.compile(r"[\x20-\x7e]*")
+_JSON_WHITESPACE = " \t\r\n"
+_JSON_MEDIA_TYPE = re.compile(r"application/(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+\+)?json")
 
 
 @attrs.frozen
@@ -33,34 +61,190 @@ class ChargeRequest:
         return self.metadata.get("order_id")
 
 
-def parse_charge(body: bytes) -> tuple[ChargeRequest, Any]:
-    """The validated charge and the decoded JSON it came from; raises a 400 `Problem`."""
+def check_content_type(content_type: str | None, content_encoding: str | None) -> None:
+    """Refuse (415) a body declared as something other than uncompressed UTF-8 JSON.
+
+    No Content-Type at all is taken as JSON, as many clients send raw bytes.
+    """
+    if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
+        raise _unsupported(f"Content-Encoding {_shown(content_encoding)} is not supported")
+    if content_type is None:
+        return
+    media_type, *parameters = content_type.split(";")
+    if not _JSON_MEDIA_TYPE.fullmatch(media_type.strip().lower()):
+        raise _unsupported(f"Content-Type {_shown(content_type)} is not JSON")
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise _unsupported(f"charset {_shown(charset)} is not UTF-8")
+
+
+def _unsupported(reason: str) -> Problem:
+    return Problem(
+        415,
+        "Unsupported Media Type",
+        f"{reason}: send the charge as Content-Type: application/json, UTF-8, uncompressed",
+        slug="unsupported-media-type",
+    )
+
+
+def declared_too_large(content_length: str | None) -> bool:
+    """Whether a Content-Length header announces more than `MAX_BODY_BYTES`."""
+    if content_length is None:
+        return False
+    digits = content_length.strip().lstrip("0")
+    if not (digits.isascii() and digits.isdigit()):
+        return False  # not a length; reading the body finds out its size
+    return len(digits) > len(str(MAX_BODY_BYTES)) or int(digits) > MAX_BODY_BYTES
+
+
+def body_too_large() -> Problem:
+    return Problem(
+        413,
+        "Content Too Large",
+        f"the body is larger than {MAX_BODY_BYTES} bytes (1 MiB); a charge is a few kilobytes:"
+        " send only amount, currency, customer and metadata",
+        slug="body-too-large",
+    )
+
+
+def parse_charge(body: bytes) -> tuple[ChargeRequest, dict[str, Any]]:
+    """The validated charge and the decoded JSON it came from; raises a 400 `Problem`.
+
+    Never raises anything else, whatever the bytes: a body the server cannot
+    read is the client's to fix, not a 500.
+    """
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise bad_request(
+            f"the body is not valid UTF-8 (byte {error.start}: {error.reason});"
+            " send the JSON encoded as UTF-8",
+            slug="invalid-json",
+        ) from None
+    if not text.strip(_JSON_WHITESPACE):
+        raise bad_request(
+            "the body is empty; send the charge as a JSON object", slug="invalid-json"
+        )
+    if text.startswith("\ufeff"):
+        raise bad_request(
+            "the body starts with a byte order mark; send UTF-8 JSON without one (RFC 8259)",
+            slug="invalid-json",
+        )
+    try:
+        document = json.loads(
+            text,
+            object_pairs_hook=_object_without_duplicates,
+            parse_constant=_refuse_constant,
+            parse_int=_bounded_int,
+        )
+    except RecursionError:
+        raise bad_request(
+            "the body is nested too deeply; a charge is one object whose only nested"
+            " value is metadata, an object of strings",
+            slug="invalid-json",
+        ) from None
+    except ValueError as error:  # json.JSONDecodeError among them
         raise bad_request(f"the body is not valid JSON: {error}", slug="invalid-json") from None
     if not isinstance(document, dict):
-        raise bad_request("the body must be a JSON object")
+        raise bad_request(f"the body must be a JSON object, got {_shown(document)}")
     unknown = sorted(set(document) - _FIELDS)
     if unknown:
         raise bad_request(
-            f"unknown field(s) {', '.join(unknown)}; a charge has {', '.join(sorted(_FIELDS))}"
+            f"unknown field(s) {', '.join(_shown(name) for name in unknown[:5])}"
+            f"{'' if len(unknown) <= 5 else f' and {len(unknown) - 5} more'};"
+            f" a charge has {', '.join(sorted(_FIELDS))}"
         )
-    amount = document.get("amount")
-    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
-        raise bad_request(f"amount must be a positive integer (minor units), got {amount!r}")
-    currency = document.get("currency")
-    if not isinstance(currency, str) or not currency:
-        raise bad_request(f"currency must be a non-empty string, got {currency!r}")
-    customer = document.get("customer")
-    if not isinstance(customer, str) or not customer:
-        raise bad_request(f"customer must be a non-empty string, got {customer!r}")
+    missing = sorted(_REQUIRED - set(document))
+    if missing:
+        raise bad_request(
+            f"missing field(s) {', '.join(missing)}; a charge needs {', '.join(sorted(_REQUIRED))}"
+        )
+    amount = document["amount"]
+    if isinstance(amount, bool) or not isinstance(amount, int) or not 1 <= amount <= MAX_AMOUNT:
+        raise bad_request(
+            f"amount must be an integer number of minor units (cents) from 1 to {MAX_AMOUNT},"
+            f" got {_shown(amount)}"
+        )
+    currency = document["currency"]
+    if not isinstance(currency, str) or not _CURRENCY.fullmatch(currency):
+        raise bad_request(
+            f'currency must be a three-letter ISO 4217 code such as "usd", got {_shown(currency)}'
+        )
+    customer = _text("customer", document["customer"], MAX_CUSTOMER_LENGTH)
     metadata = document.get("metadata", {})
-    if not isinstance(metadata, dict) or not all(
-        isinstance(value, str) for value in metadata.values()
-    ):
-        raise bad_request("metadata must be an object of string values")
+    if not isinstance(metadata, dict):
+        raise bad_request(f"metadata must be an object of strings, got {_shown(metadata)}")
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise bad_request(
+            f"metadata has {len(metadata)} keys; at most {MAX_METADATA_KEYS} are allowed"
+        )
+    for name, value in metadata.items():
+        _text("a metadata key", name, MAX_METADATA_KEY_LENGTH)
+        if "[" in name or "]" in name:
+            raise bad_request(
+                f"the metadata key {_shown(name)} contains a square bracket;"
+                " keys are filtered as metadata[key], so brackets are not allowed"
+            )
+        _text(f"metadata[{name}]", value, MAX_METADATA_VALUE_LENGTH, may_be_empty=True)
     return ChargeRequest(amount, currency, customer, dict(metadata)), document
+
+
+def _text(name: str, value: Any, max_length: int, *, may_be_empty: bool = False) -> str:
+    """`value` if it is a string a charge may hold, else a 400 saying why."""
+    if not isinstance(value, str) or not (value or may_be_empty):
+        article = "a" if may_be_empty else "a non-empty"
+        raise bad_request(f"{name} must be {article} string, got {_shown(value)}")
+    if len(value) > max_length:
+        raise bad_request(
+            f"{name} is {len(value)} characters long; at most {max_length} are allowed"
+        )
+    unwanted = _UNWANTED_CHARACTER.search(value)
+    if unwanted:
+        raise bad_request(
+            f"{name} contains {_shown(unwanted.group())} at index {unwanted.start()};"
+            " control characters and unpaired surrogates are not allowed"
+        )
+    return value
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Refuse `{"amount": 1, "amount": 2}`: parsers disagree on which value wins."""
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise bad_request(
+                f"the field {_shown(name)} appears twice in one object; send each field once",
+                slug="invalid-json",
+            )
+        document[name] = value
+    return document
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise bad_request(
+        f"{name} is not a JSON number (RFC 8259); send finite numbers only", slug="invalid-json"
+    )
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal) > _MAX_NUMBER_DIGITS:
+        raise bad_request(
+            f"the body holds a number with {len(literal)} digits; amount is at most"
+            f" {MAX_AMOUNT} and no other field is a number"
+        )
+    return int(literal)
+
+
+def _shown(value: Any) -> str:
+    """`value` as JSON for a problem detail: scalars shortened, containers named."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    rendered = json.dumps(value)
+    return rendered if len(rendered) <= 40 else f"{rendered[:37]}..."
 
 
 def request_hash(method: str, path: str, query: Iterable[tuple[str, str]], document: Any) -> str:
@@ -77,14 +261,29 @@ def request_hash(method: str, path: str, query: Iterable[tuple[str, str]], docum
 
 
 def parse_key(value: str | None, *, key_format: KeyFormat, max_length: int) -> str:
-    """The idempotency key carried by the header value; raises a 400 `Problem`."""
-    if value is None or not value.strip():
+    """The idempotency key carried by the header value; raises a 400 `Problem`.
+
+    `value` is the header as Starlette decodes it (latin-1), so non-ASCII
+    bytes show up here as characters outside printable ASCII and are refused.
+    """
+    if value is None or not value.strip(" \t"):
         raise bad_request(
             "this endpoint needs an Idempotency-Key header: one key per logical operation,"
             " reused on every retry",
             slug="missing-idempotency-key",
         )
-    value = value.strip()
+    value = value.strip(" \t")
+    if not _KEY_CHARACTERS.fullmatch(value):
+        index, character = next(
+            (index, character)
+            for index, character in enumerate(value)
+            if not " " <= character <= "~"
+        )
+        raise bad_request(
+            f"the Idempotency-Key has {_shown(character)} at index {index}; a key is printable"
+            " ASCII (a UUID is a good key)",
+            slug="invalid-idempotency-key",
+        )
     key = _parse_sf_string(value) if key_format == "quoted" else value
     if not key:
         raise bad_request("the Idempotency-Key is empty", slug="invalid-idempotency-key")
