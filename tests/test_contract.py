@@ -178,6 +178,8 @@ ROWS = [
         raises=idempotently.RetryLaterError,
         error_status=503,
         not_before=START + 3600,
+        # A budget long enough to wait: only max_retry_after (30 s) stops the call.
+        policy=attrs.evolve(POLICY, deadline=7200),
     ),
     Row(
         "max_attempts_503",
@@ -226,6 +228,20 @@ ROWS = [
         sends=1,
         status="failed",
         returns=400,
+        profile=profiles.STRIPE,
+    ),
+    Row(
+        "stripe_idempotency_error_after_timeout",
+        "Stripe's mismatch after a maybe-delivered attempt goes to reconciliation.",
+        (
+            fail(httpx.ReadTimeout),
+            answer(400, json={"error": {"type": "idempotency_error", "message": "reused"}}),
+        ),
+        sends=2,
+        status="needs_reconcile",
+        raises=idempotently.NeedsReconcileError,
+        error_status=400,
+        sleeps=(BACKOFF,),
         profile=profiles.STRIPE,
     ),
 ]
