@@ -352,20 +352,22 @@ class Engine:
             if operation.status != "pending":
                 return self.stored_response(operation, build)
             blocker = self.blocker(operation)
-            if blocker is not None and blocker[0] == "leased":
-                # Another thread, task or process is sending it: wait for its answer.
-                if self.clock() + poll > min(wait_until, operation.deadline_at or wait_until):
-                    raise OperationInProgressError(blocker[1], **_ids(operation))
-                yield Sleep(poll)
-                poll = min(poll * 2, _MAX_POLL)
-                continue
-            if blocker is not None:
+            if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
                 raise _blocker_error(operation, blocker[0], blocker[1])
             owner = new_lease_owner()
             now = self.clock()
-            if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
-                continue  # another caller took it between our read and our swap
+            if blocker is not None or not (
+                yield TakeLease(operation, owner, now + self.lease_duration, now)
+            ):
+                # Another thread, task or process is sending it (or took the lease
+                # between our read and our swap): wait for its answer.
+                if self.clock() + poll > min(wait_until, operation.deadline_at or wait_until):
+                    reason = blocker[1] if blocker else "another caller took its lease first"
+                    raise OperationInProgressError(reason, **_ids(operation))
+                yield Sleep(poll)
+                poll = min(poll * 2, _MAX_POLL)
+                continue
             held.lease = (operation.operation_id, owner)
             end = yield from self._attempts(
                 operation.operation_id,
