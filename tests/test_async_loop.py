@@ -182,12 +182,6 @@ async def test_a_call_cancelled_while_its_key_waits_for_the_lock_leaves_no_lease
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a call cancelled while its journal write runs in a worker thread is sent "
-    "anyway when the transport has no checkpoint (arun sends without delivering the "
-    "pending cancellation), and its answer is dropped unjournaled",
-)
 async def test_a_call_cancelled_before_its_send_sends_nothing(tmp_path: Path) -> None:
     """A call cancelled before its first byte went out sends nothing: one send in all."""
     sent: list[httpx.Request] = []
@@ -196,16 +190,7 @@ async def test_a_call_cancelled_before_its_send_sends_nothing(tmp_path: Path) ->
     assert 1 == len(sent)
 
 
-AT_MOST_ONCE_BUG = (
-    "BUG: an at-most-once send interrupted in flight (task cancelled, KeyboardInterrupt) "
-    "is sent again by the next call: the driver releases the lease on the way out and "
-    "journals no attempt, so Engine.blocker finds neither a lease owner nor a "
-    "maybe-delivered attempt and lets it be resent"
-)
-
-
 @pytest.mark.anyio
-@pytest.mark.xfail(strict=True, reason=AT_MOST_ONCE_BUG)
 async def test_an_at_most_once_send_cancelled_in_flight_is_never_resent(tmp_path: Path) -> None:
     """Cancelled mid-send, an at-most-once operation may have been delivered: the next
     call raises OperationAbandonedError and sends nothing."""
@@ -236,7 +221,6 @@ async def test_an_at_most_once_send_cancelled_in_flight_is_never_resent(tmp_path
     assert 1 == len(sent)
 
 
-@pytest.mark.xfail(strict=True, reason=AT_MOST_ONCE_BUG)
 def test_an_at_most_once_send_interrupted_in_flight_is_never_resent(tmp_path: Path) -> None:
     """The sync twin: Ctrl-C during an at-most-once send; the next call sends nothing."""
     sent: list[httpx.Request] = []

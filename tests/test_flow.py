@@ -332,7 +332,8 @@ def test_the_final_record_carries_the_operations_status(
 def test_the_lease_is_held_while_retrying_and_cleared_by_the_terminal_record(
     store: MemoryStore, fake_time: FakeTime
 ) -> None:
-    """A retrying call keeps its lease across the sleep; its last Record releases it."""
+    """The lease is held from the key's write (so a call stopped during it releases it),
+    across the sleep; the last Record releases it."""
     held = Held()
     started = fake_time.now
     run = Run(store, fake_time, [answer(503), answer(201)])
@@ -341,7 +342,7 @@ def test_the_lease_is_held_while_retrying_and_cleared_by_the_terminal_record(
     lease = ("op-1", insert.owner)
     sleep_at = run.commands.index(run.of(Sleep)[0])
     first_record = run.of(Record)[0].record
-    assert [None, None, lease, lease, lease, lease, lease] == run.leases
+    assert [None, lease, lease, lease, lease, lease, lease] == run.leases
     assert lease == run.leases[sleep_at]
     assert started + 0.5 + LEASE == first_record.lease_until
     assert None is held.lease

@@ -198,3 +198,22 @@ def test_cli_resume_exits_1_when_the_server_refuses_its_credentials(
     with idempotently.Journal(path) as journal:
         operation = journal.operation("op")
     assert operation is not None and "pending" == operation.status
+
+
+def test_a_send_interrupted_in_flight_counts_as_maybe_delivered(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """A call interrupted mid-send (Ctrl-C) journals a maybe-delivered attempt: a later 401
+    then proves nothing, so the operation stays pending instead of failed."""
+    router.post(URL).mock(side_effect=[KeyboardInterrupt, httpx.Response(401)])
+    with make_session(tmp_path, fake_time) as s:
+        with pytest.raises(KeyboardInterrupt):
+            s.post(URL, json={}, operation_id="op")
+        interrupted = s.journal.operation("op")
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={}, operation_id="op")
+        assert "pending" == status_of(s, "op")
+    assert interrupted is not None
+    assert [("maybe_delivered", None)] == [
+        (attempt.outcome, interrupted.lease_owner) for attempt in interrupted.attempts
+    ]

@@ -114,12 +114,6 @@ def test_an_unknown_delivery_is_a_value_error(tmp_path: Path, entry_point: type)
 
 
 @pytest.mark.parametrize("entry_point", [idempotently.Session, idempotently.Transport])
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a coroutine function (anyio.sleep) is accepted as the sleep of a sync "
-    "Session/Transport: check_engine_options only checks callable(); every backoff is then "
-    "skipped (the coroutine is never awaited) and retries hammer the server",
-)
 def test_an_async_sleep_for_a_sync_entry_point_is_a_type_error(
     tmp_path: Path, entry_point: type
 ) -> None:

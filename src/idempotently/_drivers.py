@@ -9,12 +9,14 @@ is half-written) and then releases its lease.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import httpx
 
@@ -23,7 +25,6 @@ from idempotently._flow import Flow, Held
 from idempotently._store import (
     Command,
     Reconcile,
-    Release,
     Report,
     Send,
     Sleep,
@@ -70,12 +71,12 @@ def run(
                 reply = _with_ids(command, command.run, store)
     finally:
         flow.close()
-        if held.lease is not None:
+        cleanup, held.lease, held.interrupted = held.cleanup(), None, None
+        if cleanup is not None:
             # If the journal cannot take this write either, the lease simply
             # expires; the error that ended the call is the one to report.
             with suppress(JournalError):
-                Release(*held.lease).run(store)
-            held.lease = None
+                cleanup.run(store)
 
 
 async def arun(
@@ -102,21 +103,28 @@ async def arun(
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):
-                reply = await sleep(command.seconds)
+                waited = sleep(command.seconds)
+                if not inspect.isawaitable(waited):
+                    raise TypeError(
+                        "an async session's sleep must be an async function (e.g. anyio.sleep), "
+                        f"not {sleep!r}"
+                    )
+                reply = await waited
             elif isinstance(command, Reconcile):
                 reply = await reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             else:
                 # Not abandoned on cancellation: the write completes, then the
-                # cancellation is delivered.
+                # cancellation is delivered here, before anything is sent.
                 reply = await anyio.to_thread.run_sync(_with_ids, command, command.run, store)
+                await anyio.lowlevel.checkpoint_if_cancelled()
     finally:
         flow.close()
-        if held.lease is not None:
-            lease, held.lease = held.lease, None
+        cleanup, held.lease, held.interrupted = held.cleanup(), None, None
+        if cleanup is not None:
             with anyio.CancelScope(shield=True), suppress(JournalError):
-                await anyio.to_thread.run_sync(Release(*lease).run, store)
+                await anyio.to_thread.run_sync(cleanup.run, store)
 
 
 def _with_ids(command: Any, run: Callable[[Store], T], store: Store) -> T:

@@ -64,6 +64,7 @@ from idempotently._store import (
     Queue,
     Reconcile,
     Record,
+    Release,
     Report,
     Send,
     SetStatus,
@@ -185,11 +186,22 @@ class Settlement:
 
 @attrs.define
 class Held:
-    """The lease a running flow holds, so that its driver can release it if the
-    flow ends early (cancelled, interrupted, a journal error)."""
+    """What a running flow holds, so that its driver can clean up if the flow ends
+    early (cancelled, interrupted, a journal error)."""
 
     lease: tuple[str, str] | None = None
     """(operation_id, owner)"""
+    interrupted: Record | None = None
+    """While an attempt is being sent: the attempt to journal if it never returns
+    (it may have been delivered), which also releases the lease."""
+
+    def cleanup(self) -> Record | Release | None:
+        """The journal command that leaves things right after an early end."""
+        if self.interrupted is not None:
+            return self.interrupted
+        if self.lease is not None:
+            return Release(*self.lease)
+        return None
 
 
 @attrs.frozen
@@ -332,8 +344,10 @@ class Engine:
                         "was journaled or sent"
                     )
                 new, owner = self._new_operation(call, print_, now)
+                # Held before the write: a call stopped while the write runs releases
+                # whatever it got (a release of a lease it did not get changes nothing).
+                held.lease = (new.operation_id, owner)
                 if (yield Insert(new, owner, now + self.lease_duration)):
-                    held.lease = (new.operation_id, owner)
                     logger.debug(
                         "operation %s: key %s journaled",
                         new.operation_id,
@@ -347,6 +361,7 @@ class Engine:
                         new.operation_id, new.key, request, state, self.profile, 0, held, secrets
                     )
                     return self._finish(end)
+                held.lease = None
                 continue  # another caller created it first: find theirs
             self._check_same(operation, call, print_)
             if operation.status != "pending":
@@ -357,9 +372,11 @@ class Engine:
                 raise _blocker_error(operation, blocker[0], blocker[1])
             owner = new_lease_owner()
             now = self.clock()
+            held.lease = None if blocker is not None else (operation.operation_id, owner)
             if blocker is not None or not (
                 yield TakeLease(operation, owner, now + self.lease_duration, now)
             ):
+                held.lease = None
                 # Another thread, task or process is sending it (or took the lease
                 # between our read and our swap): wait for its answer.
                 if self.clock() + poll > min(wait_until, operation.deadline_at or wait_until):
@@ -368,7 +385,6 @@ class Engine:
                 yield Sleep(poll)
                 poll = min(poll * 2, _MAX_POLL)
                 continue
-            held.lease = (operation.operation_id, owner)
             end = yield from self._attempts(
                 operation.operation_id,
                 operation.key,
@@ -483,6 +499,23 @@ class Engine:
         """Send until the decision is anything but a retry; journal every attempt."""
         while True:
             started = self.clock()
+            held.interrupted = Record(
+                operation_id,
+                AttemptRecord(
+                    started_at=started,
+                    elapsed=0.0,
+                    outcome="maybe_delivered",
+                    error="interrupted while sending: it may have been delivered",
+                    status="abandoned" if state.delivery == "at_most_once" else "pending",
+                    reason=(
+                        "interrupted while sending an at-most-once operation: it may have been "
+                        "delivered, so it is never resent"
+                        if state.delivery == "at_most_once"
+                        else "interrupted while sending; the key makes a resend safe"
+                    ),
+                ),
+                started,
+            )
             reply = yield Send(request)
             now = self.clock()
             attempts += 1
@@ -518,6 +551,7 @@ class Engine:
                 response_body=response.content if keep and response else None,
             )
             yield Record(operation_id, record, now)
+            held.interrupted = None  # the answer is journaled: nothing to add if we stop now
             if not retrying:
                 held.lease = None  # the record released it
             if response is not None:
@@ -725,11 +759,12 @@ class Engine:
             )
         owner = new_lease_owner()
         now = self.clock()
+        held.lease = (operation.operation_id, owner)
         if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
+            held.lease = None
             return ResumeResult.of(
                 operation, "pending", "leased", "another caller took its lease first"
             )
-        held.lease = (operation.operation_id, owner)
         end = yield from self._attempts(
             operation.operation_id,
             operation.key,

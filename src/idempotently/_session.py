@@ -75,6 +75,7 @@ def check_engine_options(
     key_expiry_margin: object,
     clock: object,
     sleep: object,
+    asynchronous: bool,
 ) -> None:
     """The options every Session and Transport shares, checked before anything is opened."""
     if policy is not None and not isinstance(policy, RetryPolicy):
@@ -104,6 +105,16 @@ def check_engine_options(
     for name, function in (("clock", clock), ("sleep", sleep)):
         if not callable(function):
             raise TypeError(f"{name} must be callable, not {type(function).__name__}")
+    if not asynchronous and inspect.iscoroutinefunction(sleep):
+        raise TypeError(
+            "sleep must be a plain function for a sync Session or Transport (e.g. time.sleep); "
+            "an async one would never wait"
+        )
+    if asynchronous and sleep is time.sleep:
+        raise TypeError(
+            "sleep must be an async function for an AsyncSession or AsyncTransport (e.g. "
+            "anyio.sleep); time.sleep would block the event loop"
+        )
 
 
 def open_journal(journal: object) -> tuple[Journal, bool]:
@@ -171,6 +182,7 @@ class _SessionBase(Generic[ClientT]):
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            asynchronous=self._client_class is httpx.AsyncClient,
         )
         self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None

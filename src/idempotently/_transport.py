@@ -71,6 +71,7 @@ class _TransportBase:
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            asynchronous=isinstance(self, httpx.AsyncBaseTransport),
         )
         if isinstance(methods, str) or not all(isinstance(method, str) for method in methods):
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
