@@ -201,12 +201,19 @@ def test_cli_resume_exits_1_when_the_server_refuses_its_credentials(
 
 
 def test_a_send_interrupted_in_flight_counts_as_maybe_delivered(
-    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+    tmp_path: Path, fake_time: FakeTime
 ) -> None:
     """A call interrupted mid-send (Ctrl-C) journals a maybe-delivered attempt: a later 401
     then proves nothing, so the operation stays pending instead of failed."""
-    router.post(URL).mock(side_effect=[KeyboardInterrupt, httpx.Response(401)])
-    with make_session(tmp_path, fake_time) as s:
+    answers: list[BaseException | httpx.Response] = [KeyboardInterrupt(), httpx.Response(401)]
+
+    def server(request: httpx.Request) -> httpx.Response:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    with make_session(tmp_path, fake_time, transport=httpx.MockTransport(server)) as s:
         with pytest.raises(KeyboardInterrupt):
             s.post(URL, json={}, operation_id="op")
         interrupted = s.journal.operation("op")
