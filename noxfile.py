@@ -43,4 +43,4 @@ def mypy(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against bare httpx on the same loopback server (not part of CI)."""
     session.install("-e", ".[mock]")
-    session.run("python", "benchmarks/bench_post.py", *session.posargs)
+    session.run("python", "benchmarks/bench.py", *session.posargs)

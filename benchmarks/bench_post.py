@@ -37,7 +37,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
+def start_server(latency_ms: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
+    """uvicorn with the loopback app in its own process; every answer waits ``latency_ms``."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -54,6 +55,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
             "--no-access-log",
         ],
         cwd=HERE,
+        env={**os.environ, "BENCH_LATENCY_MS": str(latency_ms)},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
