@@ -325,6 +325,51 @@ def test_hostile_timeout_is_refused_before_anything_is_journaled(
     assert_sound(journal, operations=[])
 
 
+UNSENDABLE = {
+    "ftp-scheme": ("POST", "ftp://127.0.0.1/v1/charges", {}),
+    "relative-url": ("POST", "/v1/charges", {}),
+    "method-with-space": ("PO ST", "{wire}/v1/charges", {}),
+    "empty-method": ("", "{wire}/v1/charges", {}),
+    "header-name-with-space": ("POST", "{wire}/v1/charges", {"Bad Name": "v"}),
+    "empty-header-name": ("POST", "{wire}/v1/charges", {"": "v"}),
+    "header-value-with-newline": ("POST", "{wire}/v1/charges", {"X-Note": "a\nb"}),
+}
+
+
+@pytest.mark.parametrize("case", UNSENDABLE)
+def test_a_request_httpx_refuses_is_failed_unsent_and_stays_failed(
+    journal: Path, wire: Wire, case: str
+) -> None:
+    """A request httpx cannot send (scheme, method, header name or value) is a
+    RequestNotSentError, sends nothing, and calling again says so without a send."""
+    method, url, headers = UNSENDABLE[case]
+    with idempotently.Session(journal) as s:
+        for _ in range(2):
+            with pytest.raises(idempotently.RequestNotSentError) as caught:
+                s.request(
+                    method,
+                    url.format(wire=wire.url),
+                    json=CHARGE,
+                    headers=headers,
+                    operation_id="op",
+                )
+            assert ("op", None) == (caught.value.operation_id, caught.value.__cause__)
+    assert [] == wire.arrivals
+    operations = assert_sound(journal, operations=["op"])
+    assert ("failed", 1) == (operations[0].status, operations[0].attempt_count)
+
+
+def test_the_delivery_header_never_reaches_the_server(journal: Path, wire: Wire) -> None:
+    """Idempotency-Delivery chooses at-most-once for one request and is not forwarded."""
+    transport = idempotently.Transport(journal)
+    with httpx.Client(transport=transport) as client:
+        client.post(
+            f"{wire.url}/v1/charges", json=CHARGE, headers={"Idempotency-Delivery": "at_most_once"}
+        )
+    assert [None] == [arrival.header("Idempotency-Delivery") for arrival in wire.arrivals]
+    assert "at_most_once" == assert_sound(journal)[0].delivery
+
+
 # -- constructors ------------------------------------------------------------------------------
 
 HOSTILE_OPTIONS = [
@@ -463,11 +508,9 @@ def test_sleep_of_the_wrong_colour_is_refused(journal: Path, cls: type, sleep: A
     ],
     ids=ident,
 )
-def test_hostile_server_profile_field_is_refused_or_harmless(
-    journal: Path, name: str, value: Any
-) -> None:
+def test_hostile_server_profile_field_is_refused(journal: Path, name: str, value: Any) -> None:
     """A ServerProfile field no server could mean is refused, naming it, before anything is
-    journaled; if accepted, every later read of the journal still works."""
+    journaled or sent (a stored key_expires_at of inf or nan would break every read)."""
     recorder = Recorder()
     with pytest.raises(ARGUMENT_ERRORS, match=name):
         profile = attrs.evolve(profiles.GENERIC, name="custom", **{name: value})

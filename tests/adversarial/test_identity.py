@@ -161,6 +161,29 @@ def test_header_bytes_are_resent_byte_for_byte(journal: Path, wire: Wire, value:
     assert_sound(journal, operations=["op"])
 
 
+def test_resume_goes_on_after_an_operation_with_latin1_header_bytes(
+    journal: Path, wire: Wire
+) -> None:
+    """An operation holding latin-1 header bytes neither breaks its own resume nor stops
+    resume for the operations after it."""
+    wire.answer(RESET, RESET, RESET)
+    with idempotently.Session(journal, policy=ONE_TRY) as session:
+        for operation_id, label in (("a", b"caf\xe9"), ("b", b"\xff"), ("c", b"plain")):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post(
+                    f"{wire.url}/v1/charges",
+                    json={"a": 1},
+                    headers=[(b"X-Label", label)],
+                    operation_id=operation_id,
+                )
+        results = session.resume()
+    assert [("a", "succeeded"), ("b", "succeeded"), ("c", "succeeded")] == [
+        (result.operation_id, result.action) for result in results
+    ]
+    assert [b"caf\xe9", b"\xff", b"plain"] * 2 == [a.header("X-Label") for a in wire.arrivals]
+    assert_sound(journal, operations=["a", "b", "c"])
+
+
 @pytest.mark.parametrize(
     "value",
     [

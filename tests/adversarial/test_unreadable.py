@@ -108,6 +108,20 @@ async def test_an_undecodable_answer_is_journaled_by_async_drivers_too(
     assert_journaled_once(journal, caught.value, httpx.DecodingError, wire)
 
 
+@pytest.mark.parametrize("encoding", UNDECODABLE)
+def test_an_undecodable_answer_is_not_asked_again_within_the_call(
+    journal: Path, wire: Wire, encoding: str
+) -> None:
+    """Resending would meet the same unreadable answer: the call stops after one send and
+    leaves the operation pending, whatever retries the policy allows."""
+    wire.default = UNDECODABLE[encoding]
+    policy = idempotently.RetryPolicy(max_attempts=4, initial_backoff=0, max_backoff=0)
+    with pytest.raises(idempotently.OperationPendingError):
+        call_session(journal, f"{wire.url}/v1/charges", policy=policy)
+    assert 1 == len(wire.arrivals)
+    assert_sound(journal, operations=["op"])
+
+
 # -- redirect loops ----------------------------------------------------------------------------
 
 
