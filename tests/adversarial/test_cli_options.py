@@ -1,0 +1,259 @@
+"""Every CLI option given a hostile value: exit 2 with a message naming the option.
+
+Never a traceback, never a send, never a write to the journal; afterwards the
+journal still reads with every command.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import idempotently
+from idempotently.cli import cli
+from tests.adversarial.invariants import assert_sound, bug
+from tests.adversarial.wire import RESET, Wire
+
+ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
+HUGE_DURATION = "9" * 400 + "d"
+"""Digits enough that float() gives inf: a duration nobody means."""
+
+
+def invoke(journal: Path, *args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, ["--journal", str(journal), *args], env=env)
+
+
+def assert_usage_error(result: Result, option: str) -> None:
+    """Exit 2, the option named in the message, no traceback."""
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), repr(result.exception)
+    assert (2, True) == (result.exit_code, option in result.output), result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def pending(journal: Path, wire: Wire) -> Path:
+    """A journal with one pending operation on the loopback server (its answer was lost)."""
+    wire.answer(RESET)
+    with (
+        idempotently.Session(journal, policy=ONE_TRY) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post(f"{wire.url}/v1/charges", json={"amount": 1}, operation_id="op")
+    wire.reset()
+    return journal
+
+
+def attempts(journal: Path) -> int:
+    with idempotently.Journal(journal, create=False) as opened:
+        operation = opened.operation("op")
+    assert operation is not None
+    return operation.attempt_count
+
+
+def huge(reason: str) -> pytest.MarkDecorator:
+    return bug(
+        f"{reason}: parse_duration (_cli_durations.py) checks finiteness only for a bare "
+        "number, so '999…9d' is inf"
+    )
+
+
+# -- list, stats, prune: durations and counts --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (("list", "--status", "bogus"), "--status"),
+        (("list", "--status", "PENDING"), "--status"),
+        (("list", "--status", ""), "--status"),
+        (("list", "--since", "-1h"), "--since"),
+        (("list", "--since", "abc"), "--since"),
+        (("list", "--since", ""), "--since"),
+        (("list", "--since", "1h-"), "--since"),
+        (("list", "--since", "1e400"), "--since"),
+        (("list", "--since", "nan"), "--since"),
+        (("list", "--since", "inf"), "--since"),
+        (("list", "--since", "1.5.5h"), "--since"),
+        pytest.param(
+            ("list", "--since", HUGE_DURATION),
+            "--since",
+            marks=huge("list --since 999…9d is accepted (inf) and lists everything"),
+        ),
+        (("list", "--limit", "0"), "--limit"),
+        (("list", "--limit", "-1"), "--limit"),
+        (("list", "--limit", "abc"), "--limit"),
+        (("list", "--limit", "1.5"), "--limit"),
+        pytest.param(
+            ("list", "--limit", "99999999999999999999999"),
+            "--limit",
+            marks=bug(
+                "list --limit 99999999999999999999999 is a raw OverflowError (exit 1, "
+                "traceback): cli.py uses click.IntRange(min=1) with no max; SQLite's LIMIT "
+                "takes at most 2**63-1"
+            ),
+        ),
+        (("list", "--json=yes"), "--json"),
+        (("stats", "--stuck-after", "-1s"), "--stuck-after"),
+        (("stats", "--stuck-after", "soon"), "--stuck-after"),
+        (("stats", "--stuck-after", "1e400"), "--stuck-after"),
+        pytest.param(
+            ("stats", "--stuck-after", HUGE_DURATION),
+            "--stuck-after",
+            marks=huge(
+                "stats --stuck-after 999…9d is a raw OverflowError from format_duration(inf)"
+            ),
+        ),
+        pytest.param(
+            ("stats", "--json", "--stuck-after", HUGE_DURATION),
+            "--stuck-after",
+            marks=huge("stats --json --stuck-after 999…9d prints 'Infinity', which is not JSON"),
+        ),
+        (("stats", "--fail-on-stuck=yes"), "--fail-on-stuck"),
+        (("prune",), "--older-than"),
+        (("prune", "--older-than", "-7d"), "--older-than"),
+        (("prune", "--older-than", "a week"), "--older-than"),
+        (("prune", "--older-than", "1e400"), "--older-than"),
+        pytest.param(
+            ("prune", "--older-than", HUGE_DURATION),
+            "--older-than",
+            marks=huge("prune --older-than 999…9d is a raw OverflowError after the prune ran"),
+        ),
+        pytest.param(
+            ("prune", "--json", "--older-than", HUGE_DURATION),
+            "--older-than",
+            marks=huge("prune --json --older-than 999…9d prints 'Infinity', which is not JSON"),
+        ),
+        (("show",), "OPERATION_ID_OR_KEY"),
+        (("list", "--no-such-option"), "--no-such-option"),
+    ],
+    ids=lambda value: " ".join(value)[:50] if isinstance(value, tuple) else None,
+)
+def test_hostile_audit_option_is_a_usage_error(
+    pending: Path, wire: Wire, args: tuple[str, ...], option: str
+) -> None:
+    """A value an audit command cannot use exits 2 naming the option; the journal is untouched."""
+    assert_usage_error(invoke(pending, *args), option)
+    assert [] == wire.arrivals
+    assert_sound(pending, operations=["op"])
+
+
+# -- resume ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, option, env",
+    [
+        (("--base-url", "ftp://api.example.test"), "--base-url", {}),
+        (("--base-url", "api.example.test"), "--base-url", {}),
+        (("--base-url", "http://"), "--base-url", {}),
+        (("--base-url", "http://[::1"), "--base-url", {}),
+        pytest.param(
+            ("--base-url", "http://127.0.0.1:99999"),
+            "--base-url",
+            {},
+            marks=bug(
+                "resume --base-url http://127.0.0.1:99999 is accepted (cli.py checked_base_url "
+                "never checks the port): five ConnectErrors are journaled per operation, exit 1"
+            ),
+        ),
+        (("--header-env", "Authorization"), "--header-env", {}),
+        (("--header-env", "=TOKEN"), "--header-env", {"TOKEN": "x"}),
+        (("--header-env", "Authorization="), "--header-env", {}),
+        (("--header-env", "Authorization=UNSET_TOKEN_VAR"), "--header-env", {}),
+        pytest.param(
+            ("--header-env", "Authorization=TOKEN"),
+            "--header-env",
+            {"TOKEN": "Bearer s€cret-token"},
+            marks=bug(
+                "resume --header-env with a value that is not latin-1 is a raw "
+                "UnicodeEncodeError from httpx.Client(headers=...) (exit 1, traceback): "
+                "cli.py headers_from_env never checks the value"
+            ),
+        ),
+        pytest.param(
+            ("--header-env", "Bad Name=TOKEN"),
+            "--header-env",
+            {"TOKEN": "x"},
+            marks=bug(
+                "resume --header-env 'Bad Name=TOKEN' is accepted: every pending operation gets "
+                "a not_sent attempt (LocalProtocolError: Illegal header name) and exit is 1"
+            ),
+        ),
+        pytest.param(
+            ("--header-env", "Authorization=TOKEN"),
+            "--header-env",
+            {"TOKEN": "Bearer secret-token\n"},
+            marks=bug(
+                "resume --header-env with a value ending in a newline is accepted: every "
+                "pending operation gets a not_sent attempt journaled and exit is 1, instead of "
+                "exit 2 before anything is journaled"
+            ),
+        ),
+        (("--profile", "bogus"), "--profile", {}),
+        (("--profile", "os:path"), "--profile", {}),
+        (("--profile", "no_such_module_for_idempotently:P"), "--profile", {}),
+        (("--profile", ":GENERIC"), "--profile", {}),
+        (("--profile", "idempotently.profiles:"), "--profile", {}),
+        (("--dry-run=yes",), "--dry-run", {}),
+    ],
+    ids=lambda value: " ".join(value)[:60] if isinstance(value, tuple) else None,
+)
+def test_hostile_resume_option_is_a_usage_error_before_anything_is_sent(
+    pending: Path, wire: Wire, args: tuple[str, ...], option: str, env: dict[str, str]
+) -> None:
+    """resume checks every option before it sends or journals anything; no secret is echoed."""
+    result = invoke(pending, "resume", *args, env=env)
+    secrets = [value.strip() for value in env.values() if len(value) > 4]
+    assert [] == [secret for secret in secrets if secret in result.output]
+    assert_usage_error(result, option)
+    assert [] == wire.arrivals
+    assert 1 == attempts(pending)
+    assert_sound(pending, operations=["op"], secrets=secrets)
+
+
+def test_a_profile_module_that_fails_to_import_is_a_usage_error(
+    pending: Path, wire: Wire, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--profile naming a module that raises while importing exits 2, naming the option."""
+    (scratch / "exploding_profile_module.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(scratch))
+    result = invoke(pending, "resume", "--profile", "exploding_profile_module:PROFILE")
+    sys.modules.pop("exploding_profile_module", None)
+    assert_usage_error(result, "--profile")
+    assert "boom at import" in result.output
+    assert [] == wire.arrivals
+
+
+def test_a_base_url_with_credentials_never_prints_or_stores_them(pending: Path, wire: Wire) -> None:
+    """A password on --base-url is refused or ignored: never sent, printed or journaled."""
+    result = invoke(
+        pending, "resume", "--base-url", wire.url.replace("//", "//user:base-url-pass@")
+    )
+    assert "base-url-pass" not in result.output
+    assert all(arrival.header("Authorization") is None for arrival in wire.arrivals)
+    assert_sound(pending, secrets=["base-url-pass"])
+
+
+# -- the journal option ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["list", "show op", "stats", "resume", "prune --older-than 1d"])
+def test_a_directory_as_journal_is_a_usage_error(scratch: Path, command: str) -> None:
+    """--journal naming a directory exits 2 before any command runs."""
+    result = CliRunner().invoke(cli, ["--journal", str(scratch), *command.split()])
+    assert_usage_error(result, "--journal")
+
+
+@pytest.mark.parametrize("command", ["list", "show op", "stats", "resume", "prune --older-than 1d"])
+def test_a_missing_journal_is_never_created(scratch: Path, command: str) -> None:
+    """A journal path that does not exist is an error (exit 1), and no file appears."""
+    missing = scratch / "missing.db"
+    result = CliRunner().invoke(cli, ["--journal", str(missing), *command.split()])
+    assert 1 == result.exit_code
+    assert "no journal at" in result.output
+    assert not missing.exists()

@@ -1,0 +1,302 @@
+"""Answers httpx cannot finish reading, and whatever else happens after the request left.
+
+Every attempt whose request was sent is journaled, whatever happens while
+reading the answer (an undecodable body, a redirect loop, a broken frame, a
+user's response hook that raises); the caller gets an ``IdempotentlyError``
+carrying the operation id and key, with the original error as its cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import idempotently
+from tests.adversarial.invariants import assert_sound, bug
+from tests.adversarial.wire import DEFLATE_GARBAGE, GZIP_GARBAGE, OK, RESET, Wire, reply
+
+ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
+CHARGE = {"amount": 1000}
+LOOP = reply(307, [(b"Location", b"/v1/charges")], b"")
+UNDECODABLE = {"gzip": GZIP_GARBAGE, "deflate": DEFLATE_GARBAGE}
+
+
+def call_session(journal: Path, url: str, **options: Any) -> httpx.Response:
+    options.setdefault("policy", ONE_TRY)
+    with idempotently.Session(journal, **options) as session:
+        return session.post(url, json=CHARGE, operation_id="op")
+
+
+def call_transport(journal: Path, url: str, **options: Any) -> httpx.Response:
+    client_options = {k: options.pop(k) for k in ("follow_redirects",) if k in options}
+    transport = idempotently.Transport(journal, policy=ONE_TRY, **options)
+    with httpx.Client(transport=transport, **client_options) as client:
+        return client.post(url, json=CHARGE, headers={"Idempotency-Operation-Id": "op"})
+
+
+async def call_async_session(journal: Path, url: str, **options: Any) -> httpx.Response:
+    options.setdefault("policy", ONE_TRY)
+    async with idempotently.AsyncSession(journal, **options) as session:
+        return await session.post(url, json=CHARGE, operation_id="op")
+
+
+async def call_async_transport(journal: Path, url: str, **options: Any) -> httpx.Response:
+    client_options = {k: options.pop(k) for k in ("follow_redirects",) if k in options}
+    transport = idempotently.AsyncTransport(journal, policy=ONE_TRY, **options)
+    async with httpx.AsyncClient(transport=transport, **client_options) as client:
+        return await client.post(url, json=CHARGE, headers={"Idempotency-Operation-Id": "op"})
+
+
+SYNC: dict[str, Callable[..., httpx.Response]] = {
+    "Session": call_session,
+    "Transport": call_transport,
+}
+ASYNC: dict[str, Callable[..., Awaitable[httpx.Response]]] = {
+    "AsyncSession": call_async_session,
+    "AsyncTransport": call_async_transport,
+}
+
+
+def assert_journaled_once(
+    journal: Path, error: BaseException, cause: type[BaseException], wire: Wire
+) -> None:
+    """One send, one journaled attempt naming the error; the caller's error names the
+    operation and its key, with the httpx error as its cause."""
+    assert isinstance(error, idempotently.IdempotentlyError), repr(error)
+    assert isinstance(error.__cause__, cause), repr(error.__cause__)
+    with idempotently.Journal(journal, create=False) as opened:
+        operation = opened.operation("op")
+    assert operation is not None
+    assert ("op", operation.key) == (error.operation_id, error.key)
+    assert ["maybe_delivered"] == [attempt.outcome for attempt in operation.attempts]
+    assert cause.__name__ in (operation.attempts[0].error or "")
+    assert "pending" == operation.status
+    assert [operation.key.encode()] == wire.keys()
+    assert_sound(journal, operations=["op"])
+
+
+# -- undecodable bodies ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", UNDECODABLE)
+@pytest.mark.parametrize("driver", SYNC)
+def test_an_undecodable_answer_is_journaled_and_raised_with_its_ids(
+    journal: Path, wire: Wire, driver: str, encoding: str
+) -> None:
+    """A body httpx cannot decode is an attempt journaled as maybe delivered, and an
+    IdempotentlyError with the operation id, key and the DecodingError as cause."""
+    wire.answer(UNDECODABLE[encoding])
+    with pytest.raises(idempotently.IdempotentlyError) as caught:
+        SYNC[driver](journal, f"{wire.url}/v1/charges")
+    assert_journaled_once(journal, caught.value, httpx.DecodingError, wire)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("encoding", UNDECODABLE)
+@pytest.mark.parametrize("driver", ASYNC)
+async def test_an_undecodable_answer_is_journaled_by_async_drivers_too(
+    journal: Path, wire: Wire, driver: str, encoding: str, anyio_backend: str
+) -> None:
+    """The async drivers journal an undecodable answer the same way, on asyncio and trio."""
+    wire.answer(UNDECODABLE[encoding])
+    with pytest.raises(idempotently.IdempotentlyError) as caught:
+        await ASYNC[driver](journal, f"{wire.url}/v1/charges")
+    assert_journaled_once(journal, caught.value, httpx.DecodingError, wire)
+
+
+@pytest.mark.parametrize("encoding", UNDECODABLE)
+def test_an_undecodable_answer_is_not_asked_again_within_the_call(
+    journal: Path, wire: Wire, encoding: str
+) -> None:
+    """Resending would meet the same unreadable answer: the call stops after one send and
+    leaves the operation pending, whatever retries the policy allows."""
+    wire.default = UNDECODABLE[encoding]
+    policy = idempotently.RetryPolicy(max_attempts=4, initial_backoff=0, max_backoff=0)
+    with pytest.raises(idempotently.OperationPendingError):
+        call_session(journal, f"{wire.url}/v1/charges", policy=policy)
+    assert 1 == len(wire.arrivals)
+    assert_sound(journal, operations=["op"])
+
+
+# -- redirect loops ----------------------------------------------------------------------------
+
+
+def test_a_redirect_loop_is_journaled_and_raised_with_its_ids(journal: Path, wire: Wire) -> None:
+    """With follow_redirects=True, a 307 loop ends as a journaled attempt and an
+    IdempotentlyError whose cause is TooManyRedirects; every hop carried the same key
+    and body."""
+    wire.default = LOOP
+    with pytest.raises(idempotently.IdempotentlyError) as caught:
+        call_session(journal, f"{wire.url}/v1/charges", follow_redirects=True)
+    error = caught.value
+    assert isinstance(error.__cause__, httpx.TooManyRedirects)
+    assert 1 == len({(arrival.key, arrival.body) for arrival in wire.arrivals})
+    with idempotently.Journal(journal, create=False) as opened:
+        operation = opened.operation("op")
+    assert operation is not None and ("op", operation.key) == (error.operation_id, error.key)
+    assert ["maybe_delivered"] == [attempt.outcome for attempt in operation.attempts]
+    assert_sound(journal, operations=["op"])
+
+
+@pytest.mark.anyio
+async def test_a_redirect_loop_is_journaled_by_async_session(
+    journal: Path, wire: Wire, anyio_backend: str
+) -> None:
+    """AsyncSession journals a redirect loop as Session does, on asyncio and trio."""
+    wire.default = LOOP
+    with pytest.raises(idempotently.IdempotentlyError) as caught:
+        await call_async_session(journal, f"{wire.url}/v1/charges", follow_redirects=True)
+    assert isinstance(caught.value.__cause__, httpx.TooManyRedirects)
+    assert_sound(journal, operations=["op"])
+
+
+def test_a_redirect_loop_above_a_transport_sends_once_and_journals_it(
+    journal: Path, wire: Wire
+) -> None:
+    """Behind a Transport, the client follows the loop above the journal: the write is
+    sent once and journaled; each hop after it is answered from the journal."""
+    wire.default = LOOP
+    with pytest.raises(httpx.TooManyRedirects):
+        call_transport(journal, f"{wire.url}/v1/charges", follow_redirects=True)
+    assert 1 == len(wire.arrivals)
+    operations = assert_sound(journal, operations=["op"])
+    assert 1 == operations[0].attempt_count
+
+
+# -- broken frames: sent, then the answer cannot be parsed -------------------------------------
+
+BROKEN = {
+    "body-shorter-than-length": reply(
+        200, [(b"Content-Length", b"100"), (b"Connection", b"close")], b"short"
+    ),
+    "bad-chunk-size": reply(
+        200, [(b"Transfer-Encoding", b"chunked")], b"zz\r\nabc\r\n0\r\n\r\n", content_length=False
+    ),
+    "garbage-status-line": b"HTTP/1.1 abc OK\r\n\r\n",
+    "not-http": b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+    "header-without-colon": b"HTTP/1.1 201 Created\r\nno colon here\r\nContent-Length: 0\r\n\r\n",
+    "huge-header": reply(201, [(b"X-Pad", b"a" * 200_000)]),
+}
+
+
+@pytest.mark.parametrize("answer", BROKEN)
+@pytest.mark.parametrize("driver", SYNC)
+def test_a_broken_answer_is_journaled_and_retried_with_the_same_key(
+    journal: Path, wire: Wire, driver: str, answer: str
+) -> None:
+    """An answer that breaks HTTP framing after the request was sent is a maybe-delivered
+    attempt: journaled, then retried with the same key and bytes until a real answer."""
+    wire.answer(BROKEN[answer], OK)
+    policy = idempotently.RetryPolicy(max_attempts=2, initial_backoff=0, max_backoff=0)
+    if driver == "Session":
+        with idempotently.Session(journal, policy=policy) as session:
+            response = session.post(f"{wire.url}/v1/charges", json=CHARGE, operation_id="op")
+    else:
+        transport = idempotently.Transport(journal, policy=policy)
+        with httpx.Client(transport=transport) as client:
+            response = client.post(
+                f"{wire.url}/v1/charges", json=CHARGE, headers={"Idempotency-Operation-Id": "op"}
+            )
+    assert 201 == response.status_code
+    assert 2 == len(wire.arrivals)
+    assert 1 == len({arrival.identity for arrival in wire.arrivals})
+    operations = assert_sound(journal, operations=["op"])
+    with idempotently.Journal(journal, create=False) as opened:
+        operation = opened.operation(operations[0].operation_id)
+    assert operation is not None
+    assert ["maybe_delivered", "answered"] == [attempt.outcome for attempt in operation.attempts]
+
+
+# -- a user's response hook --------------------------------------------------------------------
+
+
+def exploding_hook(response: httpx.Response) -> None:
+    raise RuntimeError("the response hook failed")
+
+
+@bug(
+    "a response hook that raises after the request was sent escapes as a raw RuntimeError; "
+    "no attempt is journaled (attempt_count stays 0) although the server got the request: "
+    "_drivers.py run/arun catch only httpx.HTTPError around send"
+)
+def test_a_raising_response_hook_still_journals_the_attempt(journal: Path, wire: Wire) -> None:
+    """A response hook raising after the send leaves a journaled attempt and an
+    IdempotentlyError with the operation id and key, the hook's error as cause."""
+    with pytest.raises(idempotently.IdempotentlyError) as caught:
+        call_session(journal, f"{wire.url}/v1/charges", event_hooks={"response": [exploding_hook]})
+    assert_journaled_once(journal, caught.value, RuntimeError, wire)
+
+
+@pytest.mark.anyio
+@bug(
+    "an async response hook that raises after the send escapes raw from AsyncSession; no "
+    "attempt is journaled (_drivers.py arun catches only httpx.HTTPError)"
+)
+async def test_a_raising_async_response_hook_still_journals_the_attempt(
+    journal: Path, wire: Wire, anyio_backend: str
+) -> None:
+    """AsyncSession journals the attempt when an async response hook raises."""
+
+    async def hook(response: httpx.Response) -> None:
+        raise RuntimeError("the response hook failed")
+
+    with pytest.raises(idempotently.IdempotentlyError) as caught:
+        await call_async_session(
+            journal, f"{wire.url}/v1/charges", event_hooks={"response": [hook]}
+        )
+    assert_journaled_once(journal, caught.value, RuntimeError, wire)
+
+
+@bug(
+    "raise_for_status() in a response hook turns a final 422 into httpx.HTTPStatusError, "
+    "which classify_error (_policy.py) reads as a maybe-delivered network error: the 422 is "
+    "retried (2 sends with max_attempts=2) and never journaled as the server's answer"
+)
+def test_raise_for_status_in_a_hook_never_retries_a_final_4xx(journal: Path, wire: Wire) -> None:
+    """A hook that raises for a 422 does not make the 422 retryable: one send only."""
+    wire.default = reply(422, body=b'{"error": "amount must be positive"}')
+
+    def raise_for_status(response: httpx.Response) -> None:
+        response.raise_for_status()
+
+    with pytest.raises((idempotently.IdempotentlyError, httpx.HTTPStatusError)):
+        call_session(
+            journal,
+            f"{wire.url}/v1/charges",
+            event_hooks={"response": [raise_for_status]},
+            policy=idempotently.RetryPolicy(max_attempts=2, initial_backoff=0, max_backoff=0),
+        )
+    assert 1 == len(wire.arrivals)
+    assert_sound(journal, operations=["op"])
+
+
+@bug(
+    "during resume, a response hook that raises on one operation escapes raw and ends the "
+    "resume: its attempt is not journaled and every later operation is never resumed "
+    "(_drivers.py run)"
+)
+def test_a_raising_response_hook_does_not_stop_resume_for_the_others(
+    journal: Path, wire: Wire
+) -> None:
+    """resume journals the failed operation's attempt and goes on with the next ones."""
+    wire.answer(RESET, RESET)
+    with idempotently.Session(journal, policy=ONE_TRY) as session:
+        for operation_id in ("first", "second"):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post(f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id)
+    calls = iter([True, False])
+
+    def hook_failing_once(response: httpx.Response) -> None:
+        if next(calls):
+            raise RuntimeError("the response hook failed")
+
+    with idempotently.Session(journal, event_hooks={"response": [hook_failing_once]}) as session:
+        results = session.resume()
+    assert ["first", "second"] == [result.operation_id for result in results]
+    assert "succeeded" == results[1].status
+    operations = {o.operation_id: o for o in assert_sound(journal, operations=["first", "second"])}
+    assert 2 == operations["first"].attempt_count
