@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 UNITS: dict[str, float] = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+MAX_DURATION = 100 * 366 * 86400.0
+"""A century: anything longer is a typo, not a retention window."""
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 ACCEPTED = (
     "a number with a unit, like 0s, 30s, 15m, 12h or 7d "
@@ -25,12 +27,18 @@ def parse_duration(text: str) -> float:
         pass
     else:
         if math.isfinite(seconds) and seconds >= 0:
-            return seconds
+            return _bounded(text, seconds)
         raise ValueError(f"{text!r} is not a duration; use {ACCEPTED}")
     parts = _PART.findall(cleaned)
     if not parts or "".join(number + unit for number, unit in parts) != cleaned:
         raise ValueError(f"{text!r} is not a duration; use {ACCEPTED}")
-    return sum(float(number) * UNITS[unit] for number, unit in parts)
+    return _bounded(text, sum(float(number) * UNITS[unit] for number, unit in parts))
+
+
+def _bounded(text: str, seconds: float) -> float:
+    if not seconds <= MAX_DURATION:  # also catches inf and nan
+        raise ValueError(f"{text[:40]!r} is longer than a century; use {ACCEPTED}")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

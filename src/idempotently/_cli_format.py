@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -22,19 +24,61 @@ HIDDEN_HEADERS = SENSITIVE_HEADERS | {"set-cookie", "set-cookie2"}
 REDACTED = "[redacted]"
 
 
+def _moment(timestamp: float) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(timestamp, timezone.utc)
+    except (OverflowError, OSError, ValueError):  # past year 9999: no calendar date
+        return None
+
+
 def iso(timestamp: float | None) -> str | None:
     """ISO-8601 in UTC with milliseconds, e.g. ``2026-01-02T03:04:05.678+00:00``."""
     if timestamp is None:
         return None
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")
+    moment = _moment(timestamp)
+    if moment is None:
+        return f"{timestamp:.0f} (seconds since the epoch)"
+    return moment.isoformat(timespec="milliseconds")
 
 
 def when(timestamp: float | None, now: float) -> str:
     """A time for people: ISO to the second plus how long ago (``… (3m ago)``)."""
     if timestamp is None:
         return "-"
-    moment = datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-    return f"{moment} ({format_age(timestamp, now)})"
+    moment = _moment(timestamp)
+    if moment is None:
+        return f"{timestamp:.0f} (seconds since the epoch)"
+    return f"{moment.strftime('%Y-%m-%d %H:%M:%SZ')} ({format_age(timestamp, now)})"
+
+
+# C0 and C1 control characters, DEL, and the bidirectional overrides: what a server
+# (or a journal) could use to rewrite an operator's terminal or hide text.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every terminal control character shown as an escape, never obeyed."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _strict_json(text: str) -> Any:
+    """JSON as RFC 8259 has it: NaN and Infinity are not JSON; too deep is not shown as JSON."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        if not math.isfinite(value):  # 1e999: valid JSON text, but no float holds it
+            raise ValueError(f"{number[:20]} overflows a float")
+        return value
+
+    return json.loads(text, parse_constant=refuse, parse_float=finite)
 
 
 def visible_headers(headers: Iterable[tuple[str, str]] | None) -> list[tuple[str, str]]:
@@ -56,8 +100,10 @@ def body_json(body: bytes | None) -> dict[str, Any] | None:
         rendered["base64"] = base64.b64encode(body).decode("ascii")
         return rendered
     rendered["text"] = text
-    with contextlib.suppress(ValueError):
-        rendered["json"] = json.loads(text)
+    with contextlib.suppress(ValueError, RecursionError):
+        parsed = _strict_json(text)
+        json.dumps(parsed)  # deep enough to parse may be too deep to print
+        rendered["json"] = parsed
     return rendered
 
 
@@ -72,8 +118,8 @@ def body_lines(body: bytes | None) -> list[str]:
     except UnicodeDecodeError:
         return [f"({len(body)} bytes of binary data; --json shows them as base64)"]
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False).splitlines()
-    except ValueError:
+        return json.dumps(_strict_json(text), indent=2, ensure_ascii=False).splitlines()
+    except (ValueError, RecursionError):
         return text.splitlines()
 
 

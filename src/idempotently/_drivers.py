@@ -33,9 +33,10 @@ from idempotently._store import (
 
 T = TypeVar("T")
 
-# What a send may raise that still means "this attempt ended": transport errors,
-# and answers httpx could not finish reading (undecodable body, redirect loop).
-SEND_ERRORS = (httpx.HTTPError,)
+# What a send may raise that still means "this attempt ended" and is journaled as
+# such: any error (transport errors, an answer httpx could not read, a response
+# hook that raised). KeyboardInterrupt and cancellation end the call instead.
+SEND_ERRORS = (Exception,)
 
 
 def run(

@@ -275,6 +275,22 @@ def check_call_arguments(
             )
 
 
+def check_timeouts(request: httpx.Request) -> None:
+    """The request's timeouts (from ``timeout=``) are seconds or None, before anything is
+    journaled: httpx would only fail on them at the socket."""
+    timeouts = request.extensions.get("timeout") or {}
+    for phase, value in timeouts.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"timeout must be seconds (a number), None or an httpx.Timeout; its {phase} "
+                f"timeout is a {type(value).__name__}"
+            )
+        if not (0 <= value < float("inf")):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
+
+
 def new_lease_owner() -> str:
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -722,6 +738,11 @@ class Engine:
             if reconciling and result.status == "needs_reconcile":
                 current = (yield Find(operation.operation_id, None)) or operation
                 settlement = yield Reconcile(current)
+                if settlement is not None and not isinstance(settlement, Settlement):
+                    raise TypeError(
+                        f"the reconciler must return an idempotently.Settlement or None, not "
+                        f"{type(settlement).__name__} (for operation {current.operation_id!r})"
+                    )
                 if settlement is not None:
                     result = yield from self._settle(current, settlement)
         yield Report(result)
@@ -835,12 +856,14 @@ class Engine:
             (name.encode("latin-1"), value.encode("latin-1"))
             for name, value in operation.request_headers
         ]
-        request = build(operation.method, url, headers, operation.request_body)
         if live is not None:
-            for raw_name, raw_value in live.headers.raw:
-                if raw_name.decode("latin-1").lower() in self.redact_headers:
-                    request.headers[raw_name.decode("latin-1")] = raw_value.decode("latin-1")
-        return request
+            # The live request's credentials, as the bytes it carries (latin-1 included).
+            headers.extend(
+                (raw_name, raw_value)
+                for raw_name, raw_value in live.headers.raw
+                if raw_name.decode("latin-1").lower() in self.redact_headers
+            )
+        return build(operation.method, url, headers, operation.request_body)
 
     def stored_response(self, operation: Operation, build: BuildRequest) -> httpx.Response:
         """The stored answer of a finished operation, or the error that ended it."""
@@ -866,7 +889,10 @@ class Engine:
             )
         response = httpx.Response(
             operation.response_status,
-            headers=list(operation.response_headers or ()),
+            headers=[
+                (name.encode("latin-1"), value.encode("latin-1"))
+                for name, value in operation.response_headers or ()
+            ],
             content=operation.response_body or b"",
             request=self.rebuild(operation, build),
         )

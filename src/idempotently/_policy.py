@@ -13,6 +13,7 @@ evaluated on a ``tenacity.RetryCallState`` built from the call's own clock.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 from collections.abc import Callable, Collection
@@ -209,19 +210,25 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
 
 _NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _UNSENDABLE_ERRORS = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
-_UNREADABLE_ERRORS = (httpx.DecodingError, httpx.TooManyRedirects)
 
 
 def classify_error(error: BaseException, *, secrets: Collection[str] = ()) -> Failure:
-    """A transport error (or one raised while reading the answer) as a :class:`Failure`."""
+    """What ended an attempt without an answer, as a :class:`Failure`.
+
+    A transport error says whether the request can have reached the server. Any
+    other error (an undecodable body, a redirect loop, a response hook of the
+    caller's that raised, ``raise_for_status()`` in a hook) came after the server
+    answered: the attempt may have been acted on, and sending it again would meet
+    the same end, so it is not retried.
+    """
     text = scrub(f"{type(error).__name__}: {error}", secrets)
     if isinstance(error, _UNSENDABLE_ERRORS):
         return Failure("not_sent", text, unsendable=True)
     if isinstance(error, _NOT_SENT_ERRORS):
         return Failure("not_sent", text)
-    if isinstance(error, _UNREADABLE_ERRORS):
-        return Failure("maybe_delivered", text, unreadable=True)
-    return Failure("maybe_delivered", text)
+    if isinstance(error, httpx.TransportError):
+        return Failure("maybe_delivered", text)
+    return Failure("maybe_delivered", text, unreadable=True)
 
 
 def scrub(text: str, secrets: Collection[str]) -> str:
@@ -229,10 +236,16 @@ def scrub(text: str, secrets: Collection[str]) -> str:
 
     httpx quotes an illegal header value in its error, token included.
     """
-    for secret in sorted(secrets, key=len, reverse=True):
-        for form in {secret, secret.strip(), repr(secret)[1:-1], repr(secret.encode())[2:-1]}:
-            if len(form) >= 4:
-                text = text.replace(form, "[redacted]")
+    forms: set[str] = set()
+    for secret in secrets:
+        for value in (secret, secret.strip()):
+            forms.update((value, repr(value)[1:-1]))
+            for encoding in ("latin-1", "utf-8"):
+                with contextlib.suppress(UnicodeEncodeError):
+                    forms.add(repr(value.encode(encoding))[2:-1])
+    for form in sorted(forms, key=len, reverse=True):
+        if len(form) >= 4:
+            text = text.replace(form, "[redacted]")
     return _BEARER.sub(r"\1[redacted]", text)
 
 
@@ -337,8 +350,8 @@ def decide(
         if signal.unreadable:
             return decision(
                 "pending",
-                f"the server answered but its answer cannot be read ({signal.text}); "
-                "resending would meet the same answer",
+                f"the answer could not be read ({signal.text}): the server may have acted, "
+                "and resending would meet the same end",
             )
         return _retry_or_stop(policy, state, signal.text, None, now=now, rand=rand)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import httpx
@@ -75,6 +75,51 @@ _TRUE_VALUES = frozenset({b"true", b"?1", b"1"})
 _KEY_CHARACTERS = re.compile(r"[!#-\[\]-~]+")
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+MAX_KEY_LIFETIME = 10 * 366 * 24 * 3600.0
+
+
+def _seconds(low_exclusive: float, high: float) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None and attribute.name == "in_progress_timeout":
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"{attribute.name} must be a number of seconds, not {type(value).__name__}"
+            )
+        if not (low_exclusive < value <= high):
+            raise ValueError(
+                f"{attribute.name} must be seconds above 0 up to {high:g}, not {value!r}"
+            )
+
+    return check
+
+
+def _header_names(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    names = (value,) if attribute.name == "key_header" else value
+    if isinstance(names, str) or not all(
+        isinstance(name, str) and _HEADER_NAME.fullmatch(name) for name in names
+    ):
+        raise ValueError(
+            f"{attribute.name} must be HTTP header names (letters, digits, -), not {value!r}"
+        )
+
+
+def _statuses(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, frozenset) or not all(
+        isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599
+        for status in value
+    ):
+        raise ValueError(
+            f"{attribute.name} must be a frozenset of 4xx/5xx status codes, not {value!r}"
+        )
+
+
+def _name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not value or len(value) > 100 or not value.isprintable():
+        raise ValueError(f"name must be 1 to 100 printable characters, not {value!r}")
+
+
 @attrs.frozen
 class ServerProfile:
     """The server side of the contract, as one API implements it.
@@ -83,30 +128,53 @@ class ServerProfile:
     ``attrs.evolve(profiles.GENERIC, in_progress_statuses=frozenset({409, 423}))``.
     """
 
-    name: str
-    key_header: str = DEFAULT_KEY_HEADER
+    name: str = attrs.field(validator=_name)
+    key_header: str = attrs.field(default=DEFAULT_KEY_HEADER, validator=_header_names)
     """The request header that carries the key."""
-    key_format: KeyFormat = "token"
+    key_format: KeyFormat = attrs.field(
+        default="token", validator=attrs.validators.in_(("token", "sf-string"))
+    )
     """``token`` (sent bare) or ``sf-string`` (an RFC 8941 quoted string)."""
-    max_key_length: int = DEFAULT_MAX_KEY_LENGTH
-    key_lifetime: float = DEFAULT_KEY_LIFETIME
+    max_key_length: int = attrs.field(
+        default=DEFAULT_MAX_KEY_LENGTH,
+        validator=[
+            attrs.validators.instance_of(int),
+            attrs.validators.ge(1),
+            attrs.validators.le(8192),
+        ],
+    )
+    key_lifetime: float = attrs.field(
+        default=DEFAULT_KEY_LIFETIME, validator=_seconds(0, MAX_KEY_LIFETIME)
+    )
     """Seconds the server remembers a key; resume never resends an older one."""
-    in_progress_statuses: frozenset[int] = frozenset({409})
+    in_progress_statuses: frozenset[int] = attrs.field(
+        default=frozenset({409}), validator=_statuses
+    )
     """Answers meaning "this key's first request is still running": retried, capped."""
-    in_progress_timeout: float | None = DEFAULT_IN_PROGRESS_TIMEOUT
+    in_progress_timeout: float | None = attrs.field(
+        default=DEFAULT_IN_PROGRESS_TIMEOUT, validator=_seconds(0, MAX_KEY_LIFETIME)
+    )
     """Seconds of uninterrupted "in progress" answers after which the operation goes to
     needs_reconcile (a server lock that never expires); None waits forever."""
-    mismatch_statuses: frozenset[int] = frozenset({422})
+    mismatch_statuses: frozenset[int] = attrs.field(default=frozenset({422}), validator=_statuses)
     """Answers that always mean "this key was used with another payload"."""
-    mismatch_matcher: MismatchMatcher = DEFAULT_MISMATCH_MATCHER
+    mismatch_matcher: MismatchMatcher = attrs.field(
+        default=DEFAULT_MISMATCH_MATCHER, validator=attrs.validators.is_callable()
+    )
     """Recognises a payload mismatch among other answers (a 409 or 400 body)."""
-    stores_server_errors: bool = True
+    stores_server_errors: bool = attrs.field(
+        default=True, validator=attrs.validators.instance_of(bool)
+    )
     """Whether the server stores a 5xx under the key. When False (middlewares that
     release the key and re-run the handler), a 500 may have acted: it goes to
     needs_reconcile, and only 502, 503 and 504 are retried."""
-    replay_headers: tuple[str, ...] = REPLAY_MARKER_HEADERS
+    replay_headers: tuple[str, ...] = attrs.field(
+        default=REPLAY_MARKER_HEADERS, converter=tuple, validator=_header_names
+    )
     """Response headers marking a stored answer replayed (value true, ?1 or 1)."""
-    retry_hint_headers: tuple[str, ...] = RETRY_HINT_HEADERS
+    retry_hint_headers: tuple[str, ...] = attrs.field(
+        default=RETRY_HINT_HEADERS, converter=tuple, validator=_header_names
+    )
     """Response headers saying true/false to "should this be retried"."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)

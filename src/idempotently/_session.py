@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -41,6 +40,7 @@ from idempotently._flow import (
     ResumeResult,
     Settlement,
     check_call_arguments,
+    check_timeouts,
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
@@ -63,6 +63,10 @@ _CLIENT_OPTIONS = {
     httpx.Client: _options_of(httpx.Client),
     httpx.AsyncClient: _options_of(httpx.AsyncClient),
 }
+
+
+MAX_LEASE_DURATION = 24 * 3600.0
+MAX_KEY_EXPIRY_MARGIN = 30 * 24 * 3600.0
 
 
 def check_engine_options(
@@ -94,14 +98,17 @@ def check_engine_options(
         for header in names:
             if not isinstance(header, str) or not header:
                 raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
-    for name, value, low in (
-        ("lease_duration", lease_duration, 0.0),
-        ("key_expiry_margin", key_expiry_margin, -0.0),
+    for name, value, positive, most in (
+        ("lease_duration", lease_duration, True, MAX_LEASE_DURATION),
+        ("key_expiry_margin", key_expiry_margin, False, MAX_KEY_EXPIRY_MARGIN),
     ):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-        if not math.isfinite(value) or value < 0 or (low == 0.0 and value == 0):
-            raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
+        if not (0 <= value <= most) or (positive and value == 0):
+            raise ValueError(
+                f"{name} must be a number of seconds {'above' if positive else 'from'} 0 to "
+                f"{most:g}, not {value!r}"
+            )
     for name, function in (("clock", clock), ("sleep", sleep)):
         if not callable(function):
             raise TypeError(f"{name} must be callable, not {type(function).__name__}")
@@ -398,6 +405,7 @@ class Session(_SessionBase[httpx.Client]):
             timeout=timeout,
             extensions=extensions,
         )
+        check_timeouts(request)
         request.read()
         call = self._call(request, operation_id, idempotency_key, delivery, deadline_at)
         held = Held()
@@ -471,6 +479,23 @@ class Session(_SessionBase[httpx.Client]):
 MAX_RESUME_CONCURRENCY = 256
 
 
+def check_origin(base_url: str | httpx.URL) -> httpx.URL:
+    """An http(s) origin with a host and a port that exists; ValueError saying why not."""
+    try:
+        url = httpx.URL(base_url)
+        port = url.port
+    except (httpx.InvalidURL, ValueError) as error:
+        raise ValueError(f"base_url {str(base_url)[:200]!r} is not a URL: {error}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(
+            f"base_url must be an http(s) origin like https://host:port, not "
+            f"{str(base_url)[:200]!r}; nothing was resent"
+        )
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"base_url port must be 1 to 65535, not {port}; nothing was resent")
+    return url
+
+
 def check_resume_arguments(
     *, base_url: object, reconciler: object, on_result: object, concurrency: object
 ) -> None:
@@ -481,15 +506,7 @@ def check_resume_arguments(
     if base_url is not None:
         if not isinstance(base_url, (str, httpx.URL)):
             raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")
-        try:
-            url = httpx.URL(base_url)
-        except httpx.InvalidURL as error:
-            raise ValueError(f"base_url {base_url!r} is not a URL: {error}") from None
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(
-                f"base_url must be an http(s) origin like https://host:port, not {base_url!r}; "
-                "nothing was resent"
-            )
+        check_origin(base_url)
     for name, function in (("reconciler", reconciler), ("on_result", on_result)):
         if function is not None and not callable(function):
             raise TypeError(f"{name} must be callable, not {type(function).__name__}")
@@ -610,6 +627,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             timeout=timeout,
             extensions=extensions,
         )
+        check_timeouts(request)
         await request.aread()
         call = self._call(request, operation_id, idempotency_key, delivery, deadline_at)
         held = Held()

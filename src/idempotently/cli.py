@@ -13,6 +13,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -31,6 +32,7 @@ from idempotently._cli_format import (
     operation_lines,
     operations_table,
     percent,
+    printable,
     table,
 )
 from idempotently._exceptions import JournalError
@@ -38,10 +40,14 @@ from idempotently._flow import DEFAULT_LEASE_DURATION, ResumeResult
 from idempotently._journal import MAX_LIMIT, Journal
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
-from idempotently._session import MAX_RESUME_CONCURRENCY, Session
+from idempotently._session import MAX_RESUME_CONCURRENCY, Session, check_origin
 from idempotently._vocabulary import RESUME_DONE, STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
+JSON_ESCAPES = {
+    code: f"\\u{code:04x}"
+    for code in (*range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
 DEFAULT_JOURNAL = "idempotently.db"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -115,12 +121,14 @@ json_option = click.option(
 
 
 def echo_json(value: object) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+    # JSON escapes C0 controls itself; DEL, C1 and bidi overrides are escaped here too,
+    # so no value can drive the terminal of someone reading the output.
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False).translate(JSON_ESCAPES))
 
 
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
     for line in lines:
-        click.echo(f"{indent}{line}".rstrip())
+        click.echo(printable(f"{indent}{line}".rstrip()))
 
 
 def fail(message: str) -> None:
@@ -200,7 +208,9 @@ def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> N
     """
     operation = journal.operation(operation_id_or_key)
     if operation is None:
-        raise click.ClickException(f"no operation or key '{operation_id_or_key}' in {journal.path}")
+        raise click.ClickException(
+            f"no operation or key '{printable(operation_id_or_key)}' in {journal.path}"
+        )
     if as_json:
         echo_json(operation_detail_json(operation))
         return
@@ -281,27 +291,56 @@ def headers_from_env(
             raise click.BadParameter(
                 f"{value!r} is not NAME=ENVVAR (e.g. Authorization=MY_TOKEN)", ctx, param
             )
+        name, envvar = name.strip(), envvar.strip()
+        if not HEADER_NAME.fullmatch(name):
+            raise click.BadParameter(
+                f"{name!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)",
+                ctx,
+                param,
+            )
         if envvar not in os.environ:
             raise click.BadParameter(
                 f"environment variable {envvar} is not set (needed for the {name} header)",
                 ctx,
                 param,
             )
-        headers[name.strip()] = os.environ[envvar]
+        secret = os.environ[envvar]
+        # Never quote the value: it is a credential.
+        problem = header_value_problem(secret)
+        if problem is not None:
+            raise click.BadParameter(
+                f"environment variable {envvar} (for the {name} header) {problem}; nothing "
+                "was sent",
+                ctx,
+                param,
+            )
+        headers[name] = secret
     return headers
+
+
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def header_value_problem(value: str) -> str | None:
+    """What makes ``value`` unsendable as a header value, without quoting it; None if fine."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return "holds characters outside latin-1"
+    if value != value.strip(" \t\r\n"):
+        return "starts or ends with whitespace or a line break (check for a stray newline)"
+    if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F for char in value):
+        return "holds a control character (a line break, NUL, ...)"
+    return None
 
 
 def checked_base_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
     try:
-        url = httpx.URL(value)
-    except httpx.InvalidURL as error:
-        raise click.BadParameter(f"{value!r}: {error}", ctx, param) from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise click.BadParameter(
-            f"{value!r} is not an http(s) URL like https://host:port", ctx, param
-        )
+        check_origin(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx, param) from None
     return value
 
 
@@ -417,7 +456,15 @@ def resume_command(
     # An attempt in flight is never cut short by the policy: the client's timeout
     # bounds it, so a dead host costs the deadline, not the default five seconds per try.
     timeout = httpx.Timeout(min(deadline, 5.0)) if deadline is not None else httpx.Timeout(5.0)
-    session = Session(journal, headers=headers, profile=profile, policy=policy, timeout=timeout)
+    session = Session(
+        journal,
+        headers=headers,
+        # Whatever came from the environment is a credential: never journaled or printed.
+        redact_headers=list(headers),
+        profile=profile,
+        policy=policy,
+        timeout=timeout,
+    )
     with session:
         if stderr_is_terminal() and not as_json:
             total = journal.counts()["pending"]

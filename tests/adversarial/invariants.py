@@ -11,7 +11,6 @@ from pathlib import Path
 
 import attrs
 import httpx
-import pytest
 from click.testing import CliRunner
 
 import idempotently
@@ -109,11 +108,6 @@ def assert_sound(
 def sent_once_per_key(keys: Iterable[bytes | None]) -> bool:
     """Every key reached the server exactly once."""
     return all(count == 1 for count in Counter(keys).values())
-
-
-def bug(reason: str) -> pytest.MarkDecorator:
-    """A promise src does not keep yet: the test shows it, strictly."""
-    return pytest.mark.xfail(strict=True, reason=f"BUG: {reason}")
 
 
 @attrs.define

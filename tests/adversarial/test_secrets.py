@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import idempotently
 from idempotently.cli import cli
-from tests.adversarial.invariants import assert_sound, bug, journal_bytes
+from tests.adversarial.invariants import assert_sound, journal_bytes
 from tests.adversarial.wire import RESET, Wire, reply
 
 ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
@@ -146,19 +146,11 @@ def test_an_unsendable_secret_header_is_scrubbed_everywhere(
     assert_sound(journal, operations=["op"], secrets=[TOKEN], screens=[traceback_text(error)])
 
 
-LATIN1_BUG = bug(
-    "a secret header given as bytes with a non-ASCII byte and an illegal ending "
-    "(b'sk_live_\\xe9abc\\n') is quoted by h11 as b'sk_live_\\xe9abc\\n'; scrub() "
-    "(_policy.py) only tries str forms and the UTF-8 repr, so the token reaches the "
-    "error text, attempts.error in the journal and `show`"
-)
-
-
 @pytest.mark.parametrize(
     "value",
     [
-        pytest.param(TOKEN.encode() + b"\xe9\n", marks=LATIN1_BUG, id="latin-1-newline"),
-        pytest.param(TOKEN.encode() + b"\xff ", marks=LATIN1_BUG, id="latin-1-space"),
+        pytest.param(TOKEN.encode() + b"\xe9\n", id="latin-1-newline"),
+        pytest.param(TOKEN.encode() + b"\xff ", id="latin-1-space"),
         pytest.param(TOKEN.encode() + b"\n", id="ascii-newline"),
     ],
 )
@@ -206,7 +198,8 @@ VISIBLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characte
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    token=st.text(VISIBLE, min_size=8, max_size=40),
+    # A prefix no journal column, table or message spells: a hit can only be the secret.
+    token=st.text(VISIBLE, min_size=8, max_size=40).map(lambda text: f"sk_test_{text}"),
     prefix=st.sampled_from(["", "Bearer ", "Basic ", "Token "]),
     suffix=st.sampled_from(["\n", "\r", " ", "\t", "\r\n", "\x00", "\n\n"]),
     header=st.sampled_from(SECRET_HEADERS),
@@ -247,12 +240,6 @@ def pending(journal: Path, wire: Wire) -> Path:
         "X-Api-Key",
         pytest.param(
             "X-Partner-Token",
-            marks=bug(
-                "resume --header-env X-Partner-Token=TOK with a value ending in '\\n' prints the "
-                "value (\"Illegal header value b'…\\n'\") and journals it in attempts.error: "
-                "cli.py builds Session(headers=...) without redact_headers for the "
-                "--header-env names, so only the built-in secret headers are scrubbed"
-            ),
         ),
     ],
 )

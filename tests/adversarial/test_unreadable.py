@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import idempotently
-from tests.adversarial.invariants import assert_sound, bug
+from tests.adversarial.invariants import assert_sound
 from tests.adversarial.wire import DEFLATE_GARBAGE, GZIP_GARBAGE, OK, RESET, Wire, reply
 
 ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
@@ -218,11 +218,6 @@ def exploding_hook(response: httpx.Response) -> None:
     raise RuntimeError("the response hook failed")
 
 
-@bug(
-    "a response hook that raises after the request was sent escapes as a raw RuntimeError; "
-    "no attempt is journaled (attempt_count stays 0) although the server got the request: "
-    "_drivers.py run/arun catch only httpx.HTTPError around send"
-)
 def test_a_raising_response_hook_still_journals_the_attempt(journal: Path, wire: Wire) -> None:
     """A response hook raising after the send leaves a journaled attempt and an
     IdempotentlyError with the operation id and key, the hook's error as cause."""
@@ -232,10 +227,6 @@ def test_a_raising_response_hook_still_journals_the_attempt(journal: Path, wire:
 
 
 @pytest.mark.anyio
-@bug(
-    "an async response hook that raises after the send escapes raw from AsyncSession; no "
-    "attempt is journaled (_drivers.py arun catches only httpx.HTTPError)"
-)
 async def test_a_raising_async_response_hook_still_journals_the_attempt(
     journal: Path, wire: Wire, anyio_backend: str
 ) -> None:
@@ -251,11 +242,6 @@ async def test_a_raising_async_response_hook_still_journals_the_attempt(
     assert_journaled_once(journal, caught.value, RuntimeError, wire)
 
 
-@bug(
-    "raise_for_status() in a response hook turns a final 422 into httpx.HTTPStatusError, "
-    "which classify_error (_policy.py) reads as a maybe-delivered network error: the 422 is "
-    "retried (2 sends with max_attempts=2) and never journaled as the server's answer"
-)
 def test_raise_for_status_in_a_hook_never_retries_a_final_4xx(journal: Path, wire: Wire) -> None:
     """A hook that raises for a 422 does not make the 422 retryable: one send only."""
     wire.default = reply(422, body=b'{"error": "amount must be positive"}')
@@ -274,11 +260,6 @@ def test_raise_for_status_in_a_hook_never_retries_a_final_4xx(journal: Path, wir
     assert_sound(journal, operations=["op"])
 
 
-@bug(
-    "during resume, a response hook that raises on one operation escapes raw and ends the "
-    "resume: its attempt is not journaled and every later operation is never resumed "
-    "(_drivers.py run)"
-)
 def test_a_raising_response_hook_does_not_stop_resume_for_the_others(
     journal: Path, wire: Wire
 ) -> None:
