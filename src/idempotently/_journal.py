@@ -10,7 +10,6 @@ replay from the server, which the key makes harmless. See docs/journal.md.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import threading
@@ -223,10 +222,14 @@ def _write_problem(error: sqlite3.Error) -> str:
     return "other"
 
 
-def _check_number(
-    name: str, value: object, *, integer: bool, low: float | None = None, high: float | None = None
-) -> None:
-    """A read argument is a finite number in range (None allowed), or a clear error."""
+MAX_TIMESTAMP = 1e11
+"""Seconds since the epoch in the year 5138: any later time is a mistake."""
+MAX_WINDOW = 100 * 366 * 86400.0
+"""A century, in seconds: the longest age or window a read takes."""
+
+
+def _check_number(name: str, value: object, *, integer: bool, low: float, high: float) -> None:
+    """A read argument is a number from ``low`` to ``high`` (None allowed), or a clear error."""
     if value is None:
         return
     if (
@@ -237,14 +240,9 @@ def _check_number(
         raise TypeError(
             f"{name} must be {'an int' if integer else 'a number'}, not {type(value).__name__}"
         )
-    if (
-        not math.isfinite(value)
-        or (low is not None and value < low)
-        or (high is not None and value > high)
-    ):
-        bounds = f" from {low:g}" if low is not None else ""
-        bounds += f" to {high:g}" if high is not None else ""
-        raise ValueError(f"{name} must be a finite number{bounds}, not {value!r}")
+    # Compared as they are: an int too large for a float is still simply too large.
+    if not low <= value <= high:  # also false for nan
+        raise ValueError(f"{name} must be a number from {low:g} to {high:g}, not {value!r:.40}")
 
 
 def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
@@ -362,6 +360,11 @@ class Journal:
         journal's cost per call (docs/performance.md); the default is the
         contract: durable before the first byte is sent.
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"the journal path must be a str or os.PathLike, not {type(path).__name__}"
+            )
+        _check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
         self.path = os.fspath(path)
         self.fsync_keys = fsync_keys
         self.readonly = readonly
@@ -859,11 +862,16 @@ class Journal:
 
         ``since`` is seconds since the epoch: only operations created since then.
         """
-        _check_number("since", since, integer=False)
-        _check_number("limit", limit, integer=True, low=1, high=MAX_LIMIT)
+        _check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
+        _check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
+            if not isinstance(status, (str, list, tuple, set, frozenset)):
+                raise TypeError(
+                    f"status must be a status or a list of them ({', '.join(STATUSES)}), not "
+                    f"{type(status).__name__}"
+                )
             statuses = [status] if isinstance(status, str) else list(status)
             for value in statuses:
                 if value not in STATUSES:
@@ -884,6 +892,8 @@ class Journal:
 
     def stats(self, *, now: float, stuck_after: float = 60.0) -> JournalStats:
         """Counts, rates and the stuck count (pending, unleased, idle ``stuck_after`` s)."""
+        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        _check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
         counts = self.counts()
         attempts = self._query(
             """
@@ -921,8 +931,8 @@ class Journal:
         Never touches ``pending`` or ``needs_reconcile``: those still need work.
         Returns how many operations were (or, with ``dry_run``, would be) deleted.
         """
-        _check_number("older_than", older_than, integer=False, low=0)
-        _check_number("now", now, integer=False)
+        _check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
+        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
         finished = ", ".join(f"'{status}'" for status in FINISHED_STATUSES)
         where = f"status IN ({finished}) AND updated_at < ?"
         cutoff = now - older_than
