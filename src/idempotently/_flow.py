@@ -332,6 +332,8 @@ class Engine:
     fingerprint_headers: tuple[str, ...] = ()
     lease_duration: float = DEFAULT_LEASE_DURATION
     key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN
+    namespace: uuid.UUID | None = None
+    """The journal's own namespace: a named operation's key is derived from it."""
 
     # -- one call ------------------------------------------------------------------------
 
@@ -415,7 +417,7 @@ class Engine:
 
     def _new_operation(self, call: Call, print_: str, now: float) -> tuple[NewOperation, str]:
         request = call.request
-        key = call.key or new_key()
+        key = call.key or self.key_for(call.operation_id)
         request.headers[self.profile.key_header] = self.profile.render_key(key)
         new = NewOperation(
             operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
@@ -433,6 +435,18 @@ class Engine:
             deadline_at=call.deadline_at,
         )
         return new, new_lease_owner()
+
+    def key_for(self, operation_id: str | None) -> str:
+        """A new operation's key: derived for a named operation, random otherwise.
+
+        Derived as UUIDv5(journal namespace, operation id): a caller that runs the
+        operation again after the journal lost its row (a power cut with
+        durability "os", a restored backup) sends the same key, and the server
+        replays instead of acting twice.
+        """
+        if operation_id is not None and self.namespace is not None:
+            return str(uuid.uuid5(self.namespace, operation_id))
+        return new_key()
 
     def _check_same(self, operation: Operation, call: Call, print_: str) -> None:
         """Raise :class:`KeyReuseError` unless ``call`` is the journaled operation again."""

@@ -1,0 +1,79 @@
+"""Group commit: callers that need a durable write at the same moment share one fsync.
+
+A caller hands its write to :meth:`GroupCommit.submit`. If no batch is being
+committed it leads: it takes every write waiting (its own included), commits
+them in one transaction, and wakes the others. If a batch is being committed,
+it waits; when that batch is done, one of the waiters leads the next one with
+everything that arrived meanwhile. Nobody returns before its own write is
+committed, so no durability promise is weakened: a key is still durable before
+its first byte is sent, it only shares the fsync with its neighbours'.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Job(Generic[T, R]):
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.done = False
+        self.result: R | None = None
+        self.error: Exception | None = None
+
+
+class GroupCommit(Generic[T, R]):
+    """Batches ``commit`` calls made by concurrent threads."""
+
+    def __init__(self, commit: Callable[[Sequence[T]], Sequence[R]]) -> None:
+        self._commit = commit
+        self._changed = threading.Condition()
+        self._waiting: list[_Job[T, R]] = []
+        self._committing = False
+
+    def submit(self, item: T) -> R:
+        """Commit ``item`` (with whatever else is waiting); its result once it is durable."""
+        job: _Job[T, R] = _Job(item)
+        with self._changed:
+            self._waiting.append(job)
+            while self._committing and not job.done:
+                self._changed.wait()
+            if not job.done:
+                self._committing = True
+                batch, self._waiting = self._waiting, []
+        if not job.done:
+            self._lead(batch, job)
+        if job.error is not None:
+            raise job.error
+        return job.result  # type: ignore[return-value]  # set with done, error None
+
+    def _lead(self, batch: list[_Job[T, R]], own: _Job[T, R]) -> None:
+        finished = False
+        try:
+            results = self._commit([job.item for job in batch])
+            for job, result in zip(batch, results, strict=True):
+                job.result = result
+            finished = True
+        except Exception as error:
+            # The whole transaction failed: nobody's write was committed.
+            for job in batch:
+                job.error = error
+            finished = True
+        finally:
+            with self._changed:
+                if finished:
+                    for job in batch:
+                        job.done = True
+                else:
+                    # Interrupted (KeyboardInterrupt) mid-commit: the others try again
+                    # with the next leader; their inserts are idempotent.
+                    self._waiting[:0] = [job for job in batch if job is not own]
+                self._committing = False
+                self._changed.notify_all()

@@ -1,0 +1,133 @@
+"""Group commit: concurrent durable writes share one commit, and nobody returns early."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from idempotently._group_commit import GroupCommit
+
+
+class SlowCommit:
+    """A commit that waits until ``gate`` opens, recording each batch it was given."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = threading.Event()
+        self.committed: set[int] = set()
+
+    def __call__(self, items: Sequence[int]) -> list[int]:
+        self.gate.wait(timeout=10)
+        self.batches.append(list(items))
+        self.committed.update(items)
+        return [item * 10 for item in items]
+
+
+def submit_all(
+    group: GroupCommit[int, int], items: range
+) -> tuple[dict[int, int | Exception], list[threading.Thread]]:
+    """Submit each item from its own thread; the results as they come, and the threads."""
+    results: dict[int, int | Exception] = {}
+
+    def one(item: int) -> None:
+        try:
+            results[item] = group.submit(item)
+        except Exception as error:
+            results[item] = error
+
+    threads = [threading.Thread(target=one, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def test_writes_arriving_during_a_commit_share_the_next_one() -> None:
+    """While one batch commits, every other caller waits and the next batch takes them all:
+    20 writes in 2 commits, each caller with its own result."""
+    commit = SlowCommit()
+    group: GroupCommit[int, int] = GroupCommit(commit)
+    first = threading.Thread(target=group.submit, args=(0,))
+    first.start()
+    while not group._committing:
+        pass  # the first write is now being committed, behind the gate
+    results, threads = submit_all(group, range(1, 20))
+    while len(group._waiting) < 19:
+        pass
+    commit.gate.set()
+    for thread in [first, *threads]:
+        thread.join(timeout=10)
+    assert [[0], list(range(1, 20))] == [sorted(batch) for batch in commit.batches]
+    assert {item: item * 10 for item in range(1, 20)} == results
+
+
+def test_a_caller_returns_only_once_its_write_is_committed() -> None:
+    """No caller gets a result before the commit that holds its write has finished."""
+    commit = SlowCommit()
+    group: GroupCommit[int, int] = GroupCommit(commit)
+    seen: list[bool] = []
+
+    def one(item: int) -> None:
+        group.submit(item)
+        seen.append(item in commit.committed)
+
+    threads = [threading.Thread(target=one, args=(item,)) for item in range(8)]
+    for thread in threads:
+        thread.start()
+    commit.gate.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert [True] * 8 == seen
+
+
+def test_a_failed_commit_fails_every_write_in_it_and_no_other() -> None:
+    """A transaction that fails is every caller's error in that batch; the next batch commits."""
+    calls: list[list[int]] = []
+
+    def flaky(items: Sequence[int]) -> list[int]:
+        calls.append(list(items))
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return list(items)
+
+    group: GroupCommit[int, int] = GroupCommit(flaky)
+    with pytest.raises(OSError, match="disk full"):
+        group.submit(1)
+    assert 2 == group.submit(2)
+
+
+def test_a_leader_interrupted_mid_commit_hands_the_others_to_the_next_leader() -> None:
+    """KeyboardInterrupt in the committing caller: the writes that waited on it are
+    committed by the next caller, not lost and not left waiting."""
+    commit_calls: list[list[int]] = []
+    release = threading.Event()
+
+    def commit(items: Sequence[int]) -> list[int]:
+        commit_calls.append(list(items))
+        if len(commit_calls) == 1:
+            release.wait(timeout=10)
+            raise KeyboardInterrupt
+        return list(items)
+
+    group: GroupCommit[int, int] = GroupCommit(commit)
+    interrupted: list[BaseException] = []
+
+    def leader() -> None:
+        try:
+            group.submit(0)
+        except KeyboardInterrupt as error:
+            interrupted.append(error)
+
+    first = threading.Thread(target=leader)
+    first.start()
+    while not group._committing:
+        pass
+    results, threads = submit_all(group, range(1, 4))
+    while len(group._waiting) < 3:
+        pass
+    release.set()
+    for thread in [first, *threads]:
+        thread.join(timeout=10)
+    assert 1 == len(interrupted)
+    assert {1: 1, 2: 2, 3: 3} == results
