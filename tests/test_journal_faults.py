@@ -64,7 +64,7 @@ def path(tmp_path: Path) -> Path:
 
 def fill(path: Path, count: int) -> None:
     """``count`` operations op-000...; every third one pending, the others succeeded."""
-    with Journal(path, fsync_keys=False) as journal:
+    with Journal(path, durability="os") as journal:
         for number in range(count):
             operation_id = f"op-{number:03}"
             insert(journal, new_operation(operation_id, created_at=NOW + number, body=b"x" * 500))

@@ -1,10 +1,12 @@
 """The SQLite journal: one row per operation, one per attempt.
 
-Durability: the row that names an operation's key is committed with
-``synchronous=FULL`` (the WAL is fsync'd) before the first attempt. Every
-later write (attempt rows, completion, leases) commits with
-``synchronous=NORMAL``: losing one to a power cut only means a resume gets a
-replay from the server, which the key makes harmless. See docs/journal.md.
+Durability: with ``durability="fsync"`` (the default) the row that names an
+operation's key is committed with ``synchronous=FULL`` (the WAL is fsync'd)
+before the first attempt; with ``"os"`` it is committed before the first
+attempt but left to the OS to write back. Every later write (attempt rows,
+completion, leases) commits with ``synchronous=NORMAL``: losing one to a power
+cut only means a resume gets a replay from the server, which the key makes
+harmless. See docs/journal.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import attrs
 import sqlite_utils
@@ -86,6 +88,11 @@ CREATE TABLE attempts (
 # Every index is paid for by an fsync on the hot path, so there are few:
 # listings order by rowid (insertion order, which is creation order) instead
 # of an index on created_at, and attempts live in their primary key's b-tree.
+
+Durability = Literal["fsync", "os"]
+"""``fsync``: the key's row is fsync'd before the first byte is sent; ``os``: only committed."""
+
+DURABILITIES: Final[tuple[Durability, ...]] = ("fsync", "os")
 
 _INSERT_OPERATION = """
 INSERT INTO operations (
@@ -348,7 +355,7 @@ class Journal:
         create: bool = True,
         readonly: bool = False,
         busy_timeout: float = 30.0,
-        fsync_keys: bool = True,
+        durability: Durability = "fsync",
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
@@ -356,14 +363,20 @@ class Journal:
         one. ``readonly=True`` implies it, and opens the file read-only (SQLite
         ``mode=ro``): nothing is ever written, not even the switch to WAL mode.
 
-        ``fsync_keys=False`` commits the row naming a key without an fsync: it
-        still survives the process being killed (SIGKILL, OOM), but not a power
-        cut or kernel crash before the OS writes it back. It roughly halves the
-        journal's cost per call (docs/performance.md); the default is the
-        contract: durable before the first byte is sent.
+        ``durability`` is what "journaled before the first byte is sent" means
+        for the row naming a key. ``"fsync"`` (the default, the contract): the
+        row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
+        survives the process being killed (SIGKILL, OOM) but not a power cut or
+        an OS crash before the OS writes it back, and roughly halves the
+        journal's cost per call (docs/performance.md).
         """
+        if durability not in DURABILITIES:
+            raise ValueError(
+                f"durability must be one of {', '.join(map(repr, DURABILITIES))}, "
+                f"not {durability!r}"
+            )
         self.path = os.fspath(path)
-        self.fsync_keys = fsync_keys
+        self.durability: Durability = durability
         self.readonly = readonly
         self._create = create and not readonly
         self._busy_timeout = busy_timeout
@@ -614,7 +627,7 @@ class Journal:
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
         """Durably record a new operation; False if its id or key already exists."""
         self._check_still_there()
-        with self._write(durable=self.fsync_keys) as conn:
+        with self._write(durable=self.durability == "fsync") as conn:
             cursor = conn.execute(
                 _INSERT_OPERATION,
                 (
