@@ -1,78 +1,103 @@
-"""Audit queries on a large journal: what `idempotently list/show/stats` cost.
+"""What the journal's audits cost at a million operations, and what keeping them fast costs.
 
-    python benchmarks/bench_journal.py [--operations 1000000]
+    python benchmarks/bench_journal.py [--operations 1000000] [--rebuild]
+    python benchmarks/bench_journal.py --hot-path [--ops 250] [--rounds 40]
 
-Fills a fresh journal with N operations (1 % pending, 0.1 % needs_reconcile,
-the rest succeeded, ~1.3 attempts each) in bulk, then times the read API the
-CLI is built on. Prints milliseconds per call (best of 5).
+The first form builds a journal of N operations once (1 % pending, 0.1 %
+needs_reconcile, 0.5 % failed, 0.05 % abandoned, the rest succeeded, ~1.3
+attempts each), caches it under benchmarks/.data/, and times the read API the
+CLI is built on (milliseconds, best of 5), then prunes a copy in full and
+reports its longest transaction and what a concurrent writer waited.
+
+The second form times the two writes of every call, ``_insert_operation`` and
+``_record_attempt``, on fresh journals: version 1's schema, version 2's, and
+version 2 without each of its triggers and partial indexes (median
+microseconds per call; the journals take turns, so a busy machine slows all alike).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import functools
+import os
+import shutil
+import sqlite3
+import statistics
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, get_args
 
 import idempotently
+from idempotently import Journal, _journal
+from idempotently._journal import DURABILITIES, AttemptRecord, Durability, NewOperation
+from idempotently._vocabulary import STATUSES, Outcome, Status
 
-HEADERS = json.dumps([["content-type", "application/json"], ["idempotency-key", "k"]])
+DATA = Path(__file__).parent / ".data"
+HEADERS = '[["content-type", "application/json"], ["idempotency-key", "k"]]'
 BODY = b'{"amount":1000,"currency":"usd","customer":"cus_42"}'
+NOW = 1_800_000_000.0
+"""The fill's clock: operation i of N was created N - i seconds before NOW."""
+DAY = 86_400.0
 
 
-def fill(journal: idempotently.Journal, count: int) -> str:
-    now = time.time()
-    probe = ""
-    with journal._write() as conn:
-        for start in range(0, count, 10_000):
-            operations, attempts = [], []
-            for i in range(start, min(start + 10_000, count)):
-                status = (
-                    "pending"
-                    if i % 100 == 0
-                    else "needs_reconcile"
-                    if i % 1000 == 1
-                    else "succeeded"
+def status_of(i: int) -> str:
+    if i % 100 == 0:
+        return "pending"
+    if i % 1000 == 1:
+        return "needs_reconcile"
+    if i % 200 == 3:
+        return "failed"
+    if i % 2000 == 7:
+        return "abandoned"
+    return "succeeded"
+
+
+def fill(journal: idempotently.Journal, count: int) -> None:
+    """Bulk inserts through the version-2 schema: its triggers keep the counts."""
+    for start in range(0, count, 10_000):
+        operations, attempts = [], []
+        for i in range(start, min(start + 10_000, count)):
+            status = status_of(i)
+            operation_id = f"order-{i}:charge"
+            created = NOW - (count - i)
+            operations.append(
+                (
+                    operation_id,
+                    str(uuid.uuid4()),
+                    status,
+                    "exactly_once",
+                    "POST",
+                    "http://127.0.0.1/v1/charges",
+                    HEADERS,
+                    BODY,
+                    "f" * 64,
+                    "generic",
+                    "Idempotency-Key",
+                    created,
+                    created,
+                    created + DAY,
+                    1 + (i % 3 == 0),
+                    201 if status == "succeeded" else None,
                 )
-                key = str(uuid.uuid4())
-                operation_id = f"order-{i}:charge"
-                created = now - (count - i)
-                operations.append(
+            )
+            for number in range(1, 2 + (i % 3 == 0)):
+                attempts.append(
                     (
                         operation_id,
-                        key,
-                        status,
-                        "exactly_once",
-                        "POST",
-                        "http://127.0.0.1/v1/charges",
-                        HEADERS,
-                        BODY,
-                        "f" * 64,
-                        "generic",
-                        "Idempotency-Key",
+                        number,
                         created,
-                        created,
-                        created + 86400,
-                        1 + (i % 3 == 0),
-                        201 if status == "succeeded" else None,
+                        0.001,
+                        "answered",
+                        409 if number == 1 and i % 3 == 0 else 201,
+                        int(i % 7 == 0),
                     )
                 )
-                for number in range(1, 2 + (i % 3 == 0)):
-                    attempts.append(
-                        (
-                            operation_id,
-                            number,
-                            created,
-                            0.001,
-                            "answered",
-                            409 if number == 1 and i % 3 == 0 else 201,
-                            int(i % 7 == 0),
-                        )
-                    )
-                probe = operation_id
+        with journal._write() as conn:
             conn.executemany(
                 "INSERT INTO operations (operation_id, key, status, delivery, method, url,"
                 " request_headers, request_body, fingerprint, profile, key_header, created_at,"
@@ -85,7 +110,29 @@ def fill(journal: idempotently.Journal, count: int) -> str:
                 " status_code, replayed) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 attempts,
             )
-    return probe
+
+
+def cached_journal(count: int, rebuild: bool) -> Path:
+    """The N-operation journal under benchmarks/.data/, built once."""
+    path = DATA / f"journal-v2-{count}.db"
+    if path.exists() and not rebuild:
+        with idempotently.Journal(path, readonly=True) as journal:
+            if count == sum(journal.counts().values()):
+                print(f"cached: {path} ({path.stat().st_size / 1e6:.0f} MB)")
+                return path
+    DATA.mkdir(exist_ok=True)
+    building = path.with_suffix(".building")
+    for stale in (building, Path(f"{building}-wal"), Path(f"{building}-shm")):
+        stale.unlink(missing_ok=True)
+    started = time.perf_counter()
+    with idempotently.Journal(building, durability="os") as journal:
+        fill(journal, count)
+    os.replace(building, path)  # closed: the WAL is checkpointed and gone
+    print(
+        f"filled {count:,} operations in {time.perf_counter() - started:.1f} s: "
+        f"{path} ({path.stat().st_size / 1e6:.0f} MB)"
+    )
+    return path
 
 
 def best_of(call: Callable[[], object], runs: int = 5) -> float:
@@ -97,33 +144,227 @@ def best_of(call: Callable[[], object], runs: int = 5) -> float:
     return min(times) * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--operations", type=int, default=1_000_000)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "journal.db"
-        journal = idempotently.Journal(path)
-        started = time.perf_counter()
-        probe = fill(journal, args.operations)
-        print(
-            f"filled {args.operations:,} operations in {time.perf_counter() - started:.1f} s; "
-            f"{path.stat().st_size / 1e6:.0f} MB"
-        )
-        now = time.time()
+def audit(count: int, rebuild: bool) -> None:
+    path = cached_journal(count, rebuild)
+    probe = f"order-{count - 1}:charge"
+    with idempotently.Journal(path, readonly=True) as journal:
+        probe_key = journal.operations(limit=1)[0].key
         queries: dict[str, Callable[[], object]] = {
             "counts()": journal.counts,
-            "stats()  [idempotently stats]": lambda: journal.stats(now=now),
-            "operations(status='pending', limit=50)": lambda: journal.operations(
-                status="pending", limit=50
+            "stats()  [stats]": lambda: journal.stats(now=NOW),
+            "operation(id)  [show]": lambda: journal.operation(probe),
+            "operation(key)  [show]": lambda: journal.operation(probe_key),
+            "prune(1 day, dry_run=True)": lambda: journal.prune(
+                older_than=DAY, now=NOW, dry_run=True
             ),
-            "operations(limit=50)  [idempotently list]": lambda: journal.operations(limit=50),
-            "operation(id)  [idempotently show]": lambda: journal.operation(probe),
-            "prune(dry_run=True)": lambda: journal.prune(older_than=86400, now=now, dry_run=True),
+            "prune(0 s, dry_run=True)": lambda: journal.prune(older_than=0, now=NOW, dry_run=True),
         }
+        statuses: list[Status | tuple[Status, ...] | None] = [None, *STATUSES]
+        statuses.append(("succeeded", "failed"))
+        for status in statuses:
+            for newest_first in (True, False):
+                name = "list" if status is None else f"list --status {status}"
+                order = "newest" if newest_first else "oldest"
+                queries[f"operations(limit=50)  [{name}, {order} first]"] = functools.partial(
+                    journal.operations, status=status, limit=50, newest_first=newest_first
+                )
         for name, call in queries.items():
-            print(f"{name:<45}{best_of(call):>10.1f} ms")
-        journal.close()
+            print(f"{name:<62}{best_of(call):>9.1f} ms")
+    prune_a_copy(path)
+
+
+@contextlib.contextmanager
+def timed_writes(journal: idempotently.Journal, held: list[float]) -> Iterator[None]:
+    """Record how long each of the journal's write transactions holds the lock."""
+    real = journal._write
+
+    @contextlib.contextmanager
+    def write(**options: Any) -> Iterator[sqlite3.Connection]:
+        with real(**options) as conn:
+            started = time.perf_counter()
+            yield conn
+        held.append(time.perf_counter() - started)
+
+    journal._write = write  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        journal._write = real  # type: ignore[method-assign]
+
+
+def prune_a_copy(path: Path) -> None:
+    """prune(older_than=1 day) on a copy, while another connection journals keys."""
+    with tempfile.TemporaryDirectory(dir=DATA) as tmp:
+        copy = Path(tmp) / "copy.db"
+        shutil.copyfile(path, copy)
+        held: list[float] = []
+        waits: list[float] = []
+        done = threading.Event()
+
+        def writer() -> None:
+            with idempotently.Journal(copy, durability="os") as other:
+                number = 0
+                while not done.is_set():
+                    started = time.perf_counter()
+                    other._insert_operation(
+                        new_operation(f"writer-{number}", NOW), owner="bench", lease_until=0
+                    )
+                    waits.append(time.perf_counter() - started)
+                    number += 1
+                    time.sleep(0.005)
+
+        with idempotently.Journal(copy) as journal, timed_writes(journal, held):
+            thread = threading.Thread(target=writer)
+            thread.start()
+            started = time.perf_counter()
+            deleted = journal.prune(older_than=DAY, now=NOW)
+            elapsed = time.perf_counter() - started
+            done.set()
+            thread.join()
+        held.sort()
+        waits.sort()
+        print(
+            f"prune(1 day) on a copy: {deleted:,} operations in {elapsed:.1f} s, "
+            f"{len(held)} transactions holding the lock {held[len(held) // 2] * 1000:.0f} ms "
+            f"(median), {held[len(held) * 99 // 100] * 1000:.0f} ms (p99), "
+            f"{held[-1] * 1000:.0f} ms (longest); a concurrent writer's {len(waits)} inserts "
+            f"took {waits[len(waits) // 2] * 1000:.1f} ms (median), "
+            f"{waits[len(waits) * 99 // 100] * 1000:.0f} ms (p99), "
+            f"{waits[-1] * 1000:.0f} ms (longest)"
+        )
+
+
+# -- the hot path ------------------------------------------------------------------------
+
+TRIGGERS = (
+    "count_new_operation",
+    "count_deleted_operation",
+    "count_status_change",
+    "count_new_attempt",
+    "count_deleted_attempt",
+    "count_changed_attempt",
+)
+ADDED = (*TRIGGERS, "operations_pending", "operations_finished")
+# Version 1 wrote its CHECKs with IN lists (see _journal._one_of).
+V1_TABLES = _journal._SCHEMA
+for column, values in (("status", STATUSES), ("outcome", get_args(Outcome))):
+    V1_TABLES = V1_TABLES.replace(
+        _journal._one_of(column, values),
+        f"({column} IN ({', '.join(repr(value) for value in values)}))",
+    )
+# name: (the tables' SQL, what to drop from version 2)
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "version 1 (before)": (V1_TABLES, ADDED),
+    "version 2, upgraded from 1": (V1_TABLES, ()),
+    "version 2, new journal": (_journal._SCHEMA, ()),
+    "  without the count triggers": (_journal._SCHEMA, TRIGGERS),
+    "  without operations_pending": (_journal._SCHEMA, ("operations_pending",)),
+    "  without operations_finished": (_journal._SCHEMA, ("operations_finished",)),
+}
+
+
+def new_operation(operation_id: str, now: float) -> NewOperation:
+    return NewOperation(
+        operation_id=operation_id,
+        key=str(uuid.uuid4()),
+        delivery="exactly_once",
+        method="POST",
+        url="http://127.0.0.1/v1/charges",
+        request_headers=[("content-type", "application/json")],
+        request_body=BODY,
+        fingerprint="f" * 64,
+        profile="generic",
+        key_header="Idempotency-Key",
+        created_at=now,
+        key_expires_at=now + DAY,
+        deadline_at=None,
+    )
+
+
+def variant(path: Path, durability: Durability, tables: str, dropped: tuple[str, ...]) -> Journal:
+    real = _journal._SCHEMA
+    _journal._SCHEMA = tables
+    try:
+        journal = idempotently.Journal(path, durability=durability)
+    finally:
+        _journal._SCHEMA = real
+    for name in dropped:
+        kind = journal._conn.execute(
+            "SELECT type FROM sqlite_master WHERE name = ?", (name,)
+        ).fetchone()[0]
+        journal._conn.execute(f"DROP {kind} {name}")
+    return journal
+
+
+def calls(journal: Journal, first: int, count: int) -> tuple[list[float], list[float]]:
+    """``count`` calls' two writes: the key's insert, then the completing attempt."""
+    inserts, records = [], []
+    now = time.time()
+    for number in range(first, first + count):
+        operation_id = f"op-{number}"
+        started = time.perf_counter()
+        journal._insert_operation(
+            new_operation(operation_id, now), owner="bench", lease_until=now + 30
+        )
+        inserted = time.perf_counter()
+        journal._record_attempt(
+            operation_id,
+            AttemptRecord(
+                started_at=now,
+                elapsed=0.001,
+                outcome="answered",
+                status_code=201,
+                status="succeeded",
+                response_status=201,
+                response_headers=[("content-type", "application/json")],
+                response_body=b'{"id":"ch_1"}',
+            ),
+            now=now,
+        )
+        records.append(time.perf_counter() - inserted)
+        inserts.append(inserted - started)
+    return inserts, records
+
+
+def hot_path(ops: int, rounds: int) -> None:
+    """Every variant's journal open at once, fed in turns of ``ops`` calls: load hits all alike."""
+    for durability in DURABILITIES[::-1]:
+        timings: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in VARIANTS}
+        with tempfile.TemporaryDirectory() as tmp:
+            journals = {
+                name: variant(Path(tmp) / f"{number}.db", durability, tables, dropped)
+                for number, (name, (tables, dropped)) in enumerate(VARIANTS.items())
+            }
+            for journal in journals.values():
+                calls(journal, 0, 200)  # warm up
+            for turn in range(rounds):
+                for name, journal in journals.items():
+                    inserts, records = calls(journal, 200 + turn * ops, ops)
+                    timings[name][0].extend(inserts)
+                    timings[name][1].extend(records)
+            for journal in journals.values():
+                journal.close()
+        print(f"durability={durability!r}: median µs per call, {rounds} turns of {ops} calls")
+        print(f"  {'schema':<36}{'insert key':>12}{'attempt':>12}")
+        for name, (inserts, records) in timings.items():
+            print(
+                f"  {name:<36}{statistics.median(inserts) * 1e6:>12.1f}"
+                f"{statistics.median(records) * 1e6:>12.1f}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--operations", type=int, default=1_000_000)
+    parser.add_argument("--rebuild", action="store_true", help="refill the cached journal")
+    parser.add_argument("--hot-path", action="store_true", help="time the writes of each call")
+    parser.add_argument("--ops", type=int, default=250, help="calls per hot-path turn")
+    parser.add_argument("--rounds", type=int, default=40, help="hot-path turns per journal")
+    args = parser.parse_args()
+    if args.hot_path:
+        hot_path(args.ops, args.rounds)
+    else:
+        audit(args.operations, args.rebuild)
 
 
 if __name__ == "__main__":

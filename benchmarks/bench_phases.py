@@ -3,7 +3,7 @@
     python benchmarks/bench_phases.py [--ops 2000] [--no-fsync]
 
 Wraps the journal writes and httpx's send with timers inside real calls and
-prints medians; --no-fsync commits the key row like Journal(fsync_keys=False),
+prints medians; --no-fsync commits the key row like Journal(durability="os"),
 to show what the fsync itself costs in flow.
 """
 
@@ -44,7 +44,9 @@ def main() -> None:
     process, url = start_server()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            journal = idempotently.Journal(Path(tmp) / "journal.db", fsync_keys=not args.no_fsync)
+            journal = idempotently.Journal(
+                Path(tmp) / "journal.db", durability="os" if args.no_fsync else "fsync"
+            )
             timings: dict[str, list[float]] = {}
             with (
                 httpx.Client(base_url=url) as client,

@@ -126,13 +126,13 @@ def header() -> str:
 
 def bench_sync(url: str, tmp: Path, ops: int, rounds: int) -> tuple[Series, Series, Series]:
     bare, journaled = Series("httpx.Client.post"), Series("idempotently.Session.post")
-    unsynced = Series("  same, Journal(fsync_keys=False)")
+    unsynced = Series('  same, Journal(durability="os")')
     per_round = ops // rounds
     with (
         httpx.Client(base_url=url) as client,
         idempotently.Session(tmp / f"{uuid.uuid4()}.db", base_url=url) as s,
         idempotently.Session(
-            idempotently.Journal(tmp / f"{uuid.uuid4()}.db", fsync_keys=False), base_url=url
+            idempotently.Journal(tmp / f"{uuid.uuid4()}.db", durability="os"), base_url=url
         ) as fast,
     ):
         for _ in range(20):  # warm the connection pools

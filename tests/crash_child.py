@@ -194,6 +194,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kill-on-order", type=int, default=0)
     parser.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
     parser.add_argument("--barrier", action="store_true")
+    parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
     return parser.parse_args(argv)
 
 
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         charge if args.mode == "charge" else resume
     )
     with idempotently.Session(
-        args.journal,
+        idempotently.Journal(args.journal, durability=args.durability),
         base_url=args.url,
         headers={"Authorization": f"Bearer {USER}"},
         policy=idempotently.RetryPolicy(initial_backoff=0.001, max_backoff=0.01),

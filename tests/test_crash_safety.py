@@ -217,17 +217,29 @@ def assert_state_at_death(
         assert 201 == stopping["status"]  # the answer arrived, its attempt not journaled
 
 
+@pytest.mark.parametrize("durability", ["fsync", "os"])
 @pytest.mark.parametrize("recovery", ["resume", "rerun"])
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_worker_killed_at_any_phase_charges_every_order_exactly_once(
-    tmp_path: Path, phase: str, recovery: str
+    tmp_path: Path, phase: str, recovery: str, durability: str
 ) -> None:
-    """SIGKILLed at any phase, then resumed and rerun: each order is charged exactly once."""
+    """SIGKILLed at any phase, then resumed and rerun: each order is charged exactly once,
+    with the key fsync'd before the send or only committed (a killed process loses
+    neither)."""
     journal = tmp_path / "journal.db"
     with serve() as server:
         code, killed = run_worker(
             tmp_path,
-            *charge_args(journal, server.url, "--kill-at", phase, "--kill-on-order", str(DOOMED)),
+            *charge_args(
+                journal,
+                server.url,
+                "--kill-at",
+                phase,
+                "--kill-on-order",
+                str(DOOMED),
+                "--durability",
+                durability,
+            ),
         )
         assert -signal.SIGKILL == code, killed.diagnosis()
         assert [operation_id(i) for i in range(DOOMED)] == [
@@ -247,7 +259,9 @@ def test_a_worker_killed_at_any_phase_charges_every_order_exactly_once(
             ]
 
         requests_before = server.stats().requests
-        code, rerun = run_worker(tmp_path, *charge_args(journal, server.url))
+        code, rerun = run_worker(
+            tmp_path, *charge_args(journal, server.url, "--durability", durability)
+        )
         assert 0 == code, rerun.diagnosis()
         # Settled operations come back from the journal; only the rest reach the server.
         locally = [i <= DOOMED if resumed_doomed else i < DOOMED for i in range(ORDERS)]

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+import idempotently
 from idempotently._group_commit import GroupCommit
 
 
@@ -131,3 +135,39 @@ def test_a_leader_interrupted_mid_commit_hands_the_others_to_the_next_leader() -
         thread.join(timeout=10)
     assert 1 == len(interrupted)
     assert {1: 1, 2: 2, 3: 3} == results
+
+
+def test_threads_sharing_a_session_share_fsyncs_for_their_keys(tmp_path: Path) -> None:
+    """16 threads start operations while one key's commit is held up: the 15 others are
+    made durable together, in one transaction, and every operation is journaled once."""
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    batches: list[int] = []
+    commit = journal._insert_batch
+    group = journal._durable_inserts
+
+    def held_first_batch(batch: Sequence[Any]) -> list[bool]:
+        if not batches:
+            while len(group._waiting) < 15:  # the others arrive while this one commits
+                threading.Event().wait(0.001)
+        batches.append(len(batch))
+        return commit(batch)
+
+    journal._insert_batch = held_first_batch  # type: ignore[method-assign]
+    group._commit = held_first_batch
+    with idempotently.Session(
+        journal, transport=httpx.MockTransport(lambda request: httpx.Response(201))
+    ) as session:
+        threads = [
+            threading.Thread(
+                target=session.post, args=("https://api.test/v1",), kwargs={"json": {"n": n}}
+            )
+            for n in range(16)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        counts = journal.counts()
+    journal.close()
+    assert [1, 15] == batches
+    assert 16 == counts["succeeded"]

@@ -467,15 +467,15 @@ def test_a_full_disk_after_the_answer_keeps_the_operation_pending_with_the_respo
     assert 2 == route.call_count  # the resume resent the same key; the server replays
 
 
-def test_fsync_keys_false_commits_the_key_without_an_fsync(
+def test_durability_os_commits_the_key_without_an_fsync(
     tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
 ) -> None:
-    """Journal(fsync_keys=False) still commits the key before sending, but under NORMAL."""
+    """Journal(durability="os") still commits the key before sending, but under NORMAL."""
     statements: list[str] = []
     router.post(URL).mock(
         side_effect=lambda request: statements.append("SEND") or httpx.Response(201)
     )
-    journal = idempotently.Journal(tmp_path / "journal.db", fsync_keys=False)
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
     journal._conn.set_trace_callback(lambda sql: statements.append(" ".join(sql.split())))
     with idempotently.Session(journal, clock=fake_time.clock, sleep=fake_time.sleep) as s:
         s.post(URL, json={"amount": 1}, operation_id="op")

@@ -1,23 +1,34 @@
 """The SQLite journal: one row per operation, one per attempt.
 
-Durability: the row that names an operation's key is committed with
-``synchronous=FULL`` (the WAL is fsync'd) before the first attempt. Every
-later write (attempt rows, completion, leases) commits with
-``synchronous=NORMAL``: losing one to a power cut only means a resume gets a
-replay from the server, which the key makes harmless. See docs/journal.md.
+Durability: with ``durability="fsync"`` (the default) the row that names an
+operation's key is committed with ``synchronous=FULL`` (the WAL is fsync'd)
+before the first attempt; with ``"os"`` it is committed before the first
+attempt but left to the OS to write back. Every later write (attempt rows,
+completion, leases) commits with ``synchronous=NORMAL``: losing one to a power
+cut only means a resume gets a replay from the server, which the key makes
+harmless. See docs/journal.md.
+
+Audits stay fast on large journals without scanning them: triggers keep the
+counts per status and per kind of attempt in one row, a partial index holds
+the pending operations and another the finished ones by idle time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from heapq import merge
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, get_args
 
 import attrs
 import sqlite_utils
@@ -30,22 +41,34 @@ from idempotently._exceptions import (
     JournalVersionError,
     JournalWriteError,
 )
+from idempotently._group_commit import GroupCommit
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
 
 MAX_LIMIT = 2**63 - 1
 """SQLite's largest integer: the largest ``limit`` a listing takes."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
 
 
-_SCHEMA = """
+def _one_of(column: str, values: Sequence[str]) -> str:
+    """``(column = 'a' OR column = 'b' ...)``.
+
+    Not ``IN (...)``: SQLite builds a temporary b-tree for an IN list of more
+    than two values each time a CHECK, a trigger or a partial index's WHERE
+    evaluates it, on every write (with the triggers, it tripled an insert's cost).
+    """
+    return "(" + " OR ".join(f"{column} = '{value}'" for value in values) + ")"
+
+
+# Written with OR, not IN: see _one_of. (Journals made by version 1 keep their
+# IN lists; only a rebuild of the table could change them.)
+_SCHEMA = f"""
 CREATE TABLE operations (
     operation_id     TEXT PRIMARY KEY,
     key              TEXT NOT NULL UNIQUE,
-    status           TEXT NOT NULL CHECK (status IN
-                         ('pending', 'succeeded', 'failed', 'needs_reconcile', 'abandoned')),
+    status           TEXT NOT NULL CHECK {_one_of("status", STATUSES)},
     delivery         TEXT NOT NULL CHECK (delivery IN ('exactly_once', 'at_most_once')),
     method           TEXT NOT NULL,
     url              TEXT NOT NULL,
@@ -74,7 +97,7 @@ CREATE TABLE attempts (
     number      INTEGER NOT NULL,
     started_at  REAL NOT NULL,
     elapsed     REAL NOT NULL,
-    outcome     TEXT NOT NULL CHECK (outcome IN ('not_sent', 'maybe_delivered', 'answered')),
+    outcome     TEXT NOT NULL CHECK {_one_of("outcome", get_args(Outcome))},
     status_code INTEGER,
     replayed    INTEGER NOT NULL DEFAULT 0,
     error       TEXT,
@@ -85,6 +108,143 @@ CREATE TABLE attempts (
 # Every index is paid for by an fsync on the hot path, so there are few:
 # listings order by rowid (insertion order, which is creation order) instead
 # of an index on created_at, and attempts live in their primary key's b-tree.
+
+
+_FINISHED = _one_of("status", FINISHED_STATUSES)
+"""operations_finished's WHERE: a query must say it the same way to use the index."""
+_STATUSES_SQL = ", ".join(f"'{status}'" for status in STATUSES)
+
+
+def _status_deltas(*changes: str) -> str:
+    """``pending = pending + (NEW.status = 'pending'), ...``: a trigger's SET list.
+
+    Each change is ``"+NEW"`` or ``"-OLD"``: a row that came or went.
+    """
+
+    def delta(column: str, test: str) -> str:
+        return f"{column} = {column}" + "".join(
+            f" {change[0]} {test.format(row=change[1:])}" for change in changes
+        )
+
+    terms = [delta(status, f"({{row}}.status = '{status}')") for status in STATUSES]
+    terms.append(delta("unknown_status", f"(NOT {_one_of('{row}.status', STATUSES)})"))
+    return ",\n        ".join(terms)
+
+
+def _attempt_deltas(*changes: str) -> str:
+    """The attempt counters' SET list for attempt rows that came (``+NEW``) or went (``-OLD``)."""
+
+    def delta(column: str, value: str) -> str:
+        return f"{column} = {column}" + "".join(
+            f" {change[0]} {value.format(row=change[1:])}" for change in changes
+        )
+
+    return ",\n        ".join(
+        [
+            delta("attempts", "1"),
+            delta("answered_attempts", "({row}.status_code IS NOT NULL)"),
+            delta("replayed_attempts", "{row}.replayed"),
+            delta("in_progress_attempts", "coalesce({row}.status_code IN (409, 423), 0)"),
+        ]
+    )
+
+
+# Version 2: what makes a journal of a million operations as quick to audit
+# as an empty one, and the namespace its derived keys are made in. A version-1
+# journal gets all of it, in one transaction, the first time it is opened to
+# write. The triggers run on every write, whoever makes it (even the sqlite3
+# shell), so the counts cannot drift from the rows. The partial indexes carry
+# `status` too: SQLite reads the column to check the WHERE again, and without
+# it every entry would cost a lookup in the table.
+_SCHEMA_V2 = f"""
+CREATE TABLE journal_meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE journal_counts (
+    id                   INTEGER PRIMARY KEY CHECK (id = 1),
+    pending              INTEGER NOT NULL,
+    succeeded            INTEGER NOT NULL,
+    failed               INTEGER NOT NULL,
+    needs_reconcile      INTEGER NOT NULL,
+    abandoned            INTEGER NOT NULL,
+    unknown_status       INTEGER NOT NULL,
+    attempts             INTEGER NOT NULL,
+    answered_attempts    INTEGER NOT NULL,
+    replayed_attempts    INTEGER NOT NULL,
+    in_progress_attempts INTEGER NOT NULL
+);
+CREATE INDEX operations_pending
+    ON operations (created_at, lease_until, updated_at, not_before, status)
+    WHERE status = 'pending';
+CREATE INDEX operations_finished
+    ON operations (updated_at, status)
+    WHERE {_FINISHED};
+CREATE TRIGGER count_new_operation AFTER INSERT ON operations BEGIN
+    UPDATE journal_counts SET
+        {_status_deltas("+NEW")};
+END;
+CREATE TRIGGER count_deleted_operation AFTER DELETE ON operations BEGIN
+    UPDATE journal_counts SET
+        {_status_deltas("-OLD")};
+END;
+CREATE TRIGGER count_status_change AFTER UPDATE OF status ON operations
+WHEN OLD.status IS NOT NEW.status BEGIN
+    UPDATE journal_counts SET
+        {_status_deltas("-OLD", "+NEW")};
+END;
+CREATE TRIGGER count_new_attempt AFTER INSERT ON attempts BEGIN
+    UPDATE journal_counts SET
+        {_attempt_deltas("+NEW")};
+END;
+CREATE TRIGGER count_deleted_attempt AFTER DELETE ON attempts BEGIN
+    UPDATE journal_counts SET
+        {_attempt_deltas("-OLD")};
+END;
+CREATE TRIGGER count_changed_attempt AFTER UPDATE OF status_code, replayed ON attempts BEGIN
+    UPDATE journal_counts SET
+        {_attempt_deltas("-OLD", "+NEW")};
+END;
+"""
+
+_SCHEMA_V2_NAMES: Final = frozenset(re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V2))
+"""Every table, index and trigger version 2 added: the audits rely on each."""
+
+# The counts, from the rows: for a new journal (all zero) and a migrated one.
+_RECOUNT = f"""
+INSERT OR REPLACE INTO journal_counts SELECT 1,
+    {", ".join(f"(SELECT count(*) FROM operations WHERE status = '{s}')" for s in STATUSES)},
+    (SELECT count(*) FROM operations WHERE status NOT IN ({_STATUSES_SQL})),
+    count(*),
+    count(status_code),
+    coalesce(sum(replayed), 0),
+    coalesce(sum(status_code IN (409, 423)), 0)
+FROM attempts
+"""
+
+_COUNTERS: Final = (
+    *STATUSES,
+    "unknown_status",
+    "attempts",
+    "answered_attempts",
+    "replayed_attempts",
+    "in_progress_attempts",
+)
+
+Durability = Literal["fsync", "os"]
+"""``fsync``: the key's row is fsync'd before the first byte is sent; ``os``: only committed."""
+
+DURABILITIES: Final[tuple[Durability, ...]] = ("fsync", "os")
+
+_PRUNE_BATCH_SECONDS = 0.025
+"""How long one prune transaction aims to hold the write lock."""
+_PRUNE_BATCH_SIZES = (100, 20_000)
+"""The fewest and most operations one prune transaction deletes."""
+_SQL_VARIABLES = 500
+"""Ids per statement: under SQLite's oldest limit on bound variables (999)."""
+_PRUNE_PAUSE = (0.5, 1.5)
+"""After each batch prune sleeps this many times the batch's time, drawn at random:
+writers waiting for the lock get in, whatever the rhythm of their busy handler's retries."""
 
 _INSERT_OPERATION = """
 INSERT INTO operations (
@@ -245,6 +405,22 @@ def _check_number(name: str, value: object, *, integer: bool, low: float, high: 
         raise ValueError(f"{name} must be a number from {low:g} to {high:g}, not {value!r:.40}")
 
 
+def _split_statements(script: str) -> list[str]:
+    """The statements of ``script`` (triggers hold semicolons), to run inside one transaction.
+
+    ``executescript`` would commit first.
+    """
+    statements: list[str] = []
+    current = ""
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                statements.append(current.strip())
+            current = ""
+    return statements
+
+
 def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((name, value) for name, value in json.loads(text))
 
@@ -346,39 +522,51 @@ class Journal:
         create: bool = True,
         readonly: bool = False,
         busy_timeout: float = 30.0,
-        fsync_keys: bool = True,
+        durability: Durability = "fsync",
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
         ``create=False`` neither creates the file nor initialises an empty
         one. ``readonly=True`` implies it, and opens the file read-only (SQLite
-        ``mode=ro``): nothing is ever written, not even the switch to WAL mode.
+        ``mode=ro``): nothing is ever written, not even the switch to WAL mode
+        or the upgrade of an older journal's schema.
 
-        ``fsync_keys=False`` commits the row naming a key without an fsync: it
-        still survives the process being killed (SIGKILL, OOM), but not a power
-        cut or kernel crash before the OS writes it back. It roughly halves the
-        journal's cost per call (docs/performance.md); the default is the
-        contract: durable before the first byte is sent.
+        ``durability`` is what "journaled before the first byte is sent" means
+        for the row naming a key. ``"fsync"`` (the default, the contract): the
+        row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
+        survives the process being killed (SIGKILL, OOM) but not a power cut or
+        an OS crash before the OS writes it back, and roughly halves the
+        journal's cost per call (docs/performance.md).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
                 f"the journal path must be a str or os.PathLike, not {type(path).__name__}"
             )
         _check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
+        if durability not in DURABILITIES:
+            raise ValueError(
+                f"durability must be one of {', '.join(map(repr, DURABILITIES))}, "
+                f"not {durability!r}"
+            )
         self.path = os.fspath(path)
-        self.fsync_keys = fsync_keys
+        self.durability: Durability = durability
         self.readonly = readonly
         self._create = create and not readonly
         self._busy_timeout = busy_timeout
         # SQLite resolves a relative path once, at open; so does the moved-file check.
         self._abspath = os.path.abspath(self.path)
         self._file_id: tuple[int, int] | None = None
+        self._version = SCHEMA_VERSION
+        self._namespace: uuid.UUID | None = None
         if not self._create and self.path != ":memory:" and not os.path.exists(self.path):
             raise JournalMissingError(
                 f"no journal at {self.path}; pass --journal PATH (or set IDEMPOTENTLY_JOURNAL) "
                 "to the file your Session writes"
             )
         self._lock = threading.RLock()
+        self._durable_inserts: GroupCommit[tuple[NewOperation, str, float], bool] = GroupCommit(
+            self._insert_batch
+        )
         self._conn = self._connect(busy_timeout)
         self.db = sqlite_utils.Database(self._conn)
         try:
@@ -445,6 +633,7 @@ class Journal:
                     version = self._conn.execute("PRAGMA user_version").fetchone()[0]
                     app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
                     tables = set(self.db.table_names())
+                    names = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
                 finally:
                     self._conn.execute("COMMIT")
                 if version == 0 and not tables:
@@ -455,6 +644,7 @@ class Journal:
                             "Session writes"
                         )
                     self._create_schema()
+                    self._namespace = self._read_namespace()
                     return
                 if app_id != APPLICATION_ID:
                     raise JournalCorruptError(
@@ -467,15 +657,58 @@ class Journal:
                         f"idempotently reads up to version {SCHEMA_VERSION}; upgrade "
                         "idempotently (pip install -U idempotently). The file was not modified."
                     )
-                if not {"operations", "attempts"} <= tables:
+                if not {"operations", "attempts"} <= tables or (
+                    version >= 2 and not _SCHEMA_V2_NAMES <= names
+                ):
                     raise JournalCorruptError(
                         f"{self.path} is missing journal tables; restore it from a backup"
                     )
                 if not self.readonly:
                     # A journal an older idempotently left in rollback mode.
                     self._ensure_wal()
+                    if version < SCHEMA_VERSION:
+                        self._migrate()
+                        version = SCHEMA_VERSION
+                self._version = version
+                if version >= 2:
+                    self._namespace = self._read_namespace()
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
+
+    def _migrate(self) -> None:
+        """Bring a version-1 journal to version 2, in one durable transaction.
+
+        Builds the counts from the rows and the partial indexes from the table:
+        a few seconds for a million operations, once. Another process may have
+        migrated the file since we read its version: then there is nothing to do.
+        """
+        with self._write(durable=True):
+            if self._conn.execute("PRAGMA user_version").fetchone()[0] >= 2:
+                return
+            self._create_v2_schema()
+
+    def _create_v2_schema(self) -> None:
+        for statement in _split_statements(_SCHEMA_V2):
+            self._conn.execute(statement)
+        self._conn.execute(_RECOUNT)
+        self._conn.execute(
+            "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)",
+            (str(uuid.uuid4()),),
+        )
+        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _read_namespace(self) -> uuid.UUID:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM journal_meta WHERE name = 'namespace'"
+            ).fetchone()
+        try:
+            return uuid.UUID(row[0])
+        except (TypeError, ValueError, AttributeError) as error:
+            raise JournalCorruptError(
+                f"{self.path} has no valid key namespace ({_short(None if row is None else row[0])}"
+                "); move it aside and restore a backup"
+            ) from error
 
     def _ensure_wal(self) -> None:
         """Switch the file to WAL mode (persistent), or raise: never a rollback-mode journal.
@@ -522,14 +755,16 @@ class Journal:
     def _create_schema(self) -> None:
         self._ensure_wal()
         with self._write(durable=True):
-            # Another process may have created it while we waited for the lock.
+            # Another process may have created it while we waited for the lock
+            # (an older idempotently: version 1).
             if "operations" in self.db.table_names():
+                if self._conn.execute("PRAGMA user_version").fetchone()[0] < 2:
+                    self._create_v2_schema()
                 return
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    self._conn.execute(statement)
+            for statement in _split_statements(_SCHEMA):
+                self._conn.execute(statement)
             self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._create_v2_schema()
 
     def close(self) -> None:
         with self._lock:
@@ -543,6 +778,23 @@ class Journal:
 
     def __repr__(self) -> str:
         return f"Journal({self.path!r})"
+
+    @property
+    def namespace(self) -> uuid.UUID:
+        """The journal's own random namespace: made with the journal, never changed.
+
+        A named operation's key is ``uuid5(namespace, operation_id)``, so a
+        re-run after a lost write sends the same key. A version-1 journal opened
+        read-only has none yet (JournalVersionError): opening it to write
+        upgrades it and makes one.
+        """
+        if self._namespace is None:
+            raise JournalVersionError(
+                f"the journal {self.path} has schema version {self._version}, which has no key "
+                "namespace, and was opened read-only; open it once without readonly=True to "
+                "upgrade it"
+            )
+        return self._namespace
 
     # -- the file under the path -------------------------------------------------
 
@@ -575,13 +827,27 @@ class Journal:
 
     # -- transactions ----------------------------------------------------------
 
-    @contextmanager
-    def _write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One short write transaction; ``durable`` fsyncs the WAL at commit."""
+    def _check_writable(self) -> None:
         if self.readonly:
             raise JournalWriteError(
                 f"the journal {self.path} was opened read-only; open it without readonly=True"
             )
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Several reads as one consistent view, while other processes write."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                yield
+            finally:
+                with suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+
+    @contextmanager
+    def _write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One short write transaction; ``durable`` fsyncs the WAL at commit."""
+        self._check_writable()
         with self._lock:
             try:
                 if durable:
@@ -615,31 +881,48 @@ class Journal:
     # -- writes used by the sessions -------------------------------------------
 
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
-        """Durably record a new operation; False if its id or key already exists."""
+        """Durably record a new operation; False if its id or key already exists.
+
+        With ``durability="fsync"``, concurrent callers (threads, or an async
+        session's tasks, whose journal writes run in threads) share one commit
+        and one fsync: group commit. Each returns once its own row is durable.
+        """
         self._check_still_there()
-        with self._write(durable=self.fsync_keys) as conn:
-            cursor = conn.execute(
-                _INSERT_OPERATION,
-                (
-                    new.operation_id,
-                    new.key,
-                    new.delivery,
-                    new.method,
-                    new.url,
-                    json.dumps(list(new.request_headers)),
-                    new.request_body,
-                    new.fingerprint,
-                    new.profile,
-                    new.key_header,
-                    new.created_at,
-                    new.created_at,
-                    new.key_expires_at,
-                    new.deadline_at,
-                    owner,
-                    lease_until,
-                ),
-            )
-            return cursor.rowcount == 1
+        if self.durability == "fsync":
+            return self._durable_inserts.submit((new, owner, lease_until))
+        with self._write() as conn:
+            return self._insert(conn, new, owner, lease_until)
+
+    def _insert_batch(self, batch: Sequence[tuple[NewOperation, str, float]]) -> list[bool]:
+        """New operations in one transaction, made durable by one fsync."""
+        with self._write(durable=True) as conn:
+            return [self._insert(conn, *item) for item in batch]
+
+    def _insert(
+        self, conn: sqlite3.Connection, new: NewOperation, owner: str, lease_until: float
+    ) -> bool:
+        cursor = conn.execute(
+            _INSERT_OPERATION,
+            (
+                new.operation_id,
+                new.key,
+                new.delivery,
+                new.method,
+                new.url,
+                json.dumps(list(new.request_headers)),
+                new.request_body,
+                new.fingerprint,
+                new.profile,
+                new.key_header,
+                new.created_at,
+                new.created_at,
+                new.key_expires_at,
+                new.deadline_at,
+                owner,
+                lease_until,
+            ),
+        )
+        return cursor.rowcount == 1
 
     def _record_attempt(self, operation_id: str, record: AttemptRecord, *, now: float) -> None:
         """The attempt row and the operation's new state, in one transaction."""
@@ -864,52 +1147,78 @@ class Journal:
         """
         _check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
         _check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
-        where: list[str] = []
-        params: list[Any] = []
+        statuses: list[Status | None] = [None]
         if status is not None:
             if not isinstance(status, (str, list, tuple, set, frozenset)):
                 raise TypeError(
                     f"status must be a status or a list of them ({', '.join(STATUSES)}), not "
                     f"{type(status).__name__}"
                 )
-            statuses = [status] if isinstance(status, str) else list(status)
+            statuses = list(dict.fromkeys([status] if isinstance(status, str) else status))
             for value in statuses:
                 if value not in STATUSES:
                     raise ValueError(f"unknown status {value!r}; expected one of {STATUSES}")
-            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
-            params.extend(statuses)
+        # One query per status, each walking operations_by_status in rowid order
+        # and stopping at the limit, merged here: `status IN (...) ORDER BY rowid`
+        # would sort every match first (a million rows for succeeded + failed).
+        with self._snapshot():
+            listings = [self._listing(value, since, limit, newest_first) for value in statuses]
+        rows = merge(*listings, key=lambda row: row["_rowid"], reverse=newest_first)
+        return [
+            Operation._from_row({name: value for name, value in row.items() if name != "_rowid"})
+            for row in islice(rows, limit)
+        ]
+
+    def _listing(
+        self, status: Status | None, since: float | None, limit: int | None, newest_first: bool
+    ) -> list[dict[str, Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
         if since is not None:
             where.append("created_at >= ?")
             params.append(since)
-        sql = "SELECT * FROM operations"
+        sql = "SELECT rowid AS _rowid, * FROM operations"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY rowid " + ("DESC" if newest_first else "ASC")
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [Operation._from_row(row) for row in self._query(sql, params)]
+        return self._query(sql, params)
 
     def stats(self, *, now: float, stuck_after: float = 60.0) -> JournalStats:
         """Counts, rates and the stuck count (pending, unleased, idle ``stuck_after`` s)."""
         _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
         _check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
-        counts = self.counts()
-        attempts = self._query(
-            """
-            SELECT count(*) AS attempts,
-                   count(status_code) AS answered,
-                   coalesce(sum(replayed), 0) AS replayed,
-                   coalesce(sum(status_code IN (409, 423)), 0) AS in_progress
-            FROM attempts
-            """
-        )[0]
+        with self._snapshot():
+            return self._stats(now, stuck_after)
+
+    def _stats(self, now: float, stuck_after: float) -> JournalStats:
+        if self._version >= 2:
+            counters = self._counters()
+            counts: dict[str, int] = {status: counters[status] for status in STATUSES}
+            attempts = counters
+        else:
+            counts = self.counts()
+            attempts = self._query(
+                """
+                SELECT count(*) AS attempts,
+                       count(status_code) AS answered_attempts,
+                       coalesce(sum(replayed), 0) AS replayed_attempts,
+                       coalesce(sum(status_code IN (409, 423)), 0) AS in_progress_attempts
+                FROM attempts
+                """
+            )[0]
+        # In version 2 this reads operations_pending alone (it covers these columns).
         pending = self._query(
-            """
+            f"""
             SELECT min(created_at) AS oldest,
                    coalesce(sum(lease_until < :now AND updated_at < :idle
                                 AND coalesce(not_before, 0) <= :now), 0) AS stuck
-            FROM operations WHERE status = 'pending'
+            FROM operations{self._indexed_by("operations_pending")} WHERE status = 'pending'
             """,
             {"now": now, "idle": now - stuck_after},
         )[0]
@@ -917,9 +1226,9 @@ class Journal:
             counts=counts,
             operations=sum(counts.values()),
             attempts=attempts["attempts"],
-            answered_attempts=attempts["answered"],
-            replayed_attempts=attempts["replayed"],
-            in_progress_attempts=attempts["in_progress"],
+            answered_attempts=attempts["answered_attempts"],
+            replayed_attempts=attempts["replayed_attempts"],
+            in_progress_attempts=attempts["in_progress_attempts"],
             oldest_pending_created_at=pending["oldest"],
             stuck=pending["stuck"],
             now=now,
@@ -933,29 +1242,132 @@ class Journal:
         """
         _check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
         _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
-        finished = ", ".join(f"'{status}'" for status in FINISHED_STATUSES)
-        where = f"status IN ({finished}) AND updated_at < ?"
+        # Written exactly as operations_finished's WHERE, so SQLite uses that index.
+        where = f"{_FINISHED} AND updated_at < ?"
+        finished = "operations" + self._indexed_by("operations_finished")
         cutoff = now - older_than
         if dry_run:
-            return int(
-                self._query(f"SELECT count(*) AS n FROM operations WHERE {where}", (cutoff,))[0][
-                    "n"
-                ]
-            )
-        with self._write() as conn:
-            conn.execute(
-                f"DELETE FROM attempts WHERE operation_id IN "
-                f"(SELECT operation_id FROM operations WHERE {where})",
-                (cutoff,),
-            )
-            return conn.execute(f"DELETE FROM operations WHERE {where}", (cutoff,)).rowcount
+            with self._snapshot():
+                return self._count_prunable(finished, cutoff)
+        self._check_writable()
+        # Batches in short transactions, oldest first, so other writers (a
+        # Session journaling a key) never wait long for the lock; each batch is
+        # sized from the last one's time to hold the lock about 25 ms.
+        smallest, largest = _PRUNE_BATCH_SIZES
+        batch, deleted = smallest, 0
+        with self._checkpoints_between_batches():
+            while True:
+                with self._write() as conn:
+                    started = time.perf_counter()
+                    rows = conn.execute(
+                        f"SELECT rowid, operation_id FROM {finished} WHERE {where} "
+                        "ORDER BY updated_at LIMIT ?",
+                        (cutoff, batch),
+                    ).fetchall()
+                    for start in range(0, len(rows), _SQL_VARIABLES):
+                        chunk = rows[start : start + _SQL_VARIABLES]
+                        marks = ", ".join("?" for _ in chunk)
+                        conn.execute(
+                            f"DELETE FROM attempts WHERE operation_id IN ({marks})",
+                            [operation_id for _, operation_id in chunk],
+                        )
+                        deleted += conn.execute(
+                            f"DELETE FROM operations WHERE rowid IN ({marks})",
+                            [rowid for rowid, _ in chunk],
+                        ).rowcount
+                elapsed = max(time.perf_counter() - started, 1e-6)
+                if len(rows) < batch:
+                    return deleted
+                self._checkpoint()
+                time.sleep(elapsed * random.uniform(*_PRUNE_PAUSE))
+                batch = min(largest, max(smallest, int(batch * _PRUNE_BATCH_SECONDS / elapsed)))
+
+    def _count_prunable(self, finished: str, cutoff: float) -> int:
+        """How many finished operations were idle since before ``cutoff``.
+
+        Version 2 counts whichever side of the cutoff looks smaller in
+        operations_finished (judged from its oldest and newest entries) and,
+        for the newer side, subtracts from the finished count the triggers keep:
+        a usual window (keep the last week of months) counts a few entries.
+        """
+        older = f"SELECT count(*) AS n FROM {finished} WHERE {_FINISHED} AND "
+        if self._version < 2:
+            return int(self._query(older + "updated_at < ?", (cutoff,))[0]["n"])
+        counters = self._counters()
+        total = sum(counters[status] for status in FINISHED_STATUSES)
+        # Two queries: SQLite answers a lone min() or max() from the index's ends.
+        ends = [
+            self._query(f"SELECT {end}(updated_at) AS edge FROM {finished} WHERE {_FINISHED}")[0][
+                "edge"
+            ]
+            for end in ("min", "max")
+        ]
+        if not all(isinstance(edge, (int, float)) for edge in ends):
+            return int(self._query(older + "updated_at < ?", (cutoff,))[0]["n"])
+        oldest, newest = ends
+        if cutoff <= oldest:
+            return 0
+        if cutoff > newest:
+            return total
+        if cutoff - oldest <= newest - cutoff:
+            return int(self._query(older + "updated_at < ?", (cutoff,))[0]["n"])
+        return total - int(self._query(older + "updated_at >= ?", (cutoff,))[0]["n"])
+
+    @contextmanager
+    def _checkpoints_between_batches(self) -> Iterator[None]:
+        """No checkpoint inside a batch's commit: prune runs one after each, outside the lock."""
+        with self._lock:
+            previous = int(self._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+            self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+        try:
+            yield
+        finally:
+            with self._lock, suppress(sqlite3.Error, JournalError):
+                self._conn.execute(f"PRAGMA wal_autocheckpoint = {previous}")
+                self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.DatabaseError as error:
+                if _is_corruption(error):
+                    raise self._damaged(error) from error
+                raise self._open_error(error) from error
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
+        if self._version >= 2:
+            counters = self._counters()
+            return {status: counters[status] for status in STATUSES}
         counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         for row in self._query("SELECT status, count(*) AS n FROM operations GROUP BY status"):
             counts[row["status"]] = row["n"]
         return counts
+
+    def _indexed_by(self, index: str) -> str:
+        """Name the version-2 index: without statistics SQLite would pick operations_by_status."""
+        return f" INDEXED BY {index}" if self._version >= 2 else ""
+
+    def _counters(self) -> dict[str, int]:
+        """The counts the triggers keep: one row, whatever the journal's size."""
+        rows = self._query(f"SELECT {', '.join(_COUNTERS)} FROM journal_counts WHERE id = 1")
+        values = rows[0] if rows else {}
+        if len(values) != len(_COUNTERS) or not all(
+            type(value) is int and value >= 0 for value in values.values()
+        ):
+            raise JournalCorruptError(
+                f"{self.path} holds damaged counts ({_short(values)}); move the journal aside "
+                "and restore a backup"
+            )
+        if values["unknown_status"]:
+            # Name the damaged row, as a scan would have.
+            self._query(f"SELECT * FROM operations WHERE status NOT IN ({_STATUSES_SQL}) LIMIT 1")
+            raise JournalCorruptError(
+                f"{self.path} counts {values['unknown_status']} operations with an unknown "
+                "status but holds none; move the journal aside and restore a backup"
+            )
+        return values
 
 
 @attrs.frozen

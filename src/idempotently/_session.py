@@ -206,6 +206,7 @@ class _SessionBase(Generic[ClientT]):
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
             key_expiry_margin=float(key_expiry_margin),
+            namespace=self.journal._namespace,
         )
 
     def _build(

@@ -89,6 +89,7 @@ class _TransportBase:
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
             key_expiry_margin=float(key_expiry_margin),
+            namespace=self.journal._namespace,
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
