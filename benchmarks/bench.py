@@ -243,7 +243,7 @@ def main() -> None:
     if not args.skip_audit:
         import bench_journal
 
-        bench_journal.main(["--operations", "1000000"])
+        bench_journal.audit(1_000_000, rebuild=False)
 
 
 if __name__ == "__main__":
