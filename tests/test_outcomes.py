@@ -224,3 +224,30 @@ def test_a_send_interrupted_in_flight_counts_as_maybe_delivered(
     assert [("maybe_delivered", None)] == [
         (attempt.outcome, interrupted.lease_owner) for attempt in interrupted.attempts
     ]
+
+
+def test_cli_resume_reads_answers_with_a_profile_of_your_own(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`resume --profile module:NAME` reads an operation journaled under that profile with
+    it: here a server that does not store 5xx, so its 500 goes to reconciliation, unsent
+    again."""
+    app, url = scripted
+    (tmp_path / "my_profiles.py").write_text(
+        "import attrs\n"
+        "from idempotently import profiles\n"
+        "STINGY = attrs.evolve(profiles.GENERIC, name='stingy', stores_server_errors=False)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_profiles  # type: ignore[import-not-found]
+
+    app.answer(Answer(reset=True))
+    path = tmp_path / "journal.db"
+    leave_pending(path, base_url=url, profile=my_profiles.STINGY)
+    app.answer(Answer(status=500, body=b'{"error": "boom"}'))
+    result = CliRunner().invoke(
+        cli, ["--journal", os.fspath(path), "resume", "--profile", "my_profiles:STINGY"]
+    )
+    assert 1 == result.exit_code
+    assert "needs_reconcile" in result.stdout
+    assert 2 == len(app.arrivals)  # the lost first attempt, and one resend
