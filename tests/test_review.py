@@ -1,0 +1,149 @@
+"""Adversarial review of the exactly-once machinery: each test is a promise the
+contract (DESIGN §3) makes and the current code breaks (strict xfails)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import httpx
+import pytest
+
+import idempotently
+from tests.support import URL, FakeTime, make_session
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: Engine.call loops Find(None)->Insert(False)->continue forever when another "
+    "operation holds the derived key (_flow.py `continue  # another caller created it first`)",
+)
+def test_a_named_call_whose_derived_key_belongs_to_another_operation_does_not_spin(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A derived key already used by another operation is an error, never an endless loop."""
+    with make_session(
+        tmp_path, fake_time, transport=httpx.MockTransport(lambda r: httpx.Response(201))
+    ) as s:
+        derived = str(uuid.uuid5(s.journal.namespace, "order-b"))
+        s.post(URL, json={}, operation_id="order-a", idempotency_key=derived)
+        inserts = 0
+        original = s.journal._insert_operation
+
+        def counted(*args: Any, **kwargs: Any) -> bool:
+            nonlocal inserts
+            inserts += 1
+            if inserts > 50:
+                raise RuntimeError("spinning: 50 inserts without a sleep")
+            return original(*args, **kwargs)
+
+        s.journal._insert_operation = counted  # type: ignore[method-assign]
+        with pytest.raises(idempotently.KeyReuseError):
+            s.post(URL, json={}, operation_id="order-b")
+
+
+def _slow_first_send(fake_time: FakeTime, inner: Any, first_status: int) -> Any:
+    """A server whose first answer takes longer than the lease; meanwhile ``inner`` runs."""
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["Idempotency-Key"])
+        if len(seen) == 1:
+            fake_time.now += 61.0  # the attempt outlives its 60 s lease
+            inner()
+            return httpx.Response(first_status)
+        return httpx.Response(201)
+
+    handler.seen = seen  # type: ignore[attr-defined]
+    return handler
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: no lease heartbeat: an attempt in flight past lease_duration loses its lease "
+    "and a second caller sends the same operation (Engine.blocker lease_until > now)",
+)
+def test_a_second_caller_never_sends_while_a_long_attempt_is_in_flight(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """One operation is in flight at most once, however long its attempt takes."""
+    outcomes: list[str] = []
+    box: dict[str, idempotently.Session] = {}
+
+    def second_caller() -> None:
+        try:
+            box["s"].post(URL, json={}, operation_id="order-42")
+            outcomes.append("sent")
+        except idempotently.OperationInProgressError:
+            outcomes.append("in progress")
+
+    handler = _slow_first_send(fake_time, second_caller, 201)
+    with make_session(tmp_path, fake_time, transport=httpx.MockTransport(handler)) as s:
+        box["s"] = s
+        s.post(URL, json={}, operation_id="order-42")
+    assert 1 == len(handler.seen)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: _record_attempt updates the row whatever its status and lease owner: a late "
+    "attempt overwrites a succeeded operation with failed (_journal.py _record_attempt UPDATE)",
+)
+def test_a_late_attempt_never_overwrites_a_settled_operation(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """Once an operation succeeded and its answer is journaled, it stays succeeded."""
+    box: dict[str, idempotently.Session] = {}
+
+    def second_caller() -> None:
+        box["s"].post(URL, json={}, operation_id="order-42")  # takes the expired lease: 201
+
+    handler = _slow_first_send(fake_time, second_caller, 400)
+    with make_session(tmp_path, fake_time, transport=httpx.MockTransport(handler)) as s:
+        box["s"] = s
+        s.post(URL, json={}, operation_id="order-42")  # its slow answer: a 400
+        operation = s.journal.operation("order-42")
+    assert operation is not None
+    assert ("succeeded", 201) == (operation.status, operation.response_status)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: arun cancelled right after the final Record (checkpoint_if_cancelled) still "
+    "runs held.interrupted: a maybe_delivered attempt turns succeeded back into pending "
+    "(_drivers.py arun finally / Held.cleanup)",
+)
+@pytest.mark.anyio
+async def test_a_call_cancelled_after_its_answer_is_journaled_keeps_it(
+    tmp_path: Path, fake_time: FakeTime, anyio_backend: str
+) -> None:
+    """A cancellation that lands after the answer was journaled changes nothing in the journal."""
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    original = journal._record_attempt
+    scopes: list[anyio.CancelScope] = []
+
+    def record_then_cancel(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        anyio.from_thread.run_sync(scopes[0].cancel)  # e.g. a timeout firing now
+
+    journal._record_attempt = record_then_cancel  # type: ignore[method-assign]
+    async with idempotently.AsyncSession(
+        journal,
+        transport=httpx.MockTransport(lambda r: httpx.Response(201)),
+        clock=fake_time.clock,
+        sleep=fake_time.async_sleep,
+    ) as s:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await s.post(URL, json={}, operation_id="order-42")
+    operation = journal.operation("order-42")
+    journal.close()
+    assert operation is not None
+    assert ("succeeded", 201, 1) == (
+        operation.status,
+        operation.response_status,
+        operation.attempt_count,
+    )
