@@ -99,7 +99,9 @@ class MemoryStore:
         )
         return True
 
-    def _record_attempt(self, operation_id: str, record: AttemptRecord, *, now: float) -> None:
+    def _record_attempt(
+        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
+    ) -> None:
         row = self.rows[operation_id]
         attempt = Attempt(
             number=row.attempt_count + 1,
@@ -111,6 +113,15 @@ class MemoryStore:
             error=record.error,
             wait=record.wait,
         )
+        if owner is not None and (row.status != "pending" or row.lease_owner != owner):
+            # Not ours any more: the attempt joins the history, nothing else changes.
+            self.rows[operation_id] = attrs.evolve(
+                row,
+                attempt_count=row.attempt_count + 1,
+                updated_at=now,
+                attempts=(*row.attempts, attempt),
+            )
+            return
         self.rows[operation_id] = attrs.evolve(
             row,
             status=record.status,

@@ -16,11 +16,6 @@ import idempotently
 from tests.support import URL, FakeTime, make_session
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Engine.call loops Find(None)->Insert(False)->continue forever when another "
-    "operation holds the derived key (_flow.py `continue  # another caller created it first`)",
-)
 def test_a_named_call_whose_derived_key_belongs_to_another_operation_does_not_spin(
     tmp_path: Path, fake_time: FakeTime
 ) -> None:
@@ -61,11 +56,6 @@ def _slow_first_send(fake_time: FakeTime, inner: Any, first_status: int) -> Any:
     return handler
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: no lease heartbeat: an attempt in flight past lease_duration loses its lease "
-    "and a second caller sends the same operation (Engine.blocker lease_until > now)",
-)
 def test_a_second_caller_never_sends_while_a_long_attempt_is_in_flight(
     tmp_path: Path, fake_time: FakeTime
 ) -> None:
@@ -87,35 +77,44 @@ def test_a_second_caller_never_sends_while_a_long_attempt_is_in_flight(
     assert 1 == len(handler.seen)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _record_attempt updates the row whatever its status and lease owner: a late "
-    "attempt overwrites a succeeded operation with failed (_journal.py _record_attempt UPDATE)",
-)
-def test_a_late_attempt_never_overwrites_a_settled_operation(
-    tmp_path: Path, fake_time: FakeTime
-) -> None:
-    """Once an operation succeeded and its answer is journaled, it stays succeeded."""
-    box: dict[str, idempotently.Session] = {}
+def test_a_late_attempt_never_overwrites_a_settled_operation(tmp_path: Path) -> None:
+    """Once another caller took the lease over (another process, after it expired) and
+    settled the operation, the first caller's late answer joins the history and changes
+    nothing else: the operation stays succeeded with its 201."""
+    from idempotently._journal import AttemptRecord
+    from tests.test_journal import NOW, insert, new_operation
 
-    def second_caller() -> None:
-        box["s"].post(URL, json={}, operation_id="order-42")  # takes the expired lease: 201
-
-    handler = _slow_first_send(fake_time, second_caller, 400)
-    with make_session(tmp_path, fake_time, transport=httpx.MockTransport(handler)) as s:
-        box["s"] = s
-        s.post(URL, json={}, operation_id="order-42")  # its slow answer: a 400
-        operation = s.journal.operation("order-42")
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    insert(journal, new_operation(), lease_until=NOW + 60)  # first caller: "test-owner"
+    journal._conn.execute(
+        "UPDATE operations SET lease_owner = 'other-host:1:b', lease_until = ?", (NOW + 200,)
+    )
+    settled = AttemptRecord(
+        started_at=NOW + 70,
+        elapsed=0.1,
+        outcome="answered",
+        status_code=201,
+        status="succeeded",
+        response_status=201,
+        response_headers=(),
+        response_body=b"{}",
+    )
+    journal._record_attempt("op-1", settled, now=NOW + 71, owner="other-host:1:b")
+    late = AttemptRecord(
+        started_at=NOW, elapsed=75.0, outcome="answered", status_code=400, status="failed"
+    )
+    journal._record_attempt("op-1", late, now=NOW + 75, owner="test-owner")
+    operation = journal.operation("op-1")
+    journal.close()
     assert operation is not None
-    assert ("succeeded", 201) == (operation.status, operation.response_status)
+    assert ("succeeded", 201, 2) == (
+        operation.status,
+        operation.response_status,
+        operation.attempt_count,
+    )
+    assert [201, 400] == [attempt.status_code for attempt in operation.attempts]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: arun cancelled right after the final Record (checkpoint_if_cancelled) still "
-    "runs held.interrupted: a maybe_delivered attempt turns succeeded back into pending "
-    "(_drivers.py arun finally / Held.cleanup)",
-)
 @pytest.mark.anyio
 async def test_a_call_cancelled_after_its_answer_is_journaled_keeps_it(
     tmp_path: Path, fake_time: FakeTime, anyio_backend: str

@@ -25,6 +25,7 @@ from idempotently._flow import Flow, Held
 from idempotently._store import (
     Command,
     Reconcile,
+    Record,
     Report,
     Send,
     Sleep,
@@ -70,14 +71,19 @@ def run(
                 reply = report(command.result) if report is not None else None
             else:
                 reply = _with_ids(command, command.run, store)
+                if isinstance(command, Record):
+                    held.recorded(command)
     finally:
         flow.close()
         cleanup, held.lease, held.interrupted = held.cleanup(), None, None
-        if cleanup is not None:
-            # If the journal cannot take this write either, the lease simply
-            # expires; the error that ended the call is the one to report.
-            with suppress(JournalError):
-                cleanup.run(store)
+        try:
+            if cleanup is not None:
+                # If the journal cannot take this write either, the lease simply
+                # expires; the error that ended the call is the one to report.
+                with suppress(JournalError):
+                    cleanup.run(store)
+        finally:
+            held.end()
 
 
 async def arun(
@@ -119,13 +125,18 @@ async def arun(
                 # Not abandoned on cancellation: the write completes, then the
                 # cancellation is delivered here, before anything is sent.
                 reply = await anyio.to_thread.run_sync(_with_ids, command, command.run, store)
+                if isinstance(command, Record):
+                    held.recorded(command)
                 await anyio.lowlevel.checkpoint_if_cancelled()
     finally:
         flow.close()
         cleanup, held.lease, held.interrupted = held.cleanup(), None, None
-        if cleanup is not None:
-            with anyio.CancelScope(shield=True), suppress(JournalError):
-                await anyio.to_thread.run_sync(cleanup.run, store)
+        try:
+            if cleanup is not None:
+                with anyio.CancelScope(shield=True), suppress(JournalError):
+                    await anyio.to_thread.run_sync(cleanup.run, store)
+        finally:
+            held.end()
 
 
 def _with_ids(command: Any, run: Callable[[Store], T], store: Store) -> T:

@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
@@ -191,9 +192,32 @@ class Held:
 
     lease: tuple[str, str] | None = None
     """(operation_id, owner)"""
+    owners: list[str] = attrs.Factory(list)
+    """The lease owners this flow made: in flight until the driver calls :meth:`end`."""
     interrupted: Record | None = None
     """While an attempt is being sent: the attempt to journal if it never returns
     (it may have been delivered), which also releases the lease."""
+
+    def take(self, operation_id: str, owner: str) -> None:
+        """This flow is about to hold (or try to take) the operation's lease as ``owner``."""
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.add(owner)
+        self.owners.append(owner)
+        self.lease = (operation_id, owner)
+
+    def end(self) -> None:
+        """The flow has ended: its owners are no longer in flight."""
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.difference_update(self.owners)
+        self.owners.clear()
+
+    def recorded(self, record: Record) -> None:
+        """A Record of this flow is in the journal: nothing to journal for it if we stop
+        now, and no lease to release once it released it (the driver calls this as soon
+        as the write returns, before a cancellation can be delivered)."""
+        self.interrupted = None
+        if record.record.lease_until == 0:
+            self.lease = None
 
     def cleanup(self) -> Record | Release | None:
         """The journal command that leaves things right after an early end."""
@@ -295,15 +319,23 @@ def new_lease_owner() -> str:
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
+# The lease owners of this process's flows that are running now. A lease held by
+# one of them is live even past its lease_until (a long attempt in flight); one
+# of this process's owners that is not here belongs to a flow that has ended.
+_IN_FLIGHT: set[str] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
 def lease_owner_alive(owner: str) -> bool:
-    """False only when the owner is provably gone: a dead process on this host."""
+    """False only when the owner is provably gone: a dead process on this host, or a
+    flow of this process that has ended."""
     host, _, rest = owner.partition(":")
     pid_text = rest.partition(":")[0]
     if host != _HOST or not pid_text.isdigit():
         return True
     pid = int(pid_text)
     if pid == os.getpid():
-        return True
+        return in_flight(owner)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -311,6 +343,12 @@ def lease_owner_alive(owner: str) -> bool:
     except (PermissionError, OverflowError):
         return True
     return True
+
+
+def in_flight(owner: str) -> bool:
+    """Whether ``owner`` is a running flow of this process."""
+    with _IN_FLIGHT_LOCK:
+        return owner in _IN_FLIGHT
 
 
 def maybe_acted(status_code: int | None, outcome: str) -> bool:
@@ -352,8 +390,9 @@ class Engine:
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
+        taken_key: str | None = None  # a key our insert found already journaled
         while True:
-            operation = (yield Find(call.operation_id, call.key)) if named else None
+            operation = (yield Find(call.operation_id, call.key or taken_key)) if named else None
             if operation is None:
                 now = self.clock()
                 if call.deadline_at is not None and call.deadline_at <= now:
@@ -364,7 +403,7 @@ class Engine:
                 new, owner = self._new_operation(call, print_, now)
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
-                held.lease = (new.operation_id, owner)
+                held.take(new.operation_id, owner)
                 if (yield Insert(new, owner, now + self.lease_duration)):
                     logger.debug(
                         "operation %s: key %s journaled",
@@ -380,7 +419,10 @@ class Engine:
                     )
                     return self._finish(end)
                 held.lease = None
-                continue  # another caller created it first: find theirs
+                # Another caller created it first (find theirs), or the key is taken by
+                # another operation (the next Find returns that one: a KeyReuseError).
+                taken_key = new.key
+                continue
             self._check_same(operation, call, print_)
             if operation.status != "pending":
                 return self.stored_response(operation, build)
@@ -390,7 +432,8 @@ class Engine:
                 raise _blocker_error(operation, blocker[0], blocker[1])
             owner = new_lease_owner()
             now = self.clock()
-            held.lease = None if blocker is not None else (operation.operation_id, owner)
+            if blocker is None:
+                held.take(operation.operation_id, owner)
             if blocker is not None or not (
                 yield TakeLease(operation, owner, now + self.lease_duration, now)
             ):
@@ -527,6 +570,7 @@ class Engine:
         secrets: Sequence[str],
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
+        owner = held.lease[1] if held.lease is not None else None
         while True:
             started = self.clock()
             held.interrupted = Record(
@@ -545,6 +589,7 @@ class Engine:
                     ),
                 ),
                 started,
+                owner,
             )
             reply = yield Send(request)
             now = self.clock()
@@ -580,7 +625,7 @@ class Engine:
                 else None,
                 response_body=response.content if keep and response else None,
             )
-            yield Record(operation_id, record, now)
+            yield Record(operation_id, record, now, owner)
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
             if not retrying:
                 held.lease = None  # the record released it
@@ -647,7 +692,11 @@ class Engine:
         """Why a pending operation cannot be sent now, and the reason; None if it can."""
         now = self.clock()
         owner = operation.lease_owner
-        if owner is not None and operation.lease_until > now and lease_owner_alive(owner):
+        if (
+            owner is not None
+            and (operation.lease_until > now or in_flight(owner))
+            and lease_owner_alive(owner)
+        ):
             return "leased", (
                 f"another caller ({owner}) is sending this operation; "
                 f"its lease runs until {_iso(operation.lease_until)}: let it finish, or "
@@ -794,7 +843,7 @@ class Engine:
             )
         owner = new_lease_owner()
         now = self.clock()
-        held.lease = (operation.operation_id, owner)
+        held.take(operation.operation_id, owner)
         if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
             held.lease = None
             return ResumeResult.of(

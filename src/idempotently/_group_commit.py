@@ -11,6 +11,7 @@ its first byte is sent, it only shares the fsync with its neighbours'.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -51,7 +52,9 @@ class GroupCommit(Generic[T, R]):
         if not job.done:
             self._lead(batch, job)
         if job.error is not None:
-            raise job.error
+            # Each caller raises its own copy: callers annotate the error they raise
+            # (operation id, key), and one object must not carry the first caller's.
+            raise copy.copy(job.error)
         return job.result  # type: ignore[return-value]  # set with done, error None
 
     def _lead(self, batch: list[_Job[T, R]], own: _Job[T, R]) -> None:

@@ -924,8 +924,16 @@ class Journal:
         )
         return cursor.rowcount == 1
 
-    def _record_attempt(self, operation_id: str, record: AttemptRecord, *, now: float) -> None:
-        """The attempt row and the operation's new state, in one transaction."""
+    def _record_attempt(
+        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
+    ) -> None:
+        """The attempt row and the operation's new state, in one transaction.
+
+        With ``owner``, the new state applies only while that caller still holds
+        the operation's lease and the operation is pending: an attempt that
+        outlived its lease (another caller took over, or settled it) is kept in
+        the history but changes nothing else.
+        """
         response_headers = (
             None if record.response_headers is None else json.dumps(list(record.response_headers))
         )
@@ -943,15 +951,16 @@ class Journal:
                     operation_id,
                 ),
             )
-            conn.execute(
-                """
+            holds = "" if owner is None else " AND status = 'pending' AND lease_owner IS ?"
+            cursor = conn.execute(
+                f"""
                 UPDATE operations SET
                     status = ?, reason = ?, not_before = ?, updated_at = ?,
                     attempt_count = attempt_count + 1,
                     last_status_code = coalesce(?, last_status_code),
                     response_status = ?, response_headers = ?, response_body = ?,
                     lease_until = ?, lease_owner = CASE WHEN ? > 0 THEN lease_owner END
-                WHERE operation_id = ?
+                WHERE operation_id = ?{holds}
                 """,
                 (
                     record.status,
@@ -965,8 +974,16 @@ class Journal:
                     record.lease_until,
                     record.lease_until,
                     operation_id,
+                    *(() if owner is None else (owner,)),
                 ),
             )
+            if cursor.rowcount == 0 and owner is not None:
+                # Not ours any more: count the attempt, keep whoever holds it now.
+                conn.execute(
+                    "UPDATE operations SET attempt_count = attempt_count + 1, updated_at = ? "
+                    "WHERE operation_id = ?",
+                    (now, operation_id),
+                )
 
     def _set_status(
         self,

@@ -34,7 +34,9 @@ class Store(Protocol):
         self, operation: Operation, *, owner: str, lease_until: float, now: float
     ) -> bool: ...
 
-    def _record_attempt(self, operation_id: str, record: AttemptRecord, *, now: float) -> None: ...
+    def _record_attempt(
+        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
+    ) -> None: ...
 
     def _set_status(
         self, operation_id: str, status: Status, *, reason: str | None, now: float
@@ -113,9 +115,11 @@ class Record:
     operation_id: str
     record: AttemptRecord
     now: float
+    owner: str | None = None
+    """The lease holder writing it: its new state applies only while it holds the lease."""
 
     def run(self, store: Store) -> None:
-        store._record_attempt(self.operation_id, self.record, now=self.now)
+        store._record_attempt(self.operation_id, self.record, now=self.now, owner=self.owner)
 
 
 @attrs.frozen
