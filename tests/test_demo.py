@@ -23,10 +23,11 @@ def test_demo_runs_end_to_end_and_shows_one_charge_per_order(tmp_path: Path) -> 
     )
     assert 0 == result.returncode, result.stdout + result.stderr
     out = result.stdout
-    assert "killed with SIGKILL" in out
-    assert "order-9:charge: succeeded" in out  # finished by resume with its stored key
-    assert "12 operations, 11 charges, 0 duplicates, 1 refused" in out
-    assert "order-6   0 charge(s)" in out  # the 400 was never retried
+    story = out + result.stderr  # shown whole when a promise below breaks
+    assert "killed with SIGKILL" in out, story
+    assert "order-9:charge: succeeded" in out, story  # finished by resume with its stored key
+    assert "12 operations, 11 charges, 0 duplicates, 1 refused" in out, story
+    assert "order-6   0 charge(s)" in out, story  # the 400 was never retried
     assert [] == list(tmp_path.iterdir())  # --no-keep leaves nothing behind
 
 

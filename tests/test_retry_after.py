@@ -16,8 +16,8 @@ from idempotently._retry_after import (
     parse_retry_after,
     parse_retry_after_ms,
     server_wait,
-    should_retry_hint,
 )
+from idempotently.profiles import GENERIC
 
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z, a fixed "now" for every test
 
@@ -183,6 +183,11 @@ def test_server_wait_without_headers_is_none() -> None:
     assert None is server_wait(httpx.Headers({"Content-Type": "text/plain"}), now=NOW)
 
 
+def hint_of(headers: httpx.Headers) -> bool | None:
+    """The retry hint the default profile reads from these headers."""
+    return GENERIC.retry_hint(httpx.Response(503, headers=headers))
+
+
 @pytest.mark.parametrize("name", ["Stripe-Should-Retry", "stripe-should-retry", "X-Should-Retry"])
 @pytest.mark.parametrize(
     ("value", "expected"),
@@ -192,25 +197,25 @@ def test_should_retry_hint_is_read_case_insensitively(
     name: str, value: str, expected: bool
 ) -> None:
     """Both hint headers say true/false, whatever the case of name and value."""
-    assert expected is should_retry_hint(httpx.Headers({name: value}))
+    assert expected is hint_of(httpx.Headers({name: value}))
 
 
 @pytest.mark.parametrize("value", ["", "yes", "no", "1", "0", "?1", "maybe", "truee"])
 @pytest.mark.parametrize("name", ["Stripe-Should-Retry", "x-should-retry"])
 def test_should_retry_hint_garbage_is_no_hint(name: str, value: str) -> None:
     """Anything but true/false is no hint."""
-    assert None is should_retry_hint(httpx.Headers({name: value}))
+    assert None is hint_of(httpx.Headers({name: value}))
 
 
 def test_no_hint_header_is_no_hint() -> None:
     """A response without hint headers gives no hint."""
-    assert None is should_retry_hint(httpx.Headers({"Retry-After": "1"}))
+    assert None is hint_of(httpx.Headers({"Retry-After": "1"}))
 
 
 @given(value=st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E)))
 def test_should_retry_hint_never_raises(value: str) -> None:
     """Any header value gives True, False or None, never an exception."""
-    assert should_retry_hint(httpx.Headers({"x-should-retry": value})) in (True, False, None)
+    assert hint_of(httpx.Headers({"x-should-retry": value})) in (True, False, None)
 
 
 def test_date_hint_is_relative_to_the_given_now() -> None:

@@ -48,7 +48,6 @@ from idempotently._keys import (
     secret_values,
 )
 from idempotently._policy import (
-    NOT_ACTED_STATUS_CODES,
     Answer,
     CallState,
     Decision,
@@ -56,6 +55,7 @@ from idempotently._policy import (
     classify,
     classify_error,
     decide,
+    maybe_acted,
 )
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._store import (
@@ -351,13 +351,6 @@ def in_flight(owner: str) -> bool:
         return owner in _IN_FLIGHT
 
 
-def maybe_acted(status_code: int | None, outcome: str) -> bool:
-    """Whether an attempt may have been acted on by the server."""
-    if outcome == "maybe_delivered":
-        return True
-    return outcome == "answered" and status_code not in NOT_ACTED_STATUS_CODES
-
-
 @attrs.define
 class Engine:
     """What every flow of one Session or Transport shares: its configuration."""
@@ -397,8 +390,9 @@ class Engine:
                 now = self.clock()
                 if call.deadline_at is not None and call.deadline_at <= now:
                     raise ValueError(
-                        f"deadline_at ({_iso(call.deadline_at)}) has already passed: nothing "
-                        "was journaled or sent"
+                        f"deadline_at ({_iso(call.deadline_at)}) has already passed for "
+                        f"operation {call.operation_id!r}: nothing was journaled or sent; "
+                        "give a deadline in the future, or none"
                     )
                 new, owner = self._new_operation(call, print_, now)
                 # Held before the write: a call stopped while the write runs releases
@@ -496,8 +490,9 @@ class Engine:
         ids = _ids(operation)
         if call.operation_id is not None and operation.operation_id != call.operation_id:
             raise KeyReuseError(
-                f"idempotency key {call.key!r} already belongs to operation "
-                f"{operation.operation_id!r}; use a new key for a new operation",
+                f"the idempotency key {operation.key!r} already belongs to operation "
+                f"{operation.operation_id!r}, not {call.operation_id!r} (was it passed as "
+                "idempotency_key for another operation?); use a new key for a new operation",
                 **ids,
             )
         if call.key is not None and operation.key != call.key and not call.keep_journaled_key:

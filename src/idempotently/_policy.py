@@ -195,6 +195,14 @@ class Failure:
 Signal = Answer | Failure
 
 
+def maybe_acted(status_code: int | None, outcome: Outcome) -> bool:
+    """Whether an attempt may have been acted on by the server: sent and not answered,
+    or answered with anything but "not now" (408, 425, 429)."""
+    if outcome == "maybe_delivered":
+        return True
+    return outcome == "answered" and status_code not in NOT_ACTED_STATUS_CODES
+
+
 def classify(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
     status = response.status_code
     mismatch = profile.is_payload_mismatch(response)
@@ -276,12 +284,9 @@ class CallState:
 
     def after(self, signal: Signal, *, now: float) -> CallState:
         """The state once ``signal`` (this call's next attempt) is known."""
-        if isinstance(signal, Failure):
-            acted = signal.outcome == "maybe_delivered"
-            in_progress = False
-        else:
-            acted = signal.status_code not in NOT_ACTED_STATUS_CODES
-            in_progress = signal.in_progress
+        code = None if isinstance(signal, Failure) else signal.status_code
+        acted = maybe_acted(code, signal.outcome)
+        in_progress = isinstance(signal, Answer) and signal.in_progress
         return attrs.evolve(
             self,
             attempts=self.attempts + 1,

@@ -9,9 +9,6 @@ import email.utils
 import math
 from collections.abc import Mapping
 
-# Header names a server may use to say "do (not) retry this" (lowercase).
-SHOULD_RETRY_HEADERS = ("stripe-should-retry", "x-should-retry")
-
 # Anything longer than this is not a Retry-After value, it is an attack.
 _MAX_HEADER_LENGTH = 64
 MAX_SERVER_WAIT = 366 * 24 * 60 * 60.0
@@ -73,17 +70,3 @@ def server_wait(headers: Mapping[str, str], *, now: float) -> float | None:
     if millis is not None:
         return millis
     return parse_retry_after(headers.get("retry-after"), now=now)
-
-
-def should_retry_hint(headers: Mapping[str, str]) -> bool | None:
-    """The server's explicit retry hint, or None when it gives none (or garbage)."""
-    for name in SHOULD_RETRY_HEADERS:
-        value = headers.get(name)
-        if value is None:
-            continue
-        value = value.strip().lower()
-        if value == "true":
-            return True
-        if value == "false":
-            return False
-    return None
