@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from idempotently.testing._charge_request import (
     MAX_BODY_BYTES,
+    BodyFormat,
     ChargeRequest,
     body_too_large,
     check_content_type,
@@ -132,9 +133,11 @@ def _idempotency_key(request: Request, config: MockServerConfig) -> str:
     )
 
 
-async def _read_body(request: Request) -> bytes:
-    """The body if declared as JSON (else 415), refused (413) as soon as it passes 1 MiB."""
-    check_content_type(request.headers.get("content-type"), request.headers.get("content-encoding"))
+async def _read_body(request: Request) -> tuple[bytes, BodyFormat]:
+    """The body if declared as JSON or a form (else 415), refused (413) past 1 MiB."""
+    body_format = check_content_type(
+        request.headers.get("content-type"), request.headers.get("content-encoding")
+    )
     if declared_too_large(request.headers.get("content-length")):
         raise body_too_large()
     chunks: list[bytes] = []
@@ -144,7 +147,7 @@ async def _read_body(request: Request) -> bytes:
         if size > MAX_BODY_BYTES:
             raise body_too_large()
         chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join(chunks), body_format
 
 
 class MockApp:
@@ -224,7 +227,7 @@ class MockApp:
         try:
             user = _authenticate(request)
             key = _idempotency_key(request, self.config)
-            charge, document = parse_charge(await _read_body(request))
+            charge, document = parse_charge(*await _read_body(request))
         except Problem as problem:
             self._tally.count("rejected")
             return _problem_response(problem)
