@@ -594,7 +594,7 @@ STRIPE_STYLE_FORM = b"amount=1000&currency=usd&customer=cus_42&metadata[order_id
 
 
 def test_a_form_encoded_charge_is_the_same_charge_as_its_json_twin() -> None:
-    """A Stripe-style form is charged like its JSON twin; resent as JSON under the key it replays."""
+    """A Stripe-style form is charged like its JSON twin; the JSON twin under its key replays."""
     app = create_app(clock=VirtualClock())
     as_form, as_json = run(
         app,
