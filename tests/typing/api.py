@@ -128,4 +128,3 @@ def httpx2_clients(journal: str) -> None:
     httpx2.AsyncClient(transport=idempotently.AsyncTransport(journal))
     idempotently.Session(journal, client=httpx2.Client())
     idempotently.AsyncSession(journal, client=httpx2.AsyncClient())
-    idempotently.Session(journal, client=httpx2.AsyncClient())  # type: ignore[arg-type]
