@@ -25,7 +25,7 @@ from typing import Any
 import click
 import httpx
 
-from idempotently._cli_format import operations_table
+from idempotently._cli_format import operations_table, plural
 from idempotently._exceptions import IdempotentlyError
 from idempotently._journal import Journal
 from idempotently._policy import RetryPolicy
@@ -72,7 +72,8 @@ def describe(response: httpx.Response) -> str:
         if response.is_success
         else "answered"
     )
-    return f"{response.status_code} ({how}; {receipt.attempts} attempt(s), key {receipt.key[:8]}…)"
+    attempts = plural(receipt.attempts, "attempt")
+    return f"{response.status_code} ({how}; {attempts}, key {receipt.key[:8]}…)"
 
 
 def run_worker(journal: str, url: str, orders: list[int]) -> None:
@@ -92,7 +93,11 @@ def run_worker(journal: str, url: str, orders: list[int]) -> None:
 @click.command("demo")
 @click.option("--keep/--no-keep", default=True, help="Keep the demo journal to explore it.")
 def demo_command(keep: bool) -> None:
-    """Run the whole story on loopback: faults, a killed worker, resume, audit."""
+    """Show the whole story on loopback: faults, a crash, resume.
+
+    A mock payments API on a free loopback port, charges through injected
+    faults, a worker killed mid-batch, resume, then the audit and the ledger.
+    """
     try:
         from idempotently.testing import Fault, MockServerConfig, serve
     except ImportError as error:
@@ -165,14 +170,15 @@ def demo_command(keep: bool) -> None:
         stats = server.stats()
         say("\n6. The server's ledger: charges per order")
         for order in list(stories) + list(WORKER_ORDERS):
-            say(f"   order-{order:<3} {ledger.get((USER, f'order-{order}'), 0)} charge(s)")
+            say(f"   order-{order:<3} {plural(ledger.get((USER, f'order-{order}'), 0), 'charge')}")
         duplicates = server.ledger.duplicates()
         charged = sum(ledger.values())
         refused = [op for op in operations if op.status == "failed"]
         say(
-            f"\n{len(operations)} operations, {charged} charges, {len(duplicates)} duplicates, "
-            f"{len(refused)} refused by the server (never retried); the server replayed "
-            f"{stats.replays} answers and said 'in progress' {stats.conflicts} time(s)."
+            f"\n{plural(len(operations), 'operation')}, {plural(charged, 'charge')}, "
+            f"{plural(len(duplicates), 'duplicate')}, {len(refused)} refused by the server "
+            f"(never retried); the server replayed {plural(stats.replays, 'answer')} and said "
+            f"'in progress' {plural(stats.conflicts, 'time')}."
         )
         if duplicates or charged != len(operations) - len(refused):
             raise click.ClickException("exactly-once did not hold: see the ledger above")
