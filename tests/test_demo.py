@@ -27,7 +27,9 @@ def test_demo_runs_end_to_end_and_shows_one_charge_per_order(tmp_path: Path) -> 
     assert "killed with SIGKILL" in out, story
     assert "order-9:charge: succeeded" in out, story  # finished by resume with its stored key
     assert "12 operations, 11 charges, 0 duplicates, 1 refused" in out, story
-    assert "order-6   0 charge(s)" in out, story  # the 400 was never retried
+    assert "order-6   0 charges" in out, story  # the 400 was never retried
+    assert "order-1   1 charge\n" in out, story
+    assert "(s)" not in out, story  # counts are spelled as people do
     assert [] == list(tmp_path.iterdir())  # --no-keep leaves nothing behind
 
 

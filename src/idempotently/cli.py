@@ -294,7 +294,7 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
 @click.option(
     "--expiring-within",
     type=DURATION,
-    default=f"{DEFAULT_KEY_EXPIRY_MARGIN:g}s",
+    default=format_duration(DEFAULT_KEY_EXPIRY_MARGIN),
     show_default=True,
     metavar="DURATION",
     help="Count pending operations whose key expires within this long (the default, "
