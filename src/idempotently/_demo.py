@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def demo_command(keep: bool) -> None:
     journal = workdir / "journal.db"
     say = click.echo
     with serve(MockServerConfig(provider_latency=PROVIDER_LATENCY)) as server:
-        say(f"A mock payments API is listening on {server.url}; the journal is {journal}.")
+        say(f"A mock payments API is listening on {server.url};\nthe journal is {journal}.")
         say("Each order is one operation with one idempotency key, journaled before sending.\n")
 
         say("1. Charges through injected faults")
@@ -120,7 +121,7 @@ def demo_command(keep: bool) -> None:
             2: "two 503s before the server does any work",
             3: "a 429 asking to retry after 1 s",
             4: "the server charges, then the response is lost",
-            5: "our read times out while the server is still charging (key in progress: 409)",
+            5: "the read times out mid-charge (the key is in progress: 409)",
             6: "an invalid amount: a final 400, never retried",
         }
         with open_session(journal, server.url) as session:
@@ -164,7 +165,8 @@ def demo_command(keep: bool) -> None:
         say("\n5. The audit: the journal, as `idempotently list` shows it")
         with Journal(journal, create=False) as audit:
             operations = audit.operations(newest_first=False)
-            for line in operations_table(operations, time.time()):
+            width = shutil.get_terminal_size().columns - 3  # the indent
+            for line in operations_table(operations, time.time(), width=width):
                 say(f"   {line}")
         ledger = server.ledger.count_by_order()
         stats = server.stats()
@@ -176,9 +178,9 @@ def demo_command(keep: bool) -> None:
         refused = [op for op in operations if op.status == "failed"]
         say(
             f"\n{plural(len(operations), 'operation')}, {plural(charged, 'charge')}, "
-            f"{plural(len(duplicates), 'duplicate')}, {len(refused)} refused by the server "
-            f"(never retried); the server replayed {plural(stats.replays, 'answer')} and said "
-            f"'in progress' {plural(stats.conflicts, 'time')}."
+            f"{plural(len(duplicates), 'duplicate')}, {len(refused)} refused (never retried).\n"
+            f"The server replayed {plural(stats.replays, 'answer')} and said 'in progress' "
+            f"{plural(stats.conflicts, 'time')}."
         )
         if duplicates or charged != len(operations) - len(refused):
             raise click.ClickException("exactly-once did not hold: see the ledger above")
