@@ -511,8 +511,8 @@ def resume_command(
     Sends the journaled request bytes again, byte-identical. Operations whose
     key the server may have forgotten are not resent: they become
     needs_reconcile. Exit 1 if any operation ended failed or
-    needs_reconcile, could not be sent, or is left pending (with --dry-run,
-    exit 0).
+    needs_reconcile, could not be sent, or is left pending, or if the journal
+    still holds pending or needs_reconcile operations (with --dry-run, exit 0).
     """
     results: list[ResumeResult] = []
     if deadline is not None and deadline <= 0:
