@@ -99,10 +99,11 @@ def mock_server_command(
     virtual_clock: bool,
     log_level: str,
 ) -> None:
-    """Run the companion mock payments server (POST/GET /v1/charges).
+    """Run the companion mock payments server on loopback.
 
-    Prints the server's URL on the first line of stdout. Faults, the clock and
-    the ledger are driven over HTTP: see docs/mock-server.md.
+    It serves POST/GET /v1/charges. Prints the server's URL on the first line
+    of stdout. Faults, the clock and the ledger are driven over HTTP: see
+    docs/mock-server.md.
     """
     try:
         from idempotently.testing._app import MockApp
