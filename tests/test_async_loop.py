@@ -4,11 +4,13 @@ cancelled call leaves its operation resumable."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -238,3 +240,91 @@ def test_an_at_most_once_send_interrupted_in_flight_is_never_resent(tmp_path: Pa
         with pytest.raises(idempotently.OperationAbandonedError):
             s.post(URL, json={"sms": 1}, operation_id="sms", delivery="at_most_once")
     assert 1 == len(sent)
+
+
+@pytest.mark.anyio
+async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 tasks posting at once: their journal commands go to worker threads in batches
+    (fewer hops than commands), their keys commit together, and each gets its own answer."""
+    hops: list[int] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(len(args[0]) if args and isinstance(args[0], list) else 1)
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    inserts: list[int] = []
+    insert_batch = journal._insert_batch
+
+    def counted_batch(batch: Sequence[Any]) -> list[bool]:
+        inserts.append(len(batch))
+        return insert_batch(batch)
+
+    journal._durable_inserts._commit = counted_batch
+    answers: list[str] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(0.01)
+        return httpx.Response(201, json={"n": json.loads(request.content)["n"]})
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+
+        async def post(n: int) -> None:
+            response = await s.post(URL, json={"n": n})
+            answers.append(f"{n}={response.json()['n']}")
+
+        async with anyio.create_task_group() as group:
+            for n in range(16):
+                group.start_soon(post, n)
+        counts = journal.counts()
+    assert sorted(f"{n}={n}" for n in range(16)) == sorted(answers)
+    assert 16 == counts["succeeded"]
+    assert 32 == sum(hops)  # a key and a completion for each
+    assert len(hops) < 32
+    assert 16 == sum(inserts) and len(inserts) < 16
+
+
+@pytest.mark.anyio
+async def test_a_failed_batch_of_keys_fails_each_call_naming_its_own_operation(
+    tmp_path: Path,
+) -> None:
+    """Keys committed together whose commit fails: every call raises, each error naming
+    that call's operation, and nothing was sent."""
+    sent: list[httpx.Request] = []
+    journal = idempotently.Journal(tmp_path / "journal.db")
+
+    def failing(batch: Sequence[Any]) -> list[bool]:
+        raise idempotently.JournalWriteError("cannot write the journal: disk full")
+
+    journal._durable_inserts._commit = failing
+    errors: dict[str, BaseException] = {}
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+
+        async def post(n: int) -> None:
+            try:
+                await s.post(URL, json={"n": n}, operation_id=f"op-{n}")
+            except idempotently.JournalWriteError as error:
+                errors[f"op-{n}"] = error
+
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(post, n)
+    assert [] == sent
+    assert {f"op-{n}": f"op-{n}" for n in range(8)} == {
+        name: getattr(error, "operation_id", None) for name, error in errors.items()
+    }

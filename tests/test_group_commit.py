@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import idempotently
-from idempotently._group_commit import GroupCommit
+from idempotently._group_commit import Failed, GroupCommit
 
 
 class SlowCommit:
@@ -171,3 +171,24 @@ def test_threads_sharing_a_session_share_fsyncs_for_their_keys(tmp_path: Path) -
     journal.close()
     assert [1, 15] == batches
     assert 16 == counts["succeeded"]
+
+
+def test_writes_submitted_together_commit_together_each_with_its_own_outcome() -> None:
+    """submit_many puts its items in one commit (with whatever else waited) and returns
+    each item's result; a failed commit is each item's own copy of the error."""
+    batches: list[list[int]] = []
+
+    def commit(items: Sequence[int]) -> list[int]:
+        batches.append(list(items))
+        if 99 in items:
+            raise OSError("disk full")
+        return [item * 10 for item in items]
+
+    group: GroupCommit[int, int] = GroupCommit(commit)
+    assert [10, 20, 30] == group.submit_many([1, 2, 3])
+    failed = group.submit_many([4, 99])
+    assert [[1, 2, 3], [4, 99]] == batches
+    assert all(isinstance(outcome, Failed) for outcome in failed)
+    errors = [outcome.error for outcome in failed if isinstance(outcome, Failed)]
+    assert ["disk full", "disk full"] == [str(error) for error in errors]
+    assert errors[0] is not errors[1]

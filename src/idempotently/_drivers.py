@@ -9,6 +9,8 @@ is half-written) and then releases its lease.
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,8 +24,10 @@ import httpx
 
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._flow import Flow, Held
+from idempotently._group_commit import Failed
 from idempotently._store import (
     Command,
+    Insert,
     Reconcile,
     Record,
     Report,
@@ -124,7 +128,7 @@ async def arun(
             else:
                 # Not abandoned on cancellation: the write completes, then the
                 # cancellation is delivered here, before anything is sent.
-                reply = await anyio.to_thread.run_sync(_with_ids, command, command.run, store)
+                reply = await _journal(store, command)
                 if isinstance(command, Record):
                     held.recorded(command)
                 await anyio.lowlevel.checkpoint_if_cancelled()
@@ -137,6 +141,114 @@ async def arun(
                     await anyio.to_thread.run_sync(cleanup.run, store)
         finally:
             held.end()
+
+
+class _Pending:
+    """One task's journal command, waiting for a worker thread to run it."""
+
+    __slots__ = ("command", "done", "error", "reply", "wake")
+
+    def __init__(self, command: Any) -> None:
+        self.command = command
+        self.done = False
+        self.reply: Any = None
+        self.error: BaseException | None = None
+        self.wake: anyio.Event | None = None
+
+
+class _Batcher:
+    """The journal commands an event loop's tasks are waiting for, run a batch per thread hop."""
+
+    __slots__ = ("busy", "waiting")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting: list[_Pending] = []
+
+
+# Per store and event loop; an entry lives only while its loop has commands in flight.
+_BATCHERS: dict[tuple[int, object], _Batcher] = {}
+
+
+async def _journal(store: Store, command: Any) -> Any:
+    """Run one journal command in a worker thread, with whatever other tasks are waiting for.
+
+    One task at a time takes every command waiting on this event loop to one
+    worker thread (the new keys among them in one commit), instead of a thread
+    hop per command: with many tasks in flight, the hand-offs (waking a thread,
+    passing the GIL back and forth) cost more than the writes. Each command is
+    still its own transaction and each caller returns once its own write is
+    done; nothing is abandoned on cancellation: the write completes first.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    slot = (id(store), anyio.lowlevel.current_token())
+    batcher = _BATCHERS.get(slot)
+    if batcher is None:
+        batcher = _BATCHERS[slot] = _Batcher()
+    pending = _Pending(command)
+    batcher.waiting.append(pending)
+    with anyio.CancelScope(shield=True):
+        while not pending.done:
+            if batcher.busy:
+                pending.wake = anyio.Event()
+                await pending.wake.wait()
+                continue
+            batcher.busy = True
+            batch, batcher.waiting = batcher.waiting, []
+            try:
+                await anyio.to_thread.run_sync(_run_batch, batch, store)
+            except BaseException as error:  # the hop itself failed: nothing ran
+                for each in batch:
+                    each.error = each.error or error
+                raise
+            finally:
+                batcher.busy = False
+                for each in batch:
+                    each.done = True
+                    if each.wake is not None:
+                        each.wake.set()
+                if batcher.waiting:
+                    # The first task still waiting takes the next batch.
+                    first = batcher.waiting[0]
+                    if first.wake is not None:
+                        first.wake.set()
+                elif _BATCHERS.get(slot) is batcher:
+                    del _BATCHERS[slot]
+    if pending.error is not None:
+        raise pending.error
+    return pending.reply
+
+
+def _run_batch(batch: Sequence[_Pending], store: Store) -> None:
+    """In a worker thread: each command's reply or error; new keys share one commit."""
+    inserts = [each for each in batch if isinstance(each.command, Insert)]
+    insert_many = getattr(store, "_insert_operations", None)
+    if len(inserts) > 1 and insert_many is not None:
+        commands: list[Insert] = [each.command for each in inserts]
+        try:
+            outcomes = insert_many([(i.new, i.owner, i.lease_until) for i in commands])
+        except Exception as error:  # before any commit (the file moved): none was written
+            outcomes = [Failed(copy.copy(error)) for _ in inserts]
+        for each, outcome in zip(inserts, outcomes, strict=True):
+            _settle_pending(each, store, functools.partial(_unwrap, outcome))
+        rest = [each for each in batch if not isinstance(each.command, Insert)]
+    else:
+        rest = list(batch)
+    for each in rest:
+        _settle_pending(each, store, each.command.run)
+
+
+def _settle_pending(pending: _Pending, store: Store, run: Callable[[Store], Any]) -> None:
+    try:
+        pending.reply = _with_ids(pending.command, run, store)
+    except Exception as error:
+        pending.error = error
+
+
+def _unwrap(outcome: Any, _store: Store) -> Any:
+    if isinstance(outcome, Failed):
+        raise outcome.error
+    return outcome
 
 
 def _with_ids(command: Any, run: Callable[[Store], T], store: Store) -> T:

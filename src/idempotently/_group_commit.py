@@ -30,6 +30,15 @@ class _Job(Generic[T, R]):
         self.error: Exception | None = None
 
 
+class Failed:
+    """The outcome of an item whose transaction failed: ``error``, to raise."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 class GroupCommit(Generic[T, R]):
     """Batches ``commit`` calls made by concurrent threads."""
 
@@ -41,23 +50,39 @@ class GroupCommit(Generic[T, R]):
 
     def submit(self, item: T) -> R:
         """Commit ``item`` (with whatever else is waiting); its result once it is durable."""
-        job: _Job[T, R] = _Job(item)
-        with self._changed:
-            self._waiting.append(job)
-            while self._committing and not job.done:
-                self._changed.wait()
-            if not job.done:
-                self._committing = True
-                batch, self._waiting = self._waiting, []
-        if not job.done:
-            self._lead(batch, job)
-        if job.error is not None:
-            # Each caller raises its own copy: callers annotate the error they raise
-            # (operation id, key), and one object must not carry the first caller's.
-            raise copy.copy(job.error)
-        return job.result  # type: ignore[return-value]  # set with done, error None
+        (outcome,) = self.submit_many([item])
+        if isinstance(outcome, Failed):
+            raise outcome.error
+        return outcome
 
-    def _lead(self, batch: list[_Job[T, R]], own: _Job[T, R]) -> None:
+    def submit_many(self, items: Sequence[T]) -> list[R | Failed]:
+        """Commit ``items`` together (with whatever else is waiting); each one's outcome.
+
+        All of them are in the same transaction. An outcome is the item's result,
+        or a :class:`Failed` holding this caller's own copy of the error that
+        rolled the transaction back.
+        """
+        jobs: list[_Job[T, R]] = [_Job(item) for item in items]
+        lead: list[_Job[T, R]] | None = None
+        with self._changed:
+            # Appended together, so one leader always takes all of them at once.
+            self._waiting.extend(jobs)
+            while self._committing and not jobs[0].done:
+                self._changed.wait()
+            if not jobs[0].done:
+                self._committing = True
+                lead, self._waiting = self._waiting, []
+        if lead is not None:
+            self._lead(lead, jobs)
+        # Each caller gets its own copy of an error: callers annotate the error
+        # they raise (operation id, key), and one object must not carry the
+        # first caller's.
+        return [
+            Failed(copy.copy(job.error)) if job.error is not None else job.result  # type: ignore[misc]
+            for job in jobs
+        ]
+
+    def _lead(self, batch: list[_Job[T, R]], own: Sequence[_Job[T, R]]) -> None:
         finished = False
         try:
             results = self._commit([job.item for job in batch])
@@ -77,6 +102,6 @@ class GroupCommit(Generic[T, R]):
                 else:
                     # Interrupted (KeyboardInterrupt) mid-commit: the others try again
                     # with the next leader; their inserts are idempotent.
-                    self._waiting[:0] = [job for job in batch if job is not own]
+                    self._waiting[:0] = [job for job in batch if job not in own]
                 self._committing = False
                 self._changed.notify_all()

@@ -15,6 +15,7 @@ the pending operations and another the finished ones by idle time.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from idempotently._exceptions import (
     JournalVersionError,
     JournalWriteError,
 )
-from idempotently._group_commit import GroupCommit
+from idempotently._group_commit import Failed, GroupCommit
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
 
 MAX_LIMIT = 2**63 - 1
@@ -894,6 +895,26 @@ class Journal:
             return self._durable_inserts.submit((new, owner, lease_until))
         with self._write() as conn:
             return self._insert(conn, new, owner, lease_until)
+
+    def _insert_operations(
+        self, items: Sequence[tuple[NewOperation, str, float]]
+    ) -> list[bool | Failed]:
+        """Several new operations (``(new, owner, lease_until)``) in one commit; each one's outcome.
+
+        What an async session's worker thread calls with the keys its tasks
+        are waiting for: one transaction (with ``"fsync"``, shared with any
+        other caller's through group commit, and one fsync). An outcome is what
+        :meth:`_insert_operation` returns, or a :class:`Failed` with the error it
+        would raise.
+        """
+        self._check_still_there()
+        if self.durability == "fsync":
+            return self._durable_inserts.submit_many(items)
+        try:
+            with self._write() as conn:
+                return [self._insert(conn, *item) for item in items]
+        except Exception as error:
+            return [Failed(copy.copy(error)) for _ in items]
 
     def _insert_batch(self, batch: Sequence[tuple[NewOperation, str, float]]) -> list[bool]:
         """New operations in one transaction, made durable by one fsync."""
