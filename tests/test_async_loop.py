@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -328,3 +329,41 @@ async def test_a_failed_batch_of_keys_fails_each_call_naming_its_own_operation(
     assert {f"op-{n}": f"op-{n}" for n in range(8)} == {
         name: getattr(error, "operation_id", None) for name, error in errors.items()
     }
+
+
+@pytest.mark.anyio
+async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
+    tmp_path: Path,
+) -> None:
+    """8 calls cancelled while their keys wait behind a held commit: every key's write
+    completes, no lease is left behind, and nothing is sent."""
+    sent: list[httpx.Request] = []
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    gate = threading.Event()
+    insert_batch = journal._insert_batch
+
+    def held(batch: Sequence[Any]) -> list[bool]:
+        gate.wait(timeout=10)
+        return insert_batch(batch)
+
+    journal._durable_inserts._commit = held
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(lambda n=n: s.post(URL, json={"n": n}))
+            await anyio.sleep(0.1)  # the first key's commit is held, the others queued
+            group.cancel_scope.cancel()
+            gate.set()
+        journaled = s.journal.operations()
+    assert [] == sent
+    assert [("pending", None, 0.0)] * 8 == [
+        (op.status, op.lease_owner, op.lease_until) for op in journaled
+    ]

@@ -146,11 +146,12 @@ async def arun(
 class _Pending:
     """One task's journal command, waiting for a worker thread to run it."""
 
-    __slots__ = ("command", "done", "error", "reply", "wake")
+    __slots__ = ("command", "done", "error", "ran", "reply", "wake")
 
     def __init__(self, command: Any) -> None:
         self.command = command
         self.done = False
+        self.ran = False
         self.reply: Any = None
         self.error: BaseException | None = None
         self.wake: anyio.Event | None = None
@@ -187,33 +188,42 @@ async def _journal(store: Store, command: Any) -> Any:
         batcher = _BATCHERS[slot] = _Batcher()
     pending = _Pending(command)
     batcher.waiting.append(pending)
-    with anyio.CancelScope(shield=True):
-        while not pending.done:
-            if batcher.busy:
-                pending.wake = anyio.Event()
+    while not pending.done:
+        if batcher.busy:
+            pending.wake = anyio.Event()
+            with anyio.CancelScope(shield=True):  # the batch it joins runs regardless
                 await pending.wake.wait()
-                continue
-            batcher.busy = True
-            batch, batcher.waiting = batcher.waiting, []
-            try:
+            continue
+        batcher.busy = True
+        batch, batcher.waiting = batcher.waiting, []
+        try:
+            if len(batch) == 1:
+                # Like any to_thread call: not started if already cancelled, and
+                # once started, not abandoned.
                 await anyio.to_thread.run_sync(_run_batch, batch, store)
-            except BaseException as error:  # the hop itself failed: nothing ran
-                for each in batch:
-                    each.error = each.error or error
-                raise
-            finally:
-                batcher.busy = False
-                for each in batch:
-                    each.done = True
-                    if each.wake is not None:
-                        each.wake.set()
-                if batcher.waiting:
-                    # The first task still waiting takes the next batch.
-                    first = batcher.waiting[0]
-                    if first.wake is not None:
-                        first.wake.set()
-                elif _BATCHERS.get(slot) is batcher:
-                    del _BATCHERS[slot]
+            else:
+                # Other tasks' commands too: run them even if this task was cancelled.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_run_batch, batch, store)
+        except BaseException as error:
+            # The hop itself failed: what the thread did not run fails with it.
+            for each in batch:
+                if not each.ran:
+                    each.error = error
+            raise
+        finally:
+            batcher.busy = False
+            for each in batch:
+                each.done = True
+                if each.wake is not None:
+                    each.wake.set()
+            if batcher.waiting:
+                # The first task still waiting takes the next batch.
+                first = batcher.waiting[0]
+                if first.wake is not None:
+                    first.wake.set()
+            elif _BATCHERS.get(slot) is batcher:
+                del _BATCHERS[slot]
     if pending.error is not None:
         raise pending.error
     return pending.reply
@@ -243,6 +253,8 @@ def _settle_pending(pending: _Pending, store: Store, run: Callable[[Store], Any]
         pending.reply = _with_ids(pending.command, run, store)
     except Exception as error:
         pending.error = error
+    finally:
+        pending.ran = True
 
 
 def _unwrap(outcome: Any, _store: Store) -> Any:
