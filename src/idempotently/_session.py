@@ -40,7 +40,9 @@ from idempotently._flow import (
     ResumeResult,
     Settlement,
     check_call_arguments,
+    check_host_id,
     check_timeouts,
+    default_host_id,
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
@@ -149,6 +151,7 @@ class _SessionBase(Generic[ClientT]):
         redact_headers: Iterable[str],
         fingerprint_headers: Iterable[str],
         lease_duration: float,
+        host_id: str | None,
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
@@ -191,6 +194,7 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        host = default_host_id() if host_id is None else check_host_id(host_id)
         self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None
         self.client: ClientT = (
@@ -205,6 +209,7 @@ class _SessionBase(Generic[ClientT]):
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
+            host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
         )
@@ -301,6 +306,7 @@ class Session(_SessionBase[httpx.Client]):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
@@ -314,6 +320,7 @@ class Session(_SessionBase[httpx.Client]):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
@@ -532,6 +539,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -545,6 +553,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
