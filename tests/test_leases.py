@@ -300,8 +300,14 @@ def test_a_failing_heartbeat_is_logged_and_never_raises(caplog: pytest.LogCaptur
 @pytest.mark.parametrize("bad", ["", "a:b", "tab\there", " padded", "x" * 129])
 def test_an_invalid_host_id_is_refused_before_the_journal_exists(tmp_path: Path, bad: str) -> None:
     """host_id must be printable, without ':', at most 128 characters: ValueError first."""
-    with pytest.raises(ValueError, match="host_id"):
-        idempotently.Session(tmp_path / "journal.db", host_id=bad)
+    for make in (
+        idempotently.Session,
+        idempotently.AsyncSession,
+        idempotently.Transport,
+        idempotently.AsyncTransport,
+    ):
+        with pytest.raises(ValueError, match="host_id"):
+            make(tmp_path / "journal.db", host_id=bad)  # type: ignore[operator]
     assert not (tmp_path / "journal.db").exists()
 
 
