@@ -260,6 +260,21 @@ def test_sigterm_finishes_operations_in_flight_and_releases_every_lease(
         assert_each_order_charged_once(server, journal_location, orders)
 
 
+def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_location: str) -> None:
+    """A second SIGTERM does not wait for the attempt in flight: the process ends by the
+    signal; the operation keeps its lease until it expires, and nothing is sent twice."""
+    with serve(MockServerConfig(provider_latency=20)) as server:
+        seed(journal_location, server.url, 1)
+        with fleet(tmp_path, journal_location, ["host-a"]) as [worker]:
+            worker.wait_for(lambda event: event["event"] == "claimed")
+            worker.proc.send_signal(signal.SIGTERM)
+            worker.wait_for(lambda event: event["event"] == "watch_stopping")
+            started = time.monotonic()
+            assert -signal.SIGTERM == worker.stop(signal.SIGTERM), worker.diagnosis()
+            assert time.monotonic() - started < 10  # not the provider's 20 s
+        assert "watch_stopped" not in [event["event"] for event in worker.events]
+
+
 @pytest.mark.slow
 def test_three_workers_drain_a_thousand_operations_sending_each_once(
     tmp_path: Path, journal_location: str

@@ -146,12 +146,13 @@ def watch_output(*, as_json: bool, terminal: bool, host_id: str) -> Iterator[Non
 
 
 @contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
     """SIGTERM/SIGINT set ``stop``; a second one ends the process at once.
 
     The handler only sets the event (no logging, no locks in a signal handler); a
-    small thread says that the worker is stopping."""
+    small thread says that the worker is stopping, then sets the event it yields."""
     received: list[str] = []
+    announced = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
@@ -163,19 +164,22 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
     def announce() -> None:
         stop.wait()
-        if received:
-            logging.getLogger("idempotently.watch").info(
-                "%s: finishing operations in flight, then releasing leases",
-                received[0],
-                extra={"idempotently": {"event": "watch_stopping", "signal": received[0]}},
-            )
+        try:
+            if received:
+                logging.getLogger("idempotently.watch").info(
+                    "%s: finishing operations in flight, then releasing leases",
+                    received[0],
+                    extra={"idempotently": {"event": "watch_stopping", "signal": received[0]}},
+                )
+        finally:
+            announced.set()
 
     watched = (signal.SIGTERM, signal.SIGINT)
     previous = {signum: signal.signal(signum, handler) for signum in watched}
     announcer = threading.Thread(target=announce, name="idempotently-watch-signals", daemon=True)
     announcer.start()
     try:
-        yield
+        yield announced
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
@@ -209,7 +213,7 @@ def run_watch(
 
     with (
         watch_output(as_json=as_json, terminal=terminal, host_id=engine.host_id),
-        stop_on_signals(stop),
+        stop_on_signals(stop) as announced,
     ):
         return watch(
             engine,
@@ -222,6 +226,7 @@ def run_watch(
             base_url=base_url,
             on_result=on_result,
             pending_left=lambda: journal.counts()["pending"],
+            before_stopped=lambda: announced.wait(1.0),
         )
 
 

@@ -96,13 +96,15 @@ def watch(
     on_batch: Callable[[Batch], object] | None = None,
     monotonic: Callable[[], float] | None = None,
     pending_left: Callable[[], int] | None = None,
+    before_stopped: Callable[[], object] | None = None,
 ) -> WatchSummary:
     """Resume due operations until ``stop`` is set; then release every lease and return.
 
     ``on_result`` is called for each operation as soon as it is known (from worker
     threads, one at a time); ``on_batch`` after each round that claimed something.
     A journal error ends the worker (after releasing what it can) and is raised.
-    ``pending_left`` (how many operations are pending now) is logged with each batch.
+    ``pending_left`` (how many operations are pending now) is logged with each batch;
+    ``before_stopped`` runs before the last log line (the CLI lets its signal notice out).
     """
     tick = monotonic or time.monotonic
     owner = engine.new_owner()
@@ -203,6 +205,8 @@ def watch(
                 store._release_lease(operation_id, owner=owner)
         finally:
             unmark_in_flight(owner)
+        if before_stopped is not None:
+            before_stopped()
         logger.info(
             "resume worker %s stopped",
             owner,
