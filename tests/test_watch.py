@@ -331,3 +331,28 @@ def test_resume_prints_each_result_as_soon_as_it_is_known(
     assert lines[0].split() == ["operation", "action", "status", "code", "detail"]
     assert ["order-0:charge", "succeeded", "succeeded", "201"] == lines[1].split()[:4]
     assert 2 == len(lines)
+
+
+def test_claimed_operations_waiting_their_turn_keep_their_lease(tmp_path: Path) -> None:
+    """While the first claimed operation is sent, the heartbeat renews the claims of the
+    ones queued behind it: no other worker can take them meanwhile."""
+    from idempotently._heartbeat import heartbeat_for
+
+    path = tmp_path / "journal.db"
+    ids = seed(path, 2)
+    fake = FakeTime(now=NOW)
+    stop = threading.Event()
+    queued: list[float] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if not queued:
+            fake.now += 100  # past the claim's 30 s lease
+            heartbeat_for(session.journal).beat()
+            queued.append(leases(path)[ids[1]][1] - fake.now)
+        else:
+            stop.set()
+        return httpx.Response(201)
+
+    with worker_session(path, fake, server, lease_duration=30) as session:
+        run_worker(session, stop, concurrency=1)
+    assert [30.0] == queued
