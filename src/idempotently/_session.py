@@ -292,6 +292,10 @@ class Session(_SessionBase[httpx.Client]):
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
     or get :class:`~idempotently.OperationInProgressError`.
+
+    ``host_id`` names this host in lease owners (default ``$IDEMPOTENTLY_HOST_ID``,
+    else the hostname; printable, no ``:``, at most 128 characters): a lease of
+    another host id is waited out until it expires, never judged by its pid.
     """
 
     _client_class = httpx.Client
