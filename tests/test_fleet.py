@@ -261,8 +261,8 @@ def test_sigterm_finishes_operations_in_flight_and_releases_every_lease(
 
 
 def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_location: str) -> None:
-    """A second SIGTERM does not wait for the attempt in flight: the process ends by the
-    signal; the operation keeps its lease until it expires, and nothing is sent twice."""
+    """A second SIGTERM does not wait for the attempt in flight: the process exits at once
+    with 143 (even as PID 1 in a container, where a default SIGTERM is ignored)."""
     with serve(MockServerConfig(provider_latency=20)) as server:
         seed(journal_location, server.url, 1)
         with fleet(tmp_path, journal_location, ["host-a"]) as [worker]:
@@ -270,7 +270,7 @@ def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_locatio
             worker.proc.send_signal(signal.SIGTERM)
             worker.wait_for(lambda event: event["event"] == "watch_stopping")
             started = time.monotonic()
-            assert -signal.SIGTERM == worker.stop(signal.SIGTERM), worker.diagnosis()
+            assert 128 + signal.SIGTERM == worker.stop(signal.SIGTERM), worker.diagnosis()
             assert time.monotonic() - started < 10  # not the provider's 20 s
         assert "watch_stopped" not in [event["event"] for event in worker.events]
 

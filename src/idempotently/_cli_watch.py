@@ -11,8 +11,8 @@ events ``watch_started``, ``claimed`` (a batch's operation ids), ``operation`` (
 per result), ``batch``,
 ``watch_stopping``, ``watch_stopped``, and the library's warnings (``heartbeat_failed``).
 SIGTERM or SIGINT: stop claiming, let operations in flight finish their current
-attempt, release every lease, exit 0. A second signal exits at once (its leases
-then expire after the lease duration).
+attempt, release every lease, exit 0. A second signal exits at once with 128 +
+the signal number (143, 130); its leases then expire after the lease duration.
 """
 
 from __future__ import annotations
@@ -156,9 +156,8 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
+            # Not SIG_DFL and re-raise: as PID 1 in a container that would be ignored.
+            os._exit(128 + signum)
         received.append(signal.Signals(signum).name)
         stop.set()
 
