@@ -22,6 +22,7 @@ import httpx
 
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._flow import Flow, Held
+from idempotently._heartbeat import heartbeat_for
 from idempotently._store import (
     Command,
     Reconcile,
@@ -60,7 +61,8 @@ def run(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    reply = send(command.request)
+                    with heartbeat_for(store).holding(command.lease):
+                        reply = send(command.request)
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):
@@ -106,7 +108,8 @@ async def arun(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    reply = await send(command.request)
+                    with heartbeat_for(store).holding(command.lease):
+                        reply = await send(command.request)
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):

@@ -1070,6 +1070,58 @@ class Journal:
                 (operation_id, owner),
             )
 
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Lease up to ``limit`` due pending operations to ``owner``, oldest first.
+
+        Due: pending, its lease expired (``lease_until <= now``) and its
+        ``not_before`` passed. One ``BEGIN IMMEDIATE`` transaction: two workers
+        (threads or processes) never claim one operation.
+        """
+        self._check_still_there()
+        with self._write() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    """
+                    SELECT operation_id FROM operations
+                    WHERE status = 'pending' AND lease_until <= ?
+                      AND coalesce(not_before, 0) <= ?
+                    ORDER BY created_at, operation_id LIMIT ?
+                    """,
+                    (now, now, limit),
+                )
+            ]
+            conn.executemany(
+                "UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ? "
+                "WHERE operation_id = ?",
+                [(owner, lease_until, now, operation_id) for operation_id in ids],
+            )
+            claimed = []
+            for operation_id in ids:
+                rows = self._query(
+                    "SELECT * FROM operations WHERE operation_id = ?", (operation_id,)
+                )
+                claimed.append(self._with_attempts(rows[0]))
+            return claimed
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: push ``lease_until`` forward on each (operation_id, owner) still
+        pending and leased by that owner; how many rows were extended."""
+        if not leases:
+            return 0
+        with self._write() as conn:
+            extended = 0
+            for operation_id, owner in leases:
+                cursor = conn.execute(
+                    "UPDATE operations SET lease_until = max(lease_until, ?) "
+                    "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
+                    (lease_until, operation_id, owner),
+                )
+                extended += cursor.rowcount
+            return extended
+
     # -- reading ---------------------------------------------------------------
 
     def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:

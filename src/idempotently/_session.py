@@ -43,7 +43,9 @@ from idempotently._flow import (
     ResumeResult,
     Settlement,
     check_call_arguments,
+    check_host_id,
     check_timeouts,
+    default_host_id,
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
@@ -152,6 +154,7 @@ class _SessionBase(Generic[ClientT]):
         redact_headers: Iterable[str],
         fingerprint_headers: Iterable[str],
         lease_duration: float,
+        host_id: str | None,
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
@@ -200,6 +203,7 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        host = default_host_id() if host_id is None else check_host_id(host_id)
         self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None
         self.client: ClientT = (
@@ -214,6 +218,7 @@ class _SessionBase(Generic[ClientT]):
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
+            host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
         )
@@ -309,6 +314,10 @@ class Session(_SessionBase[httpx.Client]):
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
     or get :class:`~idempotently.OperationInProgressError`.
+
+    ``host_id`` names this host in lease owners (default ``$IDEMPOTENTLY_HOST_ID``,
+    else the hostname; printable, no ``:``, at most 128 characters): a lease of
+    another host id is waited out until it expires, never judged by its pid.
     """
 
     _client_class = httpx.Client
@@ -323,6 +332,7 @@ class Session(_SessionBase[httpx.Client]):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
@@ -336,6 +346,7 @@ class Session(_SessionBase[httpx.Client]):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
@@ -567,6 +578,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -580,6 +592,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,

@@ -9,7 +9,7 @@ so that no lock wait and no fsync ever blocks the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -43,6 +43,22 @@ class Store(Protocol):
     ) -> bool: ...
 
     def _release_lease(self, operation_id: str, *, owner: str) -> None: ...
+
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Atomically lease up to ``limit`` pending operations that are due: status
+        'pending' AND lease_until <= now AND coalesce(not_before, 0) <= now, oldest
+        (created_at) first; sets lease_owner=owner, lease_until=lease_until,
+        updated_at=now; returns them with their attempts (like _find). PostgreSQL: one
+        statement using FOR UPDATE SKIP LOCKED. SQLite: one BEGIN IMMEDIATE transaction."""
+        ...
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: for each (operation_id, owner) whose row is pending and still leased
+        by owner, set lease_until = max(lease_until, given). Returns how many rows were
+        extended. One short transaction."""
+        ...
 
     def _settle(
         self,
@@ -186,10 +202,22 @@ JournalCommand = Find | Insert | TakeLease | Record | SetStatus | Release | Sett
 
 
 @attrs.frozen
+class Lease:
+    """A lease a sender holds, and how to renew it: until ``clock() + duration``."""
+
+    operation_id: str
+    owner: str
+    duration: float
+    clock: Callable[[], float] = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
 class Send:
     """Send one attempt; the reply is the response (body read) or the error that ended it."""
 
     request: httpx.Request
+    lease: Lease | None = None
+    """The lease held while it is in flight: the driver's heartbeat keeps it alive."""
 
 
 @attrs.frozen

@@ -25,6 +25,8 @@ from idempotently._flow import (
     Engine,
     Held,
     check_call_arguments,
+    check_host_id,
+    default_host_id,
 )
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
@@ -71,6 +73,7 @@ class _TransportBase:
         redact_headers: Iterable[str],
         fingerprint_headers: Iterable[str],
         lease_duration: float,
+        host_id: str | None,
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
@@ -98,6 +101,7 @@ class _TransportBase:
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
         if delivery not in DELIVERIES:
             raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
+        host = default_host_id() if host_id is None else check_host_id(host_id)
         self.journal, self._owns_journal = open_journal(journal)
         self.profile = profile
         self.methods = frozenset(method.upper() for method in methods)
@@ -109,6 +113,7 @@ class _TransportBase:
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
+            host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
         )
@@ -181,6 +186,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
@@ -199,6 +205,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
@@ -292,6 +299,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -310,6 +318,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
