@@ -21,6 +21,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -28,8 +29,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TextIO
-
-import shutil
 
 import click
 
