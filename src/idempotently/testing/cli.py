@@ -102,7 +102,7 @@ def mock_server_command(
     """Run the companion mock payments server (POST/GET /v1/charges).
 
     Prints the server's URL on the first line of stdout. Faults, the clock and
-    the ledger are driven over HTTP: see docs/mock-server.md.
+    the ledger are driven over HTTP: see https://idempotently.readthedocs.io/en/latest/mock-server/
     """
     try:
         from idempotently.testing._app import MockApp
