@@ -51,7 +51,9 @@ def documented() -> set[str]:
 
 def public_names() -> list[tuple[ModuleType, str]]:
     """Each name a user may import: the package's, profiles' and testing's `__all__`."""
-    return [(module, name) for module in (idempotently, profiles, testing) for name in module.__all__]
+    return [
+        (module, name) for module in (idempotently, profiles, testing) for name in module.__all__
+    ]
 
 
 def resolve(path: str) -> object:

@@ -99,10 +99,11 @@ def mock_server_command(
     virtual_clock: bool,
     log_level: str,
 ) -> None:
-    """Run the companion mock payments server (POST/GET /v1/charges).
+    """Run the companion mock payments server on loopback.
 
-    Prints the server's URL on the first line of stdout. Faults, the clock and
-    the ledger are driven over HTTP: see https://idempotently.readthedocs.io/en/latest/mock-server/
+    It serves POST/GET /v1/charges. Prints the server's URL on the first line
+    of stdout. Faults, the clock and the ledger are driven over HTTP: see
+    https://idempotently.readthedocs.io/en/latest/mock-server/
     """
     try:
         from idempotently.testing._app import MockApp
