@@ -13,7 +13,7 @@ import pytest
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_shows_one_charge_per_order(tmp_path: Path) -> None:
     """The demo exits 0 after a SIGKILLed worker and a resume, with no duplicate charge."""
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "80"}
     result = subprocess.run(
         [sys.executable, "-m", "idempotently", "demo", "--no-keep"],
         capture_output=True,
@@ -27,7 +27,12 @@ def test_demo_runs_end_to_end_and_shows_one_charge_per_order(tmp_path: Path) -> 
     assert "killed with SIGKILL" in out, story
     assert "order-9:charge: succeeded" in out, story  # finished by resume with its stored key
     assert "12 operations, 11 charges, 0 duplicates, 1 refused" in out, story
-    assert "order-6   0 charge(s)" in out, story  # the 400 was never retried
+    assert "order-6   0 charges" in out, story  # the 400 was never retried
+    assert "order-1   1 charge\n" in out, story
+    assert "(s)" not in out, story  # counts are spelled as people do
+    # 80 columns, but for the line naming the journal: a path is as long as it is.
+    wide = [line for line in out.splitlines() if len(line) > 80 and str(tmp_path) not in line]
+    assert [] == wide, story
     assert [] == list(tmp_path.iterdir())  # --no-keep leaves nothing behind
 
 

@@ -140,3 +140,26 @@ def test_examples_cover_every_command() -> None:
     shown = {example.split()[0] for example in examples() if not example.startswith("--")}
     shown |= {example.split()[2] for example in examples() if example.startswith("--journal ")}
     assert set() == set(COMMANDS) - shown
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_choice_of_every_option_is_documented(name: str) -> None:
+    """Each value a command's choice options accept (e.g. `--format csv`) is in its section."""
+    section = sections().get(name, "")
+    missing = [
+        f"{param.opts[0]} {choice}"
+        for param in registered()[name].params
+        if isinstance(param, click.Option) and isinstance(param.type, click.Choice)
+        if param.opts[0] != "--status"  # documented as prose: every status is listed there
+        for choice in param.type.choices
+        # `csv`, `table|json|csv`, `{409,423,wait}`: the spellings a section uses.
+        if not re.search(rf"[`{{,|]{re.escape(choice)}[`}},|]", section)
+    ]
+    assert [] == missing, f"undocumented in '## {name}'"
+
+
+def test_help_options_are_documented() -> None:
+    """`-h` and `--help`, the spellings the group accepts, are in Global options."""
+    context = cli.make_context("idempotently", ["--journal", "x.db"], resilient_parsing=True)
+    for spelling in context.help_option_names:
+        assert f"`{spelling}`" in sections()["Global options"]

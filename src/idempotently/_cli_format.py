@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
+import io
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from idempotently._cli_durations import format_age, format_duration
-from idempotently._journal import Attempt, Operation
+from idempotently._journal import Attempt, JournalStats, Operation
 from idempotently._keys import SENSITIVE_HEADERS
 
 # The journal never stores these; a CLI that prints headers still refuses to,
@@ -41,14 +43,23 @@ def iso(timestamp: float | None) -> str | None:
     return moment.isoformat(timespec="milliseconds")
 
 
-def when(timestamp: float | None, now: float) -> str:
-    """A time for people: ISO to the second plus how long ago (``… (3m ago)``)."""
+def utc(timestamp: float | None) -> str:
+    """ISO-8601 in UTC to the second, e.g. ``2026-01-02T03:04:05Z``; ``-`` if unset."""
     if timestamp is None:
         return "-"
     moment = _moment(timestamp)
     if moment is None:
         return f"{timestamp:.0f} (seconds since the epoch)"
-    return f"{moment.strftime('%Y-%m-%d %H:%M:%SZ')} ({format_age(timestamp, now)})"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def when(timestamp: float | None, now: float) -> str:
+    """A time for people in ``show``: ISO-8601 UTC plus how long ago (``… (3m ago)``)."""
+    if timestamp is None:
+        return "-"
+    if _moment(timestamp) is None:
+        return utc(timestamp)
+    return f"{utc(timestamp)} ({format_age(timestamp, now)})"
 
 
 # C0 and C1 control characters, DEL, and the bidirectional overrides: what a server
@@ -208,15 +219,16 @@ def operation_lines(op: Operation, now: float) -> list[str]:
                 a.outcome,
                 a.status_code,
                 "yes" if a.replayed else "no",
-                when(a.started_at, now),
+                utc(a.started_at),
                 seconds(a.elapsed),
                 seconds(a.wait),
-                a.error,
             )
             for a in op.attempts
         )
-        headers = ("#", "outcome", "status", "replayed", "started", "elapsed", "wait", "error")
+        headers = ("#", "outcome", "status", "replayed", "started", "elapsed", "wait")
         out += _indent(table(headers, rows, right="#,status,elapsed,wait"))
+        # Errors are prose: whole, under the table, so the table fits 80 columns.
+        out += [f"  attempt {a.number}: {a.error}" for a in op.attempts if a.error]
     else:
         out.append("  (none yet)")
 
@@ -239,14 +251,68 @@ def _indent(lines: Iterable[str]) -> list[str]:
 
 
 def _bytes(size: int) -> str:
-    return f"{size} byte{'' if size == 1 else 's'}"
+    return plural(size, "byte")
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: str = "") -> list[str]:
-    """Aligned columns; a ``None`` cell shows as ``-``; columns named in ``right`` align right."""
-    cells = [["-" if cell is None else str(cell) for cell in row] for row in rows]
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 attempt``, ``2 attempts``, ``0 attempts`` (``nouns`` for irregular plurals)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+ELLIPSIS = "…"
+MIN_SHORTENED = 10
+"""A shortened cell keeps at least this many characters (or its header's width)."""
+Shorten = Literal["middle", "end"]
+
+
+def shorten(text: str, width: int, where: Shorten = "middle") -> str:
+    """``text`` in at most ``width`` characters: ``abc…xyz`` (ids, URLs) or ``abcdef…`` (prose).
+
+    The middle keeps both what tells ids apart at the start (the host, the order)
+    and at the end (the path, the step); prose keeps its beginning.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    if where == "end":
+        return text[: width - 1].rstrip() + ELLIPSIS
+    head = width // 2
+    tail = width - 1 - head
+    return text[:head] + ELLIPSIS + text[len(text) - tail :]
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    right: str = "",
+    *,
+    width: int | None = None,
+    shrink: Mapping[str, Shorten] | None = None,
+) -> list[str]:
+    """Aligned columns; a ``None`` cell shows as ``-``; columns named in ``right`` align right.
+
+    With ``width``, the columns named in ``shrink`` give up characters, widest
+    first, until each line fits (their cells shortened with ``…``, in the middle
+    or at the end); the other columns are never cut.
+    """
+    cells = [["-" if cell is None else printable(str(cell)) for cell in row] for row in rows]
     widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(headers)]
     right_aligned = {i for i, name in enumerate(headers) if name in right.split(",")}
+    shrinkable = {headers.index(name): where for name, where in (shrink or {}).items()}
+    if width is not None:
+        floor = {i: max(len(headers[i]), MIN_SHORTENED) for i in shrinkable}
+        excess = sum(widths) + 2 * (len(widths) - 1) - width
+        while excess > 0:
+            wide = [i for i in shrinkable if widths[i] > floor[i]]
+            if not wide:
+                break
+            widest = max(wide, key=lambda i: widths[i])
+            widths[widest] -= 1
+            excess -= 1
+        for row in cells:
+            for i, where in shrinkable.items():
+                row[i] = shorten(row[i], widths[i], where)
 
     def line(row: Sequence[str]) -> str:
         padded = [
@@ -258,8 +324,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: str =
     return [line(list(headers))] + [line(row) for row in cells]
 
 
-def operations_table(operations: Iterable[Operation], now: float) -> list[str]:
-    """The aligned table of `idempotently list` (the demo prints it too)."""
+def operations_table(
+    operations: Iterable[Operation], now: float, width: int | None = None
+) -> list[str]:
+    """The aligned table of `idempotently list` (the demo prints it too).
+
+    Within ``width`` columns, long operation ids and URLs are shortened in the middle.
+    """
     return table(
         ("operation", "status", "method", "url", "attempts", "last", "created"),
         (
@@ -275,7 +346,38 @@ def operations_table(operations: Iterable[Operation], now: float) -> list[str]:
             for op in operations
         ),
         right="attempts,last",
+        width=width,
+        shrink={"operation": "middle", "url": "middle"},
     )
+
+
+def csv_text(records: Sequence[Mapping[str, Any]]) -> str:
+    """Records as CSV with a header row (RFC 4180 line ends); ``None`` is an empty field.
+
+    Control characters in text are shown as escapes, as in every format for people.
+
+    The columns are the first record's keys; no records, no output.
+    """
+    if not records:
+        return ""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(records[0]), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(
+        {name: _csv_cell(value) for name, value in record.items()} for record in records
+    )
+    return out.getvalue()
+
+
+def _csv_cell(value: object) -> object:
+    if value is None:
+        return ""
+    return printable(value) if isinstance(value, str) else value
+
+
+def nl_lines(records: Iterable[Any]) -> list[str]:
+    """Newline-delimited JSON: one compact JSON value per line."""
+    return [json.dumps(record, ensure_ascii=False, separators=(",", ":")) for record in records]
 
 
 def seconds(value: float | None) -> str | None:
@@ -289,3 +391,99 @@ def seconds(value: float | None) -> str | None:
 
 def percent(rate: float) -> str:
     return f"{rate * 100:.1f}%"
+
+
+def stats_lines(stats: JournalStats, path: str, stuck_after: float) -> list[str]:
+    """``stats`` for people: one named figure per line."""
+    age = stats.oldest_pending_age
+    oldest = stats.oldest_pending_created_at
+    fields = [
+        ("journal", path),
+        ("operations", str(stats.operations)),
+        *((f"  {status}", str(count)) for status, count in stats.counts.items()),
+        ("attempts", str(stats.attempts)),
+        ("replay rate", f"{percent(stats.replay_rate)} of answers were replays"),
+        ("409 rate", f"{percent(stats.in_progress_rate)} of answers said in progress"),
+        ("retries/op", f"{stats.retries_per_operation:.2f}"),
+        (
+            "oldest pending",
+            "-" if age is None or oldest is None else f"created {format_age(oldest, stats.now)}",
+        ),
+        ("stuck", f"{stats.stuck} (pending, unleased, idle over {format_duration(stuck_after)})"),
+    ]
+    if stats.expiring is not None and stats.expiring_within is not None:
+        fields.append(
+            (
+                "expiring keys",
+                f"{stats.expiring} (pending, key expires within "
+                f"{format_duration(stats.expiring_within)} or has expired)",
+            )
+        )
+    width = max(len(name) for name, _ in fields)
+    return [f"{name.ljust(width)}  {value}" for name, value in fields]
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and line feed escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _sample(value: float) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def stats_prometheus(stats: JournalStats, path: str) -> str:
+    """``stats`` in the Prometheus text exposition format, for node-exporter's textfile collector.
+
+    Every metric is a gauge labelled with the journal's path; operations are
+    counted per ``status`` label; an age with nothing pending is 0.
+    """
+    journal = f'journal="{_label(path)}"'
+    metrics: list[tuple[str, str, list[tuple[str, float]]]] = [
+        (
+            "operations",
+            "Operations in the journal, by status.",
+            [(f'{journal},status="{status}"', count) for status, count in stats.counts.items()],
+        ),
+        ("attempts", "Attempts journaled (pruning removes some).", [(journal, stats.attempts)]),
+        (
+            "replay_rate",
+            "Share of answers the server marked as replays (0 to 1).",
+            [(journal, round(stats.replay_rate, 6))],
+        ),
+        (
+            "in_progress_rate",
+            "Share of answers saying the key was still in progress, 409 or 423 (0 to 1).",
+            [(journal, round(stats.in_progress_rate, 6))],
+        ),
+        (
+            "retries_per_operation",
+            "Attempts beyond the first, per operation.",
+            [(journal, round(stats.retries_per_operation, 6))],
+        ),
+        (
+            "stuck_operations",
+            "Pending operations nobody holds a lease on and idle over the stuck-after window.",
+            [(journal, stats.stuck)],
+        ),
+        (
+            "oldest_pending_age_seconds",
+            "Age of the oldest pending operation in seconds (0 when none is pending).",
+            [(journal, round(stats.oldest_pending_age or 0.0, 3))],
+        ),
+    ]
+    if stats.expiring is not None:
+        metrics.append(
+            (
+                "expiring_keys",
+                "Pending operations whose key expires within --expiring-within (default "
+                "the key-expiry margin, 1 h: resume will not resend them) or has expired.",
+                [(journal, stats.expiring)],
+            )
+        )
+    lines: list[str] = []
+    for name, help_text, samples in metrics:
+        full = f"idempotently_{name}"
+        lines += [f"# HELP {full} {help_text}", f"# TYPE {full} gauge"]
+        lines += [f"{full}{{{labels}}} {_sample(value)}" for labels, value in samples]
+    return "\n".join(lines) + "\n"

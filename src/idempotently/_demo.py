@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 import click
 import httpx
 
-from idempotently._cli_format import operations_table
+from idempotently._cli_format import operations_table, plural
 from idempotently._exceptions import IdempotentlyError
 from idempotently._journal import Journal
 from idempotently._policy import RetryPolicy
@@ -72,7 +73,8 @@ def describe(response: httpx.Response) -> str:
         if response.is_success
         else "answered"
     )
-    return f"{response.status_code} ({how}; {receipt.attempts} attempt(s), key {receipt.key[:8]}…)"
+    attempts = plural(receipt.attempts, "attempt")
+    return f"{response.status_code} ({how}; {attempts}, key {receipt.key[:8]}…)"
 
 
 def run_worker(journal: str, url: str, orders: list[int]) -> None:
@@ -92,7 +94,11 @@ def run_worker(journal: str, url: str, orders: list[int]) -> None:
 @click.command("demo")
 @click.option("--keep/--no-keep", default=True, help="Keep the demo journal to explore it.")
 def demo_command(keep: bool) -> None:
-    """Run the whole story on loopback: faults, a killed worker, resume, audit."""
+    """Show the whole story on loopback: faults, a crash, resume.
+
+    A mock payments API on a free loopback port, charges through injected
+    faults, a worker killed mid-batch, resume, then the audit and the ledger.
+    """
     try:
         from idempotently.testing import Fault, MockServerConfig, serve
     except ImportError as error:
@@ -102,7 +108,7 @@ def demo_command(keep: bool) -> None:
     journal = workdir / "journal.db"
     say = click.echo
     with serve(MockServerConfig(provider_latency=PROVIDER_LATENCY)) as server:
-        say(f"A mock payments API is listening on {server.url}; the journal is {journal}.")
+        say(f"A mock payments API is listening on {server.url};\nthe journal is {journal}.")
         say("Each order is one operation with one idempotency key, journaled before sending.\n")
 
         say("1. Charges through injected faults")
@@ -115,7 +121,7 @@ def demo_command(keep: bool) -> None:
             2: "two 503s before the server does any work",
             3: "a 429 asking to retry after 1 s",
             4: "the server charges, then the response is lost",
-            5: "our read times out while the server is still charging (key in progress: 409)",
+            5: "the read times out mid-charge (the key is in progress: 409)",
             6: "an invalid amount: a final 400, never retried",
         }
         with open_session(journal, server.url) as session:
@@ -159,20 +165,22 @@ def demo_command(keep: bool) -> None:
         say("\n5. The audit: the journal, as `idempotently list` shows it")
         with Journal(journal, create=False) as audit:
             operations = audit.operations(newest_first=False)
-            for line in operations_table(operations, time.time()):
+            width = shutil.get_terminal_size().columns - 3  # the indent
+            for line in operations_table(operations, time.time(), width=width):
                 say(f"   {line}")
         ledger = server.ledger.count_by_order()
         stats = server.stats()
         say("\n6. The server's ledger: charges per order")
         for order in list(stories) + list(WORKER_ORDERS):
-            say(f"   order-{order:<3} {ledger.get((USER, f'order-{order}'), 0)} charge(s)")
+            say(f"   order-{order:<3} {plural(ledger.get((USER, f'order-{order}'), 0), 'charge')}")
         duplicates = server.ledger.duplicates()
         charged = sum(ledger.values())
         refused = [op for op in operations if op.status == "failed"]
         say(
-            f"\n{len(operations)} operations, {charged} charges, {len(duplicates)} duplicates, "
-            f"{len(refused)} refused by the server (never retried); the server replayed "
-            f"{stats.replays} answers and said 'in progress' {stats.conflicts} time(s)."
+            f"\n{plural(len(operations), 'operation')}, {plural(charged, 'charge')}, "
+            f"{plural(len(duplicates), 'duplicate')}, {len(refused)} refused (never retried).\n"
+            f"The server replayed {plural(stats.replays, 'answer')} and said 'in progress' "
+            f"{plural(stats.conflicts, 'time')}."
         )
         if duplicates or charged != len(operations) - len(refused):
             raise click.ClickException("exactly-once did not hold: see the ledger above")

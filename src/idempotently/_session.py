@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import httpx
 
-if TYPE_CHECKING:  # httpx's private modules, for annotations only
+from idempotently import _httpx2
+
+if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotations only
+    import httpx2
     from httpx._client import UseClientDefault
     from httpx._types import (
         CookieTypes,
@@ -143,7 +146,7 @@ class _SessionBase(Generic[ClientT]):
         self,
         journal: JournalArg,
         *,
-        client: ClientT | None,
+        client: Any,
         policy: RetryPolicy | None,
         profile: ServerProfile,
         redact_headers: Iterable[str],
@@ -167,10 +170,16 @@ class _SessionBase(Generic[ClientT]):
                 f"pass either client= or httpx client options ({', '.join(client_options)}), "
                 "not both"
             )
-        if client is not None and not isinstance(client, self._client_class):
+        # An httpx2 client (openai 3.x's library) is used as it is; requests and
+        # answers are converted at the boundary (_httpx2.py).
+        self._httpx2 = client is not None and _httpx2.is_httpx2(client)
+        name = self._client_class.__name__
+        if client is not None and not (
+            isinstance(client, self._client_class)
+            or (self._httpx2 and isinstance(client, getattr(_httpx2.httpx2_module(), name)))
+        ):
             raise TypeError(
-                f"client must be an httpx.{self._client_class.__name__}, not "
-                f"{type(client).__name__}"
+                f"client must be an httpx.{name} or an httpx2.{name}, not {type(client).__name__}"
             )
         redact_headers = (
             tuple(redact_headers) if not isinstance(redact_headers, str) else redact_headers
@@ -216,7 +225,16 @@ class _SessionBase(Generic[ClientT]):
         if not url.userinfo and base.userinfo and base.host == url.host:
             # The journal never holds URL credentials: re-apply the live client's.
             url = url.copy_with(username=base.username, password=base.password)
+        if self._httpx2:
+            built = self.client.build_request(method, str(url), headers=headers, content=body)
+            return _httpx2.to_httpx_request(built)
         return self.client.build_request(method, url, headers=headers, content=body)
+
+    def _timeout(self, timeout: Any) -> Any:
+        """httpx's "client default" marker, in the client's own library."""
+        if self._httpx2 and timeout is httpx.USE_CLIENT_DEFAULT:
+            return _httpx2.httpx2_module().USE_CLIENT_DEFAULT
+        return timeout
 
     def _resume_flows(
         self, queue: list[Operation], *, dry_run: bool, base_url: str | None, reconciling: bool
@@ -283,6 +301,10 @@ class Session(_SessionBase[httpx.Client]):
     ``Session("ops.db", base_url=..., headers=...)`` takes any ``httpx.Client``
     option; ``Session("ops.db", client=httpx.Client(...))`` wraps an existing
     one. A misspelt option is a ``TypeError`` before the journal is created.
+    ``client=httpx2.Client(...)`` works too (install ``idempotently[httpx2]``):
+    requests go out through that client, and answers are ``httpx.Response``
+    objects as annotated (``session.client`` is the httpx2 client); a network
+    error that reaches you is the httpx2 client's own.
 
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
@@ -295,7 +317,7 @@ class Session(_SessionBase[httpx.Client]):
         self,
         journal: JournalArg,
         *,
-        client: httpx.Client | None = None,
+        client: httpx.Client | httpx2.Client | None = None,
         policy: RetryPolicy | None = None,
         profile: ServerProfile = GENERIC,
         redact_headers: Iterable[str] = (),
@@ -403,20 +425,33 @@ class Session(_SessionBase[httpx.Client]):
             params=params,
             headers=headers,
             cookies=cookies,
-            timeout=timeout,
+            timeout=self._timeout(timeout),
             extensions=extensions,
         )
         check_timeouts(request)
         request.read()
-        call = self._call(request, operation_id, idempotency_key, delivery, deadline_at)
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(live, operation_id, idempotency_key, delivery, deadline_at)
         held = Held()
-        return run(
-            self._engine.call(call, self._build, held),
-            held,
-            self.journal,
-            send=self.client.send,
-            sleep=self._sleep,
-        )
+        try:
+            return run(
+                self._engine.call(call, self._build, held),
+                held,
+                self.journal,
+                send=self._send,
+                sleep=self._sleep,
+            )
+        except Exception as error:
+            raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    def _send(self, request: httpx.Request) -> httpx.Response:
+        if not self._httpx2:
+            return self.client.send(request)
+        try:
+            response = self.client.send(_httpx2.to_httpx2_request(request))
+        except Exception as error:
+            raise _httpx2.to_httpx_error(error) from error
+        return _httpx2.to_httpx_response(response, request)
 
     def resume(
         self,
@@ -448,7 +483,7 @@ class Session(_SessionBase[httpx.Client]):
             self._engine.resume_queue(reconciling=reconciling),
             held,
             self.journal,
-            send=self.client.send,
+            send=self._send,
             sleep=self._sleep,
         )
         client = self.client
@@ -456,7 +491,7 @@ class Session(_SessionBase[httpx.Client]):
             self._resume_flows(queue, dry_run=dry_run, base_url=base_url, reconciling=reconciling),
             self.journal,
             concurrency=concurrency,
-            send=self.client.send,
+            send=self._send,
             sleep=self._sleep,
             reconcile=None
             if reconciler is None
@@ -526,7 +561,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         self,
         journal: JournalArg,
         *,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
         policy: RetryPolicy | None = None,
         profile: ServerProfile = GENERIC,
         redact_headers: Iterable[str] = (),
@@ -625,20 +660,33 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             params=params,
             headers=headers,
             cookies=cookies,
-            timeout=timeout,
+            timeout=self._timeout(timeout),
             extensions=extensions,
         )
         check_timeouts(request)
         await request.aread()
-        call = self._call(request, operation_id, idempotency_key, delivery, deadline_at)
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(live, operation_id, idempotency_key, delivery, deadline_at)
         held = Held()
-        return await arun(
-            self._engine.call(call, self._build, held),
-            held,
-            self.journal,
-            send=self.client.send,
-            sleep=self._sleep,
-        )
+        try:
+            return await arun(
+                self._engine.call(call, self._build, held),
+                held,
+                self.journal,
+                send=self._send,
+                sleep=self._sleep,
+            )
+        except Exception as error:
+            raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        if not self._httpx2:
+            return await self.client.send(request)
+        try:
+            response = await self.client.send(_httpx2.to_httpx2_request(request))
+        except Exception as error:
+            raise _httpx2.to_httpx_error(error) from error
+        return _httpx2.to_httpx_response(response, request)
 
     async def resume(
         self,
@@ -660,7 +708,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             self._engine.resume_queue(reconciling=reconciling),
             held,
             self.journal,
-            send=self.client.send,
+            send=self._send,
             sleep=self._sleep,
         )
         client = self.client
@@ -675,7 +723,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             self._resume_flows(queue, dry_run=dry_run, base_url=base_url, reconciling=reconciling),
             self.journal,
             concurrency=concurrency,
-            send=self.client.send,
+            send=self._send,
             sleep=self._sleep,
             reconcile=reconcile,
             report=on_result,

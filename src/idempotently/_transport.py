@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, overload
 
 import anyio
 import httpx
 
+from idempotently import _httpx2
 from idempotently._drivers import arun, run
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
@@ -36,6 +38,25 @@ DELIVERY_HEADER = "Idempotency-Delivery"
 """A request header choosing ``exactly_once`` or ``at_most_once`` for one request;
 it is not sent on to the server."""
 DEFAULT_METHODS = frozenset({"POST", "PATCH"})
+
+if TYPE_CHECKING:
+    # The transports are httpx2 transports too when httpx2 is installed, so that
+    # ``httpx2.Client(transport=Transport(...))`` type-checks.
+    from httpx2 import AsyncBaseTransport as _Httpx2AsyncBase
+    from httpx2 import BaseTransport as _Httpx2SyncBase
+    from httpx2 import Request as _Httpx2Request
+    from httpx2 import Response as _Httpx2Response
+else:
+    try:
+        from httpx2 import AsyncBaseTransport as _Httpx2AsyncBase
+        from httpx2 import BaseTransport as _Httpx2SyncBase
+    except ImportError:  # httpx2 is optional (the [httpx2] extra)
+
+        class _Httpx2SyncBase:
+            pass
+
+        class _Httpx2AsyncBase:
+            pass
 
 
 class _TransportBase:
@@ -136,7 +157,7 @@ class _TransportBase:
         )
 
 
-class Transport(_TransportBase, httpx.BaseTransport):
+class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     """An httpx transport that gives every POST and PATCH a journaled idempotency key.
 
     ``httpx.Client(transport=Transport("ops.db"))`` journals each write before
@@ -164,9 +185,10 @@ class Transport(_TransportBase, httpx.BaseTransport):
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
-        if transport is not None and not isinstance(transport, httpx.BaseTransport):
+        if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
-                f"transport must be an httpx.BaseTransport, not {type(transport).__name__}"
+                "transport must be an httpx.BaseTransport or an httpx2.BaseTransport, not "
+                f"{type(transport).__name__}"
             )
         super().__init__(
             journal,
@@ -181,38 +203,81 @@ class Transport(_TransportBase, httpx.BaseTransport):
             clock=clock,
             sleep=sleep,
         )
-        self.transport = transport if transport is not None else httpx.HTTPTransport()
+        # Without transport=, requests go out through the library they came from:
+        # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
+        self.transport: httpx.BaseTransport | Any = (
+            transport if transport is not None else httpx.HTTPTransport()
+        )
+        self._default_transport = transport is None
+        self._httpx2_transport: Any = None
         self._sleep = sleep
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if not self._journaled(request):
-            return self.transport.handle_request(request)
-        request.read()
-        call = self._call(request)
-        held = Held()
-        return run(
-            self._engine.call(call, self._build(request), held),
-            held,
-            self.journal,
-            send=self._send,
-            sleep=self._sleep,
-        )
+    def _inner(self, httpx2_request: bool) -> Any:
+        if httpx2_request and self._default_transport:
+            if self._httpx2_transport is None:
+                self._httpx2_transport = _httpx2.httpx2_module().HTTPTransport()
+            return self._httpx2_transport
+        return self.transport
 
-    def _send(self, request: httpx.Request) -> httpx.Response:
-        response = self.transport.handle_request(request)
+    @overload
+    def handle_request(self, request: httpx.Request) -> httpx.Response: ...
+    @overload
+    def handle_request(self, request: _Httpx2Request) -> _Httpx2Response: ...
+
+    def handle_request(self, request: Any) -> Any:
+        """Journal and send a write; pass anything else through. httpx or httpx2 alike."""
+        from_httpx2 = _httpx2.is_httpx2(request)
+        inner = self._inner(from_httpx2)
+        if not self._journaled(request):
+            if from_httpx2 == _httpx2.is_httpx2(inner):
+                return inner.handle_request(request)
+            request.read()
+            return _returned(self._send_with(inner, _as_httpx(request)), request)
+        request.read()
+        live = _as_httpx(request)
+        call = self._call(live)
+        if from_httpx2:
+            request.headers.pop(DELIVERY_HEADER, None)
+        held = Held()
+        try:
+            response = run(
+                self._engine.call(call, self._build(live), held),
+                held,
+                self.journal,
+                send=lambda sent: self._send_with(inner, sent),
+                sleep=self._sleep,
+            )
+        except Exception as error:
+            raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+        return _returned(response, request)
+
+    def _send_with(self, inner: Any, request: httpx.Request) -> httpx.Response:
+        if _httpx2.is_httpx2(inner):
+            try:
+                response = inner.handle_request(_httpx2.to_httpx2_request(request))
+                try:
+                    response.read()
+                finally:
+                    response.close()
+            except Exception as error:
+                raise _httpx2.to_httpx_error(error) from error
+            return _httpx2.to_httpx_response(response, request)
+        response = inner.handle_request(request)
         try:
             response.read()  # the flow journals the body of a final answer
         finally:
             response.close()
-        return response
+        return response  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.transport.close()
+        if self._httpx2_transport is not None:
+            self._httpx2_transport.close()
         if self._owns_journal:
             self.journal.close()
 
 
-class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
+class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase):
     """The async twin of :class:`Transport`, on asyncio or trio (anyio)."""
 
     def __init__(
@@ -231,9 +296,10 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
     ) -> None:
-        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+        if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
-                f"transport must be an httpx.AsyncBaseTransport, not {type(transport).__name__}"
+                "transport must be an httpx.AsyncBaseTransport or an httpx2.AsyncBaseTransport,"
+                f" not {type(transport).__name__}"
             )
         super().__init__(
             journal,
@@ -248,32 +314,96 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
             clock=clock,
             sleep=sleep,
         )
-        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.transport: httpx.AsyncBaseTransport | Any = (
+            transport if transport is not None else httpx.AsyncHTTPTransport()
+        )
+        self._default_transport = transport is None
+        self._httpx2_transport: Any = None
         self._sleep = sleep
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not self._journaled(request):
-            return await self.transport.handle_async_request(request)
-        await request.aread()
-        call = self._call(request)
-        held = Held()
-        return await arun(
-            self._engine.call(call, self._build(request), held),
-            held,
-            self.journal,
-            send=self._send,
-            sleep=self._sleep,
-        )
+    def _inner(self, httpx2_request: bool) -> Any:
+        if httpx2_request and self._default_transport:
+            if self._httpx2_transport is None:
+                self._httpx2_transport = _httpx2.httpx2_module().AsyncHTTPTransport()
+            return self._httpx2_transport
+        return self.transport
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        response = await self.transport.handle_async_request(request)
+    @overload
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response: ...
+    @overload
+    async def handle_async_request(self, request: _Httpx2Request) -> _Httpx2Response: ...
+
+    async def handle_async_request(self, request: Any) -> Any:
+        """Journal and send a write; pass anything else through. httpx or httpx2 alike."""
+        from_httpx2 = _httpx2.is_httpx2(request)
+        inner = self._inner(from_httpx2)
+        if not self._journaled(request):
+            if from_httpx2 == _httpx2.is_httpx2(inner):
+                return await inner.handle_async_request(request)
+            await request.aread()
+            return _returned(await self._send_with(inner, _as_httpx(request)), request)
+        await request.aread()
+        live = _as_httpx(request)
+        call = self._call(live)
+        if from_httpx2:
+            request.headers.pop(DELIVERY_HEADER, None)
+        held = Held()
+
+        async def send(sent: httpx.Request) -> httpx.Response:
+            return await self._send_with(inner, sent)
+
+        try:
+            response = await arun(
+                self._engine.call(call, self._build(live), held),
+                held,
+                self.journal,
+                send=send,
+                sleep=self._sleep,
+            )
+        except Exception as error:
+            raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+        return _returned(response, request)
+
+    async def _send_with(self, inner: Any, request: httpx.Request) -> httpx.Response:
+        if _httpx2.is_httpx2(inner):
+            try:
+                response = await inner.handle_async_request(_httpx2.to_httpx2_request(request))
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            except Exception as error:
+                raise _httpx2.to_httpx_error(error) from error
+            return _httpx2.to_httpx_response(response, request)
+        response = await inner.handle_async_request(request)
         try:
             await response.aread()
         finally:
             await response.aclose()
-        return response
+        return response  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+        if self._httpx2_transport is not None:
+            await self._httpx2_transport.aclose()
         if self._owns_journal:
             self.journal.close()
+
+
+def _is_transport(transport: object, method: str) -> bool:
+    base = httpx.BaseTransport if method == "handle_request" else httpx.AsyncBaseTransport
+    return isinstance(transport, base) or (
+        _httpx2.is_httpx2(transport) and callable(getattr(transport, method, None))
+    )
+
+
+def _as_httpx(request: Any) -> httpx.Request:
+    """The request the flow sees: the live httpx request, or an httpx copy of an httpx2 one."""
+    return _httpx2.to_httpx_request(request) if _httpx2.is_httpx2(request) else request
+
+
+def _returned(response: httpx.Response, request: Any) -> Any:
+    """The answer in the library of the request it answers."""
+    if _httpx2.is_httpx2(request):
+        return _httpx2.to_httpx2_response(response, request)
+    return response

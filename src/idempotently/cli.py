@@ -1,7 +1,7 @@
 """The `idempotently` command: a thin layer over Journal and Session.
 
 Each command opens the journal, makes one library call and prints the result:
-an aligned table for people, ``--json`` for scripts. No command creates a
+an aligned table for people, or ``--format json|csv|nl|...`` for scripts. No command creates a
 journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
 any :class:`JournalError` becomes a one-line error (exit 1).
 Usage errors (bad option values) exit 2. Reference: https://idempotently.readthedocs.io/en/latest/cli/
@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections import Counter
@@ -27,16 +28,20 @@ import httpx
 from idempotently import __version__
 from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
+    csv_text,
+    nl_lines,
     operation_detail_json,
     operation_json,
     operation_lines,
     operations_table,
-    percent,
+    plural,
     printable,
+    stats_lines,
+    stats_prometheus,
     table,
 )
 from idempotently._exceptions import JournalError
-from idempotently._flow import DEFAULT_LEASE_DURATION, ResumeResult
+from idempotently._flow import DEFAULT_KEY_EXPIRY_MARGIN, DEFAULT_LEASE_DURATION, ResumeResult
 from idempotently._journal import MAX_LIMIT, Journal
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
@@ -53,7 +58,7 @@ DEFAULT_JOURNAL = "idempotently.db"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--journal",
     "journal_path",
@@ -69,8 +74,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def cli(journal_path: str) -> None:
     """Audit and resume the idempotently journal.
 
-    Tables for people, --json for scripts. Exit status: 0 success, 1 failure
-    (including a missing or unreadable journal), 2 usage error.
+    Tables for people; --format json, csv or nl (one JSON object per line) for
+    scripts. Exit status: 0 success, 1 failure (including a missing or
+    unreadable journal), 2 usage error.
     """
 
 
@@ -115,15 +121,69 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
     return decorate
 
 
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
-)
+FORMAT_MEANINGS = {
+    "table": "aligned columns for people",
+    "text": "for people",
+    "json": "JSON",
+    "csv": "CSV with a header row",
+    "nl": "one JSON object per line",
+    "prometheus": "Prometheus text format, for node-exporter's textfile collector",
+}
+
+
+def format_option(*formats: str, json_flag_as_bool: bool = False) -> Callable[[F], F]:
+    """``--format`` with these choices (the first is the default), and ``--json`` for ``json``.
+
+    The command receives ``output_format`` (or, with ``json_flag_as_bool``, only
+    ``as_json``). ``--json`` with another ``--format`` is a usage error.
+    """
+    meanings = "; ".join(f"{name}: {FORMAT_MEANINGS[name]}" for name in formats)
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(**options: Any) -> Any:
+            as_json, chosen = options.pop("as_json"), options.pop("output_format")
+            if as_json and chosen not in (None, "json"):
+                raise click.UsageError(f"--json and --format {chosen} contradict; give one")
+            output_format = "json" if as_json else chosen or formats[0]
+            if json_flag_as_bool:
+                return command(**options, as_json=output_format == "json")
+            return command(**options, output_format=output_format)
+
+        with_json = click.option("--json", "as_json", is_flag=True, help="Same as --format json.")(
+            wrapper
+        )
+        return click.option(  # type: ignore[return-value]  # keeps F's signature but two options
+            "--format",
+            "output_format",
+            type=click.Choice(formats),
+            default=None,
+            help=f"How to print ({meanings}). Default: {formats[0]}.",
+        )(with_json)
+
+    return decorate
 
 
 def echo_json(value: object) -> None:
     # JSON escapes C0 controls itself; DEL, C1 and bidi overrides are escaped here too,
     # so no value can drive the terminal of someone reading the output.
     click.echo(json.dumps(value, indent=2, ensure_ascii=False).translate(JSON_ESCAPES))
+
+
+def echo_records(records: Sequence[dict[str, Any]], output_format: str) -> None:
+    """Records as ``json`` (one array), ``nl`` (one object per line) or ``csv``."""
+    if output_format == "json":
+        echo_json(list(records))
+    elif output_format == "nl":
+        for line in nl_lines(records):
+            click.echo(line.translate(JSON_ESCAPES))
+    else:
+        click.echo(csv_text(records), nl=False)
+
+
+def terminal_width() -> int:
+    """Columns a table may use: the terminal's (or ``COLUMNS``), 80 when unknown."""
+    return shutil.get_terminal_size().columns
 
 
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
@@ -135,10 +195,6 @@ def fail(message: str) -> None:
     """Exit 1 with the reason on stderr, after the normal output was printed."""
     click.echo(f"idempotently: {message}", err=True)
     raise click.exceptions.Exit(1)
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 # -- list --------------------------------------------------------------------------
@@ -164,24 +220,28 @@ def plural(count: int, noun: str) -> str:
     metavar="N",
     help="At most N operations, newest first.",
 )
-@json_option
+@format_option("table", "json", "csv", "nl")
 @with_journal(readonly=True)
 def list_command(
     journal: Journal,
     statuses: tuple[str, ...],
     since: float | None,
     limit: int | None,
-    as_json: bool,
+    output_format: str,
 ) -> None:
-    """List operations, newest first."""
+    """List operations, newest first.
+
+    The table fits the terminal: long operation ids and URLs are shortened in
+    the middle (show, or any other format, prints them whole).
+    """
     now = time.time()
     operations = journal.operations(
         status=statuses or None,  # type: ignore[arg-type]  # click.Choice checked them
         since=None if since is None else now - since,
         limit=limit,
     )
-    if as_json:
-        echo_json([operation_json(operation) for operation in operations])
+    if output_format != "table":
+        echo_records([operation_json(operation) for operation in operations], output_format)
         return
     if not operations:
         click.echo(
@@ -190,7 +250,7 @@ def list_command(
             else f"no operations in {journal.path}"
         )
         return
-    echo_lines(operations_table(operations, now))
+    echo_lines(operations_table(operations, now, width=terminal_width()))
 
 
 # -- show --------------------------------------------------------------------------
@@ -198,10 +258,12 @@ def list_command(
 
 @cli.command("show")
 @click.argument("operation_id_or_key", metavar="OPERATION_ID_OR_KEY")
-@json_option
+@format_option("text", "json")
 @with_journal(readonly=True)
-def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> None:
-    """Show one operation, every attempt, and the request and response bodies.
+def show_command(journal: Journal, operation_id_or_key: str, output_format: str) -> None:
+    """Show one operation: its attempts, headers and bodies.
+
+    Everything whole: ids, URLs, the reason and each attempt's error.
 
     Secret headers (Authorization, Cookie, X-Api-Key, Proxy-Authorization) are
     never journaled, and never printed even if a journal holds them.
@@ -211,7 +273,7 @@ def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> N
         raise click.ClickException(
             f"no operation or key '{printable(operation_id_or_key)}' in {journal.path}"
         )
-    if as_json:
+    if output_format == "json":
         echo_json(operation_detail_json(operation))
         return
     echo_lines(operation_lines(operation, time.time()))
@@ -230,36 +292,41 @@ def show_command(journal: Journal, operation_id_or_key: str, as_json: bool) -> N
     help="A pending operation nobody holds and idle this long counts as stuck.",
 )
 @click.option(
+    "--expiring-within",
+    type=DURATION,
+    default=format_duration(DEFAULT_KEY_EXPIRY_MARGIN),
+    show_default=True,
+    metavar="DURATION",
+    help="Count pending operations whose key expires within this long (the default, "
+    "resume's key-expiry margin, counts those resume will no longer resend).",
+)
+@click.option(
     "--fail-on-stuck",
     is_flag=True,
     help="Exit 1 if anything is stuck or needs reconciling (for cron and alerting).",
 )
-@json_option
+@format_option("text", "json", "prometheus")
 @with_journal(readonly=True)
-def stats_command(journal: Journal, stuck_after: float, fail_on_stuck: bool, as_json: bool) -> None:
-    """Counts per status, replay and 409 rates, retries, oldest pending, stuck count."""
-    stats = journal.stats(now=time.time(), stuck_after=stuck_after)
-    if as_json:
+def stats_command(
+    journal: Journal,
+    stuck_after: float,
+    expiring_within: float,
+    fail_on_stuck: bool,
+    output_format: str,
+) -> None:
+    """Counts, rates, stuck operations and expiring keys.
+
+    Operations per status, attempts, replay and 409 rates, retries per
+    operation, the oldest pending operation's age, how many are stuck, and how
+    many pending keys are about to expire.
+    """
+    stats = journal.stats(now=time.time(), stuck_after=stuck_after, expiring_within=expiring_within)
+    if output_format == "json":
         echo_json({"journal": journal.path, **stats.to_json(), "stuck_after": stuck_after})
+    elif output_format == "prometheus":
+        click.echo(stats_prometheus(stats, journal.path), nl=False)
     else:
-        age = stats.oldest_pending_age
-        lines = [
-            ("journal", journal.path),
-            ("operations", str(stats.operations)),
-            *((f"  {status}", str(count)) for status, count in stats.counts.items()),
-            ("attempts", str(stats.attempts)),
-            ("replay rate", f"{percent(stats.replay_rate)} of answers were replays"),
-            ("409 rate", f"{percent(stats.in_progress_rate)} of answers said in progress"),
-            ("retries/op", f"{stats.retries_per_operation:.2f}"),
-            ("oldest pending", "-" if age is None else f"created {format_duration(age)} ago"),
-            (
-                "stuck",
-                f"{stats.stuck} (pending, unleased, idle over {format_duration(stuck_after)})",
-            ),
-        ]
-        width = max(len(name) for name, _ in lines)
-        for name, value in lines:
-            click.echo(f"{name.ljust(width)}  {value}")
+        echo_lines(stats_lines(stats, journal.path, stuck_after))
     reconcile = stats.counts["needs_reconcile"]
     if fail_on_stuck and (stats.stuck or reconcile):
         problems = []
@@ -426,7 +493,7 @@ def stderr_is_terminal() -> bool:
     help="Time per operation in this run, waits and each attempt included, e.g. 10s "
     f"(default {DEFAULT_DEADLINE:g}s).",
 )
-@json_option
+@format_option("table", "json", json_flag_as_bool=True)
 @with_journal(readonly_if="dry_run")
 def resume_command(
     journal: Journal,
@@ -439,12 +506,13 @@ def resume_command(
     deadline: float | None,
     as_json: bool,
 ) -> None:
-    """Finish pending operations with their stored keys and request bytes.
+    """Finish pending operations with their stored keys and bytes.
 
-    Operations whose key the server may have forgotten are not resent: they
-    become needs_reconcile. Exit 1 if any operation ended failed or
-    needs_reconcile, could not be sent, or is left pending (with --dry-run,
-    exit 0).
+    Sends the journaled request bytes again, byte-identical. Operations whose
+    key the server may have forgotten are not resent: they become
+    needs_reconcile. Exit 1 if any operation ended failed or
+    needs_reconcile, could not be sent, or is left pending, or if the journal
+    still holds pending or needs_reconcile operations (with --dry-run, exit 0).
     """
     results: list[ResumeResult] = []
     if deadline is not None and deadline <= 0:
@@ -509,6 +577,9 @@ def echo_resume(results: Sequence[ResumeResult], path: str, dry_run: bool) -> No
             ("operation", "action", "status", "code", "detail"),
             ((r.operation_id, r.action, r.status, r.status_code, r.detail) for r in results),
             right="code",
+            # The detail is a sentence: its start here, whole in --format json.
+            width=terminal_width(),
+            shrink={"operation": "middle", "detail": "end"},
         )
     )
     counts = Counter(result.action for result in results)
@@ -529,15 +600,16 @@ def echo_resume(results: Sequence[ResumeResult], path: str, dry_run: bool) -> No
     help="Delete finished operations not updated for this long, e.g. 7d.",
 )
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
-@json_option
+@format_option("text", "json")
 @with_journal(readonly_if="dry_run")
-def prune_command(journal: Journal, older_than: float, dry_run: bool, as_json: bool) -> None:
-    """Delete finished operations (succeeded, failed, abandoned) and their attempts.
+def prune_command(journal: Journal, older_than: float, dry_run: bool, output_format: str) -> None:
+    """Delete old finished operations and their attempts.
 
-    Never deletes pending or needs_reconcile operations: they still need work.
+    Finished means succeeded, failed or abandoned. Never deletes pending or
+    needs_reconcile operations: they still need work.
     """
     count = journal.prune(older_than=older_than, now=time.time(), dry_run=dry_run)
-    if as_json:
+    if output_format == "json":
         verb = "would_delete" if dry_run else "deleted"
         echo_json({verb: count, "dry_run": dry_run, "older_than": older_than})
         return

@@ -472,19 +472,24 @@ def test_body_over_1_mib_is_a_413_over_a_socket(idempotently_mock_server: MockSe
     [
         pytest.param({"content_type": b"text/plain"}, "text/plain", id="text-plain"),
         pytest.param(
-            {"content_type": b"application/x-www-form-urlencoded"}, "is not JSON", id="form"
+            {"content_type": b"multipart/form-data; boundary=x"}, "neither JSON", id="multipart"
         ),
-        pytest.param({"content_type": b"application/jsonx"}, "is not JSON", id="jsonx"),
+        pytest.param({"content_type": b"application/jsonx"}, "neither JSON", id="jsonx"),
+        pytest.param(
+            {"content_type": b"application/x-www-form-urlencoded; charset=latin-1"},
+            "latin-1",
+            id="form-latin-1",
+        ),
         pytest.param(
             {"content_type": b"application/json; charset=utf-16"}, "utf-16", id="charset-utf-16"
         ),
         pytest.param({"content_encoding": b"gzip"}, "Content-Encoding", id="gzip"),
     ],
 )
-def test_body_not_declared_as_json_is_a_415_that_saves_nothing(
+def test_body_neither_json_nor_form_is_a_415_that_saves_nothing(
     changes: dict[str, bytes], says: str
 ) -> None:
-    """A body declared as something else than UTF-8 JSON is a 415 problem; the key then works."""
+    """A body declared as neither UTF-8 JSON nor a UTF-8 form is a 415; the key then works."""
     refusal, after_refusal, retry, app = refuse_then_fix(
         send(encoded(charge()), headers_with(**changes))
     )
@@ -580,5 +585,53 @@ def test_malformed_bearer_token_is_a_401_that_saves_nothing(
     assert (401, PROBLEM_MEDIA_TYPE, "Unauthorized") == (status, media_type, title)
     assert "Bearer" == refusal.headers["www-authenticate"]
     assert "RFC 6750" in detail
+    assert NOTHING == after_refusal
+    assert_one_charge_under_the_key(retry, app)
+
+
+FORM = b"application/x-www-form-urlencoded"
+STRIPE_STYLE_FORM = b"amount=1000&currency=usd&customer=cus_42&metadata[order_id]=o-42"
+
+
+def test_a_form_encoded_charge_is_the_same_charge_as_its_json_twin() -> None:
+    """A Stripe-style form is charged like its JSON twin; the JSON twin under its key replays."""
+    app = create_app(clock=VirtualClock())
+    as_form, as_json = run(
+        app,
+        send(STRIPE_STYLE_FORM, headers_with(content_type=FORM)),
+        send(encoded(charge(metadata={"order_id": "o-42"})), headers_with()),
+    )
+
+    assert (201, None) == (as_form.status_code, as_form.headers.get(REPLAY_HEADER))
+    assert (1000, "usd", {"order_id": "o-42"}) == (
+        as_form.json()["amount"],
+        as_form.json()["currency"],
+        as_form.json()["metadata"],
+    )
+    assert (201, "true") == (as_json.status_code, as_json.headers.get(REPLAY_HEADER))
+    assert [("o-42", 1)] == [(order, n) for (_, order), n in app.ledger.count_by_order().items()]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        pytest.param(b"amount=ten&currency=usd&customer=c", "amount must be", id="amount-text"),
+        pytest.param(b"amount=1&amount=2&currency=usd&customer=c", "twice", id="duplicate"),
+        pytest.param(b"amount=1&currency=usd&customer=c&source[x]=1", "unknown", id="nested"),
+        pytest.param(b"amount=1&currency=usd&customer=c&metadata=x", "metadata[", id="flat-meta"),
+        pytest.param(b"amount=1&currency=usd", "missing", id="missing"),
+        pytest.param(b"&&=", "not a valid form", id="garbage"),
+        pytest.param(b"", "empty", id="empty"),
+    ],
+)
+def test_a_malformed_form_is_a_400_that_saves_nothing(body: bytes, says: str) -> None:
+    """A form passes the same checks as JSON: a bad one is a 400 problem and saves nothing."""
+    refusal, after_refusal, retry, app = refuse_then_fix(
+        send(body, headers_with(content_type=FORM))
+    )
+
+    status, _, _, detail = problem(refusal)
+    assert 400 == status
+    assert says in detail
     assert NOTHING == after_refusal
     assert_one_charge_under_the_key(retry, app)

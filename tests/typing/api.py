@@ -118,3 +118,13 @@ def reconcilers(session: idempotently.Session, async_session: idempotently.Async
     session.resume(reconciler=settle)
     session.resume(reconciler=settle_async)  # type: ignore[arg-type]
     anyio.run(lambda: async_session.resume(reconciler=settle_async))
+
+
+def httpx2_clients(journal: str) -> None:
+    """httpx2 clients take the transports and are taken by the sessions (openai 3.x's library)."""
+    import httpx2
+
+    httpx2.Client(transport=idempotently.Transport(journal))
+    httpx2.AsyncClient(transport=idempotently.AsyncTransport(journal))
+    idempotently.Session(journal, client=httpx2.Client())
+    idempotently.AsyncSession(journal, client=httpx2.AsyncClient())

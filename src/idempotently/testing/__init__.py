@@ -24,14 +24,16 @@ from idempotently.testing._config import (
     DEFAULT_STALE_AFTER,
     MockServerConfig,
 )
+from idempotently.testing._fake_time import FakeTime
 from idempotently.testing._faults import Fault, Faults, ScheduledFault
+from idempotently.testing._log import LoggedRequest
 from idempotently.testing._provider import Charge, Ledger
 from idempotently.testing._stats import Stats
 from idempotently.testing._store import IdempotencyRecord
 
 if TYPE_CHECKING:
     from idempotently.testing._app import REPLAY_HEADER, MockApp, create_app
-    from idempotently.testing._server import MockServer, serve
+    from idempotently.testing._server import MockServer, in_process, serve
 
 __all__ = [
     "DEFAULT_KEY_TTL",
@@ -39,10 +41,12 @@ __all__ = [
     "REPLAY_HEADER",
     "Charge",
     "Clock",
+    "FakeTime",
     "Fault",
     "Faults",
     "IdempotencyRecord",
     "Ledger",
+    "LoggedRequest",
     "MockApp",
     "MockServer",
     "MockServerConfig",
@@ -51,6 +55,7 @@ __all__ = [
     "SystemClock",
     "VirtualClock",
     "create_app",
+    "in_process",
     "serve",
 ]
 
@@ -63,6 +68,7 @@ _NEED_THE_EXTRA = {
     "create_app": "idempotently.testing._app",
     "MockServer": "idempotently.testing._server",
     "serve": "idempotently.testing._server",
+    "in_process": "idempotently.testing._server",
 }
 
 

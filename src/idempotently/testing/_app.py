@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from idempotently.testing._charge_request import (
     MAX_BODY_BYTES,
+    BodyFormat,
     ChargeRequest,
     body_too_large,
     check_content_type,
@@ -37,6 +38,7 @@ from idempotently.testing._clock import Clock, SystemClock, VirtualClock
 from idempotently.testing._config import MockServerConfig
 from idempotently.testing._database import Database
 from idempotently.testing._faults import Fault, Faults, ScheduledFault
+from idempotently.testing._log import LoggedRequest, RequestLog
 from idempotently.testing._problems import PROBLEM_MEDIA_TYPE, Problem, bad_request
 from idempotently.testing._provider import FakeProvider, Ledger, provider_key_for
 from idempotently.testing._states import is_stale, next_step
@@ -132,9 +134,11 @@ def _idempotency_key(request: Request, config: MockServerConfig) -> str:
     )
 
 
-async def _read_body(request: Request) -> bytes:
-    """The body if declared as JSON (else 415), refused (413) as soon as it passes 1 MiB."""
-    check_content_type(request.headers.get("content-type"), request.headers.get("content-encoding"))
+async def _read_body(request: Request) -> tuple[bytes, BodyFormat]:
+    """The body if declared as JSON or a form (else 415), refused (413) past 1 MiB."""
+    body_format = check_content_type(
+        request.headers.get("content-type"), request.headers.get("content-encoding")
+    )
     if declared_too_large(request.headers.get("content-length")):
         raise body_too_large()
     chunks: list[bytes] = []
@@ -144,7 +148,7 @@ async def _read_body(request: Request) -> bytes:
         if size > MAX_BODY_BYTES:
             raise body_too_large()
         chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join(chunks), body_format
 
 
 class MockApp:
@@ -174,6 +178,7 @@ class MockApp:
         self.ledger = Ledger(self.database)
         self.faults = Faults()
         self._tally = Tally()
+        self._log = RequestLog()
         self._starlette = Starlette(
             routes=[
                 Route("/v1/charges", self._create_charge, methods=["POST"]),
@@ -209,6 +214,11 @@ class MockApp:
             swept=counts["swept"],
         )
 
+    @property
+    def requests(self) -> list[LoggedRequest]:
+        """Every `POST /v1/charges` that reached the app, in the order they were answered."""
+        return self._log.entries()
+
     def sweep(self) -> int:
         """Delete expired keys (`DELETE … WHERE expires_at < now`); returns how many."""
         now = self.clock.now()
@@ -220,11 +230,32 @@ class MockApp:
     # -- POST /v1/charges --------------------------------------------------
 
     async def _create_charge(self, request: Request) -> Response:
+        seen: dict[str, Any] = {}
+        response = await self._handle_charge(request, seen)
+        self._log.append(
+            LoggedRequest(
+                method=request.method,
+                path=request.url.path,
+                user=seen.get("user"),
+                key=seen.get("key"),
+                body=seen.get("body", b""),
+                document=seen.get("document"),
+                status=response.status_code,
+                replayed=dict(response.headers).get(REPLAY_HEADER.lower()) == "true",
+                fault=seen.get("fault"),
+            )
+        )
+        return response
+
+    async def _handle_charge(self, request: Request, seen: dict[str, Any]) -> Response:
         self._tally.count("requests")
         try:
-            user = _authenticate(request)
-            key = _idempotency_key(request, self.config)
-            charge, document = parse_charge(await _read_body(request))
+            seen["user"] = user = _authenticate(request)
+            seen["key"] = key = _idempotency_key(request, self.config)
+            body, body_format = await _read_body(request)
+            seen["body"] = body
+            charge, document = parse_charge(body, body_format)
+            seen["document"] = document
         except Problem as problem:
             self._tally.count("rejected")
             return _problem_response(problem)
@@ -236,6 +267,7 @@ class MockApp:
         self.sweep()
         fault = self.faults.take(user=user, key=key, order_id=charge.order_id, doing_work=False)
         if fault is not None:
+            seen["fault"] = fault.kind
             self._tally.count("faults")
             if fault.kind == "unavailable":
                 return _problem_response(_unavailable(fault))
@@ -247,7 +279,7 @@ class MockApp:
         # it halfway: the request finishes (or fails) as if it were still there.
         with anyio.CancelScope(shield=True):
             try:
-                response = await self._answer(user, key, fingerprint, charge, fault)
+                response = await self._answer(user, key, fingerprint, charge, fault, seen)
             except Problem as problem:
                 response = _problem_response(problem)
         if fault is not None and fault.kind == "lose_response":
@@ -261,12 +293,13 @@ class MockApp:
         fingerprint: str,
         charge: ChargeRequest,
         fault: Fault | None,
+        seen: dict[str, Any],
     ) -> Response:
         waited = False
         for _ in range(_MAX_ROUNDS):
             locked_at = await self._claim(user, key, fingerprint)
             if locked_at is not None:
-                return await self._execute(user, key, charge, fault, locked_at=locked_at)
+                return await self._execute(user, key, charge, fault, seen, locked_at=locked_at)
             record = self.keys.get(user, key)
             if record is None:
                 continue  # swept or released since our claim failed: claim again
@@ -280,7 +313,7 @@ class MockApp:
                 return _replay(record.response_code, record.response_body)
             if step == "take_over":
                 if self.keys.take_over(record, now=now):
-                    return await self._execute(user, key, charge, fault, locked_at=now)
+                    return await self._execute(user, key, charge, fault, seen, locked_at=now)
                 return self._in_progress()
             if self.config.in_progress == "wait" and not waited:
                 waited = True
@@ -318,6 +351,7 @@ class MockApp:
         key: str,
         request: ChargeRequest,
         fault: Fault | None,
+        seen: dict[str, Any],
         *,
         locked_at: float,
     ) -> Response:
@@ -325,6 +359,7 @@ class MockApp:
         if fault is None:
             fault = self.faults.take(user=user, key=key, order_id=request.order_id, doing_work=True)
             if fault is not None:
+                seen["fault"] = fault.kind
                 self._tally.count("faults")
         if self.config.provider_latency:
             await anyio.sleep(self.config.provider_latency)

@@ -12,7 +12,8 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
+from urllib.parse import parse_qsl
 
 import attrs
 
@@ -61,30 +62,39 @@ class ChargeRequest:
         return self.metadata.get("order_id")
 
 
-def check_content_type(content_type: str | None, content_encoding: str | None) -> None:
-    """Refuse (415) a body declared as something other than uncompressed UTF-8 JSON.
+BodyFormat = Literal["json", "form"]
+FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
 
-    No Content-Type at all is taken as JSON, as many clients send raw bytes.
+
+def check_content_type(content_type: str | None, content_encoding: str | None) -> BodyFormat:
+    """How the body is encoded: UTF-8 JSON or, as Stripe's SDK sends, a UTF-8 form.
+
+    Anything else (another media type, charset or a Content-Encoding) is a
+    415. No Content-Type at all is taken as JSON, as many clients send raw bytes.
     """
     if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
         raise _unsupported(f"Content-Encoding {_shown(content_encoding)} is not supported")
     if content_type is None:
-        return
+        return "json"
     media_type, *parameters = content_type.split(";")
-    if not _JSON_MEDIA_TYPE.fullmatch(media_type.strip().lower()):
-        raise _unsupported(f"Content-Type {_shown(content_type)} is not JSON")
+    media_type = media_type.strip().lower()
+    body_format: BodyFormat = "form" if media_type == FORM_MEDIA_TYPE else "json"
+    if body_format == "json" and not _JSON_MEDIA_TYPE.fullmatch(media_type):
+        raise _unsupported(f"Content-Type {_shown(content_type)} is neither JSON nor a form")
     for parameter in parameters:
         name, _, value = parameter.partition("=")
         charset = value.strip().strip('"').lower()
         if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
             raise _unsupported(f"charset {_shown(charset)} is not UTF-8")
+    return body_format
 
 
 def _unsupported(reason: str) -> Problem:
     return Problem(
         415,
         "Unsupported Media Type",
-        f"{reason}: send the charge as Content-Type: application/json, UTF-8, uncompressed",
+        f"{reason}: send the charge as Content-Type: application/json (or"
+        f" {FORM_MEDIA_TYPE}), UTF-8, uncompressed",
         slug="unsupported-media-type",
     )
 
@@ -109,20 +119,27 @@ def body_too_large() -> Problem:
     )
 
 
-def parse_charge(body: bytes) -> tuple[ChargeRequest, dict[str, Any]]:
-    """The validated charge and the decoded JSON it came from; raises a 400 `Problem`.
+def parse_charge(
+    body: bytes, body_format: BodyFormat = "json"
+) -> tuple[ChargeRequest, dict[str, Any]]:
+    """The validated charge and the document it came from; raises a 400 `Problem`.
 
-    Never raises anything else, whatever the bytes: a body the server cannot
-    read is the client's to fix, not a 500.
+    A form (`amount=1000&currency=usd&metadata[order]=42`, as Stripe's SDK
+    sends it) becomes the same document as its JSON twin and passes the same
+    checks. Never raises anything else, whatever the bytes: a body the server
+    cannot read is the client's to fix, not a 500.
     """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise bad_request(
             f"the body is not valid UTF-8 (byte {error.start}: {error.reason});"
-            " send the JSON encoded as UTF-8",
+            f" send the {'form' if body_format == 'form' else 'JSON'} encoded as UTF-8",
             slug="invalid-json",
         ) from None
+    if body_format == "form":
+        document: Any = _form_document(text)
+        return _validated(document), document
     if not text.strip(_JSON_WHITESPACE):
         raise bad_request(
             "the body is empty; send the charge as a JSON object", slug="invalid-json"
@@ -147,6 +164,41 @@ def parse_charge(body: bytes) -> tuple[ChargeRequest, dict[str, Any]]:
         ) from None
     except ValueError as error:  # json.JSONDecodeError among them
         raise bad_request(f"the body is not valid JSON: {error}", slug="invalid-json") from None
+    return _validated(document), document
+
+
+_FORM_METADATA = re.compile(r"metadata\[([^\[\]]*)\]")
+
+
+def _form_document(text: str) -> dict[str, Any]:
+    """The JSON-shaped document a form stands for: `amount` a number, `metadata[k]` nested."""
+    if not text.strip():
+        raise bad_request("the body is empty; send the charge as a form or a JSON object")
+    try:
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True)
+    except ValueError as error:
+        raise bad_request(f"the body is not a valid form: {error}") from None
+    document: dict[str, Any] = {}
+    metadata: dict[str, str] = {}
+    for name, value in pairs:
+        nested = _FORM_METADATA.fullmatch(name)
+        target, field = (metadata, nested.group(1)) if nested else (document, name)
+        if field in target:
+            raise bad_request(
+                f"the field {_shown(name)} appears twice in the form; send each field once"
+            )
+        target[field] = value
+    if "metadata" in document:
+        raise bad_request("send metadata as metadata[key]=value fields in a form")
+    if metadata:
+        document["metadata"] = metadata
+    amount = document.get("amount")
+    if isinstance(amount, str) and amount.isascii() and amount.isdigit():
+        document["amount"] = _bounded_int(amount)
+    return document
+
+
+def _validated(document: Any) -> ChargeRequest:
     if not isinstance(document, dict):
         raise bad_request(f"the body must be a JSON object, got {_shown(document)}")
     unknown = sorted(set(document) - _FIELDS)
@@ -188,7 +240,7 @@ def parse_charge(body: bytes) -> tuple[ChargeRequest, dict[str, Any]]:
                 " keys are filtered as metadata[key], so brackets are not allowed"
             )
         _text(f"metadata[{name}]", value, MAX_METADATA_VALUE_LENGTH, may_be_empty=True)
-    return ChargeRequest(amount, currency, customer, dict(metadata)), document
+    return ChargeRequest(amount, currency, customer, dict(metadata))
 
 
 def _text(name: str, value: Any, max_length: int, *, may_be_empty: bool = False) -> str:

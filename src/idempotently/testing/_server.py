@@ -19,6 +19,7 @@ from idempotently.testing._app import ConnectionDropped, MockApp
 from idempotently.testing._clock import Clock, VirtualClock
 from idempotently.testing._config import MockServerConfig
 from idempotently.testing._faults import Faults
+from idempotently.testing._log import LoggedRequest
 from idempotently.testing._provider import Charge, Ledger
 from idempotently.testing._stats import Stats
 from idempotently.testing._store import IdempotencyRecord
@@ -59,9 +60,13 @@ class MockServer:
     answers on its own.
     """
 
-    def __init__(self, app: MockApp, url: str) -> None:
+    def __init__(
+        self, app: MockApp, url: str, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.app = app
         self.url = url
+        self.transport = transport
+        """For an in-process server (`in_process()`), the `httpx.ASGITransport` to reach it."""
 
     @property
     def config(self) -> MockServerConfig:
@@ -98,6 +103,11 @@ class MockServer:
     def stats(self) -> Stats:
         return self.app.stats()
 
+    @property
+    def requests(self) -> list[LoggedRequest]:
+        """Every `POST /v1/charges` that reached the server, in the order they were answered."""
+        return self.app.requests
+
     def sweep(self) -> int:
         """Run the sweeper now; returns how many expired keys it deleted."""
         return self.app.sweep()
@@ -115,8 +125,40 @@ class MockServer:
             headers.setdefault("Authorization", f"Bearer {token}")
         return httpx.Client(base_url=self.url, headers=headers, **kwargs)
 
+    def async_client(self, token: str | None = "user_1", **kwargs: Any) -> httpx.AsyncClient:
+        """An `httpx.AsyncClient` on this server (in-process ones included), as `token`."""
+        headers = dict(kwargs.pop("headers", {}))
+        if token is not None:
+            headers.setdefault("Authorization", f"Bearer {token}")
+        if self.transport is not None:
+            kwargs.setdefault("transport", self.transport)
+        return httpx.AsyncClient(base_url=self.url, headers=headers, **kwargs)
+
     def __repr__(self) -> str:
         return f"MockServer(url={self.url!r})"
+
+
+IN_PROCESS_URL = "http://mock-server.in-process"
+
+
+@contextlib.contextmanager
+def in_process(
+    config: MockServerConfig | None = None,
+    *,
+    clock: Clock | None = None,
+    db: str | os.PathLike[str] = ":memory:",
+) -> Iterator[MockServer]:
+    """The mock server without a socket: async clients reach it through `server.transport`.
+
+    `httpx.ASGITransport` is async only, so this serves `AsyncSession`,
+    `AsyncTransport` and `server.async_client()`; a lost response arrives as
+    the same `httpx.RemoteProtocolError` as over a socket. No thread, no port.
+    """
+    app = MockApp(config, clock=clock, db=db)
+    try:
+        yield MockServer(app, IN_PROCESS_URL, transport=httpx.ASGITransport(app=app))
+    finally:
+        app.database.close()
 
 
 def _bind(host: str, port: int) -> socket.socket:

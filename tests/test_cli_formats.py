@@ -1,0 +1,363 @@
+"""The CLI's output formats, help and 80-column tables, on real journals written by a Session."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+from prometheus_client.parser import text_string_to_metric_families
+
+import idempotently
+from idempotently._cli_format import plural, shorten
+from idempotently._flow import DEFAULT_KEY_EXPIRY_MARGIN
+from idempotently._journal import DEFAULT_EXPIRING_WITHIN, Journal
+from idempotently.cli import cli
+from tests.support import FakeTime
+from tests.test_cli import ALL_KINDS, HOUR, journal_with
+
+LONG_ID = "customer-cus_0123456789abcdef-order-2026-11-30-000042:charge"
+LONG_URL = "https://payments.internal.example.test/v1/customers/cus_0123456789abcdef/charges"
+LONG_ERROR = "the response never came " * 6
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    """A journal with one operation of every kind, created an hour ago."""
+    return journal_with(tmp_path / "journal.db", *ALL_KINDS)
+
+
+def run(*args: str, columns: int = 80) -> Result:
+    return CliRunner().invoke(
+        cli, list(args), env={"COLUMNS": str(columns)}, catch_exceptions=False
+    )
+
+
+def out(*args: str, columns: int = 80) -> str:
+    result = run(*args, columns=columns)
+    assert 0 == result.exit_code, result.output
+    return result.stdout
+
+
+def long_journal(path: Path, age: float = HOUR) -> Path:
+    """One pending operation whose id, URL and last error are all long."""
+
+    def lost(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout(LONG_ERROR, request=request)
+
+    fake = FakeTime(now=time.time() - age)
+    with (
+        idempotently.Session(
+            path,
+            transport=httpx.MockTransport(lost),
+            policy=idempotently.RetryPolicy(max_attempts=1),
+            clock=fake.clock,
+            sleep=fake.sleep,
+        ) as session,
+        pytest.raises(idempotently.IdempotentlyError),
+    ):
+        session.post(LONG_URL, json={"amount": 100}, operation_id=LONG_ID)
+    return path
+
+
+# -- formats -------------------------------------------------------------------------
+
+
+def test_list_json_nl_and_csv_hold_the_same_records(journal: Path) -> None:
+    """`list --format nl` is the JSON array one object per line; csv is it as rows."""
+    as_json = json.loads(out("--journal", str(journal), "list", "--format", "json"))
+    assert len(ALL_KINDS) == len(as_json)
+
+    nl = out("--journal", str(journal), "list", "--format", "nl").splitlines()
+    assert as_json == [json.loads(line) for line in nl]
+
+    rows = list(
+        csv.DictReader(io.StringIO(out("--journal", str(journal), "list", "--format", "csv")))
+    )
+    assert list(as_json[0]) == list(rows[0])  # the same columns, in the same order
+    expected = [
+        {name: "" if value is None else str(value) for name, value in record.items()}
+        for record in as_json
+    ]
+    assert expected == rows
+
+
+def test_json_flag_is_format_json_and_cannot_contradict_it(journal: Path) -> None:
+    """`--json` is an alias of `--format json`; with another --format it is a usage error."""
+    for command in (("list",), ("show", "ok"), ("stats",), ("prune", "--older-than", "7d")):
+        args = ("--journal", str(journal), *command)
+        by_format, by_flag = (
+            json.loads(out(*args, *option)) for option in (("--format", "json"), ("--json",))
+        )
+        if "stats" in command:  # measured twice, a few microseconds apart
+            by_format["oldest_pending_age"] = by_flag["oldest_pending_age"]
+        assert by_format == by_flag
+    clash = run("--journal", str(journal), "list", "--json", "--format", "csv")
+    assert 2 == clash.exit_code
+    assert "--json and --format csv" in clash.stderr
+
+
+def test_empty_listings_in_every_format(tmp_path: Path) -> None:
+    """No operations: an empty array, no lines at all, and a sentence for people."""
+    path = journal_with(tmp_path / "j.db", "ok")
+    args = ("--journal", str(path), "list", "--status", "pending")
+    assert [] == json.loads(out(*args, "--format", "json"))
+    assert "" == out(*args, "--format", "nl")
+    assert "" == out(*args, "--format", "csv")
+    assert "no operations in" in out(*args)
+
+
+def test_nl_and_csv_never_drive_the_terminal(tmp_path: Path) -> None:
+    """An id holding terminal escapes is printed escaped in nl and csv too."""
+    path = journal_with(tmp_path / "j.db", "timeout")
+    conn = sqlite3.connect(path)  # as a journal written by something else could hold
+    with conn:
+        conn.execute("UPDATE operations SET reason = ?", ("evil\x1b]0;pwned\x07\u202e",))
+    conn.close()
+    for output_format in ("nl", "csv", "json"):
+        text = out("--journal", str(path), "list", "--format", output_format)
+        assert not re.search("[\x1b\x07\u202e]", text), output_format
+
+
+def test_prune_and_resume_formats(journal: Path) -> None:
+    """prune prints one sentence or one JSON object; resume a table or a JSON list."""
+    pruned = json.loads(
+        out(
+            "--journal",
+            str(journal),
+            "prune",
+            "--older-than",
+            "0s",
+            "--dry-run",
+            "--format",
+            "json",
+        )
+    )
+    assert {"would_delete": 3, "dry_run": True, "older_than": 0.0} == pruned
+    planned = json.loads(out("--journal", str(journal), "resume", "--dry-run", "--format", "json"))
+    assert {"timeout", "later"} == {result["operation_id"] for result in planned}
+
+
+# -- stats: expiring keys and Prometheus ---------------------------------------------
+
+
+def test_expiring_window_defaults_to_resumes_key_expiry_margin() -> None:
+    """`stats` counts by default exactly what `resume`'s margin would refuse to resend."""
+    assert DEFAULT_KEY_EXPIRY_MARGIN == DEFAULT_EXPIRING_WITHIN
+
+
+def test_stats_counts_pending_keys_about_to_expire(tmp_path: Path) -> None:
+    """A pending key 23.5 h old (lifetime 24 h) expires within the 1 h margin; a fresh one not."""
+    path = journal_with(tmp_path / "j.db", "timeout", age=23.5 * HOUR)
+    journal_with(path, "later", age=60)
+    journal_with(path, "ok", age=23.9 * HOUR)  # finished: its key no longer matters
+
+    def expiring(*args: str) -> Any:
+        return json.loads(out("--journal", str(path), "stats", "--json", *args))["expiring"]
+
+    assert 1 == expiring()
+    assert 0 == expiring("--expiring-within", "0s")
+    assert 2 == expiring("--expiring-within", "1d")
+    text = out("--journal", str(path), "stats")
+    assert re.search(r"^expiring keys +1 \(pending, key expires within 1h", text, re.MULTILINE)
+    # resume agrees: that one operation is the one it would no longer resend.
+    planned = json.loads(out("--journal", str(path), "resume", "--dry-run", "--json"))
+    assert ["timeout"] == [
+        r["operation_id"] for r in planned if r["action"] == "would_need_reconcile"
+    ]
+
+
+def test_journal_stats_counts_expiring_only_when_asked(tmp_path: Path) -> None:
+    """Without expiring_within, stats stays on its covering index and says None."""
+    path = journal_with(tmp_path / "j.db", "timeout", age=23.5 * HOUR)
+    with Journal(path, create=False, readonly=True) as journal:
+        now = time.time()
+        assert (None, None) == (
+            journal.stats(now=now).expiring,
+            journal.stats(now=now).expiring_within,
+        )
+        asked = journal.stats(now=now, expiring_within=HOUR)
+        assert (1, HOUR) == (asked.expiring, asked.expiring_within)
+        with pytest.raises(ValueError, match="expiring_within"):
+            journal.stats(now=now, expiring_within=-1)
+
+
+def test_stats_prometheus_parses_and_matches_the_json(tmp_path: Path) -> None:
+    """`stats --format prometheus` is valid exposition text carrying the JSON's figures."""
+    directory = tmp_path / 'a "quoted" \\new dir'  # a backslash before an n, not a newline
+    directory.mkdir()
+    path = journal_with(directory / "j.db", *ALL_KINDS)
+    figures = json.loads(out("--journal", str(path), "stats", "--json"))
+    text = out("--journal", str(path), "stats", "--format", "prometheus")
+
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert {
+        "idempotently_operations",
+        "idempotently_attempts",
+        "idempotently_replay_rate",
+        "idempotently_in_progress_rate",
+        "idempotently_retries_per_operation",
+        "idempotently_stuck_operations",
+        "idempotently_oldest_pending_age_seconds",
+        "idempotently_expiring_keys",
+    } == set(families)
+    assert all("gauge" == family.type and family.documentation for family in families.values())
+    samples = [sample for family in families.values() for sample in family.samples]
+    assert {str(path)} == {sample.labels["journal"] for sample in samples}
+    by_status = {
+        sample.labels["status"]: sample.value
+        for sample in families["idempotently_operations"].samples
+    }
+    assert figures["counts"] == by_status
+
+    def value(name: str) -> float:
+        return float(families[f"idempotently_{name}"].samples[0].value)
+
+    assert figures["replay_rate"] == value("replay_rate")
+    assert figures["stuck"] == value("stuck_operations")
+    assert figures["expiring"] == value("expiring_keys")
+    assert figures["attempts"] == value("attempts")
+    assert abs(figures["oldest_pending_age"] - value("oldest_pending_age_seconds")) < 5
+    # The textfile collector wants each HELP and TYPE once, before its samples.
+    assert len(families) == text.count("# TYPE ") == text.count("# HELP ")
+
+
+def test_prometheus_oldest_pending_age_is_0_when_nothing_is_pending(tmp_path: Path) -> None:
+    """No pending operation: an age of 0, not a missing or NaN sample."""
+    path = journal_with(tmp_path / "j.db", "ok")
+    text = out("--journal", str(path), "stats", "--format", "prometheus")
+    assert f'idempotently_oldest_pending_age_seconds{{journal="{path}"}} 0.0' in text
+
+
+# -- help ----------------------------------------------------------------------------
+
+
+def commands() -> dict[str, click.Command]:
+    assert isinstance(cli, click.Group)
+    return dict(cli.commands)
+
+
+@pytest.mark.parametrize("args", [(), *((name,) for name in sorted(commands()))])
+def test_dash_h_is_help(args: tuple[str, ...]) -> None:
+    """`-h` shows the same help as `--help`, on the group and every command."""
+    short, long = run(*args, "-h"), run(*args, "--help")
+    assert (0, 0) == (short.exit_code, long.exit_code)
+    assert long.stdout == short.stdout
+
+
+def test_top_level_help_shows_every_summary_whole_at_80_columns() -> None:
+    """Each command's one-line summary fits `idempotently --help` at 80 columns, uncut."""
+    text = out("--help")
+    for name, command in commands().items():
+        summary = command.get_short_help_str(limit=1000)
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(summary)}$", text, re.MULTILINE), (
+            name,
+            text,
+        )
+    assert "..." not in text.partition("Commands:")[2]
+
+
+@pytest.mark.parametrize("name", ["show", "stats", "prune"])
+def test_help_never_promises_a_table_where_text_is_printed(name: str) -> None:
+    """Commands that print text or sentences do not say their JSON replaces a table."""
+    assert "table" not in out(name, "--help")
+
+
+# -- 80 columns ----------------------------------------------------------------------
+
+
+def test_list_fits_80_columns_with_long_ids_and_urls(tmp_path: Path) -> None:
+    """At 80 columns no table line is wider; long ids and URLs keep both ends."""
+    path = long_journal(tmp_path / "j.db")
+    journal_with(path, *ALL_KINDS)
+    lines = out("--journal", str(path), "list").splitlines()
+    assert [] == [line for line in lines if len(line) > 80]
+    row = next(line for line in lines if line.startswith(LONG_ID[:5]))
+    shown_id, _status, _method, shown_url = row.split()[:4]
+    assert "…" in shown_id and "…" in shown_url
+    assert all(shown.split("…")[1] for shown in (shown_id, shown_url))  # the end is kept
+    assert LONG_ID.startswith(shown_id.split("…")[0]) and LONG_ID.endswith(shown_id.split("…")[1])
+    assert LONG_URL.startswith(shown_url.split("…")[0])
+    assert LONG_URL.endswith(shown_url.split("…")[1])
+    # Wide enough, nothing is cut.
+    assert LONG_URL in out("--journal", str(path), "list", columns=200)
+
+
+def test_resume_table_fits_80_columns_and_json_keeps_the_whole_detail(tmp_path: Path) -> None:
+    """A long resume detail is cut at its end in the table, whole in JSON."""
+    path = long_journal(tmp_path / "j.db", age=23.5 * HOUR)
+    lines = out("--journal", str(path), "resume", "--dry-run").splitlines()
+    assert [] == [line for line in lines if len(line) > 80]
+    detail = json.loads(out("--journal", str(path), "resume", "--dry-run", "--json"))[0]["detail"]
+    assert len(detail) > 80
+    row = next(line for line in lines if "would_need_reconcile" in line)
+    assert row.endswith("…")
+    assert detail.startswith(row.partition("  -  ")[2].rstrip("…"))
+
+
+def test_show_prints_everything_whole_and_its_attempt_table_fits(tmp_path: Path) -> None:
+    """show keeps ids, URLs and errors whole; its attempt table still fits 80 columns."""
+    path = long_journal(tmp_path / "j.db")
+    text = out("--journal", str(path), "show", LONG_ID)
+    assert LONG_ID in text and LONG_URL in text
+    assert f"attempt 1: ReadTimeout: {LONG_ERROR.strip()}" in text
+    section = text.split("\nattempts\n")[1].split("\n\n")[0].splitlines()
+    table = [line for line in section if not line.startswith("  attempt ")]
+    assert table[0].split() == ["#", "outcome", "status", "replayed", "started", "elapsed", "wait"]
+    assert [] == [line for line in table if len(line) > 80]
+
+
+def test_show_times_are_iso_utc_and_relative(journal: Path) -> None:
+    """Times in show are ISO-8601 UTC with the age; elsewhere only the age."""
+    text = out("--journal", str(journal), "show", "ok")
+    assert re.search(
+        r"^created +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \((59m|1h) ago\)$", text, re.MULTILINE
+    )
+    assert re.search(r"^key expires +\S+Z \(in (22|23)h\)$", text, re.MULTILINE)
+    stats = out("--journal", str(journal), "stats")
+    assert re.search(r"^oldest pending +created (59m|1h) ago$", stats, re.MULTILINE)
+
+
+# -- pieces --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "width", "where", "expected"),
+    [
+        ("abcdefghij", 10, "middle", "abcdefghij"),
+        ("abcdefghijk", 10, "middle", "abcde…hijk"),
+        ("abcdefghijk", 10, "end", "abcdefghi…"),
+        ("the server asked", 8, "end", "the ser…"),
+        ("ab", 1, "middle", "…"),
+    ],
+)
+def test_shorten_keeps_the_width(text: str, width: int, where: Any, expected: str) -> None:
+    """Shortened text is exactly `width` characters, the cut marked with one ellipsis."""
+    assert expected == shorten(text, width, where)
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"), [(0, "0 attempts"), (1, "1 attempt"), (2, "2 attempts")]
+)
+def test_plurals(count: int, expected: str) -> None:
+    """Counts read as people write them: 1 attempt, 2 attempts."""
+    assert expected == plural(count, "attempt")
+
+
+def test_no_cli_output_says_s_in_parentheses(journal: Path) -> None:
+    """No command prints `(s)` plurals."""
+    for args in (("list",), ("stats",), ("show", "timeout"), ("resume", "--dry-run")):
+        assert "(s)" not in out("--journal", str(journal), *args)
+    single = journal_with(journal.parent / "single.db", "ok")
+    assert "would delete 1 finished operation idle" in out(
+        "--journal", str(single), "prune", "--older-than", "0s", "--dry-run"
+    )
