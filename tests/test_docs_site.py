@@ -89,10 +89,12 @@ def user_facing_files() -> list[Path]:
 )
 def test_every_public_name_has_a_reference_entry(module: ModuleType, name: str) -> None:
     """Each name in `__all__` has a `::: path` entry on a page under docs/reference/."""
-    assert is_documented(module, name, documented()), (
-        f"{module.__name__}.{name} is public but no page in docs/reference/ has"
-        f" '::: {module.__name__}.{name}'"
-    )
+    if not is_documented(module, name, documented()):
+        pytest.fail(
+            f"{module.__name__}.{name} is public but no page in docs/reference/ has"
+            f" '::: {module.__name__}.{name}'",
+            pytrace=False,
+        )
 
 
 def test_a_missing_reference_entry_is_noticed() -> None:
