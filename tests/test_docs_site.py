@@ -172,3 +172,14 @@ def test_mock_server_help_points_at_the_site() -> None:
     assert 0 == result.returncode, result.stderr
     assert DOCS_URL in result.stdout
     assert not re.search(r"\bdocs/[\w-]+\.md\b", result.stdout)
+
+
+def test_project_urls_name_the_site_the_changelog_and_the_issues() -> None:
+    """The package index links to the docs site, the changelog and the issue tracker."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.urls]", 1)[1].split("\n[", 1)[0]
+    urls = dict(re.findall(r'^(\w+) = "([^"]+)"$', section, re.MULTILINE))
+    assert DOCS_URL == urls["Documentation"]
+    assert urls["Changelog"].endswith("/CHANGELOG.md")
+    assert urls["Issues"].endswith("/issues")
+    assert urls["Homepage"].startswith("https://")
