@@ -6,7 +6,7 @@ before the first attempt; with ``"os"`` it is committed before the first
 attempt but left to the OS to write back. Every later write (attempt rows,
 completion, leases) commits with ``synchronous=NORMAL``: losing one to a power
 cut only means a resume gets a replay from the server, which the key makes
-harmless. See docs/journal.md.
+harmless. See https://idempotently.readthedocs.io/en/latest/journal/
 
 Audits stay fast on large journals without scanning them: triggers keep the
 counts per status and per kind of attempt in one row, a partial index holds
@@ -538,7 +538,7 @@ class Journal:
         row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
-        journal's cost per call (docs/performance.md).
+        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -1466,7 +1466,7 @@ class Journal:
 
 @attrs.frozen
 class JournalStats:
-    """What to watch: the article's replay rate, 409 rate and stuck count, client-side."""
+    """What to watch, as Leach's article advises: replay rate, 409 rate, stuck keys."""
 
     counts: dict[str, int]
     """Operations per status; every status is present."""
