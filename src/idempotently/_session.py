@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # httpx's private modules, for annotations only
     )
 
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
+from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -153,6 +154,7 @@ class _SessionBase(Generic[ClientT]):
         clock: Callable[[], float],
         sleep: object,
         client_options: dict[str, Any],
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         # Everything is checked before the journal file is created.
         unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
@@ -191,6 +193,7 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None
         self.client: ClientT = (
@@ -207,6 +210,7 @@ class _SessionBase(Generic[ClientT]):
             lease_duration=float(lease_duration),
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            hooks=checked_hooks,
         )
 
     def _build(
@@ -287,6 +291,11 @@ class Session(_SessionBase[httpx.Client]):
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
     or get :class:`~idempotently.OperationInProgressError`.
+
+    ``hooks=[hook, ...]`` are called with every event (:class:`OperationStarted`,
+    :class:`AttemptFinished`, :class:`RetryScheduled`, :class:`OperationFinished`)
+    in the calling thread (a resume with ``concurrency`` calls them from its
+    threads); a hook that raises is logged and the call goes on.
     """
 
     _client_class = httpx.Client
@@ -304,6 +313,7 @@ class Session(_SessionBase[httpx.Client]):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        hooks: Iterable[Hook] = (),
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -318,6 +328,7 @@ class Session(_SessionBase[httpx.Client]):
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            hooks=hooks,
         )
         self._sleep = sleep
 
@@ -518,6 +529,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
 
     Journal writes run in a worker thread: the event loop never waits for a
     lock or an fsync. Tasks sharing one AsyncSession send one operation once.
+
+    ``hooks=`` take plain or async functions; they run on the event loop, between
+    one journal write and the next step, so keep them quick (hand slow work to a
+    task or a queue).
     """
 
     _client_class = httpx.AsyncClient
@@ -535,6 +550,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        hooks: Iterable[AsyncHook] = (),
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -549,6 +565,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            hooks=hooks,
         )
         self._sleep = sleep
 

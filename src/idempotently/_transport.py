@@ -16,6 +16,7 @@ import anyio
 import httpx
 
 from idempotently._drivers import arun, run
+from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -53,6 +54,7 @@ class _TransportBase:
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         redact_headers = (
             redact_headers if isinstance(redact_headers, str) else tuple(redact_headers)
@@ -77,6 +79,7 @@ class _TransportBase:
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
         if delivery not in DELIVERIES:
             raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
+        checked_hooks = check_hooks(hooks, asynchronous=isinstance(self, httpx.AsyncBaseTransport))
         self.journal, self._owns_journal = open_journal(journal)
         self.profile = profile
         self.methods = frozenset(method.upper() for method in methods)
@@ -90,6 +93,7 @@ class _TransportBase:
             lease_duration=float(lease_duration),
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            hooks=checked_hooks,
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
@@ -146,6 +150,7 @@ class Transport(_TransportBase, httpx.BaseTransport):
     Session's options, ``delivery=`` included, and raises what
     :class:`Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...); other methods pass straight through.
+    ``hooks=`` receive the same events as the Session's.
     """
 
     def __init__(
@@ -163,6 +168,7 @@ class Transport(_TransportBase, httpx.BaseTransport):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        hooks: Iterable[Hook] = (),
     ) -> None:
         if transport is not None and not isinstance(transport, httpx.BaseTransport):
             raise TypeError(
@@ -180,6 +186,7 @@ class Transport(_TransportBase, httpx.BaseTransport):
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            hooks=hooks,
         )
         self.transport = transport if transport is not None else httpx.HTTPTransport()
         self._sleep = sleep
@@ -213,7 +220,10 @@ class Transport(_TransportBase, httpx.BaseTransport):
 
 
 class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
-    """The async twin of :class:`Transport`, on asyncio or trio (anyio)."""
+    """The async twin of :class:`Transport`, on asyncio or trio (anyio).
+
+    ``hooks=`` take plain or async functions, run on the event loop: keep them quick.
+    """
 
     def __init__(
         self,
@@ -230,6 +240,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
             raise TypeError(
@@ -247,6 +258,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            hooks=hooks,
         )
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._sleep = sleep
