@@ -83,7 +83,7 @@ class RetryScheduled:
     wait: float
     """Seconds until the next attempt."""
     reason: str
-    """Why (e.g. ``503 from the server``)."""
+    """Why: the status code (``503``), or the transport error (``ConnectError: ...``)."""
 
 
 @attrs.frozen(kw_only=True)
