@@ -333,7 +333,7 @@ def test_a_sync_session_refuses_an_async_hook_and_ignores_an_awaitable(
     tmp_path: Path, scripted: Scripted, fake_time: FakeTime, records: list[logging.LogRecord]
 ) -> None:
     """An async function as a sync hook is a TypeError; a callable that returns an
-    awaitable anyway is logged (never awaited) and the call goes on."""
+    awaitable anyway is logged and the awaitable closed (never awaited); the call goes on."""
     app, url = scripted
     app.answer(Answer(201))
 
@@ -343,14 +343,18 @@ def test_a_sync_session_refuses_an_async_hook_and_ignores_an_awaitable(
     with pytest.raises(TypeError, match="hooks"):
         idempotently.Session(tmp_path / "journal.db", hooks=[async_hook])
 
+    returned: list[Any] = []
+
     def sneaky(event: idempotently.Event) -> Any:
-        return async_hook(event)
+        returned.append(async_hook(event))
+        return returned[-1]
 
     with idempotently.Session(
         tmp_path / "journal.db", base_url=url, **options(fake_time, [sneaky], asynchronous=False)
     ) as session:
         assert 201 == session.post("/v1/charges", json=CHARGE).status_code
     assert 3 == len([record for record in records if "awaitable" in record.getMessage()])
+    assert [None, None, None] == [coroutine.cr_frame for coroutine in returned]  # closed
 
 
 def test_event_classes_are_frozen_and_exported() -> None:
