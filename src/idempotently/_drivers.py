@@ -20,11 +20,13 @@ import anyio.lowlevel
 import anyio.to_thread
 import httpx
 
+from idempotently._events import adeliver, deliver
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._flow import Flow, Held
 from idempotently._heartbeat import heartbeat_for
 from idempotently._store import (
     Command,
+    Emit,
     Reconcile,
     Record,
     Report,
@@ -71,6 +73,9 @@ def run(
                 reply = reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
+            elif isinstance(command, Emit):
+                deliver(command.event, command.hooks)
+                reply = None
             else:
                 reply = _with_ids(command, command.run, store)
                 if isinstance(command, Record):
@@ -124,6 +129,9 @@ async def arun(
                 reply = await reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
+            elif isinstance(command, Emit):
+                await adeliver(command.event, command.hooks)
+                reply = None
             else:
                 # Not abandoned on cancellation: the write completes, then the
                 # cancellation is delivered here, before anything is sent.

@@ -25,6 +25,15 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._events import (
+    AsyncHook,
+    AttemptFinished,
+    Event,
+    OperationFinished,
+    OperationStarted,
+    RetryScheduled,
+    log,
+)
 from idempotently._exceptions import (
     RESUME_HINT,
     ErrorContext,
@@ -61,6 +70,7 @@ from idempotently._policy import (
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._store import (
     Command,
+    Emit,
     Find,
     Insert,
     Lease,
@@ -424,6 +434,9 @@ class Engine:
         """What a heartbeat needs to keep ``owner``'s lease on the operation alive."""
         return Lease(operation_id, owner, self.lease_duration, self.clock)
 
+    hooks: tuple[AsyncHook, ...] = ()
+    """Called with every event (``_events.py``), through the driver."""
+
     # -- one call ------------------------------------------------------------------------
 
     def call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
@@ -457,12 +470,6 @@ class Engine:
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
                 if (yield Insert(new, owner, now + self.lease_duration)):
-                    logger.debug(
-                        "operation %s: key %s journaled",
-                        new.operation_id,
-                        new.key,
-                        extra=_fields(new.operation_id, new.key, event="journaled"),
-                    )
                     state = CallState(
                         started_at=started, deadline_at=call.deadline_at, delivery=call.delivery
                     )
@@ -624,6 +631,18 @@ class Engine:
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
+        began = self.clock()
+        yield from self._emit(
+            OperationStarted(
+                operation_id=operation_id,
+                key=key,
+                method=request.method,
+                delivery=state.delivery,
+                resuming=state.resuming,
+                attempts=attempts,
+                at=began,
+            )
+        )
         while True:
             started = self.clock()
             held.interrupted = Record(
@@ -693,29 +712,54 @@ class Engine:
                         replayed_locally=False,
                     ),
                 }
-            (logger.info if retrying else logger.debug)(
-                "operation %s (key %s) attempt %d: %s -> %s%s",
-                operation_id,
-                key,
-                attempts,
-                decision.reason,
-                action,
-                f" in {decision.wait:.3f}s" if retrying else "",
-                extra=_fields(
-                    operation_id,
-                    key,
-                    event="attempt",
+            yield from self._emit(
+                AttemptFinished(
+                    operation_id=operation_id,
+                    key=key,
                     attempt=attempts,
                     outcome=signal.outcome,
                     status_code=record.status_code,
+                    replayed=record.replayed,
+                    error=record.error,
                     action=action,
-                    wait=decision.wait,
-                ),
+                    status=record.status,
+                    started_at=started,
+                    elapsed=now - started,
+                )
             )
             if retrying:
+                yield from self._emit(
+                    RetryScheduled(
+                        operation_id=operation_id,
+                        key=key,
+                        attempt=attempts,
+                        wait=decision.wait,
+                        reason=decision.reason,
+                    )
+                )
                 yield Sleep(decision.wait)
                 continue
+            yield from self._emit(
+                OperationFinished(
+                    operation_id=operation_id,
+                    key=key,
+                    status=record.status,
+                    action=action,
+                    reason=decision.reason,
+                    attempts=attempts,
+                    status_code=record.status_code,
+                    replayed=record.replayed,
+                    not_before=decision.not_before,
+                    elapsed=now - began,
+                )
+            )
             return End(operation_id, key, decision, attempts, response, error)
+
+    def _emit(self, event: Event) -> Flow[None]:
+        """Log ``event``; hand it to the hooks, if there are any (through the driver)."""
+        log(event)
+        if self.hooks:
+            yield Emit(event, self.hooks)
 
     def _state_of(self, operation: Operation, started: float, *, resuming: bool) -> CallState:
         """A new call's state, from what the journal knows of the operation's attempts."""
@@ -1056,11 +1100,6 @@ def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> Idempote
 
 def _ids(operation: Operation) -> ErrorContext:
     return {"operation_id": operation.operation_id, "key": operation.key}
-
-
-def _fields(operation_id: str, key: str, **fields: Any) -> dict[str, Any]:
-    """Log record fields (``extra=``): structured logging reads them by name."""
-    return {"idempotently": {"operation_id": operation_id, "key": key, **fields}}
 
 
 def _iso(timestamp: float) -> str:

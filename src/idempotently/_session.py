@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
     )
 
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
+from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -159,6 +160,7 @@ class _SessionBase(Generic[ClientT]):
         clock: Callable[[], float],
         sleep: object,
         client_options: dict[str, Any],
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         # Everything is checked before the journal file is created.
         unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
@@ -204,6 +206,7 @@ class _SessionBase(Generic[ClientT]):
             asynchronous=self._client_class is httpx.AsyncClient,
         )
         host = default_host_id() if host_id is None else check_host_id(host_id)
+        checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None
         self.client: ClientT = (
@@ -221,6 +224,7 @@ class _SessionBase(Generic[ClientT]):
             host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            hooks=checked_hooks,
         )
 
     def _build(
@@ -318,6 +322,11 @@ class Session(_SessionBase[httpx.Client]):
     ``host_id`` names this host in lease owners (default ``$IDEMPOTENTLY_HOST_ID``,
     else the hostname; printable, no ``:``, at most 128 characters): a lease of
     another host id is waited out until it expires, never judged by its pid.
+
+    ``hooks=[hook, ...]`` are called with every event (:class:`OperationStarted`,
+    :class:`AttemptFinished`, :class:`RetryScheduled`, :class:`OperationFinished`)
+    in the calling thread (a resume with ``concurrency`` calls them from its
+    threads); a hook that raises is logged and the call goes on.
     """
 
     _client_class = httpx.Client
@@ -336,6 +345,7 @@ class Session(_SessionBase[httpx.Client]):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        hooks: Iterable[Hook] = (),
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -351,6 +361,7 @@ class Session(_SessionBase[httpx.Client]):
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            hooks=hooks,
         )
         self._sleep = sleep
 
@@ -564,6 +575,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
 
     Journal writes run in a worker thread: the event loop never waits for a
     lock or an fsync. Tasks sharing one AsyncSession send one operation once.
+
+    ``hooks=`` take plain or async functions; they run on the event loop, between
+    one journal write and the next step, so keep them quick (hand slow work to a
+    task or a queue).
     """
 
     _client_class = httpx.AsyncClient
@@ -582,6 +597,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        hooks: Iterable[AsyncHook] = (),
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -597,6 +613,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            hooks=hooks,
         )
         self._sleep = sleep
 

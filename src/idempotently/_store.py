@@ -18,6 +18,7 @@ import httpx
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
+    from idempotently._events import AsyncHook, Event
     from idempotently._journal import AttemptRecord, NewOperation, Operation
 
 
@@ -241,4 +242,13 @@ class Report:
     result: Any
 
 
-Command = JournalCommand | Send | Sleep | Reconcile | Report
+@attrs.frozen
+class Emit:
+    """Call the session's hooks with this event (yielded only when it has hooks); reply:
+    None. A hook that raises is logged, never ends the call."""
+
+    event: Event
+    hooks: tuple[AsyncHook, ...]
+
+
+Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit

@@ -18,6 +18,7 @@ import httpx
 
 from idempotently import _httpx2
 from idempotently._drivers import arun, run
+from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -77,6 +78,7 @@ class _TransportBase:
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         redact_headers = (
             redact_headers if isinstance(redact_headers, str) else tuple(redact_headers)
@@ -102,6 +104,7 @@ class _TransportBase:
         if delivery not in DELIVERIES:
             raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
         host = default_host_id() if host_id is None else check_host_id(host_id)
+        checked_hooks = check_hooks(hooks, asynchronous=isinstance(self, httpx.AsyncBaseTransport))
         self.journal, self._owns_journal = open_journal(journal)
         self.profile = profile
         self.methods = frozenset(method.upper() for method in methods)
@@ -116,6 +119,7 @@ class _TransportBase:
             host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            hooks=checked_hooks,
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
@@ -172,6 +176,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     Session's options, ``delivery=`` included, and raises what
     :class:`Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...); other methods pass straight through.
+    ``hooks=`` receive the same events as the Session's.
     """
 
     def __init__(
@@ -190,6 +195,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        hooks: Iterable[Hook] = (),
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
@@ -209,6 +215,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            hooks=hooks,
         )
         # Without transport=, requests go out through the library they came from:
         # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
@@ -285,7 +292,10 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
 
 
 class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase):
-    """The async twin of :class:`Transport`, on asyncio or trio (anyio)."""
+    """The async twin of :class:`Transport`, on asyncio or trio (anyio).
+
+    ``hooks=`` take plain or async functions, run on the event loop: keep them quick.
+    """
 
     def __init__(
         self,
@@ -303,6 +313,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
@@ -322,6 +333,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            hooks=hooks,
         )
         self.transport: httpx.AsyncBaseTransport | Any = (
             transport if transport is not None else httpx.AsyncHTTPTransport()
