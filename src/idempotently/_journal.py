@@ -44,6 +44,9 @@ from idempotently._exceptions import (
 from idempotently._group_commit import GroupCommit
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
 
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""A journal path starting with one of these is a PostgreSQL URL (see _postgres.py)."""
+
 MAX_LIMIT = 2**63 - 1
 """SQLite's largest integer: the largest ``limit`` a listing takes."""
 
@@ -513,7 +516,17 @@ class Journal:
     """The local record of every operation, its key and its attempts.
 
     Safe to share between threads; several processes may open the same file.
+    A ``postgresql://`` (or ``postgres://``) URL opens a journal in that
+    PostgreSQL database instead (``pip install 'idempotently[postgres]'``).
     """
+
+    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Journal:
+        """A PostgreSQL journal for a ``postgresql://`` URL, so ``isinstance(x, Journal)`` holds."""
+        if cls is Journal and isinstance(path, str) and path.startswith(_POSTGRES_SCHEMES):
+            from idempotently._postgres import PostgresJournal
+
+            return super().__new__(PostgresJournal)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -1066,6 +1079,42 @@ class Journal:
                 "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
                 "WHERE operation_id = ? AND lease_owner = ?",
                 (operation_id, owner),
+            )
+
+    # Placeholders for branch `watch`, which implements these two on SQLite:
+    # on a merge conflict, take its version.
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Atomically lease up to ``limit`` due pending operations, oldest first."""
+        with self._write() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT operation_id FROM operations WHERE status = 'pending' "
+                    "AND lease_until <= ? AND coalesce(not_before, 0) <= ? "
+                    "ORDER BY created_at, rowid LIMIT ?",
+                    (now, now, max(0, limit)),
+                )
+            ]
+            for operation_id in ids:
+                conn.execute(
+                    "UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ? "
+                    "WHERE operation_id = ?",
+                    (owner, lease_until, now, operation_id),
+                )
+        return [found for found in (self._find(i, None) for i in ids) if found is not None]
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: push back the leases still held by their owners; how many were."""
+        with self._write() as conn:
+            return sum(
+                conn.execute(
+                    "UPDATE operations SET lease_until = max(lease_until, ?) "
+                    "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
+                    (lease_until, operation_id, owner),
+                ).rowcount
+                for operation_id, owner in leases
             )
 
     # -- reading ---------------------------------------------------------------
