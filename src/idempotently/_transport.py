@@ -276,4 +276,5 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         await self.transport.aclose()
         if self._owns_journal:
-            self.journal.close()
+            # In a thread: closing a PostgreSQL journal's pool waits for its workers.
+            await anyio.to_thread.run_sync(self.journal.close)
