@@ -268,6 +268,14 @@ _ADVICE: Final = {
     "other": "check the server's log",
 }
 
+_CONNECT_MESSAGES: Final = (
+    ("password authentication failed", "28P01"),
+    ("no password supplied", "28P01"),
+    ("no pg_hba.conf entry", "28000"),
+    ("does not exist", "3D000"),
+    ("too many clients", "53300"),
+)
+
 
 def _problem(error: Exception) -> str:
     import psycopg_pool
@@ -278,6 +286,10 @@ def _problem(error: Exception) -> str:
     if sqlstate in _ADVICE:
         return str(sqlstate)
     message = str(error)
+    # A failed connection carries no SQLSTATE: libpq's message says what went wrong.
+    for text, problem in _CONNECT_MESSAGES if sqlstate is None else ():
+        if text in message:
+            return problem
     if sqlstate is None and ("connection" in message or "server" in message):
         return "connect"
     return "other"
@@ -431,8 +443,12 @@ class PostgresJournal(Journal):
 
     def _read_version(self, conn: psycopg.Connection[Any]) -> int | None:
         """The schema version, or None when the database holds no journal."""
+        # pg_tables, not to_regclass(): a catalog query sees what committed
+        # before this statement, as a creator we waited for just did.
         row = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL AS present", (f"{SCHEMA}.journal_meta",)
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables "
+            "WHERE schemaname = %s AND tablename = 'journal_meta') AS present",
+            (SCHEMA,),
         ).fetchone()
         if not row or not row["present"]:
             return None
