@@ -42,5 +42,5 @@ def mypy(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against bare httpx on the same loopback server (not part of CI)."""
-    session.install("-e", ".[mock]")
+    session.install("-e", ".[mock,postgres]")
     session.run("python", "benchmarks/bench.py", *session.posargs)

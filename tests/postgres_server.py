@@ -37,17 +37,22 @@ class PostgresUnavailable(Exception):
 def find_bin() -> Path:
     """The directory holding initdb and pg_ctl: $IDEMPOTENTLY_PG_BIN, else the newest Debian one."""
     configured = os.environ.get("IDEMPOTENTLY_PG_BIN")
-    candidates = [configured] if configured else []
-    candidates += sorted(glob.glob(_BIN_GLOB), key=lambda p: int(Path(p).parent.name), reverse=True)
-    found = shutil.which("initdb")
-    if found:
-        candidates.append(str(Path(found).parent))
+    if configured:
+        candidates = [configured]
+    else:
+        candidates = sorted(
+            glob.glob(_BIN_GLOB), key=lambda p: int(Path(p).parent.name), reverse=True
+        )
+        found = shutil.which("initdb")
+        if found:
+            candidates.append(str(Path(found).parent))
     for candidate in candidates:
         if (Path(candidate) / "initdb").exists() and (Path(candidate) / "pg_ctl").exists():
             return Path(candidate)
+    where = ", ".join(candidates) or f"{_BIN_GLOB} or PATH"
     raise PostgresUnavailable(
-        f"no initdb/pg_ctl (looked in {_BIN_GLOB} and PATH); install PostgreSQL "
-        "(apt-get install postgresql) or set IDEMPOTENTLY_PG_BIN"
+        f"no initdb/pg_ctl in {where}; install PostgreSQL (apt-get install postgresql) "
+        "or set IDEMPOTENTLY_PG_BIN"
     )
 
 
@@ -69,11 +74,15 @@ class PostgresServer:
     _names: Iterator[int] = attrs.field(factory=itertools.count)
 
     @classmethod
-    def start(cls, *, fsync: bool = False) -> PostgresServer:
-        """initdb + pg_ctl start; raises PostgresUnavailable with the reason if it cannot."""
+    def start(cls, *, fsync: bool = False, parent: Path | None = None) -> PostgresServer:
+        """initdb + pg_ctl start; raises PostgresUnavailable with the reason if it cannot.
+
+        The data directory goes in a new directory under ``parent`` (else the
+        system's temporary directory).
+        """
         bin_dir = find_bin()
         as_user: list[str] = []
-        directory = Path(tempfile.mkdtemp(prefix="idempotently-pg-"))
+        directory = Path(tempfile.mkdtemp(prefix="idempotently-pg-", dir=parent))
         try:
             if os.geteuid() == 0:
                 try:
@@ -164,9 +173,9 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def postgres_server(*, fsync: bool = False) -> Iterator[PostgresServer]:
+def postgres_server(*, fsync: bool = False, parent: Path | None = None) -> Iterator[PostgresServer]:
     """A server for the duration of the block, stopped (and deleted) however the block ends."""
-    server = PostgresServer.start(fsync=fsync)
+    server = PostgresServer.start(fsync=fsync, parent=parent)
     try:
         yield server
     finally:
