@@ -31,7 +31,7 @@ from idempotently import (
 )
 from idempotently._journal import AttemptRecord
 from idempotently._postgres import PostgresJournal, redact_url
-from tests.postgres_server import PostgresServer
+from tests.postgres_server import PostgresServer, postgres_server
 from tests.scripted_server import Answer
 from tests.test_claims import due_and_not_due
 from tests.test_journal import NOW, insert, new_operation
@@ -434,3 +434,27 @@ async def test_an_async_session_takes_the_url(
     with Journal(postgres_url, readonly=True) as reader:
         operation = reader.operation("o-1")
     assert operation is not None and "succeeded" == operation.status
+
+
+def test_a_server_gone_mid_run_is_a_write_error_naming_the_url() -> None:
+    """The server stops under an open journal: JournalWriteError with the URL (no password)
+    and what to check, never a psycopg traceback; nothing is sent on it."""
+    with postgres_server() as own:
+        journal = Journal(own.url(password="gone-secret"), busy_timeout=1)
+        insert(journal, new_operation("op-1"))
+        own.stop()
+        try:
+            errors = []
+            for attempt in ("op-2", "op-3"):  # a broken pooled connection, then no connection
+                with pytest.raises(JournalWriteError) as caught:
+                    insert(journal, new_operation(attempt))
+                errors.append(caught.value)
+        finally:
+            journal.close()
+
+    for error in errors:
+        message = str(error)
+        assert "gone-secret" not in message
+        assert f"postgresql://postgres:***@127.0.0.1:{own.port}/postgres" in message
+        assert "check" in message
+        assert error.__suppress_context__

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
@@ -348,7 +347,6 @@ class PostgresJournal(Journal):
         self._version = SCHEMA_VERSION
         self._namespace: uuid.UUID | None = None
         self._secret = _password(path)
-        self._lock = threading.RLock()
         pg, pool_module = _psycopg()
         from psycopg.rows import dict_row
 
