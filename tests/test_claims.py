@@ -116,3 +116,33 @@ def test_extend_leases_pushes_back_only_leases_still_held(journal: Journal) -> N
         "taken": ("w2", NOW + 10),
         "done": (None, 0.0),
     } == leases
+
+
+def test_an_attempt_after_the_lease_was_lost_is_counted_but_changes_nothing(
+    journal: Journal,
+) -> None:
+    """A caller whose lease another took: its attempt is kept, the taker's state stands."""
+    insert(journal, new_operation(), lease_until=NOW - 1)  # "test-owner"'s lease, expired
+    stale = journal.operation("op-1")
+    assert stale is not None
+    assert journal._take_lease(stale, owner="taker", lease_until=NOW + 30, now=NOW)
+
+    journal._record_attempt(
+        "op-1",
+        AttemptRecord(
+            started_at=NOW, elapsed=0.1, outcome="answered", status_code=201, status="succeeded"
+        ),
+        now=NOW + 1,
+        owner="test-owner",
+    )
+
+    operation = journal.operation("op-1")
+    assert operation is not None
+    assert ("pending", "taker", NOW + 30, 1, None, [201]) == (
+        operation.status,
+        operation.lease_owner,
+        operation.lease_until,
+        operation.attempt_count,
+        operation.last_status_code,
+        [attempt.status_code for attempt in operation.attempts],
+    )

@@ -28,7 +28,7 @@ import re
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
@@ -507,23 +507,40 @@ class PostgresJournal(Journal):
     def _transaction(self, *, synchronous: bool) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """One short write transaction; ``synchronous`` makes the commit wait for the WAL flush."""
         self._check_writable()
-        with (
-            self._errors("cannot write the journal", JournalWriteError),
-            self._pool.connection() as conn,
-            conn.transaction(),
-        ):
-            conn.execute(f"SET LOCAL synchronous_commit = {'on' if synchronous else 'off'}")
+        setting = "on" if synchronous else "off"
+        # BEGIN and the setting in one round trip (a parameterless simple query).
+        with self._block(f"BEGIN; SET LOCAL synchronous_commit = {setting}", writing=True) as conn:
             yield conn
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """Several reads as one consistent view (a repeatable-read, read-only transaction)."""
-        with (
-            self._errors("cannot read the journal", JournalError),
-            self._pool.connection() as conn,
-            conn.transaction(),
-        ):
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        with self._block("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", writing=False) as conn:
+            yield conn
+
+    @contextmanager
+    def _block(self, begin: str, *, writing: bool) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pooled connection inside a transaction opened by ``begin``; committed at the end."""
+        doing, kind = (
+            ("cannot write the journal", JournalWriteError)
+            if writing
+            else ("cannot read the journal", JournalError)
+        )
+        with self._errors(doing, kind), self._pool.connection() as conn:
+            conn.execute(begin.encode())
+            try:
+                yield conn
+            except BaseException:
+                if not conn.closed:
+                    with suppress(Exception):
+                        conn.execute(b"ROLLBACK")
+                raise
+            conn.execute(b"COMMIT")
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pooled connection for single-statement reads (each its own snapshot)."""
+        with self._errors("cannot read the journal", JournalError), self._pool.connection() as conn:
             yield conn
 
     def _rows(
@@ -771,7 +788,8 @@ class PostgresJournal(Journal):
         return {operation_id: tuple(items) for operation_id, items in found.items()}
 
     def _one(self, column: str, value: str) -> Operation | None:
-        with self._read() as conn:
+        # Two statements, no snapshot: as the SQLite journal reads it, in fewer round trips.
+        with self._connection() as conn:
             rows = self._rows(
                 conn,
                 f"SELECT {_SELECT_OPERATION} FROM {SCHEMA}.operations WHERE {column} = %s",
