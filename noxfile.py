@@ -49,5 +49,5 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against bare httpx on the same loopback server (not part of CI)."""
-    session.install("-e", ".[mock]")
+    session.install("-e", ".[mock,postgres]")
     session.run("python", "benchmarks/bench.py", *session.posargs)

@@ -5,7 +5,7 @@ The promises (issue 10): workers with different host identities sharing one jour
 never send one operation twice; a worker SIGKILLed mid-batch loses nothing (the
 others finish its operations once its leases expire); SIGTERM finishes what is in
 flight, releases every lease and exits 0. The store is a parameter
-(``journal_location``): each test runs against every store in :data:`STORES`.
+(``journal_location``): each test runs against SQLite and PostgreSQL.
 Tests wait on the JSON lines the workers print, never on sleeps.
 """
 
@@ -36,16 +36,12 @@ TOKEN_ENV = "FLEET_TEST_TOKEN"
 WAIT = 30.0
 """Longest any one wait may take: past this something hangs, and the test fails."""
 
-STORES: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp_path: str(tmp_path / "journal.db"),
-}
-"""How each store's journal location is made; a new store is one more line here."""
 
-
-@pytest.fixture(params=sorted(STORES))
-def journal_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where the fleet's shared journal lives (a path, or a store's URL)."""
-    return STORES[request.param](tmp_path)
+@pytest.fixture
+def journal_location(journal_target: str) -> str:
+    """Where the fleet's shared journal lives: a SQLite file, or a PostgreSQL database
+    (conftest's ``store`` parameter: every test runs on each store)."""
+    return journal_target
 
 
 def refuse(request: httpx.Request) -> httpx.Response:

@@ -44,6 +44,9 @@ from idempotently._exceptions import (
 from idempotently._group_commit import GroupCommit
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
 
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""A journal path starting with one of these is a PostgreSQL URL (see _postgres.py)."""
+
 MAX_LIMIT = 2**63 - 1
 """SQLite's largest integer: the largest ``limit`` a listing takes."""
 
@@ -515,7 +518,17 @@ class Journal:
     """The local record of every operation, its key and its attempts.
 
     Safe to share between threads; several processes may open the same file.
+    A ``postgresql://`` (or ``postgres://``) URL opens a journal in that
+    PostgreSQL database instead (``pip install 'idempotently[postgres]'``).
     """
+
+    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Journal:
+        """A PostgreSQL journal for a ``postgresql://`` URL, so ``isinstance(x, Journal)`` holds."""
+        if cls is Journal and isinstance(path, str) and path.startswith(_POSTGRES_SCHEMES):
+            from idempotently._postgres import PostgresJournal
+
+            return super().__new__(PostgresJournal)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -763,7 +763,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         if self._owns_client:
             await self.client.aclose()
         if self._owns_journal:
-            self.journal.close()
+            # In a thread: closing a PostgreSQL journal's pool waits for its workers.
+            await anyio.to_thread.run_sync(self.journal.close)
 
     async def __aenter__(self) -> AsyncSession:
         return self

@@ -2,7 +2,7 @@
 
 The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
 journal: it yields one of these values and receives the result. Journal
-commands run against a :class:`Store` (the SQLite :class:`~idempotently.Journal`
+commands run against a :class:`Store` (a :class:`~idempotently.Journal`, SQLite or PostgreSQL
 today); the sync driver runs them inline, the async driver in a worker thread
 so that no lock wait and no fsync ever blocks the event loop.
 """
@@ -45,22 +45,6 @@ class Store(Protocol):
 
     def _release_lease(self, operation_id: str, *, owner: str) -> None: ...
 
-    def _claim_due(
-        self, *, owner: str, now: float, lease_until: float, limit: int
-    ) -> list[Operation]:
-        """Atomically lease up to ``limit`` pending operations that are due: status
-        'pending' AND lease_until <= now AND coalesce(not_before, 0) <= now, oldest
-        (created_at) first; sets lease_owner=owner, lease_until=lease_until,
-        updated_at=now; returns them with their attempts (like _find). PostgreSQL: one
-        statement using FOR UPDATE SKIP LOCKED. SQLite: one BEGIN IMMEDIATE transaction."""
-        ...
-
-    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
-        """Heartbeat: for each (operation_id, owner) whose row is pending and still leased
-        by owner, set lease_until = max(lease_until, given). Returns how many rows were
-        extended. One short transaction."""
-        ...
-
     def _settle(
         self,
         operation_id: str,
@@ -72,6 +56,24 @@ class Store(Protocol):
         response_headers: Sequence[tuple[str, str]] | None = None,
         response_body: bytes | None = None,
     ) -> bool: ...
+
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Atomically lease up to ``limit`` pending operations that are due.
+
+        Due: status 'pending' AND lease_until <= now AND coalesce(not_before, 0)
+        <= now, oldest (created_at) first; sets lease_owner=owner,
+        lease_until=lease_until, updated_at=now; returns them with their
+        attempts (like _find). N workers never claim one operation twice.
+        """
+        ...
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: for each (operation_id, owner) whose row is pending and still
+        leased by owner, set lease_until = greatest(lease_until, given). Returns how
+        many rows were extended. One short transaction."""
+        ...
 
     def operations(
         self,

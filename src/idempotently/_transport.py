@@ -408,7 +408,8 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         if self._httpx2_transport is not None:
             await self._httpx2_transport.aclose()
         if self._owns_journal:
-            self.journal.close()
+            # In a thread: closing a PostgreSQL journal's pool waits for its workers.
+            await anyio.to_thread.run_sync(self.journal.close)
 
 
 def _is_transport(transport: object, method: str) -> bool:

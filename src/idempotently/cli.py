@@ -79,7 +79,7 @@ F = TypeVar("F", bound=Callable[..., Any])
     default=DEFAULT_JOURNAL,
     show_default=True,
     metavar="PATH",
-    help="The journal file your Session writes.",
+    help="The journal your Session writes: a file, or a postgresql:// URL.",
 )
 @click.version_option(__version__, prog_name="idempotently")
 def cli(journal_path: str) -> None:
@@ -125,7 +125,7 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
             type=click.Path(dir_okay=False),
             default=None,
             metavar="PATH",
-            help="The journal file (same as the global --journal, given after the command).",
+            help="The journal (same as the global --journal, given after the command).",
         )(click.pass_context(wrapper))
         return decorated  # type: ignore[return-value]  # one parameter less than F
 
