@@ -1,4 +1,4 @@
-"""One command runner: `nox -s tests lint mypy` is what CI runs (see .ci/run)."""
+"""One command runner: `nox -s tests lint mypy docs` is what CI runs (see .ci/run)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 # A machine without some interpreter still runs what it can.
 nox.options.error_on_missing_interpreters = False
-nox.options.sessions = ["tests", "lint", "mypy"]
+nox.options.sessions = ["tests", "lint", "mypy", "docs"]
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
@@ -40,7 +40,14 @@ def mypy(session: nox.Session) -> None:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml), built with every warning an error."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", f"{session.create_tmp()}/site")
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against bare httpx on the same loopback server (not part of CI)."""
-    session.install("-e", ".[mock]")
+    session.install("-e", ".[mock,postgres]")
     session.run("python", "benchmarks/bench.py", *session.posargs)

@@ -1,13 +1,16 @@
 """Every throughput figure in one table: journaled against bare httpx, same server, same run.
 
-    python benchmarks/bench.py [--ops 2000] [--quick] [--skip-audit]      (nox -s bench)
+    python benchmarks/bench.py [--ops 2000] [--quick] [--skip-audit] [--skip-postgres]
+                                                                          (nox -s bench)
 
 Servers are uvicorn processes on 127.0.0.1 answering at once, after 1 ms (a
 LAN) or after 20 ms (a real API). Each row runs the bare httpx client and the
 journaled one on the same server, interleaved in rounds, and prints both
 ops/s, the journaled p50 and p99, and the ratio. The disk's median fsync time
 is measured first, in the same run. The audit rows come from
-``bench_journal.py`` on a cached 1,000,000-operation journal.
+``bench_journal.py`` on a cached 1,000,000-operation journal. The PostgreSQL
+rows journal to a throwaway local server (tests/postgres_server.py, fsync on,
+its data directory in $BENCH_DIR if set).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -31,6 +35,7 @@ from bench_post import PAYLOAD, Series, start_server, timed_async_batch, timed_b
 import idempotently
 
 PATH = "/v1/charges"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def fsync_median(directory: Path, samples: int = 200) -> float:
@@ -70,15 +75,21 @@ def row(name: str, bare: Series | None, journaled: Series) -> str:
 HEADER = f"{'':<46}{'ops/s':>9}{'bare':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
 
 
-def sync_rows(url: str, tmp: Path, ops: int, rounds: int, label: str) -> list[str]:
-    """One bare client, one Session per durability mode, interleaved."""
+def sync_rows(
+    url: str, tmp: Path, ops: int, rounds: int, label: str, store: str | None = None
+) -> list[str]:
+    """One bare client, one Session per durability mode, interleaved.
+
+    ``store`` is a PostgreSQL URL to journal to instead of a new SQLite file.
+    """
     lines = []
     bare = Series("bare")
     modes = {mode: Series(mode) for mode in ("fsync", "os")}
     with httpx.Client(base_url=url) as client:
         sessions = {
             mode: idempotently.Session(
-                idempotently.Journal(tmp / f"{uuid.uuid4()}.db", durability=mode), base_url=url
+                idempotently.Journal(store or tmp / f"{uuid.uuid4()}.db", durability=mode),
+                base_url=url,
             )
             for mode in modes
         }
@@ -103,7 +114,7 @@ def sync_rows(url: str, tmp: Path, ops: int, rounds: int, label: str) -> list[st
 
 
 async def async_pair(
-    url: str, journal: Path, ops: int, rounds: int, concurrency: int
+    url: str, journal: Path | str, ops: int, rounds: int, concurrency: int
 ) -> tuple[Series, Series]:
     bare, journaled = Series("bare"), Series("journaled")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -194,12 +205,41 @@ def resume_row(url: str, tmp: Path, count: int, concurrency: int) -> str:
     return row(f"resume, concurrency {concurrency} ({count} operations)", None, series)
 
 
+def postgres_rows(tmp: Path, ops: int, rounds: int, backend: str) -> None:
+    """The same rows with the journal in PostgreSQL (a local server, fsync on, in $BENCH_DIR)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.postgres_server import PostgresUnavailable, postgres_server
+
+    try:
+        # Not in tmp: as root the server runs as user postgres, who cannot enter it (0700).
+        parent = os.environ.get("BENCH_DIR")
+        with postgres_server(fsync=True, parent=Path(parent) if parent else None) as pg:
+            store = pg.new_database()
+            with server(0) as url:
+                for line in sync_rows(url, tmp, ops, rounds, "loopback, postgres", store):
+                    print(line, flush=True)
+                bare, journaled = anyio.run(
+                    async_pair, url, store, ops, rounds, 16, backend=backend
+                )
+                print(row("async c=16, loopback, postgres", bare, journaled), flush=True)
+            with server(20) as url:
+                bare, journaled = anyio.run(
+                    async_pair, url, store, ops, rounds, 16, backend=backend
+                )
+                print(row("async c=16, 20 ms latency, postgres", bare, journaled), flush=True)
+    except PostgresUnavailable as error:
+        print(f"postgres rows skipped: {error}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000, help="operations per series")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     parser.add_argument("--quick", action="store_true", help="a tenth of the operations")
     parser.add_argument("--skip-audit", action="store_true", help="leave out the audit rows")
+    parser.add_argument(
+        "--skip-postgres", action="store_true", help="leave out the PostgreSQL journal rows"
+    )
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     args = parser.parse_args()
     ops = args.ops // 10 if args.quick else args.ops
@@ -240,6 +280,8 @@ def main() -> None:
                 )
                 print(row(f"async c={concurrency}, 20 ms latency", bare, journaled), flush=True)
             print(threads_row(url, tmp, ops, args.rounds, 16, "20 ms latency"), flush=True)
+        if not args.skip_postgres:
+            postgres_rows(tmp, ops, args.rounds, args.backend)
     if not args.skip_audit:
         import bench_journal
 

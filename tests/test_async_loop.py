@@ -367,3 +367,33 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
     assert [("pending", None, 0.0)] * 8 == [
         (op.status, op.lease_owner, op.lease_until) for op in journaled
     ]
+
+
+@pytest.mark.anyio
+async def test_a_store_that_inserts_its_own_way_gets_every_batched_key_through_it(
+    tmp_path: Path,
+) -> None:
+    """A Journal subclass overriding _insert_operation (another store) receives each key
+    of a batch through its own method, never straight into SQLite."""
+    seen: list[str] = []
+
+    class Tracing(idempotently.Journal):
+        def _insert_operation(self, new: Any, *, owner: str, lease_until: float) -> bool:
+            seen.append(new.operation_id)
+            return super()._insert_operation(new, owner=owner, lease_until=lease_until)
+
+    journal = Tracing(tmp_path / "journal.db", durability="os")
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(201)
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(lambda n=n: s.post(URL, json={"n": n}))
+        counts = journal.counts()
+    assert 8 == len(set(seen))
+    assert 8 == counts["succeeded"]

@@ -20,6 +20,7 @@ import idempotently
 from idempotently import cli as cli_module
 from idempotently._cli_durations import format_duration, parse_duration
 from idempotently.cli import cli
+from tests.postgres_server import PostgresServer
 from tests.scripted_server import Answer, ScriptedApp
 from tests.support import FakeTime
 
@@ -46,7 +47,7 @@ def fake_api(request: httpx.Request) -> httpx.Response:
     return ANSWERS[request.url.path](request)
 
 
-def journal_with(path: Path, *kinds: str, age: float = HOUR) -> Path:
+def journal_with(path: Path | str, *kinds: str, age: float = HOUR) -> Path | str:
     """A journal holding one operation per kind (`ok`, `bad`, `timeout`, ...), `age` seconds old.
 
     The operation id is the kind; the session carried a secret Authorization header.
@@ -72,9 +73,15 @@ ALL_KINDS = ("ok", "bad", "binary", "timeout", "reconcile", "later")
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> Path:
-    """A journal with one operation of every kind, created an hour ago."""
-    return journal_with(tmp_path / "journal.db", *ALL_KINDS)
+def journal(journal_target: str) -> str:
+    """A journal with one operation of every kind, created an hour ago (on each store)."""
+    return str(journal_with(journal_target, *ALL_KINDS))
+
+
+@pytest.fixture
+def sqlite_journal(tmp_path: Path) -> str:
+    """The same journal in an SQLite file, for tests that edit the file behind its back."""
+    return str(journal_with(tmp_path / "journal.db", *ALL_KINDS))
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -90,7 +97,7 @@ def run_json(*args: str) -> Any:
 # -- list --------------------------------------------------------------------------
 
 
-def test_list_json_has_the_documented_fields(journal: Path) -> None:
+def test_list_json_has_the_documented_fields(journal: str) -> None:
     """`list --json` prints one object per operation with every promised field."""
     rows = run_json("--journal", str(journal), "list")
     assert list(reversed(ALL_KINDS)) == [row["operation_id"] for row in rows]
@@ -124,7 +131,7 @@ def test_list_json_has_the_documented_fields(journal: Path) -> None:
     assert by_id["ok"]["created_at"].endswith("+00:00")
 
 
-def test_list_table_is_aligned_newest_first(journal: Path) -> None:
+def test_list_table_is_aligned_newest_first(journal: str) -> None:
     """People get one aligned row per operation, newest first, with ages."""
     result = run("--journal", str(journal), "list")
     assert 0 == result.exit_code
@@ -159,14 +166,14 @@ def test_list_filters_by_status_since_and_limit(tmp_path: Path) -> None:
     assert [] == ids("--since", "0s")
 
 
-def test_list_rejects_an_unknown_status(journal: Path) -> None:
+def test_list_rejects_an_unknown_status(journal: str) -> None:
     """An unknown --status is a usage error (exit 2) naming the accepted ones."""
     result = run("--journal", str(journal), "list", "--status", "done")
     assert 2 == result.exit_code
     assert "needs_reconcile" in result.stderr
 
 
-def test_journal_option_after_the_command_and_env_var(journal: Path, tmp_path: Path) -> None:
+def test_journal_option_after_the_command_and_env_var(journal: str, tmp_path: Path) -> None:
     """IDEMPOTENTLY_JOURNAL is the default path; --journal after the command also works."""
     by_env = run("list", "--json", env={"IDEMPOTENTLY_JOURNAL": str(journal)})
     assert 0 == by_env.exit_code
@@ -181,7 +188,7 @@ def test_journal_option_after_the_command_and_env_var(journal: Path, tmp_path: P
 # -- show --------------------------------------------------------------------------
 
 
-def test_show_json_has_every_attempt_and_the_bodies(journal: Path) -> None:
+def test_show_json_has_every_attempt_and_the_bodies(journal: str) -> None:
     """`show --json` prints the operation, its attempts, and both bodies decoded."""
     shown = run_json("--journal", str(journal), "show", "ok")
     assert "succeeded" == shown["status"]
@@ -201,7 +208,7 @@ def test_show_json_has_every_attempt_and_the_bodies(journal: Path) -> None:
     assert "authorization" not in header_names
 
 
-def test_show_finds_an_operation_by_key(journal: Path) -> None:
+def test_show_finds_an_operation_by_key(journal: str) -> None:
     """The argument may be the idempotency key instead of the operation id."""
     key = run_json("--journal", str(journal), "show", "timeout")["key"]
     shown = run_json("--journal", str(journal), "show", key)
@@ -210,7 +217,7 @@ def test_show_finds_an_operation_by_key(journal: Path) -> None:
     assert "ReadTimeout" in shown["history"][0]["error"]
 
 
-def test_show_for_people_lists_attempts_and_pretty_bodies(journal: Path) -> None:
+def test_show_for_people_lists_attempts_and_pretty_bodies(journal: str) -> None:
     """The human form has the attempt table and pretty-printed JSON bodies."""
     result = run("--journal", str(journal), "show", "bad")
     assert 0 == result.exit_code
@@ -221,14 +228,15 @@ def test_show_for_people_lists_attempts_and_pretty_bodies(journal: Path) -> None
     assert '"error": "amount must be positive"' in out
 
 
-def test_show_binary_body_as_base64_or_a_count(journal: Path) -> None:
+def test_show_binary_body_as_base64_or_a_count(journal: str) -> None:
     """A body that is not UTF-8 is base64 in JSON and a byte count for people."""
     shown = run_json("--journal", str(journal), "show", "binary")
     assert {"size": 4, "base64": "//4AAQ=="} == shown["response_body"]
     assert "4 bytes of binary data" in run("--journal", str(journal), "show", "binary").stdout
 
 
-def test_show_never_prints_secret_headers_even_if_journaled(journal: Path) -> None:
+def test_show_never_prints_secret_headers_even_if_journaled(sqlite_journal: str) -> None:
+    journal = sqlite_journal
     """A journal written by something else may hold secrets: show still hides them."""
     conn = sqlite3.connect(journal)
     with conn:
@@ -244,14 +252,14 @@ def test_show_never_prints_secret_headers_even_if_journaled(journal: Path) -> No
         assert "[redacted]" in result.output
 
 
-def test_show_unknown_operation_exits_1(journal: Path) -> None:
+def test_show_unknown_operation_exits_1(journal: str) -> None:
     """An unknown id or key: exit 1, saying what was looked for and where."""
     result = run("--journal", str(journal), "show", "nope")
     assert 1 == result.exit_code
     assert f"no operation or key 'nope' in {journal}" in result.stderr
 
 
-def test_no_command_output_contains_the_session_secret(journal: Path) -> None:
+def test_no_command_output_contains_the_session_secret(journal: str) -> None:
     """The Authorization the session carried appears in no command's output."""
     commands = [
         ("list",),
@@ -273,7 +281,7 @@ def test_no_command_output_contains_the_session_secret(journal: Path) -> None:
 # -- stats -------------------------------------------------------------------------
 
 
-def test_stats_json_keys_and_counts(journal: Path) -> None:
+def test_stats_json_keys_and_counts(journal: str) -> None:
     """`stats --json`: every status counted (zeros included), rates, stuck, oldest pending."""
     stats = run_json("--journal", str(journal), "stats")
     assert {
@@ -301,7 +309,7 @@ def test_stats_json_keys_and_counts(journal: Path) -> None:
     assert 1 == stats["stuck"]
 
 
-def test_stats_for_people(journal: Path) -> None:
+def test_stats_for_people(journal: str) -> None:
     """The human form names each count and rate."""
     out = run("--journal", str(journal), "stats").stdout
     for word in ("needs_reconcile", "replay rate", "409 rate", "retries/op", "oldest pending"):
@@ -410,7 +418,7 @@ def test_resume_with_nothing_to_do(tmp_path: Path) -> None:
         ("Authorization=IDEMPOTENTLY_TEST_UNSET_VAR", "IDEMPOTENTLY_TEST_UNSET_VAR is not set"),
     ],
 )
-def test_resume_header_env_usage_errors(journal: Path, value: str, message: str) -> None:
+def test_resume_header_env_usage_errors(journal: str, value: str, message: str) -> None:
     """A --header-env without '=' or naming an unset variable is a usage error (exit 2)."""
     os.environ.pop("IDEMPOTENTLY_TEST_UNSET_VAR", None)
     result = run("--journal", str(journal), "resume", "--header-env", value)
@@ -418,7 +426,7 @@ def test_resume_header_env_usage_errors(journal: Path, value: str, message: str)
     assert message in result.stderr
 
 
-def test_resume_rejects_a_base_url_that_is_not_http(journal: Path) -> None:
+def test_resume_rejects_a_base_url_that_is_not_http(journal: str) -> None:
     """--base-url must be an http(s) origin (exit 2)."""
     assert 2 == run("--journal", str(journal), "resume", "--base-url", "ftp://x").exit_code
 
@@ -439,7 +447,7 @@ def test_resume_progress_bar_on_a_terminal(
 # -- prune -------------------------------------------------------------------------
 
 
-def test_prune_deletes_only_finished_operations(journal: Path) -> None:
+def test_prune_deletes_only_finished_operations(journal: str) -> None:
     """prune deletes succeeded/failed operations; pending and needs_reconcile stay."""
     result = run("--journal", str(journal), "prune", "--older-than", "30m")
     assert 0 == result.exit_code
@@ -450,7 +458,7 @@ def test_prune_deletes_only_finished_operations(journal: Path) -> None:
     assert {"timeout": "pending", "later": "pending", "reconcile": "needs_reconcile"} == left
 
 
-def test_prune_dry_run_and_window(journal: Path) -> None:
+def test_prune_dry_run_and_window(journal: str) -> None:
     """--dry-run deletes nothing; a window longer than the operations' age deletes nothing."""
     dry = run("--journal", str(journal), "prune", "--older-than", "0s", "--dry-run")
     assert "would delete 3 finished operations" in dry.stdout
@@ -460,7 +468,7 @@ def test_prune_dry_run_and_window(journal: Path) -> None:
     )
 
 
-def test_prune_requires_older_than(journal: Path) -> None:
+def test_prune_requires_older_than(journal: str) -> None:
     """--older-than has no default: deleting history is always an explicit choice."""
     assert 2 == run("--journal", str(journal), "prune").exit_code
 
@@ -496,7 +504,7 @@ def test_formatted_durations_read_back(seconds: int) -> None:
 
 
 @pytest.mark.parametrize("text", ["", "7x", "d", "-5s", "-5", "1h-30m", "inf", "nan", "1.2.3s"])
-def test_bad_duration_is_a_usage_error(journal: Path, text: str) -> None:
+def test_bad_duration_is_a_usage_error(journal: str, text: str) -> None:
     """A duration that does not parse: exit 2, saying the accepted forms."""
     result = run("--journal", str(journal), "list", "--since", text)
     assert 2 == result.exit_code
@@ -541,7 +549,8 @@ def test_corrupt_journal_is_a_clear_error(tmp_path: Path) -> None:
     assert garbage == path.read_bytes()
 
 
-def test_newer_journal_says_upgrade(journal: Path) -> None:
+def test_newer_journal_says_upgrade(sqlite_journal: str) -> None:
+    journal = sqlite_journal
     """A journal from a newer version: exit 1, says to upgrade, file not rewritten."""
     conn = sqlite3.connect(journal)
     conn.execute("PRAGMA user_version = 99")
@@ -555,3 +564,43 @@ def test_newer_journal_says_upgrade(journal: Path) -> None:
     assert 99 == conn.execute("PRAGMA user_version").fetchone()[0]
     assert len(ALL_KINDS) == conn.execute("SELECT count(*) FROM operations").fetchone()[0]
     conn.close()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_no_command_prints_the_password_of_a_postgres_url(
+    postgres: PostgresServer, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """--journal and IDEMPOTENTLY_JOURNAL take a URL; its password is never on screen."""
+    app, url = scripted
+    database = postgres.new_database().rsplit("/", 1)[1]
+    secret_url = postgres.url(database, password="pg-pass-123")
+    journal_with(secret_url, *ALL_KINDS)
+    shown = postgres.url(database, password="***")
+    commands: list[tuple[str, ...]] = [
+        ("list",),
+        ("list", "--status", "abandoned"),
+        ("stats", "--json"),
+        ("stats", "--fail-on-stuck", "--stuck-after", "0s"),
+        ("show", "ok", "--json"),
+        ("show", "nope"),
+        ("prune", "--older-than", "7d"),
+        ("resume", "--dry-run"),
+    ]
+    outputs = []
+    for args in commands:
+        outputs.append(run("--journal", secret_url, *args))
+        outputs.append(run(*args, env={"IDEMPOTENTLY_JOURNAL": secret_url}))
+    app.answer(Answer(201), Answer(201))
+    resumed = run("--journal", secret_url, "resume", "--base-url", url)
+    missing = run("--journal", postgres.url("no_such_db", password="pg-pass-123"), "list")
+
+    for result in [*outputs, resumed, missing]:
+        assert "pg-pass-123" not in result.stdout + result.stderr
+    assert "resumed 2 operations: 1 succeeded, 1 waiting" in resumed.stdout, resumed.output
+    assert f"{shown} has 1 pending" in resumed.stderr
+    assert f"no operations in {shown} match" in outputs[2].stdout
+    assert shown == json.loads(outputs[4].stdout)["journal"]
+    assert 1 == missing.exit_code and "createdb" in missing.stderr

@@ -73,8 +73,9 @@ def path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def journal(path: Path) -> Iterator[Journal]:
-    with Journal(path) as opened:
+def journal(journal_target: str) -> Iterator[Journal]:
+    """A new journal on each store (SQLite file, PostgreSQL database)."""
+    with Journal(journal_target) as opened:
         yield opened
 
 
@@ -106,15 +107,16 @@ def test_the_wal_file_is_private_too(path: Path) -> None:
         os.umask(previous)
 
 
-def test_journal_is_in_wal_mode(journal: Journal, path: Path) -> None:
+def test_journal_is_in_wal_mode(path: Path) -> None:
     """The journal runs in WAL mode, persistently (seen from another connection)."""
+    Journal(path).close()
     with contextlib.closing(sqlite3.connect(path)) as other:
         assert "wal" == other.execute("PRAGMA journal_mode").fetchone()[0]
 
 
-def test_reopening_keeps_the_data(path: Path) -> None:
+def test_reopening_keeps_the_data(journal_target: str) -> None:
     """Closing and reopening a journal keeps every operation and attempt."""
-    with Journal(path) as journal:
+    with Journal(journal_target) as journal:
         insert(journal, new_operation())
         journal._record_attempt(
             "op-1",
@@ -122,7 +124,7 @@ def test_reopening_keeps_the_data(path: Path) -> None:
             now=NOW,
         )
 
-    with Journal(path) as reopened:
+    with Journal(journal_target) as reopened:
         operation = reopened.operation("op-1")
 
     assert operation is not None
@@ -580,9 +582,9 @@ def test_threads_share_one_journal(journal: Journal) -> None:
     assert 200 == journal.counts()["pending"]
 
 
-def test_two_journals_on_one_file_lose_nothing(path: Path) -> None:
-    """Two Journal objects on one file (as two processes) both write; every row is there."""
-    first, second = Journal(path), Journal(path)
+def test_two_journals_on_one_file_lose_nothing(journal_target: str) -> None:
+    """Two Journal objects on one store (as two processes) both write; every row is there."""
+    first, second = Journal(journal_target), Journal(journal_target)
     try:
 
         def work(journal: Journal, name: str) -> None:
@@ -612,9 +614,9 @@ def test_two_journals_on_one_file_lose_nothing(path: Path) -> None:
         second.close()
 
 
-def test_two_journals_race_for_one_operation(path: Path) -> None:
+def test_two_journals_race_for_one_operation(journal_target: str) -> None:
     """Two openers inserting the same operation id: exactly one insert wins."""
-    with Journal(path) as first, Journal(path) as second:
+    with Journal(journal_target) as first, Journal(journal_target) as second:
         results = [insert(first, new_operation("op-1")), insert(second, new_operation("op-1"))]
 
     assert [True, False] == results

@@ -697,16 +697,18 @@ def test_audits_never_scan_a_table_or_sort_it(
 @pytest.mark.parametrize(
     "cutoff", [NOW - 1, NOW, NOW + 0.5, NOW + 3, NOW + 7, NOW + 9, NOW + 9.5, NOW + 20]
 )
-def test_the_prune_dry_run_counts_exactly_on_either_side(path: Path, cutoff: float) -> None:
+def test_the_prune_dry_run_counts_exactly_on_either_side(
+    journal_target: str, cutoff: float
+) -> None:
     """The dry run's count equals the rows a prune deletes, wherever the window falls."""
-    with Journal(path) as journal:
+    expected = sum(NOW + number < cutoff for number in range(10))
+    with Journal(journal_target) as journal:
         finished_operations(journal, 10)  # idle since NOW, NOW + 1, ... NOW + 9
         insert(journal, new_operation("pending", created_at=NOW - 100))
 
-        assert prunable(journal._conn, cutoff) == journal.prune(
-            older_than=0, now=cutoff, dry_run=True
-        )
-        assert prunable(journal._conn, cutoff) == journal.prune(older_than=0, now=cutoff)
+        assert expected == journal.prune(older_than=0, now=cutoff, dry_run=True)
+        assert expected == journal.prune(older_than=0, now=cutoff)
+        assert 10 - expected + 1 == len(journal.operations())
 
 
 @contextlib.contextmanager

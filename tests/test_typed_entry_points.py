@@ -54,6 +54,9 @@ BAD_OPTIONS: list[tuple[str, Any, type[Exception]]] = [
     ("fingerprint_headers", "X-Account", TypeError),
     ("clock", 1_800_000_000.0, TypeError),
     ("sleep", 0.1, TypeError),
+    ("hooks", print, TypeError),  # one hook, not a list of them
+    ("hooks", [42], TypeError),
+    ("hooks", "log", TypeError),
 ]
 
 

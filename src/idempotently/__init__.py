@@ -7,6 +7,13 @@ before the first byte is sent, reused on every attempt and after a crash.
 from __future__ import annotations
 
 from idempotently import profiles
+from idempotently._events import (
+    AttemptFinished,
+    Event,
+    OperationFinished,
+    OperationStarted,
+    RetryScheduled,
+)
 from idempotently._exceptions import (
     IdempotentlyError,
     InvalidKeyError,
@@ -37,6 +44,8 @@ __all__ = [
     "AsyncSession",
     "AsyncTransport",
     "Attempt",
+    "AttemptFinished",
+    "Event",
     "IdempotentlyError",
     "InvalidKeyError",
     "Journal",
@@ -51,13 +60,16 @@ __all__ = [
     "NeedsReconcileError",
     "Operation",
     "OperationAbandonedError",
+    "OperationFinished",
     "OperationInProgressError",
     "OperationPendingError",
+    "OperationStarted",
     "Receipt",
     "RequestNotSentError",
     "ResumeResult",
     "RetryLaterError",
     "RetryPolicy",
+    "RetryScheduled",
     "ServerProfile",
     "Session",
     "Settlement",

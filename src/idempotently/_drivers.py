@@ -22,11 +22,14 @@ import anyio.lowlevel
 import anyio.to_thread
 import httpx
 
+from idempotently._events import adeliver, deliver
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._flow import Flow, Held
 from idempotently._group_commit import Failed
+from idempotently._heartbeat import heartbeat_for
 from idempotently._store import (
     Command,
+    Emit,
     Insert,
     Reconcile,
     Record,
@@ -64,7 +67,8 @@ def run(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    reply = send(command.request)
+                    with heartbeat_for(store).holding(command.lease):
+                        reply = send(command.request)
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):
@@ -73,6 +77,9 @@ def run(
                 reply = reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
+            elif isinstance(command, Emit):
+                deliver(command.event, command.hooks)
+                reply = None
             else:
                 reply = _with_ids(command, command.run, store)
                 if isinstance(command, Record):
@@ -110,7 +117,8 @@ async def arun(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    reply = await send(command.request)
+                    with heartbeat_for(store).holding(command.lease):
+                        reply = await send(command.request)
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):
@@ -125,6 +133,9 @@ async def arun(
                 reply = await reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
+            elif isinstance(command, Emit):
+                await adeliver(command.event, command.hooks)
+                reply = None
             else:
                 # Not abandoned on cancellation: the write completes, then the
                 # cancellation is delivered here, before anything is sent.

@@ -18,12 +18,22 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal, TypeVar
 
 import attrs
 import httpx
 
+from idempotently._events import (
+    AsyncHook,
+    AttemptFinished,
+    Event,
+    OperationFinished,
+    OperationStarted,
+    RetryScheduled,
+    log,
+)
 from idempotently._exceptions import (
     RESUME_HINT,
     ErrorContext,
@@ -60,8 +70,10 @@ from idempotently._policy import (
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._store import (
     Command,
+    Emit,
     Find,
     Insert,
+    Lease,
     Queue,
     Reconcile,
     Record,
@@ -99,7 +111,39 @@ EXTENSION = "idempotently"
 _FIRST_POLL = 0.01
 _MAX_POLL = 0.25
 
-_HOST = socket.gethostname()
+HOST_ID_ENVVAR = "IDEMPOTENTLY_HOST_ID"
+MAX_HOST_ID_LENGTH = 128
+
+
+def check_host_id(host_id: object) -> str:
+    """A valid host identity (what lease owners start with), or a ValueError saying why not."""
+    if not isinstance(host_id, str):
+        raise TypeError(f"host_id must be a str (e.g. 'worker-3'), not {type(host_id).__name__}")
+    if not host_id or len(host_id) > MAX_HOST_ID_LENGTH:
+        raise ValueError(
+            f"host_id must be 1 to {MAX_HOST_ID_LENGTH} characters, not {len(host_id)}"
+        )
+    if ":" in host_id or not host_id.isprintable() or host_id != host_id.strip():
+        raise ValueError(
+            f"host_id {host_id[:60]!r} must be printable, without ':' or surrounding spaces "
+            "(e.g. the pod or machine name)"
+        )
+    return host_id
+
+
+def default_host_id() -> str:
+    """``$IDEMPOTENTLY_HOST_ID`` if set (checked), else this machine's hostname."""
+    configured = os.environ.get(HOST_ID_ENVVAR)
+    if configured is not None:
+        try:
+            return check_host_id(configured)
+        except ValueError as error:
+            raise ValueError(f"{HOST_ID_ENVVAR}: {error}") from None
+    host = socket.gethostname().replace(":", "_")[:MAX_HOST_ID_LENGTH]
+    return host if host and host.isprintable() else "localhost"
+
+
+_HOST = socket.gethostname().replace(":", "_")[:MAX_HOST_ID_LENGTH] or "localhost"
 
 RECONCILE_HINT = (
     "it will not be resent: look the object up on the server and settle it with "
@@ -200,15 +244,14 @@ class Held:
 
     def take(self, operation_id: str, owner: str) -> None:
         """This flow is about to hold (or try to take) the operation's lease as ``owner``."""
-        with _IN_FLIGHT_LOCK:
-            _IN_FLIGHT.add(owner)
+        mark_in_flight(owner)
         self.owners.append(owner)
         self.lease = (operation_id, owner)
 
     def end(self) -> None:
         """The flow has ended: its owners are no longer in flight."""
-        with _IN_FLIGHT_LOCK:
-            _IN_FLIGHT.difference_update(self.owners)
+        for owner in self.owners:
+            unmark_in_flight(owner)
         self.owners.clear()
 
     def recorded(self, record: Record) -> None:
@@ -315,23 +358,37 @@ def check_timeouts(request: httpx.Request) -> None:
             raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
 
 
-def new_lease_owner() -> str:
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+def new_lease_owner(host_id: str = _HOST) -> str:
+    return f"{host_id}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-# The lease owners of this process's flows that are running now. A lease held by
-# one of them is live even past its lease_until (a long attempt in flight); one
+# The lease owners of this process's flows that are running now (counted: a resume
+# worker's owner is shared by the flows of the operations it claimed). A lease held
+# by one of them is live even past its lease_until (a long attempt in flight); one
 # of this process's owners that is not here belongs to a flow that has ended.
-_IN_FLIGHT: set[str] = set()
+_IN_FLIGHT: Counter[str] = Counter()
 _IN_FLIGHT_LOCK = threading.Lock()
 
 
-def lease_owner_alive(owner: str) -> bool:
+def mark_in_flight(owner: str) -> None:
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[owner] += 1
+
+
+def unmark_in_flight(owner: str) -> None:
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[owner] -= 1
+        if _IN_FLIGHT[owner] <= 0:
+            del _IN_FLIGHT[owner]
+
+
+def lease_owner_alive(owner: str, host_id: str = _HOST) -> bool:
     """False only when the owner is provably gone: a dead process on this host, or a
-    flow of this process that has ended."""
+    flow of this process that has ended. An owner of another host id (even another
+    process on this machine with another ``host_id``) is alive until its lease expires."""
     host, _, rest = owner.partition(":")
     pid_text = rest.partition(":")[0]
-    if host != _HOST or not pid_text.isdigit():
+    if host != host_id or not pid_text.isdigit():
         return True
     pid = int(pid_text)
     if pid == os.getpid():
@@ -365,6 +422,20 @@ class Engine:
     key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN
     namespace: uuid.UUID | None = None
     """The journal's own namespace: a named operation's key is derived from it."""
+    host_id: str = _HOST
+    """This host's identity: lease owners are ``host_id:pid:token``; the pid of an owner
+    is checked only when its host id is this one."""
+
+    def new_owner(self) -> str:
+        """A new lease owner of this engine's host."""
+        return new_lease_owner(self.host_id)
+
+    def lease(self, operation_id: str, owner: str) -> Lease:
+        """What a heartbeat needs to keep ``owner``'s lease on the operation alive."""
+        return Lease(operation_id, owner, self.lease_duration, self.clock)
+
+    hooks: tuple[AsyncHook, ...] = ()
+    """Called with every event (``_events.py``), through the driver."""
 
     # -- one call ------------------------------------------------------------------------
 
@@ -399,12 +470,6 @@ class Engine:
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
                 if (yield Insert(new, owner, now + self.lease_duration)):
-                    logger.debug(
-                        "operation %s: key %s journaled",
-                        new.operation_id,
-                        new.key,
-                        extra=_fields(new.operation_id, new.key, event="journaled"),
-                    )
                     state = CallState(
                         started_at=started, deadline_at=call.deadline_at, delivery=call.delivery
                     )
@@ -424,7 +489,7 @@ class Engine:
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
                 raise _blocker_error(operation, blocker[0], blocker[1])
-            owner = new_lease_owner()
+            owner = self.new_owner()
             now = self.clock()
             if blocker is None:
                 held.take(operation.operation_id, owner)
@@ -471,7 +536,7 @@ class Engine:
             key_expires_at=now + self.profile.key_lifetime,
             deadline_at=call.deadline_at,
         )
-        return new, new_lease_owner()
+        return new, self.new_owner()
 
     def key_for(self, operation_id: str | None) -> str:
         """A new operation's key: derived for a named operation, random otherwise.
@@ -566,6 +631,18 @@ class Engine:
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
+        began = self.clock()
+        yield from self._emit(
+            OperationStarted(
+                operation_id=operation_id,
+                key=key,
+                method=request.method,
+                delivery=state.delivery,
+                resuming=state.resuming,
+                attempts=attempts,
+                at=began,
+            )
+        )
         while True:
             started = self.clock()
             held.interrupted = Record(
@@ -586,7 +663,7 @@ class Engine:
                 started,
                 owner,
             )
-            reply = yield Send(request)
+            reply = yield Send(request, None if owner is None else self.lease(operation_id, owner))
             now = self.clock()
             attempts += 1
             response = reply if isinstance(reply, httpx.Response) else None
@@ -635,29 +712,54 @@ class Engine:
                         replayed_locally=False,
                     ),
                 }
-            (logger.info if retrying else logger.debug)(
-                "operation %s (key %s) attempt %d: %s -> %s%s",
-                operation_id,
-                key,
-                attempts,
-                decision.reason,
-                action,
-                f" in {decision.wait:.3f}s" if retrying else "",
-                extra=_fields(
-                    operation_id,
-                    key,
-                    event="attempt",
+            yield from self._emit(
+                AttemptFinished(
+                    operation_id=operation_id,
+                    key=key,
                     attempt=attempts,
                     outcome=signal.outcome,
                     status_code=record.status_code,
+                    replayed=record.replayed,
+                    error=record.error,
                     action=action,
-                    wait=decision.wait,
-                ),
+                    status=record.status,
+                    started_at=started,
+                    elapsed=now - started,
+                )
             )
             if retrying:
+                yield from self._emit(
+                    RetryScheduled(
+                        operation_id=operation_id,
+                        key=key,
+                        attempt=attempts,
+                        wait=decision.wait,
+                        reason=decision.reason,
+                    )
+                )
                 yield Sleep(decision.wait)
                 continue
+            yield from self._emit(
+                OperationFinished(
+                    operation_id=operation_id,
+                    key=key,
+                    status=record.status,
+                    action=action,
+                    reason=decision.reason,
+                    attempts=attempts,
+                    status_code=record.status_code,
+                    replayed=record.replayed,
+                    not_before=decision.not_before,
+                    elapsed=now - began,
+                )
+            )
             return End(operation_id, key, decision, attempts, response, error)
+
+    def _emit(self, event: Event) -> Flow[None]:
+        """Log ``event``; hand it to the hooks, if there are any (through the driver)."""
+        log(event)
+        if self.hooks:
+            yield Emit(event, self.hooks)
 
     def _state_of(self, operation: Operation, started: float, *, resuming: bool) -> CallState:
         """A new call's state, from what the journal knows of the operation's attempts."""
@@ -682,15 +784,18 @@ class Engine:
     # -- what stops a pending operation ---------------------------------------------------
 
     def blocker(
-        self, operation: Operation, *, resuming: bool = False
+        self, operation: Operation, *, resuming: bool = False, claimed_by: str | None = None
     ) -> tuple[Blocker, str] | None:
-        """Why a pending operation cannot be sent now, and the reason; None if it can."""
+        """Why a pending operation cannot be sent now, and the reason; None if it can.
+
+        A lease held by ``claimed_by`` (a resume worker's claim) is no blocker."""
         now = self.clock()
         owner = operation.lease_owner
         if (
             owner is not None
+            and owner != claimed_by
             and (operation.lease_until > now or in_flight(owner))
-            and lease_owner_alive(owner)
+            and lease_owner_alive(owner, self.host_id)
         ):
             return "leased", (
                 f"another caller ({owner}) is sending this operation; "
@@ -785,14 +890,18 @@ class Engine:
         dry_run: bool,
         base_url: str | None,
         reconciling: bool,
+        claimed_by: str | None = None,
     ) -> Flow[ResumeResult]:
         """Resume one operation of the queue (read again first): send, wait, settle or
-        plan it, report the result and return it."""
+        plan it, report the result and return it.
+
+        ``claimed_by``: the owner that leased it for this resume (a resume worker's
+        claim); that lease is its own, renewed by compare-and-swap, not raced for."""
         operation = (yield Find(listed.operation_id, None)) or listed
         if dry_run:
             result = self.plan(operation)
         else:
-            result = yield from self._resume_one(operation, build, held, base_url)
+            result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
             if reconciling and result.status == "needs_reconcile":
                 current = (yield Find(operation.operation_id, None)) or operation
                 settlement = yield Reconcile(current)
@@ -817,11 +926,20 @@ class Engine:
         return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
 
     def _resume_one(
-        self, operation: Operation, build: BuildRequest, held: Held, base_url: str | None
+        self,
+        operation: Operation,
+        build: BuildRequest,
+        held: Held,
+        base_url: str | None,
+        claimed_by: str | None = None,
     ) -> Flow[ResumeResult]:
         if operation.status != "pending":
             return ResumeResult.of(operation, operation.status, "skipped", operation.reason)
-        blocked = self.blocker(operation, resuming=True)
+        claimed = claimed_by is not None and operation.lease_owner == claimed_by
+        if claimed_by is not None and claimed:
+            # Ours: whatever ends this flow early releases it (a blocker's SetStatus does too).
+            held.take(operation.operation_id, claimed_by)
+        blocked = self.blocker(operation, resuming=True, claimed_by=claimed_by)
         if blocked is not None:
             kind, reason = blocked
             status = yield from self._apply_blocker(operation, kind, reason)
@@ -836,7 +954,9 @@ class Engine:
                 f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
                 f"its state; see `idempotently show {operation.operation_id}`",
             )
-        owner = new_lease_owner()
+        # A claimed lease is renewed by the same compare-and-swap on the row just read:
+        # it fails only if the claim expired and another caller took the operation.
+        owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
         now = self.clock()
         held.take(operation.operation_id, owner)
         if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
@@ -980,11 +1100,6 @@ def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> Idempote
 
 def _ids(operation: Operation) -> ErrorContext:
     return {"operation_id": operation.operation_id, "key": operation.key}
-
-
-def _fields(operation_id: str, key: str, **fields: Any) -> dict[str, Any]:
-    """Log record fields (``extra=``): structured logging reads them by name."""
-    return {"idempotently": {"operation_id": operation_id, "key": key, **fields}}
 
 
 def _iso(timestamp: float) -> str:

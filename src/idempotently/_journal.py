@@ -6,7 +6,7 @@ before the first attempt; with ``"os"`` it is committed before the first
 attempt but left to the OS to write back. Every later write (attempt rows,
 completion, leases) commits with ``synchronous=NORMAL``: losing one to a power
 cut only means a resume gets a replay from the server, which the key makes
-harmless. See docs/journal.md.
+harmless. See https://idempotently.readthedocs.io/en/latest/journal/
 
 Audits stay fast on large journals without scanning them: triggers keep the
 counts per status and per kind of attempt in one row, a partial index holds
@@ -44,6 +44,9 @@ from idempotently._exceptions import (
 )
 from idempotently._group_commit import Failed, GroupCommit
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
+
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""A journal path starting with one of these is a PostgreSQL URL (see _postgres.py)."""
 
 MAX_LIMIT = 2**63 - 1
 """SQLite's largest integer: the largest ``limit`` a listing takes."""
@@ -516,7 +519,17 @@ class Journal:
     """The local record of every operation, its key and its attempts.
 
     Safe to share between threads; several processes may open the same file.
+    A ``postgresql://`` (or ``postgres://``) URL opens a journal in that
+    PostgreSQL database instead (``pip install 'idempotently[postgres]'``).
     """
+
+    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Journal:
+        """A PostgreSQL journal for a ``postgresql://`` URL, so ``isinstance(x, Journal)`` holds."""
+        if cls is Journal and isinstance(path, str) and path.startswith(_POSTGRES_SCHEMES):
+            from idempotently._postgres import PostgresJournal
+
+            return super().__new__(PostgresJournal)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -539,7 +552,7 @@ class Journal:
         row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
-        journal's cost per call (docs/performance.md).
+        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -907,6 +920,18 @@ class Journal:
         :meth:`_insert_operation` returns, or a :class:`Failed` with the error it
         would raise.
         """
+        own_insert = type(self)._insert_operation is Journal._insert_operation
+        if not own_insert or "_insert_operation" in vars(self):
+            # A subclass (another store) or a wrapper inserts its own way: one at a time.
+            outcomes: list[bool | Failed] = []
+            for new, owner, lease_until in items:
+                try:
+                    outcomes.append(
+                        self._insert_operation(new, owner=owner, lease_until=lease_until)
+                    )
+                except Exception as error:
+                    outcomes.append(Failed(error))
+            return outcomes
         self._check_still_there()
         if self.durability == "fsync":
             return self._durable_inserts.submit_many(items)
@@ -1090,6 +1115,58 @@ class Journal:
                 "WHERE operation_id = ? AND lease_owner = ?",
                 (operation_id, owner),
             )
+
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Lease up to ``limit`` due pending operations to ``owner``, oldest first.
+
+        Due: pending, its lease expired (``lease_until <= now``) and its
+        ``not_before`` passed. One ``BEGIN IMMEDIATE`` transaction: two workers
+        (threads or processes) never claim one operation.
+        """
+        self._check_still_there()
+        with self._write() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    """
+                    SELECT operation_id FROM operations
+                    WHERE status = 'pending' AND lease_until <= ?
+                      AND coalesce(not_before, 0) <= ?
+                    ORDER BY created_at, operation_id LIMIT ?
+                    """,
+                    (now, now, limit),
+                )
+            ]
+            conn.executemany(
+                "UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ? "
+                "WHERE operation_id = ?",
+                [(owner, lease_until, now, operation_id) for operation_id in ids],
+            )
+            claimed = []
+            for operation_id in ids:
+                rows = self._query(
+                    "SELECT * FROM operations WHERE operation_id = ?", (operation_id,)
+                )
+                claimed.append(self._with_attempts(rows[0]))
+            return claimed
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: push ``lease_until`` forward on each (operation_id, owner) still
+        pending and leased by that owner; how many rows were extended."""
+        if not leases:
+            return 0
+        with self._write() as conn:
+            extended = 0
+            for operation_id, owner in leases:
+                cursor = conn.execute(
+                    "UPDATE operations SET lease_until = max(lease_until, ?) "
+                    "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
+                    (lease_until, operation_id, owner),
+                )
+                extended += cursor.rowcount
+            return extended
 
     # -- reading ---------------------------------------------------------------
 
@@ -1435,7 +1512,7 @@ class Journal:
 
 @attrs.frozen
 class JournalStats:
-    """What to watch: the article's replay rate, 409 rate and stuck count, client-side."""
+    """What to watch, as Leach's article advises: replay rate, 409 rate, stuck keys."""
 
     counts: dict[str, int]
     """Operations per status; every status is present."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
     )
 
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
+from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -43,7 +44,9 @@ from idempotently._flow import (
     ResumeResult,
     Settlement,
     check_call_arguments,
+    check_host_id,
     check_timeouts,
+    default_host_id,
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
@@ -152,10 +155,12 @@ class _SessionBase(Generic[ClientT]):
         redact_headers: Iterable[str],
         fingerprint_headers: Iterable[str],
         lease_duration: float,
+        host_id: str | None,
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
         client_options: dict[str, Any],
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         # Everything is checked before the journal file is created.
         unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
@@ -200,6 +205,8 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        host = default_host_id() if host_id is None else check_host_id(host_id)
+        checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
         self._owns_client = client is None
         self.client: ClientT = (
@@ -214,8 +221,10 @@ class _SessionBase(Generic[ClientT]):
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
+            host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            hooks=checked_hooks,
         )
 
     def _build(
@@ -309,6 +318,15 @@ class Session(_SessionBase[httpx.Client]):
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
     or get :class:`~idempotently.OperationInProgressError`.
+
+    ``host_id`` names this host in lease owners (default ``$IDEMPOTENTLY_HOST_ID``,
+    else the hostname; printable, no ``:``, at most 128 characters): a lease of
+    another host id is waited out until it expires, never judged by its pid.
+
+    ``hooks=[hook, ...]`` are called with every event (:class:`OperationStarted`,
+    :class:`AttemptFinished`, :class:`RetryScheduled`, :class:`OperationFinished`)
+    in the calling thread (a resume with ``concurrency`` calls them from its
+    threads); a hook that raises is logged and the call goes on.
     """
 
     _client_class = httpx.Client
@@ -323,9 +341,11 @@ class Session(_SessionBase[httpx.Client]):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        hooks: Iterable[Hook] = (),
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -336,10 +356,12 @@ class Session(_SessionBase[httpx.Client]):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            hooks=hooks,
         )
         self._sleep = sleep
 
@@ -553,6 +575,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
 
     Journal writes run in a worker thread: the event loop never waits for a
     lock or an fsync. Tasks sharing one AsyncSession send one operation once.
+
+    ``hooks=`` take plain or async functions; they run on the event loop, between
+    one journal write and the next step, so keep them quick (hand slow work to a
+    task or a queue).
     """
 
     _client_class = httpx.AsyncClient
@@ -567,9 +593,11 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        hooks: Iterable[AsyncHook] = (),
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -580,10 +608,12 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            hooks=hooks,
         )
         self._sleep = sleep
 
@@ -733,7 +763,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         if self._owns_client:
             await self.client.aclose()
         if self._owns_journal:
-            self.journal.close()
+            # In a thread: closing a PostgreSQL journal's pool waits for its workers.
+            await anyio.to_thread.run_sync(self.journal.close)
 
     async def __aenter__(self) -> AsyncSession:
         return self

@@ -2,14 +2,14 @@
 
 The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
 journal: it yields one of these values and receives the result. Journal
-commands run against a :class:`Store` (the SQLite :class:`~idempotently.Journal`
+commands run against a :class:`Store` (a :class:`~idempotently.Journal`, SQLite or PostgreSQL
 today); the sync driver runs them inline, the async driver in a worker thread
 so that no lock wait and no fsync ever blocks the event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -18,6 +18,7 @@ import httpx
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
+    from idempotently._events import AsyncHook, Event
     from idempotently._journal import AttemptRecord, NewOperation, Operation
 
 
@@ -55,6 +56,24 @@ class Store(Protocol):
         response_headers: Sequence[tuple[str, str]] | None = None,
         response_body: bytes | None = None,
     ) -> bool: ...
+
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Atomically lease up to ``limit`` pending operations that are due.
+
+        Due: status 'pending' AND lease_until <= now AND coalesce(not_before, 0)
+        <= now, oldest (created_at) first; sets lease_owner=owner,
+        lease_until=lease_until, updated_at=now; returns them with their
+        attempts (like _find). N workers never claim one operation twice.
+        """
+        ...
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: for each (operation_id, owner) whose row is pending and still
+        leased by owner, set lease_until = greatest(lease_until, given). Returns how
+        many rows were extended. One short transaction."""
+        ...
 
     def operations(
         self,
@@ -186,10 +205,22 @@ JournalCommand = Find | Insert | TakeLease | Record | SetStatus | Release | Sett
 
 
 @attrs.frozen
+class Lease:
+    """A lease a sender holds, and how to renew it: until ``clock() + duration``."""
+
+    operation_id: str
+    owner: str
+    duration: float
+    clock: Callable[[], float] = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
 class Send:
     """Send one attempt; the reply is the response (body read) or the error that ended it."""
 
     request: httpx.Request
+    lease: Lease | None = None
+    """The lease held while it is in flight: the driver's heartbeat keeps it alive."""
 
 
 @attrs.frozen
@@ -213,4 +244,13 @@ class Report:
     result: Any
 
 
-Command = JournalCommand | Send | Sleep | Reconcile | Report
+@attrs.frozen
+class Emit:
+    """Call the session's hooks with this event (yielded only when it has hooks); reply:
+    None. A hook that raises is logged, never ends the call."""
+
+    event: Event
+    hooks: tuple[AsyncHook, ...]
+
+
+Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit

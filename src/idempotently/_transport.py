@@ -18,6 +18,7 @@ import httpx
 
 from idempotently import _httpx2
 from idempotently._drivers import arun, run
+from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -25,6 +26,8 @@ from idempotently._flow import (
     Engine,
     Held,
     check_call_arguments,
+    check_host_id,
+    default_host_id,
 )
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
@@ -71,9 +74,11 @@ class _TransportBase:
         redact_headers: Iterable[str],
         fingerprint_headers: Iterable[str],
         lease_duration: float,
+        host_id: str | None,
         key_expiry_margin: float,
         clock: Callable[[], float],
         sleep: object,
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         redact_headers = (
             redact_headers if isinstance(redact_headers, str) else tuple(redact_headers)
@@ -98,6 +103,8 @@ class _TransportBase:
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
         if delivery not in DELIVERIES:
             raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
+        host = default_host_id() if host_id is None else check_host_id(host_id)
+        checked_hooks = check_hooks(hooks, asynchronous=isinstance(self, httpx.AsyncBaseTransport))
         self.journal, self._owns_journal = open_journal(journal)
         self.profile = profile
         self.methods = frozenset(method.upper() for method in methods)
@@ -109,8 +116,10 @@ class _TransportBase:
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
+            host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            hooks=checked_hooks,
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
@@ -167,6 +176,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     Session's options, ``delivery=`` included, and raises what
     :class:`Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...); other methods pass straight through.
+    ``hooks=`` receive the same events as the Session's.
     """
 
     def __init__(
@@ -181,9 +191,11 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        hooks: Iterable[Hook] = (),
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
@@ -199,9 +211,11 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            hooks=hooks,
         )
         # Without transport=, requests go out through the library they came from:
         # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
@@ -278,7 +292,10 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
 
 
 class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase):
-    """The async twin of :class:`Transport`, on asyncio or trio (anyio)."""
+    """The async twin of :class:`Transport`, on asyncio or trio (anyio).
+
+    ``hooks=`` take plain or async functions, run on the event loop: keep them quick.
+    """
 
     def __init__(
         self,
@@ -292,9 +309,11 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         redact_headers: Iterable[str] = (),
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
+        host_id: str | None = None,
         key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        hooks: Iterable[AsyncHook] = (),
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
@@ -310,9 +329,11 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             redact_headers=redact_headers,
             fingerprint_headers=fingerprint_headers,
             lease_duration=lease_duration,
+            host_id=host_id,
             key_expiry_margin=key_expiry_margin,
             clock=clock,
             sleep=sleep,
+            hooks=hooks,
         )
         self.transport: httpx.AsyncBaseTransport | Any = (
             transport if transport is not None else httpx.AsyncHTTPTransport()
@@ -387,7 +408,8 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         if self._httpx2_transport is not None:
             await self._httpx2_transport.aclose()
         if self._owns_journal:
-            self.journal.close()
+            # In a thread: closing a PostgreSQL journal's pool waits for its workers.
+            await anyio.to_thread.run_sync(self.journal.close)
 
 
 def _is_transport(transport: object, method: str) -> bool:

@@ -4,7 +4,7 @@ Each command opens the journal, makes one library call and prints the result:
 an aligned table for people, or ``--format json|csv|nl|...`` for scripts. No command creates a
 journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
 any :class:`JournalError` becomes a one-line error (exit 1).
-Usage errors (bad option values) exit 2. Reference: docs/cli.md.
+Usage errors (bad option values) exit 2. Reference: https://idempotently.readthedocs.io/en/latest/cli/
 """
 
 from __future__ import annotations
@@ -38,14 +38,25 @@ from idempotently._cli_format import (
     printable,
     stats_lines,
     stats_prometheus,
-    table,
 )
+from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
 from idempotently._exceptions import JournalError
-from idempotently._flow import DEFAULT_KEY_EXPIRY_MARGIN, DEFAULT_LEASE_DURATION, ResumeResult
+from idempotently._flow import (
+    DEFAULT_KEY_EXPIRY_MARGIN,
+    DEFAULT_LEASE_DURATION,
+    HOST_ID_ENVVAR,
+    ResumeResult,
+    check_host_id,
+)
 from idempotently._journal import MAX_LIMIT, Journal
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
-from idempotently._session import MAX_RESUME_CONCURRENCY, Session, check_origin
+from idempotently._session import (
+    MAX_LEASE_DURATION,
+    MAX_RESUME_CONCURRENCY,
+    Session,
+    check_origin,
+)
 from idempotently._vocabulary import RESUME_DONE, STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
@@ -68,7 +79,7 @@ F = TypeVar("F", bound=Callable[..., Any])
     default=DEFAULT_JOURNAL,
     show_default=True,
     metavar="PATH",
-    help="The journal file your Session writes.",
+    help="The journal your Session writes: a file, or a postgresql:// URL.",
 )
 @click.version_option(__version__, prog_name="idempotently")
 def cli(journal_path: str) -> None:
@@ -114,7 +125,7 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
             type=click.Path(dir_okay=False),
             default=None,
             metavar="PATH",
-            help="The journal file (same as the global --journal, given after the command).",
+            help="The journal (same as the global --journal, given after the command).",
         )(click.pass_context(wrapper))
         return decorated  # type: ignore[return-value]  # one parameter less than F
 
@@ -446,6 +457,15 @@ def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_host_id(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx, param) from None
+
+
 @cli.command("resume")
 @click.option("--dry-run", is_flag=True, help="Say what would be done; send nothing.")
 @click.option(
@@ -493,6 +513,35 @@ def stderr_is_terminal() -> bool:
     help="Time per operation in this run, waits and each attempt included, e.g. 10s "
     f"(default {DEFAULT_DEADLINE:g}s).",
 )
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep resuming operations as they fall due, until SIGTERM or SIGINT (a worker).",
+)
+@click.option(
+    "--interval",
+    type=DURATION,
+    default="5s",
+    show_default=True,
+    metavar="DURATION",
+    help="With --watch: how long to sleep when nothing is due.",
+)
+@click.option(
+    "--host-id",
+    envvar=HOST_ID_ENVVAR,
+    show_envvar=True,
+    callback=host_id_option,
+    metavar="ID",
+    help="This host's identity in lease owners (default: the hostname).",
+)
+@click.option(
+    "--lease-duration",
+    type=DURATION,
+    default=f"{DEFAULT_LEASE_DURATION:g}s",
+    show_default=True,
+    metavar="DURATION",
+    help="How long a lease outlives a worker that died (live ones renew theirs).",
+)
 @format_option("table", "json", json_flag_as_bool=True)
 @with_journal(readonly_if="dry_run")
 def resume_command(
@@ -504,6 +553,10 @@ def resume_command(
     concurrency: int,
     max_attempts: int | None,
     deadline: float | None,
+    watch: bool,
+    interval: float,
+    host_id: str | None,
+    lease_duration: float,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and bytes.
@@ -513,10 +566,21 @@ def resume_command(
     needs_reconcile. Exit 1 if any operation ended failed or
     needs_reconcile, could not be sent, or is left pending, or if the journal
     still holds pending or needs_reconcile operations (with --dry-run, exit 0).
+    With --watch, a worker: it resumes operations as they fall due and exits 0
+    on SIGTERM or SIGINT once its leases are released.
     """
     results: list[ResumeResult] = []
     if deadline is not None and deadline <= 0:
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
+    if watch and dry_run:
+        raise click.UsageError("--watch and --dry-run do not go together: a watch sends")
+    if interval <= 0:
+        raise click.BadParameter("must be more than 0s", param_hint="'--interval'")
+    if not 0 < lease_duration <= MAX_LEASE_DURATION:
+        raise click.BadParameter(
+            f"must be more than 0s and at most {format_duration(MAX_LEASE_DURATION)}",
+            param_hint="'--lease-duration'",
+        )
     policy = RetryPolicy(
         max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
         deadline=deadline or DEFAULT_DEADLINE,
@@ -532,25 +596,25 @@ def resume_command(
         profile=profile,
         policy=policy,
         timeout=timeout,
+        host_id=host_id,
+        lease_duration=lease_duration,
     )
     with session:
-        if stderr_is_terminal() and not as_json:
-            total = journal.counts()["pending"]
-            with click.progressbar(
-                length=total, label="resuming", file=sys.stderr, show_pos=True
-            ) as bar:
-                results = session.resume(
-                    dry_run=dry_run,
-                    base_url=base_url,
-                    on_result=lambda _: bar.update(1),
-                    concurrency=concurrency,
-                )
-        else:
-            results = session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
+        if watch:
+            run_watch(
+                session,
+                interval=interval,
+                concurrency=concurrency,
+                base_url=base_url,
+                as_json=as_json,
+                terminal=stderr_is_terminal(),
+            )
+            return
+        results = resume_printing(session, journal, dry_run, base_url, concurrency, as_json)
     if as_json:
         echo_json([result.to_json() for result in results])
     else:
-        echo_resume(results, journal.path, dry_run)
+        echo_resume_summary(results, journal.path, dry_run)
     if dry_run:
         return
     unsettled = Counter(
@@ -568,20 +632,55 @@ def resume_command(
         )
 
 
-def echo_resume(results: Sequence[ResumeResult], path: str, dry_run: bool) -> None:
+def resume_printing(
+    session: Session,
+    journal: Journal,
+    dry_run: bool,
+    base_url: str | None,
+    concurrency: int,
+    as_json: bool,
+) -> list[ResumeResult]:
+    """Resume, printing each result as soon as it is known (unless --json); a progress
+    bar on a terminal only when there is work, never for a dry run."""
+    if as_json:
+        return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
+    total = journal.counts()["pending"]
+    header = [False]
+
+    def printed(echo: Callable[[ResumeResult], None]) -> Callable[[ResumeResult], None]:
+        def on_result(result: ResumeResult) -> None:
+            if not header[0]:
+                header[0] = True
+                click.echo(result_row(RESULT_HEADERS, dry_run))
+            echo(result)
+
+        return on_result
+
+    if total and not dry_run and stderr_is_terminal():
+        with click.progressbar(
+            length=total, label="resuming", file=sys.stderr, show_pos=True
+        ) as bar:
+            echo = printed(echo_result(dry_run, clear_bar=True))
+
+            def on_result(result: ResumeResult) -> None:
+                echo(result)
+                bar.update(1)
+
+            return session.resume(
+                dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
+            )
+    return session.resume(
+        dry_run=dry_run,
+        base_url=base_url,
+        on_result=printed(echo_result(dry_run, clear_bar=False)),
+        concurrency=concurrency,
+    )
+
+
+def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: bool) -> None:
     if not results:
         click.echo(f"nothing to resume in {path}")
         return
-    echo_lines(
-        table(
-            ("operation", "action", "status", "code", "detail"),
-            ((r.operation_id, r.action, r.status, r.status_code, r.detail) for r in results),
-            right="code",
-            # The detail is a sentence: its start here, whole in --format json.
-            width=terminal_width(),
-            shrink={"operation": "middle", "detail": "end"},
-        )
-    )
     counts = Counter(result.action for result in results)
     summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
     verb = "planned" if dry_run else "resumed"

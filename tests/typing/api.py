@@ -128,3 +128,19 @@ def httpx2_clients(journal: str) -> None:
     httpx2.AsyncClient(transport=idempotently.AsyncTransport(journal))
     idempotently.Session(journal, client=httpx2.Client())
     idempotently.AsyncSession(journal, client=httpx2.AsyncClient())
+
+
+def hooks() -> None:
+    def hook(event: idempotently.Event) -> None:
+        if isinstance(event, idempotently.RetryScheduled):
+            assert_type(event.wait, float)
+        print(event.wait)  # type: ignore[union-attr]  # only a RetryScheduled has a wait
+
+    async def async_hook(event: idempotently.Event) -> None:
+        assert_type(event.operation_id, str)
+
+    idempotently.Session("ops.db", hooks=[hook])
+    idempotently.AsyncSession("ops.db", hooks=[hook, async_hook])
+    idempotently.Transport("ops.db", hooks=(hook,))
+    idempotently.AsyncTransport("ops.db", hooks=[async_hook])
+    idempotently.Session("ops.db", hooks=hook)  # type: ignore[arg-type]

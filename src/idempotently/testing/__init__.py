@@ -1,6 +1,7 @@
 """A companion mock server that implements the server side of idempotency keys.
 
-It follows the article the library grew from: one race-free claim
+It follows Brandur Leach's article "Implementing Stripe-like Idempotency Keys
+in Postgres" (https://brandur.org/idempotency-keys): one race-free claim
 (`INSERT … ON CONFLICT DO NOTHING RETURNING`) committed before the side
 effect, a provider idempotent on `f"{key}:charge"`, replays marked
 `Idempotent-Replayed: true`, 409 while in progress, 422 on a different

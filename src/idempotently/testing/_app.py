@@ -1,4 +1,4 @@
-"""The mock payments API: an ASGI app implementing the article's idempotency keys.
+"""The mock payments API: an ASGI app implementing Leach's idempotency keys.
 
 Starlette gives routing, request parsing and `Response` objects with exact
 bodies and headers while staying a plain ASGI app (so `httpx.ASGITransport`

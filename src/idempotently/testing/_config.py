@@ -7,7 +7,7 @@ from typing import Literal
 import attrs
 
 DEFAULT_STALE_AFTER = 90.0
-"""Seconds after which an `in_progress` key is presumed abandoned (the article's STALE_AFTER)."""
+"""Seconds after which an `in_progress` key is presumed abandoned (Leach's STALE_AFTER)."""
 
 DEFAULT_KEY_TTL = 24 * 60 * 60.0
 """Seconds a key is remembered, as Stripe does: after that a reused key is a new request."""
@@ -31,13 +31,14 @@ ClaimStyle = Literal["atomic", "naive"]
 
 @attrs.frozen(kw_only=True)
 class MockServerConfig:
-    """How the mock server behaves; the defaults are the article's server.
+    """How the mock server behaves; the defaults are the server of
+    Leach's "Implementing Stripe-like Idempotency Keys in Postgres".
 
     - `stale_after`: age of an `in_progress` lock after which one retry may take it over.
     - `key_ttl`: how long a key is remembered before the sweeper deletes it.
     - `provider_latency`: seconds every call to the fake provider takes, so
       concurrent retries overlap with the request doing the work.
-    - `in_progress`: answer a key in progress with `"409"` (the article),
+    - `in_progress`: answer a key in progress with `"409"` (as Leach's article does),
       `"423"` plus `Retry-After` (some API gateways), or `"wait"`: hold the
       request until the first one finishes and replay its response.
     - `mismatch`: answer a reused key with a different payload with `"422"`

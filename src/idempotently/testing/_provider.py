@@ -22,7 +22,7 @@ PROVIDER_KEY_SUFFIX = ":charge"
 
 
 def provider_key_for(key: str) -> str:
-    """The provider idempotency key derived from the API's key (the article's `f"{key}:charge"`)."""
+    """The provider idempotency key derived from the API's key (Leach's `f"{key}:charge"`)."""
     return f"{key}{PROVIDER_KEY_SUFFIX}"
 
 

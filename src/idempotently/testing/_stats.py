@@ -1,4 +1,4 @@
-"""What to watch, as the article says: replay rate, 409 rate, and stuck keys."""
+"""What to watch, as Leach's article says: replay rate, 409 rate, and stuck keys."""
 
 from __future__ import annotations
 

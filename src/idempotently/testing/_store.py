@@ -1,4 +1,4 @@
-"""The article's `idempotency_key` table and the statements that move a key between states.
+"""Leach's `idempotency_key` table and the statements that move a key between states.
 
 ```
 in_progress ──success──> completed  (replay stored)
@@ -181,7 +181,7 @@ class KeyStore:
         return changed > 0
 
     def sweep(self, *, now: float) -> int:
-        """The article's retention statement; returns how many keys it deleted."""
+        """Leach's retention statement; returns how many keys it deleted."""
         return self._db.execute("DELETE FROM idempotency_key WHERE expires_at < ?", (now,))
 
     def records(self, user_id: str | None = None) -> list[IdempotencyRecord]:

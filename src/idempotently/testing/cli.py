@@ -103,7 +103,7 @@ def mock_server_command(
 
     It serves POST/GET /v1/charges. Prints the server's URL on the first line
     of stdout. Faults, the clock and the ledger are driven over HTTP: see
-    docs/mock-server.md.
+    https://idempotently.readthedocs.io/en/latest/mock-server/
     """
     try:
         from idempotently.testing._app import MockApp

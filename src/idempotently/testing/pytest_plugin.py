@@ -101,7 +101,7 @@ def idempotently_mock_server_factory(
 def idempotently_mock_server(
     idempotently_mock_server_factory: MockServerFactory,
 ) -> MockServer:
-    """A fresh mock server with the article's defaults and a virtual clock, for one test."""
+    """A fresh mock server with the default configuration and a virtual clock, for one test."""
     return idempotently_mock_server_factory()
 
 

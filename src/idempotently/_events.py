@@ -1,0 +1,238 @@
+"""What happens to an operation, as typed events: for hooks, logs and OpenTelemetry.
+
+The flow (``_flow.py``) makes one event when it starts sending an operation,
+one per attempt, one per retry decision and one when it stops; it logs each on
+the ``idempotently`` logger with the event's fields and, when the Session or
+Transport has ``hooks=``, yields an :class:`~idempotently._store.Emit` command
+that the driver carries out by calling them. No event holds a header, a body
+or a URL: only ids, counts, outcomes and the reasons already written to the
+journal (secrets scrubbed).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, ClassVar
+
+import attrs
+
+from idempotently._vocabulary import Action, Delivery, Outcome, Status
+
+logger = logging.getLogger("idempotently")
+
+
+@attrs.frozen(kw_only=True)
+class OperationStarted:
+    """This call (or resume) holds the operation and is about to send its first attempt.
+
+    Made after the key is journaled (a new operation) or the lease is taken (a
+    pending one); never for an operation answered from the journal.
+    """
+
+    name: ClassVar[str] = "operation_started"
+    operation_id: str
+    key: str
+    method: str
+    """The HTTP method (the URL is left out: its query may hold a secret)."""
+    delivery: Delivery
+    resuming: bool
+    """Sent by ``resume``, not by a call."""
+    attempts: int
+    """Attempts already journaled for the operation (0 for a new one)."""
+    at: float
+    """When, by the session's clock (seconds since the epoch)."""
+
+
+@attrs.frozen(kw_only=True)
+class AttemptFinished:
+    """One attempt ended and is journaled."""
+
+    name: ClassVar[str] = "attempt_finished"
+    operation_id: str
+    key: str
+    attempt: int
+    """Its number among the operation's attempts, across calls and restarts (1 first)."""
+    outcome: Outcome
+    """``answered``, ``maybe_delivered`` or ``not_sent``."""
+    status_code: int | None
+    """The HTTP status of the answer; None without one."""
+    replayed: bool
+    """The server marked its answer as the stored one for this key."""
+    error: str | None
+    """Why it ended without an answer (``Type: message``, secrets scrubbed); else None."""
+    action: Action
+    """What the decision made of it (``succeed``, ``retry``, ``pending``, ...)."""
+    status: Status
+    """The operation's status in the journal after it."""
+    started_at: float
+    elapsed: float
+    """Seconds the attempt took, by the session's clock."""
+
+
+@attrs.frozen(kw_only=True)
+class RetryScheduled:
+    """The decision after an attempt: send the same bytes with the same key after ``wait``."""
+
+    name: ClassVar[str] = "retry_scheduled"
+    operation_id: str
+    key: str
+    attempt: int
+    """The attempt that is retried (the next one is ``attempt + 1``)."""
+    wait: float
+    """Seconds until the next attempt."""
+    reason: str
+    """Why: the status code (``503``), or the transport error (``ConnectError: ...``)."""
+
+
+@attrs.frozen(kw_only=True)
+class OperationFinished:
+    """This call (or resume) stopped sending the operation: what the journal now says."""
+
+    name: ClassVar[str] = "operation_finished"
+    operation_id: str
+    key: str
+    status: Status
+    """``succeeded`` or ``failed`` (settled), ``pending`` (outcome unknown, or waiting:
+    a resume continues it), ``needs_reconcile`` or ``abandoned``."""
+    action: Action
+    """The last decision (``succeed``, ``fail``, ``pending``, ``retry_later``, ...)."""
+    reason: str
+    attempts: int
+    """Attempts journaled for the operation, across calls and restarts."""
+    status_code: int | None
+    """The HTTP status of the last answer; None if the last attempt got none."""
+    replayed: bool
+    """The last answer was the server's stored one for this key."""
+    not_before: float | None
+    """For ``retry_later``: when the server allows the next attempt."""
+    elapsed: float
+    """Seconds since :class:`OperationStarted`, by the session's clock."""
+
+
+Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished
+"""One of the four events a hook receives."""
+
+Hook = Callable[[Event], object]
+"""A hook: called with each event, in the caller's thread (or on the event loop)."""
+AsyncHook = Callable[[Event], Awaitable[object] | object]
+"""A hook of an async Session or Transport: a plain function or an async one."""
+
+
+def fields(event: Event) -> dict[str, Any]:
+    """The event as log record fields: its name and every field, by name."""
+    return {"event": event.name, **attrs.asdict(event)}
+
+
+def log(event: Event) -> None:
+    """One log record on the ``idempotently`` logger, its fields at ``record.idempotently``."""
+    extra = {"idempotently": fields(event)}
+    ids = (event.operation_id, event.key)
+    if isinstance(event, OperationStarted):
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "operation %s (key %s) started: %s, %s, %d attempt%s journaled before",
+                *ids,
+                event.method,
+                "resuming" if event.resuming else "called",
+                event.attempts,
+                "" if event.attempts == 1 else "s",
+                extra=extra,
+            )
+    elif isinstance(event, AttemptFinished):
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "operation %s (key %s) attempt %d: %s -> %s",
+                *ids,
+                event.attempt,
+                event.error or f"{event.outcome} {event.status_code}",
+                event.action,
+                extra=extra,
+            )
+    elif isinstance(event, RetryScheduled):
+        logger.info(
+            "operation %s (key %s) attempt %d: %s -> retry in %.3fs",
+            *ids,
+            event.attempt,
+            event.reason,
+            event.wait,
+            extra=extra,
+        )
+    else:
+        # What the caller did not get (pending, needs reconciling, abandoned) is worth
+        # a line at INFO; a settled answer is the caller's to report.
+        settled = event.status in ("succeeded", "failed")
+        logger.log(
+            logging.DEBUG if settled else logging.INFO,
+            "operation %s (key %s) finished %s after %d attempt%s: %s",
+            *ids,
+            event.status,
+            event.attempts,
+            "" if event.attempts == 1 else "s",
+            event.reason,
+            extra=extra,
+        )
+
+
+def _hook_failed(hook: object, event: Event) -> None:
+    logger.error(
+        "hook %r raised on %s of operation %s (key %s); ignored, the call goes on",
+        hook,
+        event.name,
+        event.operation_id,
+        event.key,
+        exc_info=True,
+        extra={"idempotently": {**fields(event), "hook": repr(hook)}},
+    )
+
+
+def deliver(event: Event, hooks: Iterable[Hook]) -> None:
+    """Call every hook with ``event``; one that raises is logged and skipped."""
+    for hook in hooks:
+        try:
+            result = hook(event)
+        except Exception:
+            _hook_failed(hook, event)
+            continue
+        if inspect.isawaitable(result):  # an async hook on a sync session: never awaited
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            logger.error(
+                "hook %r returned an awaitable on a sync Session or Transport; it was not "
+                "awaited: give a plain function",
+                hook,
+                extra={"idempotently": {**fields(event), "hook": repr(hook)}},
+            )
+
+
+async def adeliver(event: Event, hooks: Iterable[AsyncHook]) -> None:
+    """Call every hook with ``event`` on the event loop, awaiting async ones; one that
+    raises is logged and skipped."""
+    for hook in hooks:
+        try:
+            result = hook(event)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            _hook_failed(hook, event)
+
+
+def check_hooks(hooks: object, *, asynchronous: bool) -> tuple[AsyncHook, ...]:
+    """``hooks=``: a list of callables (async ones only for an async session or transport)."""
+    if isinstance(hooks, (str, bytes)) or callable(hooks) or not isinstance(hooks, Iterable):
+        raise TypeError(
+            f"hooks must be a list of callables taking an event, not {type(hooks).__name__}"
+            + (" (wrap a single hook in a list: hooks=[hook])" if callable(hooks) else "")
+        )
+    checked = tuple(hooks)
+    for hook in checked:
+        if not callable(hook):
+            raise TypeError(f"hooks must hold callables taking an event, not {hook!r}")
+        if not asynchronous and inspect.iscoroutinefunction(hook):
+            raise TypeError(
+                f"hooks of a sync Session or Transport must be plain functions; {hook!r} is "
+                "async and would never run"
+            )
+    return checked

@@ -1,0 +1,152 @@
+"""Heartbeats: a live sender's lease never expires while its attempt is in flight.
+
+Each lease is written with ``lease_until = now + lease_duration``. An attempt can
+take longer than that (a slow server, a long timeout); without a heartbeat
+another process, on this host or another, would find the lease expired and send
+the operation a second time. While a driver sends, or a resume worker holds
+operations it claimed, their leases are registered here: one daemon thread per
+store extends them every ``lease_duration / 3`` (one short transaction for all
+of them). The thread stops when nothing is registered. A heartbeat that fails
+(the journal is locked or gone) is logged and tried again; it never breaks a call:
+at worst the lease expires, as it would have without a heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+
+from idempotently._store import Lease, Store
+
+logger = logging.getLogger("idempotently")
+
+MIN_INTERVAL = 0.05
+"""The shortest wait between two heartbeats of one store (very short test leases)."""
+
+
+@attrs.define
+class _Entry:
+    lease: Lease
+    holders: int
+    due: float
+    """time.monotonic() when it is next extended."""
+
+
+class Heartbeat:
+    """The leases of one store kept alive by one background thread."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = weakref.ref(store)
+        self._cond = threading.Condition()
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> None:
+        """Keep ``lease`` alive until as many :meth:`remove` calls as ``add`` calls."""
+        key = (lease.operation_id, lease.owner)
+        with self._cond:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.holders += 1
+                return
+            self._entries[key] = _Entry(lease, 1, time.monotonic() + _interval(lease))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="idempotently-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def remove(self, lease: Lease) -> None:
+        key = (lease.operation_id, lease.owner)
+        with self._cond:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            entry.holders -= 1
+            if entry.holders <= 0:
+                del self._entries[key]
+                self._cond.notify_all()
+
+    @contextmanager
+    def holding(self, lease: Lease | None) -> Iterator[None]:
+        """Keep ``lease`` alive while the block runs (nothing for None)."""
+        if lease is None:
+            yield
+            return
+        self.add(lease)
+        try:
+            yield
+        finally:
+            self.remove(lease)
+
+    def leases(self) -> list[Lease]:
+        """The leases kept alive now."""
+        with self._cond:
+            return [entry.lease for entry in self._entries.values()]
+
+    def beat(self, *, all_leases: bool = True) -> int:
+        """Extend the registered leases now (only those due, unless ``all_leases``);
+        how many rows were extended. Never raises: a failure is logged."""
+        now = time.monotonic()
+        with self._cond:
+            due = [entry for entry in self._entries.values() if all_leases or entry.due <= now]
+            for entry in due:
+                entry.due = now + _interval(entry.lease)
+        store = self._store()
+        if store is None or not due:
+            return 0
+        groups: dict[float, list[tuple[str, str]]] = {}
+        try:
+            for entry in due:
+                lease = entry.lease
+                until = lease.clock() + lease.duration
+                groups.setdefault(until, []).append((lease.operation_id, lease.owner))
+            return sum(
+                store._extend_leases(pairs, lease_until=until) for until, pairs in groups.items()
+            )
+        except Exception as error:  # any failure: the lease may expire, the call goes on
+            logger.warning(
+                "heartbeat: could not extend %d lease(s) (%s: %s); they expire unless a "
+                "later heartbeat succeeds",
+                len(due),
+                type(error).__name__,
+                error,
+                extra={"idempotently": {"event": "heartbeat_failed", "leases": len(due)}},
+            )
+            return 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._entries or self._store() is None:
+                    self._thread = None
+                    return
+                wait = min(entry.due for entry in self._entries.values()) - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+            self.beat(all_leases=False)
+
+
+def _interval(lease: Lease) -> float:
+    return max(MIN_INTERVAL, lease.duration / 3)
+
+
+_HEARTBEATS: weakref.WeakKeyDictionary[Store, Heartbeat] = weakref.WeakKeyDictionary()
+_REGISTRY_LOCK = threading.Lock()
+
+
+def heartbeat_for(store: Store) -> Heartbeat:
+    """The one heartbeat of ``store`` in this process."""
+    with _REGISTRY_LOCK:
+        heartbeat = _HEARTBEATS.get(store)
+        if heartbeat is None:
+            heartbeat = _HEARTBEATS[store] = Heartbeat(store)
+        return heartbeat

@@ -1,0 +1,967 @@
+"""The PostgreSQL journal: the same operations and attempts, shared by a fleet.
+
+``Journal("postgresql://user@host/db")`` opens one (``Journal.__new__`` picks
+this class for a ``postgresql://`` or ``postgres://`` URL), so everything that
+takes a journal takes it: Session, AsyncSession, Transport, the CLI.
+
+Its tables live in their own schema, ``idempotently``: a journal often shares
+a database with the application. Each journal command is one short
+transaction on a connection from a psycopg pool (``psycopg_pool.ConnectionPool``);
+the async driver runs each in a worker thread, as it does for SQLite, so one
+sync pool serves Session and AsyncSession on asyncio and on trio alike.
+
+Durability: the row naming a key commits with ``synchronous_commit = on``
+(the commit waits for the WAL flush) under ``durability="fsync"`` and ``off``
+under ``"os"``, whatever the server's default. Leases, statuses and verdicts
+commit with ``on``; an attempt (and the completion it carries) with ``off``:
+losing it to a server crash only means a resume gets a replay from the server,
+which the key makes harmless.
+
+Counts come from ``GROUP BY status`` over an index, never from a counter row
+kept by triggers: one hot row would serialise every writer of a fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from heapq import merge
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from idempotently._exceptions import (
+    JournalCorruptError,
+    JournalError,
+    JournalMissingError,
+    JournalVersionError,
+    JournalWriteError,
+)
+from idempotently._journal import (
+    DURABILITIES,
+    MAX_LIMIT,
+    MAX_TIMESTAMP,
+    MAX_WINDOW,
+    Attempt,
+    AttemptRecord,
+    Durability,
+    Journal,
+    JournalStats,
+    NewOperation,
+    Operation,
+    _check_number,
+    _column_problem,
+    _short,
+)
+from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+URL_SCHEMES: Final = ("postgresql://", "postgres://")
+INSTALL_HINT: Final = "pip install 'idempotently[postgres]'"
+
+SCHEMA: Final = "idempotently"
+"""The PostgreSQL schema holding the journal's tables."""
+SCHEMA_VERSION: Final = 1
+"""The PostgreSQL journal's own schema version (SQLite journals count theirs apart)."""
+_ADVISORY_LOCK: Final = 0x49444D50  # "IDMP", as the SQLite application_id
+"""pg_advisory_xact_lock key held while the schema is created or migrated."""
+
+_POOL_MAX = 16
+"""Connections per Journal: enough for an AsyncSession at concurrency 16."""
+_PRUNE_BATCH = 1000
+"""Operations one prune transaction deletes (rows only: other writers never wait)."""
+
+
+def is_postgres_url(path: object) -> bool:
+    """True for a ``postgresql://`` or ``postgres://`` URL (the journal goes to PostgreSQL)."""
+    return isinstance(path, str) and path.startswith(URL_SCHEMES)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (in the user info or a ``password=`` parameter) as ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = userinfo.partition(":")[0] + ":***@" + hosts
+    query = re.sub(r"(?i)(^|&)(password)=[^&]*", r"\1\2=***", parts.query)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _password(url: str) -> str | None:
+    """The password in ``url``, decoded, so that no message can ever echo it."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        value = conninfo_to_dict(url).get("password")
+    except Exception:  # a malformed URL: libpq will say so, without the password
+        value = urllib.parse.urlsplit(url).password
+    return str(value) if value else None
+
+
+def _ddl(statuses: Sequence[str]) -> str:
+    return ", ".join(f"'{status}'" for status in statuses)
+
+
+# Columns as in the SQLite journal (timestamps in seconds since the epoch,
+# bodies as bytea, headers as JSON text), so rows decode the same way. `seq`
+# orders listings by creation, as SQLite's rowid does.
+_MIGRATIONS: Final[tuple[str, ...]] = (
+    # To version 1.
+    f"""
+    CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+    CREATE TABLE {SCHEMA}.journal_meta (
+        name  text PRIMARY KEY,
+        value text NOT NULL
+    );
+    CREATE TABLE {SCHEMA}.operations (
+        seq              bigint GENERATED ALWAYS AS IDENTITY,
+        operation_id     text PRIMARY KEY,
+        key              text NOT NULL UNIQUE,
+        status           text NOT NULL CHECK (status IN ({_ddl(STATUSES)})),
+        delivery         text NOT NULL CHECK (delivery IN ('exactly_once', 'at_most_once')),
+        method           text NOT NULL,
+        url              text NOT NULL,
+        request_headers  text NOT NULL,
+        request_body     bytea NOT NULL,
+        fingerprint      text NOT NULL,
+        profile          text NOT NULL,
+        key_header       text NOT NULL,
+        created_at       double precision NOT NULL,
+        updated_at       double precision NOT NULL,
+        key_expires_at   double precision NOT NULL,
+        deadline_at      double precision,
+        not_before       double precision,
+        lease_owner      text,
+        lease_until      double precision NOT NULL DEFAULT 0,
+        attempt_count    integer NOT NULL DEFAULT 0,
+        last_status_code integer,
+        response_status  integer,
+        response_headers text,
+        response_body    bytea,
+        reason           text
+    );
+    CREATE INDEX operations_by_seq ON {SCHEMA}.operations (seq);
+    CREATE INDEX operations_by_status ON {SCHEMA}.operations (status, seq);
+    CREATE INDEX operations_pending ON {SCHEMA}.operations (created_at)
+        INCLUDE (lease_until, updated_at, not_before) WHERE status = 'pending';
+    CREATE INDEX operations_finished ON {SCHEMA}.operations (updated_at)
+        WHERE status IN ({_ddl(FINISHED_STATUSES)});
+    CREATE TABLE {SCHEMA}.attempts (
+        operation_id text NOT NULL,
+        number       integer NOT NULL,
+        started_at   double precision NOT NULL,
+        elapsed      double precision NOT NULL,
+        outcome      text NOT NULL CHECK (outcome IN ('not_sent', 'maybe_delivered', 'answered')),
+        status_code  integer,
+        replayed     integer NOT NULL DEFAULT 0,
+        error        text,
+        wait         double precision,
+        PRIMARY KEY (operation_id, number)
+    );
+    """,
+)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+_OPERATION_COLUMNS: Final = tuple(
+    field.name for field in attrs.fields(Operation) if field.name != "attempts"
+)
+_SELECT_OPERATION: Final = ", ".join(_OPERATION_COLUMNS)
+_FINISHED_SQL: Final = f"status IN ({_ddl(FINISHED_STATUSES)})"
+
+_INSERT_OPERATION: Final = f"""
+INSERT INTO {SCHEMA}.operations (
+    operation_id, key, status, delivery, method, url, request_headers, request_body,
+    fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
+    lease_owner, lease_until
+) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+"""
+
+# The operation's row is updated (and so locked) first and the attempt takes
+# the number it returns: two writers can never both claim number n.
+_HOLDS = "(%(owner)s::text IS NULL OR (status = 'pending' AND lease_owner = %(owner)s::text))"
+
+
+def _if_holds(column: str, value: str) -> str:
+    return f"{column} = CASE WHEN {_HOLDS} THEN {value} ELSE {column} END"
+
+
+_RECORD_ATTEMPT: Final = f"""
+WITH op AS (
+    UPDATE {SCHEMA}.operations SET
+        attempt_count = attempt_count + 1,
+        updated_at = %(now)s,
+        {_if_holds("status", "%(status)s::text")},
+        {_if_holds("reason", "%(reason)s::text")},
+        {_if_holds("not_before", "%(not_before)s::double precision")},
+        {_if_holds("last_status_code", "coalesce(%(status_code)s::integer, last_status_code)")},
+        {_if_holds("response_status", "%(response_status)s::integer")},
+        {_if_holds("response_headers", "%(response_headers)s::text")},
+        {_if_holds("response_body", "%(response_body)s::bytea")},
+        {_if_holds("lease_until", "%(lease_until)s::double precision")},
+        lease_owner = CASE WHEN {_HOLDS} AND %(lease_until)s::double precision <= 0 THEN NULL
+                           ELSE lease_owner END
+    WHERE operation_id = %(operation_id)s
+    RETURNING operation_id, attempt_count
+)
+INSERT INTO {SCHEMA}.attempts (
+    operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
+) SELECT operation_id, attempt_count, %(started_at)s, %(elapsed)s, %(outcome)s,
+         %(status_code)s::integer, %(replayed)s, %(error)s::text, %(wait)s::double precision
+FROM op
+"""
+
+_CLAIM_DUE: Final = f"""
+WITH due AS (
+    SELECT operation_id FROM {SCHEMA}.operations
+    WHERE status = 'pending' AND lease_until <= %(now)s AND coalesce(not_before, 0) <= %(now)s
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {SCHEMA}.operations AS o
+SET lease_owner = %(owner)s, lease_until = %(lease_until)s, updated_at = %(now)s
+FROM due WHERE o.operation_id = due.operation_id
+RETURNING {", ".join(f"o.{column}" for column in _OPERATION_COLUMNS)}, o.seq AS _seq
+"""
+
+_PRUNE: Final = f"""
+WITH doomed AS (
+    SELECT operation_id FROM {SCHEMA}.operations
+    WHERE {_FINISHED_SQL} AND updated_at < %(cutoff)s
+    ORDER BY updated_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), attempts_gone AS (
+    DELETE FROM {SCHEMA}.attempts WHERE operation_id IN (SELECT operation_id FROM doomed)
+)
+DELETE FROM {SCHEMA}.operations WHERE operation_id IN (SELECT operation_id FROM doomed)
+"""
+
+# What to do, by SQLSTATE (or by kind of failure).
+_ADVICE: Final = {
+    "28P01": "authentication failed: check the user and password in the URL",
+    "28000": "the server refused this user: check the user in the URL and pg_hba.conf",
+    "3D000": "the database does not exist: create it (createdb) or fix the URL",
+    "42501": f"the user lacks a privilege: grant it USAGE and CREATE on schema {SCHEMA} "
+    "(or let a user that has CREATE on the database open the journal once)",
+    "55P03": "another transaction held a lock past busy_timeout: look for a stuck session "
+    "(pg_stat_activity), or raise busy_timeout",
+    "57014": "a statement ran past busy_timeout: look for a stuck session (pg_stat_activity), "
+    "or raise busy_timeout",
+    "25006": "the journal was opened read-only (or the server is a read-only standby): open it "
+    "without readonly=True, on the primary",
+    "53300": "the server has no connection slot left: raise max_connections or use fewer pools",
+    "pool": "no connection to the server became free within busy_timeout: check the server is "
+    "up and reachable from here",
+    "connect": "cannot reach the server: check it is running and the host and port in the URL",
+    "other": "check the server's log",
+}
+
+_CONNECT_MESSAGES: Final = (
+    ("password authentication failed", "28P01"),
+    ("no password supplied", "28P01"),
+    ("no pg_hba.conf entry", "28000"),
+    ("does not exist", "3D000"),
+    ("too many clients", "53300"),
+)
+
+
+def _problem(error: Exception) -> str:
+    import psycopg_pool
+
+    if isinstance(error, psycopg_pool.PoolTimeout):
+        return "pool"
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate in _ADVICE:
+        return str(sqlstate)
+    message = str(error)
+    # A failed connection carries no SQLSTATE: libpq's message says what went wrong.
+    for text, problem in _CONNECT_MESSAGES if sqlstate is None else ():
+        if text in message:
+            return problem
+    if sqlstate is None and ("connection" in message or "server" in message):
+        return "connect"
+    return "other"
+
+
+def _psycopg() -> tuple[Any, Any]:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as error:
+        raise JournalError(
+            "a PostgreSQL journal needs psycopg 3 and psycopg_pool, which are not installed; "
+            f"run: {INSTALL_HINT}"
+        ) from error
+    return psycopg, psycopg_pool
+
+
+class PostgresJournal(Journal):
+    """The journal in a PostgreSQL database (schema ``idempotently``); shared by many processes.
+
+    Open it as ``Journal("postgresql://user@host:5432/db")``: the same options
+    and methods as the SQLite journal. ``path`` is the URL with its password
+    replaced by ``***``; it is what every message and repr shows.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        create: bool = True,
+        readonly: bool = False,
+        busy_timeout: float = 30.0,
+        durability: Durability = "fsync",
+    ) -> None:
+        """Connect, and create (or upgrade) the schema unless ``create=False`` or ``readonly``.
+
+        ``busy_timeout`` bounds every wait: for a row lock (``lock_timeout``),
+        a statement (``statement_timeout``), and a free connection of the pool.
+        ``readonly=True`` sets ``default_transaction_read_only``: nothing is
+        ever written. ``durability`` is ``synchronous_commit`` for the row
+        naming a key: ``"fsync"`` on, ``"os"`` off.
+        """
+        if not is_postgres_url(path):
+            raise ValueError("a PostgreSQL journal needs a postgresql:// or postgres:// URL")
+        _check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
+        if durability not in DURABILITIES:
+            raise ValueError(
+                f"durability must be one of {', '.join(map(repr, DURABILITIES))}, "
+                f"not {durability!r}"
+            )
+        self.path = redact_url(path)
+        self.durability = durability
+        self.readonly = readonly
+        self._create = create and not readonly
+        self._busy_timeout = busy_timeout
+        self._version = SCHEMA_VERSION
+        self._namespace: uuid.UUID | None = None
+        self._secret = _password(path)
+        pg, pool_module = _psycopg()
+        from psycopg.rows import dict_row
+
+        self._url = path
+        # lock_timeout = 0 would mean "wait forever": the shortest wait instead.
+        timeout_ms = max(1, int(busy_timeout * 1000))
+        options = {"autocommit": True, "row_factory": dict_row}
+        settings = [
+            f"SET lock_timeout = {timeout_ms}",
+            f"SET statement_timeout = {timeout_ms}",
+            "SET application_name = 'idempotently'",
+        ]
+        if readonly:
+            settings.append("SET default_transaction_read_only = on")
+        self._settings = settings
+        connect_timeout = {"connect_timeout": max(2, int(busy_timeout) or 2)}
+        try:
+            first = pg.connect(path, **options, **connect_timeout)
+        except pg.Error as error:
+            raise self._error("cannot open the journal", error, JournalError) from None
+        try:
+            self._configure(first)
+            self._check_schema_on(first)
+        except pg.Error as error:
+            raise self._error("cannot open the journal", error, JournalError) from None
+        finally:
+            first.close()
+        self._pool: psycopg_pool.ConnectionPool[Any] = pool_module.ConnectionPool(
+            path,
+            kwargs={**options, **connect_timeout},
+            min_size=1,
+            max_size=_POOL_MAX,
+            configure=self._configure,
+            timeout=max(busy_timeout, 0.001),
+            name="idempotently",
+            open=True,
+        )
+
+    # -- opening ---------------------------------------------------------------------
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        for statement in self._settings:
+            conn.execute(statement)
+
+    def _check_schema_on(self, conn: psycopg.Connection[Any]) -> None:
+        version = self._read_version(conn)
+        if version is None and not self._create:
+            raise JournalMissingError(
+                f"no journal in {self.path} (the database has no {SCHEMA}.journal_meta table; "
+                "it was left as it is); point --journal (or Journal(url)) at the database your "
+                "Session writes"
+            )
+        if version is not None and version > SCHEMA_VERSION:
+            raise self._newer(version)
+        if version != SCHEMA_VERSION and not self.readonly:
+            # Every opener of a fresh database gets here at once: the first
+            # creates the schema, the others wait and find it made.
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_LOCK,))
+                version = self._read_version(conn) or 0
+                if version > SCHEMA_VERSION:
+                    raise self._newer(version)
+                for migration in _MIGRATIONS[version:]:
+                    conn.execute(migration)
+                if version == 0:
+                    conn.execute(
+                        f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)",
+                        (str(uuid.uuid4()),),
+                    )
+                conn.execute(
+                    f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
+                    "VALUES ('schema_version', %s) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    (str(SCHEMA_VERSION),),
+                )
+                version = SCHEMA_VERSION
+        if version is None:
+            raise JournalMissingError(f"no journal in {self.path}")
+        self._version = version
+        row = conn.execute(
+            f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'namespace'"
+        ).fetchone()
+        value = None if row is None else row["value"]
+        try:
+            self._namespace = uuid.UUID(value)
+        except (TypeError, ValueError, AttributeError) as error:
+            raise JournalCorruptError(
+                f"{self.path} has no valid key namespace ({_short(value)}); restore "
+                f"{SCHEMA}.journal_meta from a backup"
+            ) from error
+
+    def _read_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The schema version, or None when the database holds no journal."""
+        # pg_tables, not to_regclass(): a catalog query sees what committed
+        # before this statement, as a creator we waited for just did.
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables "
+            "WHERE schemaname = %s AND tablename = 'journal_meta') AS present",
+            (SCHEMA,),
+        ).fetchone()
+        if not row or not row["present"]:
+            return None
+        row = conn.execute(
+            f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'schema_version'"
+        ).fetchone()
+        value = None if row is None else row["value"]
+        try:
+            return 0 if value is None else int(value)
+        except ValueError:
+            raise JournalCorruptError(
+                f"{self.path} has a damaged schema version ({_short(value)}); restore "
+                f"{SCHEMA}.journal_meta from a backup"
+            ) from None
+
+    def _newer(self, version: int) -> JournalVersionError:
+        return JournalVersionError(
+            f"{self.path} has PostgreSQL journal schema version {version}, but this "
+            f"idempotently reads up to version {SCHEMA_VERSION}; upgrade idempotently "
+            "(pip install -U idempotently). The database was not modified."
+        )
+
+    def _error(
+        self, doing: str, error: Exception, kind: type[JournalError] = JournalWriteError
+    ) -> JournalError:
+        """One line naming the journal (never its password) and what to do."""
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if self._secret:
+            reason = reason.replace(self._secret, "***")
+        return kind(f"{doing} {self.path}: {reason}; {_ADVICE[_problem(error)]}")
+
+    def close(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> PostgresJournal:
+        return self
+
+    def __repr__(self) -> str:
+        return f"Journal({self.path!r})"
+
+    def _check_still_there(self) -> None:
+        """Nothing to check: a database cannot be moved from under its URL."""
+
+    # -- transactions -----------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, doing: str, kind: type[JournalError]) -> Iterator[None]:
+        import psycopg
+
+        try:
+            yield
+        except psycopg.Error as error:
+            raise self._error(doing, error, kind) from None
+
+    @contextmanager
+    def _transaction(self, *, synchronous: bool) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """One short write transaction; ``synchronous`` makes the commit wait for the WAL flush."""
+        self._check_writable()
+        setting = "on" if synchronous else "off"
+        # BEGIN and the setting in one round trip (a parameterless simple query).
+        with self._block(f"BEGIN; SET LOCAL synchronous_commit = {setting}", writing=True) as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """Several reads as one consistent view (a repeatable-read, read-only transaction)."""
+        with self._block("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", writing=False) as conn:
+            yield conn
+
+    @contextmanager
+    def _block(self, begin: str, *, writing: bool) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pooled connection inside a transaction opened by ``begin``; committed at the end."""
+        doing, kind = (
+            ("cannot write the journal", JournalWriteError)
+            if writing
+            else ("cannot read the journal", JournalError)
+        )
+        with self._errors(doing, kind), self._pool.connection() as conn:
+            conn.execute(begin.encode())
+            try:
+                yield conn
+            except BaseException:
+                if not conn.closed:
+                    with suppress(Exception):
+                        conn.execute(b"ROLLBACK")
+                raise
+            conn.execute(b"COMMIT")
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pooled connection for single-statement reads (each its own snapshot)."""
+        with self._errors("cannot read the journal", JournalError), self._pool.connection() as conn:
+            yield conn
+
+    def _rows(
+        self, conn: psycopg.Connection[dict[str, Any]], sql: str, params: Any = ()
+    ) -> list[dict[str, Any]]:
+        rows = conn.execute(sql, params).fetchall()
+        for row in rows:
+            self._check_row(row)
+        return rows
+
+    def _check_row(self, row: dict[str, Any]) -> None:
+        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
+        for column, value in row.items():
+            problem = _column_problem(column, value)
+            if problem is not None:
+                operation_id, key = row.get("operation_id"), row.get("key")
+                raise JournalCorruptError(
+                    f"{self.path} holds a damaged operation: {problem}; repair that row "
+                    f"(psql, table {SCHEMA}.operations or {SCHEMA}.attempts) or restore a "
+                    "backup; the other operations can still be read one by one with "
+                    "`idempotently show`",
+                    operation_id=operation_id if isinstance(operation_id, str) else None,
+                    key=key if isinstance(key, str) else None,
+                )
+
+    # -- writes used by the sessions --------------------------------------------------
+
+    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
+        """Commit a new operation (synchronous_commit per durability); False if taken."""
+        with self._transaction(synchronous=self.durability == "fsync") as conn:
+            cursor = conn.execute(
+                _INSERT_OPERATION,
+                (
+                    new.operation_id,
+                    new.key,
+                    new.delivery,
+                    new.method,
+                    new.url,
+                    json.dumps(list(new.request_headers)),
+                    new.request_body,
+                    new.fingerprint,
+                    new.profile,
+                    new.key_header,
+                    new.created_at,
+                    new.created_at,
+                    new.key_expires_at,
+                    new.deadline_at,
+                    owner,
+                    lease_until,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def _record_attempt(
+        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
+    ) -> None:
+        """The attempt row and the operation's new state, in one statement.
+
+        With ``owner``, the new state applies only while that caller still holds
+        the lease and the operation is pending; the attempt is counted anyway.
+        """
+        response_headers = (
+            None if record.response_headers is None else json.dumps(list(record.response_headers))
+        )
+        with self._transaction(synchronous=False) as conn:
+            conn.execute(
+                _RECORD_ATTEMPT,
+                {
+                    "operation_id": operation_id,
+                    "owner": owner,
+                    "now": now,
+                    "status": record.status,
+                    "reason": record.reason,
+                    "not_before": record.not_before,
+                    "status_code": record.status_code,
+                    "response_status": record.response_status,
+                    "response_headers": response_headers,
+                    "response_body": record.response_body,
+                    "lease_until": record.lease_until,
+                    "started_at": record.started_at,
+                    "elapsed": record.elapsed,
+                    "outcome": record.outcome,
+                    "replayed": int(record.replayed),
+                    "error": record.error,
+                    "wait": record.wait,
+                },
+            )
+
+    def _set_status(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str | None,
+        now: float,
+        expect: Status = "pending",
+    ) -> bool:
+        """Move an operation out of ``expect`` without an attempt; releases any lease."""
+        with self._transaction(synchronous=True) as conn:
+            cursor = conn.execute(
+                f"""
+                UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
+                    lease_owner = NULL, lease_until = 0
+                WHERE operation_id = %s AND status = %s
+                """,
+                (status, reason, now, operation_id, expect),
+            )
+            return cursor.rowcount == 1
+
+    def _take_lease(
+        self, operation: Operation, *, owner: str, lease_until: float, now: float
+    ) -> bool:
+        """Compare-and-swap on the lease read in ``operation``: one winner only."""
+        with self._transaction(synchronous=True) as conn:
+            cursor = conn.execute(
+                f"""
+                UPDATE {SCHEMA}.operations SET lease_owner = %s, lease_until = %s, updated_at = %s
+                WHERE operation_id = %s AND status = 'pending'
+                  AND lease_until = %s AND lease_owner IS NOT DISTINCT FROM %s::text
+                """,
+                (
+                    owner,
+                    lease_until,
+                    now,
+                    operation.operation_id,
+                    operation.lease_until,
+                    operation.lease_owner,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def _settle(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str,
+        now: float,
+        response_status: int | None = None,
+        response_headers: Sequence[tuple[str, str]] | None = None,
+        response_body: bytes | None = None,
+    ) -> bool:
+        """A reconciler's verdict on a needs_reconcile operation."""
+        with self._transaction(synchronous=True) as conn:
+            cursor = conn.execute(
+                f"""
+                UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
+                    response_status = %s, response_headers = %s, response_body = %s,
+                    lease_owner = NULL, lease_until = 0
+                WHERE operation_id = %s AND status = 'needs_reconcile'
+                """,
+                (
+                    status,
+                    reason,
+                    now,
+                    response_status,
+                    None if response_headers is None else json.dumps(list(response_headers)),
+                    response_body,
+                    operation_id,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def _release_lease(self, operation_id: str, *, owner: str) -> None:
+        with self._transaction(synchronous=True) as conn:
+            conn.execute(
+                f"UPDATE {SCHEMA}.operations SET lease_owner = NULL, lease_until = 0 "
+                "WHERE operation_id = %s AND lease_owner = %s",
+                (operation_id, owner),
+            )
+
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        """Lease up to ``limit`` due pending operations, oldest first, in one statement.
+
+        ``FOR NO KEY UPDATE SKIP LOCKED``: workers claiming at once never get
+        one operation twice, and never wait for each other.
+        """
+        if limit <= 0:
+            return []
+        with self._transaction(synchronous=True) as conn:
+            rows = self._rows(
+                conn,
+                _CLAIM_DUE,
+                {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit},
+            )
+            rows.sort(key=lambda row: (row["created_at"], row["_seq"]))
+            attempts = self._attempts_of(conn, [row["operation_id"] for row in rows])
+        return [
+            Operation._from_row(
+                {name: value for name, value in row.items() if name != "_seq"},
+                attempts.get(row["operation_id"], ()),
+            )
+            for row in rows
+        ]
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        """Heartbeat: push back the leases still held by their owners; how many were."""
+        if not leases:
+            return 0
+        with self._transaction(synchronous=True) as conn:
+            cursor = conn.execute(
+                f"""
+                UPDATE {SCHEMA}.operations AS o
+                SET lease_until = greatest(o.lease_until, %s)
+                FROM unnest(%s::text[], %s::text[]) AS held(operation_id, owner)
+                WHERE o.operation_id = held.operation_id AND o.lease_owner = held.owner
+                  AND o.status = 'pending'
+                """,
+                (
+                    lease_until,
+                    [operation_id for operation_id, _ in leases],
+                    [owner for _, owner in leases],
+                ),
+            )
+            return cursor.rowcount
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _attempts_of(
+        self, conn: psycopg.Connection[dict[str, Any]], operation_ids: Sequence[str]
+    ) -> dict[str, tuple[Attempt, ...]]:
+        found: dict[str, list[Attempt]] = {}
+        if not operation_ids:
+            return {}
+        for attempt in self._rows(
+            conn,
+            f"SELECT * FROM {SCHEMA}.attempts WHERE operation_id = ANY(%s) "
+            "ORDER BY operation_id, number",
+            (list(operation_ids),),
+        ):
+            found.setdefault(attempt["operation_id"], []).append(
+                Attempt(
+                    number=attempt["number"],
+                    started_at=attempt["started_at"],
+                    elapsed=attempt["elapsed"],
+                    outcome=attempt["outcome"],
+                    status_code=attempt["status_code"],
+                    replayed=bool(attempt["replayed"]),
+                    error=attempt["error"],
+                    wait=attempt["wait"],
+                )
+            )
+        return {operation_id: tuple(items) for operation_id, items in found.items()}
+
+    def _one(self, column: str, value: str) -> Operation | None:
+        # Two statements, no snapshot: as the SQLite journal reads it, in fewer round trips.
+        with self._connection() as conn:
+            rows = self._rows(
+                conn,
+                f"SELECT {_SELECT_OPERATION} FROM {SCHEMA}.operations WHERE {column} = %s",
+                (value,),
+            )
+            if not rows:
+                return None
+            attempts = self._attempts_of(conn, [rows[0]["operation_id"]])
+        return Operation._from_row(rows[0], attempts.get(rows[0]["operation_id"], ()))
+
+    def operation(self, operation_id_or_key: str) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key."""
+        return self._one("operation_id", operation_id_or_key) or self._one(
+            "key", operation_id_or_key
+        )
+
+    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
+        """The operation with this id, else the one with this key, with its attempts."""
+        for column, value in (("operation_id", operation_id), ("key", key)):
+            if value is not None:
+                found = self._one(column, value)
+                if found is not None:
+                    return found
+        return None
+
+    def operations(
+        self,
+        *,
+        status: Status | Sequence[Status] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Operation]:
+        """Operations (without their attempts), filtered by status and age."""
+        _check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
+        _check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
+        statuses: list[Status | None] = [None]
+        if status is not None:
+            if not isinstance(status, (str, list, tuple, set, frozenset)):
+                raise TypeError(
+                    f"status must be a status or a list of them ({', '.join(STATUSES)}), not "
+                    f"{type(status).__name__}"
+                )
+            statuses = list(dict.fromkeys([status] if isinstance(status, str) else status))
+            for value in statuses:
+                if value not in STATUSES:
+                    raise ValueError(f"unknown status {value!r}; expected one of {STATUSES}")
+        # One query per status, each walking operations_by_status in creation
+        # order and stopping at the limit, merged here (as the SQLite journal does).
+        with self._read() as conn:
+            listings = [
+                self._list_rows(conn, value, since, limit, newest_first) for value in statuses
+            ]
+        rows = merge(*listings, key=lambda row: row["_seq"], reverse=newest_first)
+        return [
+            Operation._from_row({name: value for name, value in row.items() if name != "_seq"})
+            for row in islice(rows, limit)
+        ]
+
+    def _list_rows(
+        self,
+        conn: psycopg.Connection[dict[str, Any]],
+        status: Status | None,
+        since: float | None,
+        limit: int | None,
+        newest_first: bool,
+    ) -> list[dict[str, Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = %s")
+            params.append(status)
+        if since is not None:
+            where.append("created_at >= %s")
+            params.append(since)
+        sql = f"SELECT seq AS _seq, {_SELECT_OPERATION} FROM {SCHEMA}.operations"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq " + ("DESC" if newest_first else "ASC")
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        return self._rows(conn, sql, params)
+
+    def counts(self) -> dict[str, int]:
+        """Operations per status; every status is present, zero included."""
+        with self._read() as conn:
+            return self._counts(conn)
+
+    def _counts(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[str, int]:
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        for row in self._rows(
+            conn, f"SELECT status, count(*) AS n FROM {SCHEMA}.operations GROUP BY status"
+        ):
+            counts[row["status"]] = int(row["n"])
+        return counts
+
+    def stats(
+        self,
+        *,
+        now: float,
+        stuck_after: float = 60.0,
+        expiring_within: float | None = None,
+    ) -> JournalStats:
+        """Counts, rates and the stuck count (pending, unleased, idle ``stuck_after`` s).
+
+        With ``expiring_within`` (seconds), also how many pending operations have a
+        key that expires by ``now + expiring_within``.
+        """
+        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        _check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
+        if expiring_within is not None:
+            _check_number("expiring_within", expiring_within, integer=False, low=0, high=MAX_WINDOW)
+        with self._read() as conn:
+            counts = self._counts(conn)
+            attempts = self._rows(
+                conn,
+                f"""
+                SELECT count(*) AS attempts,
+                       count(status_code) AS answered_attempts,
+                       coalesce(sum(replayed), 0) AS replayed_attempts,
+                       count(*) FILTER (WHERE status_code IN (409, 423)) AS in_progress_attempts
+                FROM {SCHEMA}.attempts
+                """,
+            )[0]
+            pending = self._rows(
+                conn,
+                f"""
+                SELECT min(created_at) AS oldest,
+                       count(*) FILTER (WHERE lease_until < %(now)s AND updated_at < %(idle)s
+                                        AND coalesce(not_before, 0) <= %(now)s) AS stuck,
+                       count(*) FILTER (WHERE key_expires_at <= %(soon)s) AS expiring
+                FROM {SCHEMA}.operations WHERE status = 'pending'
+                """,
+                {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},
+            )[0]
+        return JournalStats(
+            counts=counts,
+            operations=sum(counts.values()),
+            attempts=int(attempts["attempts"]),
+            answered_attempts=int(attempts["answered_attempts"]),
+            replayed_attempts=int(attempts["replayed_attempts"]),
+            in_progress_attempts=int(attempts["in_progress_attempts"]),
+            oldest_pending_created_at=pending["oldest"],
+            stuck=int(pending["stuck"]),
+            now=now,
+            expiring=None if expiring_within is None else int(pending["expiring"]),
+            expiring_within=expiring_within,
+        )
+
+    def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
+        """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
+
+        Never touches ``pending`` or ``needs_reconcile``. Deletes in batches of
+        1000, longest idle first, each its own short transaction.
+        """
+        _check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
+        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        cutoff = now - older_than
+        if dry_run:
+            with self._read() as conn:
+                row = self._rows(
+                    conn,
+                    f"SELECT count(*) AS n FROM {SCHEMA}.operations "
+                    f"WHERE {_FINISHED_SQL} AND updated_at < %s",
+                    (cutoff,),
+                )[0]
+            return int(row["n"])
+        deleted = 0
+        while True:
+            with self._transaction(synchronous=True) as conn:
+                batch = conn.execute(_PRUNE, {"cutoff": cutoff, "batch": _PRUNE_BATCH}).rowcount
+            deleted += batch
+            if batch < _PRUNE_BATCH:
+                return deleted

@@ -1,0 +1,325 @@
+"""A resume worker: keeps resuming pending operations as they fall due.
+
+``idempotently resume --watch`` runs :func:`watch`. Each round claims a batch of
+due operations (pending, lease expired, ``not_before`` passed) in one journal
+transaction (``Store._claim_due``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, one
+``BEGIN IMMEDIATE`` on SQLite), so workers on several hosts never resume one
+operation at once; the heartbeat keeps the claimed leases alive while the batch
+runs; each operation goes through the same resume flow as ``Session.resume``.
+When nothing is due it sleeps ``interval`` seconds.
+
+An operation a round leaves pending with nothing to wait for (the retry budget
+ran out, an answer that settles nothing, a request that cannot be sent) is
+*parked*: this worker keeps its lease for ``interval`` seconds, doubling each
+time it comes back pending (at most :data:`MAX_PARK`), so a dead server or a
+refused credential is not hammered in a loop. Nothing is written to the
+operation but its lease.
+
+Stopping (``stop`` set, e.g. by SIGTERM): no new claims and no new operations;
+operations in flight finish their current attempt (a retry wait ends the flow,
+its attempt already journaled); then every lease the worker holds is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import httpx
+
+from idempotently._drivers import run
+from idempotently._flow import (
+    BuildRequest,
+    Engine,
+    Held,
+    ResumeResult,
+    mark_in_flight,
+    unmark_in_flight,
+)
+from idempotently._heartbeat import heartbeat_for
+from idempotently._journal import Operation
+from idempotently._store import Store
+
+logger = logging.getLogger("idempotently.watch")
+
+BATCH_PER_WORKER = 4
+"""A round claims up to ``concurrency * BATCH_PER_WORKER`` operations."""
+MAX_PARK = 300.0
+"""The longest an operation left pending waits before this worker tries it again."""
+
+
+class _Stopping(Exception):
+    """Raised by the worker's sleep once it is told to stop: ends a flow that waits to retry."""
+
+
+@attrs.frozen
+class Batch:
+    """One round of a resume worker."""
+
+    number: int
+    claimed: int
+    results: tuple[ResumeResult, ...]
+    elapsed: float
+
+    def actions(self) -> dict[str, int]:
+        return dict(sorted(Counter(result.action for result in self.results).items()))
+
+
+@attrs.define
+class WatchSummary:
+    """What a resume worker did until it stopped."""
+
+    owner: str
+    batches: int = 0
+    operations: int = 0
+    actions: Counter[str] = attrs.Factory(Counter)
+    released: int = 0
+    """Claimed operations it never started, whose leases it gave back."""
+
+
+def watch(
+    engine: Engine,
+    store: Store,
+    build: BuildRequest,
+    *,
+    send: Callable[[httpx.Request], httpx.Response],
+    stop: threading.Event,
+    interval: float,
+    concurrency: int,
+    base_url: str | None = None,
+    on_result: Callable[[ResumeResult], object] | None = None,
+    on_batch: Callable[[Batch], object] | None = None,
+    monotonic: Callable[[], float] | None = None,
+    pending_left: Callable[[], int] | None = None,
+    before_stopped: Callable[[], object] | None = None,
+) -> WatchSummary:
+    """Resume due operations until ``stop`` is set; then release every lease and return.
+
+    ``on_result`` is called for each operation as soon as it is known (from worker
+    threads, one at a time); ``on_batch`` after each round that claimed something.
+    A journal error ends the worker (after releasing what it can) and is raised.
+    ``pending_left`` (how many operations are pending now) is logged with each batch;
+    ``before_stopped`` runs before the last log line (the CLI lets its signal notice out).
+    """
+    tick = monotonic or time.monotonic
+    owner = engine.new_owner()
+    summary = WatchSummary(owner)
+    heartbeat = heartbeat_for(store)
+    parked: dict[str, int] = {}  # operation id -> rounds it came back pending in a row
+    parked_now: set[str] = set()  # operations this worker holds a parking lease on
+    report_lock = threading.Lock()
+
+    def report(result: ResumeResult) -> None:
+        with report_lock:
+            summary.operations += 1
+            summary.actions[result.action] += 1
+            if on_result is not None:
+                on_result(result)
+
+    def sleep(seconds: float) -> None:
+        if stop.wait(seconds):
+            raise _Stopping
+
+    mark_in_flight(owner)  # this process's callers see the worker's leases as live
+    logger.info(
+        "resume worker %s started",
+        owner,
+        extra=_event("watch_started", owner=owner, concurrency=concurrency, interval=interval),
+    )
+    try:
+        while not stop.is_set():
+            now = engine.clock()
+            claimed = store._claim_due(
+                owner=owner,
+                now=now,
+                lease_until=now + engine.lease_duration,
+                limit=concurrency * BATCH_PER_WORKER,
+            )
+            parked_now.difference_update(operation.operation_id for operation in claimed)
+            if not claimed:
+                stop.wait(interval)
+                continue
+            started = tick()
+            summary.batches += 1
+            logger.info(
+                "batch %d: claimed %d operation(s)",
+                summary.batches,
+                len(claimed),
+                extra=_event(
+                    "claimed",
+                    batch=summary.batches,
+                    claimed=len(claimed),
+                    operation_ids=[operation.operation_id for operation in claimed],
+                ),
+            )
+            results = _run_batch(
+                engine,
+                store,
+                build,
+                claimed,
+                owner=owner,
+                send=send,
+                sleep=sleep,
+                stop=stop,
+                concurrency=concurrency,
+                base_url=base_url,
+                report=report,
+                heartbeat_add=heartbeat.add,
+                heartbeat_remove=heartbeat.remove,
+                released=summary,
+            )
+            for result in results:
+                if result.status == "pending" and result.action not in ("leased", "waiting"):
+                    rounds = parked.get(result.operation_id, 0)
+                    if _park(engine, store, result, owner, min(MAX_PARK, interval * 2**rounds)):
+                        parked[result.operation_id] = rounds + 1
+                        parked_now.add(result.operation_id)
+                else:
+                    parked.pop(result.operation_id, None)
+            batch = Batch(summary.batches, len(claimed), tuple(results), tick() - started)
+            logger.info(
+                "batch %d: %d claimed, %d resumed",
+                batch.number,
+                batch.claimed,
+                len(batch.results),
+                extra=_event(
+                    "batch",
+                    batch=batch.number,
+                    claimed=batch.claimed,
+                    resumed=len(batch.results),
+                    actions=batch.actions(),
+                    elapsed=round(batch.elapsed, 3),
+                    **({} if pending_left is None else {"pending_left": pending_left()}),
+                ),
+            )
+            if on_batch is not None:
+                on_batch(batch)
+    finally:
+        try:
+            for operation_id in sorted(parked_now):
+                store._release_lease(operation_id, owner=owner)
+        finally:
+            unmark_in_flight(owner)
+        if before_stopped is not None:
+            before_stopped()
+        logger.info(
+            "resume worker %s stopped",
+            owner,
+            extra=_event(
+                "watch_stopped",
+                owner=owner,
+                batches=summary.batches,
+                operations=summary.operations,
+                released=summary.released,
+            ),
+        )
+    return summary
+
+
+def _run_batch(
+    engine: Engine,
+    store: Store,
+    build: BuildRequest,
+    claimed: list[Operation],
+    *,
+    owner: str,
+    send: Callable[[httpx.Request], httpx.Response],
+    sleep: Callable[[float], None],
+    stop: threading.Event,
+    concurrency: int,
+    base_url: str | None,
+    report: Callable[[ResumeResult], None],
+    heartbeat_add: Callable[[Any], None],
+    heartbeat_remove: Callable[[Any], None],
+    released: WatchSummary,
+) -> list[ResumeResult]:
+    """Resume the claimed operations, ``concurrency`` at a time; stop starting new ones
+    once ``stop`` is set and give their leases back. Results in completion order."""
+    leases = [engine.lease(operation.operation_id, owner) for operation in claimed]
+    for lease in leases:
+        heartbeat_add(lease)  # queued operations keep their claim until their turn
+    queue = iter(claimed)
+    lock = threading.Lock()
+    results: list[ResumeResult] = []
+    errors: list[BaseException] = []
+    unstarted: list[Operation] = []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                operation = next(queue, None)
+                if operation is None:
+                    return
+                if stop.is_set() or errors:
+                    unstarted.append(operation)
+                    continue
+            held = Held()
+            try:
+                result = run(
+                    engine.resume_operation(
+                        operation,
+                        build,
+                        held,
+                        dry_run=False,
+                        base_url=base_url,
+                        reconciling=False,
+                        claimed_by=owner,
+                    ),
+                    held,
+                    store,
+                    send=send,
+                    sleep=sleep,
+                    report=report,
+                )
+            except _Stopping:
+                result = ResumeResult.of(
+                    operation,
+                    "pending",
+                    "still_pending",
+                    "the worker stopped while this operation waited to retry (its attempts "
+                    "are journaled); the next worker resumes it",
+                )
+                report(result)
+            except BaseException as error:
+                with lock:
+                    errors.append(error)
+                return
+            with lock:
+                results.append(result)
+
+    try:
+        threads = [
+            threading.Thread(target=worker, name=f"idempotently-watch-{n}", daemon=True)
+            for n in range(min(concurrency, len(claimed)))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for lease in leases:
+            heartbeat_remove(lease)
+        for operation in unstarted:
+            store._release_lease(operation.operation_id, owner=owner)
+        released.released += len(unstarted)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _park(engine: Engine, store: Store, result: ResumeResult, owner: str, seconds: float) -> bool:
+    """Hold a lease on an operation left pending, so it is tried again in ``seconds``."""
+    operation = store._find(result.operation_id, None)
+    if operation is None or operation.status != "pending" or operation.lease_owner is not None:
+        return False
+    now = engine.clock()
+    return store._take_lease(operation, owner=owner, lease_until=now + seconds, now=now)
+
+
+def _event(event: str, **fields: Any) -> dict[str, Any]:
+    return {"idempotently": {"event": event, **fields}}

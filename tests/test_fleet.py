@@ -1,0 +1,339 @@
+"""A fleet of `idempotently resume --watch` workers: real processes, one journal, the mock
+server on 127.0.0.1.
+
+The promises (issue 10): workers with different host identities sharing one journal
+never send one operation twice; a worker SIGKILLed mid-batch loses nothing (the
+others finish its operations once its leases expire); SIGTERM finishes what is in
+flight, releases every lease and exits 0. The store is a parameter
+(``journal_location``): each test runs against SQLite and PostgreSQL.
+Tests wait on the JSON lines the workers print, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import idempotently
+from idempotently.testing import MockServer, MockServerConfig, serve
+
+REPO = Path(__file__).parent.parent
+USER = "shop_1"
+TOKEN_ENV = "FLEET_TEST_TOKEN"
+WAIT = 30.0
+"""Longest any one wait may take: past this something hangs, and the test fails."""
+
+
+@pytest.fixture
+def journal_location(journal_target: str) -> str:
+    """Where the fleet's shared journal lives: a SQLite file, or a PostgreSQL database
+    (conftest's ``store`` parameter: every test runs on each store)."""
+    return journal_target
+
+
+def refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+def operation_id(order: int) -> str:
+    return f"order-{order}:charge"
+
+
+def seed(location: str, url: str, orders: int) -> None:
+    """``orders`` pending charges, journaled for the mock server; none reached it."""
+    with idempotently.Session(
+        location,
+        base_url=url,
+        transport=httpx.MockTransport(refuse),
+        policy=idempotently.RetryPolicy(max_attempts=1),
+    ) as session:
+
+        def charge(order: int) -> None:
+            body = {
+                "amount": 100 + order,
+                "currency": "usd",
+                "customer": "cus_1",
+                "metadata": {"order_id": f"order-{order}"},
+            }
+            with pytest.raises(idempotently.IdempotentlyError):
+                session.post("/v1/charges", json=body, operation_id=operation_id(order))
+
+        # Threads share each fsync (group commit): seeding 1,000 takes a second, not ten.
+        threads = [
+            threading.Thread(target=lambda n=n: [charge(i) for i in range(n, orders, 8)])
+            for n in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+class WatchWorker:
+    """An `idempotently resume --watch --json` process whose JSON lines are read as printed."""
+
+    def __init__(
+        self, tmp_path: Path, location: str, host_id: str, *options: str, lease: str = "2s"
+    ) -> None:
+        self.host_id = host_id
+        self.stderr_path = tmp_path / f"{host_id}.stderr"
+        self._stderr = self.stderr_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "idempotently",
+                "--journal",
+                location,
+                "resume",
+                "--watch",
+                "--json",
+                "--interval",
+                "0.1s",
+                "--host-id",
+                host_id,
+                "--lease-duration",
+                lease,
+                "--header-env",
+                f"Authorization={TOKEN_ENV}",
+                *options,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=REPO,
+            env={
+                **os.environ,
+                TOKEN_ENV: f"Bearer {USER}",
+                "PYTHONPATH": os.pathsep.join(sys.path),
+            },
+        )
+        self.events: list[dict[str, Any]] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def next_event(self, timeout: float = WAIT) -> dict[str, Any] | None:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.host_id} printed nothing for {timeout} s") from None
+        if line is None:
+            return None
+        event: dict[str, Any] = json.loads(line)
+        self.events.append(event)
+        return event
+
+    def wait_for(self, test: Callable[[dict[str, Any]], bool], timeout: float = WAIT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.next_event(max(0.0, deadline - time.monotonic()))
+            if event is None:
+                raise AssertionError(f"{self.host_id} ended early: {self.diagnosis()}")
+            if test(event):
+                return
+
+    def drain(self) -> None:
+        """Read whatever it has printed so far."""
+        while not self._lines.empty():
+            if self.next_event(0) is None:
+                return
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = WAIT) -> int:
+        """Send ``signum`` and read to the end; the exit code."""
+        self.proc.send_signal(signum)
+        deadline = time.monotonic() + timeout
+        while self.next_event(max(0.0, deadline - time.monotonic())) is not None:
+            pass
+        return self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+
+    def resumed(self) -> list[str]:
+        return [e["operation_id"] for e in self.events if e["event"] == "operation"]
+
+    def diagnosis(self) -> str:
+        return f"exit {self.proc.poll()}, stderr:\n{self.stderr_path.read_text()}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=WAIT)
+        self._reader.join(timeout=WAIT)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+
+@contextmanager
+def fleet(
+    tmp_path: Path, location: str, host_ids: list[str], *options: str
+) -> Iterator[list[WatchWorker]]:
+    with ExitStack() as stack:
+        workers = []
+        for host_id in host_ids:
+            worker = WatchWorker(tmp_path, location, host_id, *options)
+            stack.callback(worker.close)
+            workers.append(worker)
+        yield workers
+
+
+def drained(event: dict[str, Any]) -> bool:
+    return event["event"] == "batch" and event.get("pending_left") == 0
+
+
+def wait_until_drained(workers: list[WatchWorker], timeout: float = WAIT) -> None:
+    """Until one of the workers reports a batch after which nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker in workers:
+            try:
+                line = worker._lines.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"{worker.host_id} ended early: {worker.diagnosis()}")
+            event = json.loads(line)
+            worker.events.append(event)
+            if drained(event):
+                return
+    raise AssertionError(f"nothing drained the journal within {timeout} s")
+
+
+def assert_each_order_charged_once(server: MockServer, location: str, orders: int) -> None:
+    """One charge per order, all succeeded in the journal, no lease left behind."""
+    assert {} == server.ledger.duplicates()
+    assert {(USER, f"order-{i}"): 1 for i in range(orders)} == server.charge_count_by_order()
+    with idempotently.Journal(location, create=False) as journal:
+        assert {"succeeded": orders} == {name: n for name, n in journal.counts().items() if n}
+        assert [] == [op.operation_id for op in journal.operations() if op.lease_owner]
+
+
+def test_sigterm_finishes_operations_in_flight_and_releases_every_lease(
+    tmp_path: Path, journal_location: str
+) -> None:
+    """SIGTERM mid-batch: exit 0 after the operations in flight end; no lease is left;
+    a second worker finishes the rest; each order charged once."""
+    orders = 24
+    with serve(MockServerConfig(provider_latency=0.05)) as server:
+        seed(journal_location, server.url, orders)
+        with fleet(tmp_path, journal_location, ["host-a"], "--concurrency", "2") as [worker]:
+            worker.wait_for(lambda event: event["event"] == "operation")
+            started = time.monotonic()
+            assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
+            assert time.monotonic() - started < 10
+        names = [event["event"] for event in worker.events]
+        assert "watch_stopping" in names and "watch_stopped" == names[-1]
+        stopped = worker.events[-1]
+        assert stopped["released"] > 0  # claimed, never started, given back
+        with idempotently.Journal(journal_location, create=False) as journal:
+            assert [] == [op.operation_id for op in journal.operations() if op.lease_owner]
+            assert len(worker.resumed()) == journal.counts()["succeeded"]
+        assert len(worker.resumed()) == server.stats().requests
+        with fleet(tmp_path, journal_location, ["host-b"]) as [finisher]:
+            finisher.wait_for(drained)
+            assert 0 == finisher.stop(signal.SIGINT), finisher.diagnosis()
+        assert sorted(worker.resumed() + finisher.resumed()) == sorted(
+            operation_id(i) for i in range(orders)
+        )
+        assert_each_order_charged_once(server, journal_location, orders)
+
+
+def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_location: str) -> None:
+    """A second SIGTERM does not wait for the attempt in flight: the process exits at once
+    with 143 (even as PID 1 in a container, where a default SIGTERM is ignored)."""
+    with serve(MockServerConfig(provider_latency=20)) as server:
+        seed(journal_location, server.url, 1)
+        with fleet(tmp_path, journal_location, ["host-a"]) as [worker]:
+            worker.wait_for(lambda event: event["event"] == "claimed")
+            worker.proc.send_signal(signal.SIGTERM)
+            worker.wait_for(lambda event: event["event"] == "watch_stopping")
+            started = time.monotonic()
+            assert 128 + signal.SIGTERM == worker.stop(signal.SIGTERM), worker.diagnosis()
+            assert time.monotonic() - started < 10  # not the provider's 20 s
+        assert "watch_stopped" not in [event["event"] for event in worker.events]
+
+
+@pytest.mark.slow
+def test_three_workers_drain_a_thousand_operations_sending_each_once(
+    tmp_path: Path, journal_location: str
+) -> None:
+    """Three workers on three host ids drain 1,000 pending operations: each is resumed by
+    exactly one worker and reaches the server exactly once."""
+    orders = 1000
+    with serve() as server:
+        seed(journal_location, server.url, orders)
+        with fleet(
+            tmp_path, journal_location, ["host-a", "host-b", "host-c"], "--concurrency", "4"
+        ) as workers:
+            wait_until_drained(workers)
+            for worker in workers:
+                assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
+        resumed = [op for worker in workers for op in worker.resumed()]
+        assert sorted(resumed) == sorted(operation_id(i) for i in range(orders))
+        assert orders == server.stats().requests
+        assert all(worker.resumed() for worker in workers)  # the work was shared
+        assert_each_order_charged_once(server, journal_location, orders)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_batch_loses_nothing(tmp_path: Path, journal_location: str) -> None:
+    """SIGKILL one of three workers mid-batch: once its leases expire the others finish its
+    operations; one charge per operation, nothing lost."""
+    orders = 60
+    config = MockServerConfig(provider_latency=0.05, in_progress="wait")
+    with serve(config) as server:
+        seed(journal_location, server.url, orders)
+        with (
+            fleet(tmp_path, journal_location, ["doomed"], "--concurrency", "2") as [victim],
+            ExitStack() as stack,
+        ):
+            victim.wait_for(lambda event: event["event"] == "claimed")
+            claimed = victim.events[-1]["operation_ids"]
+            survivors = stack.enter_context(
+                fleet(tmp_path, journal_location, ["host-b", "host-c"], "--concurrency", "2")
+            )
+            victim.wait_for(lambda event: event["event"] == "operation")
+            victim.proc.kill()  # mid-batch: it claimed 8, finished 1
+            assert -signal.SIGKILL == victim.proc.wait(timeout=WAIT)
+            victim.drain()
+            orphans = set(claimed) - set(victim.resumed())
+            with idempotently.Journal(journal_location, create=False) as journal:
+                # Claimed by the dead worker and unfinished (one it finished just before
+                # dying, without saying so, is succeeded): still leased by it.
+                held = {
+                    op.operation_id: op
+                    for op in map(journal.operation, sorted(orphans))
+                    if op is not None and op.status == "pending"
+                }
+            assert held  # it died holding leases on operations it had not finished
+            assert all(str(op.lease_owner).startswith("doomed:") for op in held.values())
+            wait_until_drained(survivors)
+            for worker in survivors:
+                assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
+        finished_by_survivors = {op for worker in survivors for op in worker.resumed()}
+        assert set(held) <= finished_by_survivors
+        assert not set(victim.resumed()) & finished_by_survivors
+        with idempotently.Journal(journal_location, create=False) as journal:
+            for orphan, at_death in held.items():
+                operation = journal.operation(orphan)
+                # Taken over only once the dead worker's lease had expired.
+                assert operation is not None and operation.updated_at >= at_death.lease_until
+        assert_each_order_charged_once(server, journal_location, orders)
