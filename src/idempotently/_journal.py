@@ -344,6 +344,27 @@ class NewOperation:
     key_expires_at: float
     deadline_at: float | None
 
+    def row(self, owner: str, lease_until: float) -> tuple[Any, ...]:
+        """The values of the insert that journals it (both stores' column order)."""
+        return (
+            self.operation_id,
+            self.key,
+            self.delivery,
+            self.method,
+            self.url,
+            json.dumps(list(self.request_headers)),
+            self.request_body,
+            self.fingerprint,
+            self.profile,
+            self.key_header,
+            self.created_at,
+            self.created_at,
+            self.key_expires_at,
+            self.deadline_at,
+            owner,
+            lease_until,
+        )
+
 
 @attrs.frozen
 class AttemptRecord:
@@ -949,27 +970,7 @@ class Journal:
     def _insert(
         self, conn: sqlite3.Connection, new: NewOperation, owner: str, lease_until: float
     ) -> bool:
-        cursor = conn.execute(
-            _INSERT_OPERATION,
-            (
-                new.operation_id,
-                new.key,
-                new.delivery,
-                new.method,
-                new.url,
-                json.dumps(list(new.request_headers)),
-                new.request_body,
-                new.fingerprint,
-                new.profile,
-                new.key_header,
-                new.created_at,
-                new.created_at,
-                new.key_expires_at,
-                new.deadline_at,
-                owner,
-                lease_until,
-            ),
-        )
+        cursor = conn.execute(_INSERT_OPERATION, new.row(owner, lease_until))
         return cursor.rowcount == 1
 
     def _record_attempt(

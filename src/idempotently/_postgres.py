@@ -571,27 +571,7 @@ class PostgresJournal(Journal):
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
         """Commit a new operation (synchronous_commit per durability); False if taken."""
         with self._transaction(synchronous=self.durability == "fsync") as conn:
-            cursor = conn.execute(
-                _INSERT_OPERATION,
-                (
-                    new.operation_id,
-                    new.key,
-                    new.delivery,
-                    new.method,
-                    new.url,
-                    json.dumps(list(new.request_headers)),
-                    new.request_body,
-                    new.fingerprint,
-                    new.profile,
-                    new.key_header,
-                    new.created_at,
-                    new.created_at,
-                    new.key_expires_at,
-                    new.deadline_at,
-                    owner,
-                    lease_until,
-                ),
-            )
+            cursor = conn.execute(_INSERT_OPERATION, new.row(owner, lease_until))
             return cursor.rowcount == 1
 
     def _record_attempt(
