@@ -132,9 +132,10 @@ def check_host_id(host_id: object) -> str:
 
 
 def default_host_id() -> str:
-    """``$IDEMPOTENTLY_HOST_ID`` if set (checked), else this machine's hostname."""
+    """``$IDEMPOTENTLY_HOST_ID`` if set and not empty (checked), else this machine's
+    hostname. Empty counts as unset, as it does for the command line's ``--host-id``."""
     configured = os.environ.get(HOST_ID_ENVVAR)
-    if configured is not None:
+    if configured:
         try:
             return check_host_id(configured)
         except ValueError as error:

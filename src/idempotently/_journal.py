@@ -47,6 +47,22 @@ from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outc
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """A journal path starting with one of these is a PostgreSQL URL (see _postgres.py)."""
+# A URL the PostgreSQL journal does not take (another scheme, upper case, surrounding
+# spaces, or a pathlib.Path, which folds "//" into "/"): not a file name either.
+_URL_LIKE = re.compile(r"(?i)\s*(postgres(ql)?:/|[a-z][a-z0-9+.-]+://)")
+
+
+def _refuse_url(path: str) -> None:
+    """A JournalError, never echoing a password, for a path that is a mistyped URL."""
+    text = os.fsdecode(path)
+    if _URL_LIKE.match(text):
+        shown = re.sub(r"(?<=:)[^:@/]*(?=@)", "***", text.strip())[:200]
+        raise JournalError(
+            f"{shown!r} looks like a URL, not a journal file: a PostgreSQL journal takes a "
+            "str URL starting exactly with postgresql:// or postgres:// (lower case, no "
+            "spaces around it, not a pathlib.Path); a SQLite journal takes a file path"
+        )
+
 
 MAX_LIMIT = 2**63 - 1
 """SQLite's largest integer: the largest ``limit`` a listing takes."""
@@ -586,6 +602,7 @@ class Journal:
                 f"not {durability!r}"
             )
         self.path = os.fspath(path)
+        _refuse_url(self.path)
         self.durability: Durability = durability
         self.readonly = readonly
         self._create = create and not readonly

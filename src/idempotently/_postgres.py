@@ -252,8 +252,9 @@ _ADVICE: Final = {
     "28P01": "authentication failed: check the user and password in the URL",
     "28000": "the server refused this user: check the user in the URL and pg_hba.conf",
     "3D000": "the database does not exist: create it (createdb) or fix the URL",
-    "42501": f"the user lacks a privilege: grant it USAGE and CREATE on schema {SCHEMA} "
-    "(or let a user that has CREATE on the database open the journal once)",
+    "42501": f"the user lacks a privilege: grant it USAGE on schema {SCHEMA} and SELECT, "
+    "INSERT, UPDATE, DELETE on its tables (and, to create the journal, CREATE on the "
+    "database, or let a user that has it open the journal once)",
     "55P03": "another transaction held a lock past busy_timeout: look for a stuck session "
     "(pg_stat_activity), or raise busy_timeout",
     "57014": "a statement ran past busy_timeout: look for a stuck session (pg_stat_activity), "
