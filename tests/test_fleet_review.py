@@ -421,29 +421,7 @@ def test_a_read_only_role_reads_and_the_advice_names_the_table_privileges(
 # -- left as they are (strict xfail: each describes what a user would expect) -----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the watch claim (_claim_due) only takes expired leases; docs/fleet.md says a lease "
-    "whose process is gone on this host is taken at once, which only `resume` and calls do",
-)
-def test_a_watch_worker_takes_a_dead_local_process_lease_at_once(tmp_path: Path) -> None:
-    """A lease of a dead pid under this worker's own host id is taken at once by
-    `resume --watch`, as docs/fleet.md promises for "one host"."""
-    path = str(tmp_path / "journal.db")
-    dead_pid = 2**22 + 12345  # above any pid_max: never a live process
-    with serve() as server:
-        seed(path, server.url, 1)
-        with idempotently.Journal(path) as journal, journal._write() as conn:
-            conn.execute(
-                "UPDATE operations SET lease_owner = ?, lease_until = ?",
-                (f"same:{dead_pid}:t", time.time() + 3600),
-            )
-        with fleet(tmp_path, path, ["same"]) as [worker]:
-            worker.wait_for(lambda event: event["event"] == "batch", timeout=3)
-
-
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, reason="the whole URL is echoed; the redacted empty URL loses //")
 @pytest.mark.parametrize(
     ("url", "shown"),
     [("postgresql://", "postgresql://"), ("postgresql://127.0.0.1:1/" + "x" * 100_000, "...")],

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import idempotently
-from idempotently._flow import lease_owner_alive
+from idempotently._flow import lease_owner_alive, new_lease_owner
 from idempotently._heartbeat import Heartbeat, heartbeat_for
 from idempotently._journal import Journal, NewOperation
 from idempotently._store import Lease
@@ -359,3 +359,12 @@ def test_another_host_id_on_this_machine_is_a_remote_host(tmp_path: Path) -> Non
         ) as session:
             assert [expected] == [result.action for result in session.resume()]
     assert [1] == sent
+
+
+def test_another_process_with_our_pid_and_host_id_is_alive() -> None:
+    """A lease of another process that has our pid and host id (pid 1 in two containers
+    sharing a hostname) is waited out, never judged ended because no flow of ours holds
+    it; an ended flow of this process is still seen as ended."""
+    ours = new_lease_owner("here")
+    stranger = f"here:{os.getpid()}:zzzzzzzzzzzz"  # never our hex tag
+    assert (False, True) == (lease_owner_alive(ours, "here"), lease_owner_alive(stranger, "here"))

@@ -359,8 +359,22 @@ def check_timeouts(request: httpx.Request) -> None:
             raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
 
 
+# A random tag of this process, at the start of every owner token it makes: another
+# process with the same host id and the same pid (pid 1 in two containers that share
+# a hostname) is told apart from an ended flow of ours. Made again after a fork.
+_PROCESS_TAG: tuple[int, str] = (os.getpid(), uuid.uuid4().hex[:6])
+
+
+def _process_tag() -> str:
+    global _PROCESS_TAG
+    pid, tag = _PROCESS_TAG
+    if pid != os.getpid():
+        _PROCESS_TAG = pid, tag = os.getpid(), uuid.uuid4().hex[:6]
+    return tag
+
+
 def new_lease_owner(host_id: str = _HOST) -> str:
-    return f"{host_id}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{host_id}:{os.getpid()}:{_process_tag()}{uuid.uuid4().hex[:6]}"
 
 
 # The lease owners of this process's flows that are running now (counted: a resume
@@ -393,6 +407,8 @@ def lease_owner_alive(owner: str, host_id: str = _HOST) -> bool:
         return True
     pid = int(pid_text)
     if pid == os.getpid():
+        if not owner.rpartition(":")[2].startswith(_process_tag()):
+            return True  # another process with our pid: a container with our host id
         return in_flight(owner)
     try:
         os.kill(pid, 0)

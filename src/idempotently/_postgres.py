@@ -85,6 +85,10 @@ def is_postgres_url(path: object) -> bool:
     return isinstance(path, str) and path.startswith(URL_SCHEMES)
 
 
+_SHOWN_URL = 200
+"""The longest a URL is shown in messages and ``repr()``."""
+
+
 def redact_url(url: str) -> str:
     """``url`` with any password (in the user info or a ``password=`` parameter) as ``***``."""
     parts = urllib.parse.urlsplit(url)
@@ -93,7 +97,15 @@ def redact_url(url: str) -> str:
     if at and ":" in userinfo:
         netloc = userinfo.partition(":")[0] + ":***@" + hosts
     query = re.sub(r"(?i)(^|&)(password)=[^&]*", r"\1\2=***", parts.query)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # Rebuilt by hand: urlunsplit drops the "//" of a URL with an empty host.
+    shown = f"{parts.scheme}://{netloc}{parts.path}"
+    shown += f"?{query}" if query else ""
+    shown += f"#{parts.fragment}" if parts.fragment else ""
+    if len(shown) > _SHOWN_URL:
+        # A URL fills a message, not a screen: its start (scheme, host) and its end.
+        half = (_SHOWN_URL - 3) // 2
+        shown = shown[:half] + "..." + shown[-half:]
+    return shown
 
 
 def _password(url: str) -> str | None:
