@@ -412,3 +412,18 @@ def test_httpx2_gzip_answer_replayed_from_the_journal(tmp_path: Path) -> None:
         again = session.post("/v1/charges", json={}, operation_id="o1")
     assert {"id": "ch_1"} == first.json() == again.json()
     assert again.headers.get("content-encoding") is None
+
+
+def test_csv_of_no_operations_is_the_header_row_of_some(tmp_path: Path) -> None:
+    """`list --status needs_reconcile --format csv > reconcile.csv` (docs/cli.md's cron
+    line) with nothing to reconcile is a header row, as with operations: a spreadsheet
+    or pandas.read_csv refuses an empty file."""
+    path = tmp_path / "j.db"
+    _journal(path)
+    runner = CliRunner()
+    some = runner.invoke(cli, ["--journal", str(path), "list", "--format", "csv"]).stdout
+    none = runner.invoke(
+        cli, ["--journal", str(path), "list", "--status", "needs_reconcile", "--format", "csv"]
+    ).stdout
+    assert some.splitlines()[0] == none.rstrip("\r\n")
+    assert [] == list(csv.DictReader(io.StringIO(none)))
