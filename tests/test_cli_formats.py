@@ -107,12 +107,14 @@ def test_json_flag_is_format_json_and_cannot_contradict_it(journal: Path) -> Non
 
 
 def test_empty_listings_in_every_format(tmp_path: Path) -> None:
-    """No operations: an empty array, no lines at all, and a sentence for people."""
+    """No operations: an empty array, no lines at all, a CSV header row, and a sentence
+    for people."""
     path = journal_with(tmp_path / "j.db", "ok")
     args = ("--journal", str(path), "list", "--status", "pending")
     assert [] == json.loads(out(*args, "--format", "json"))
     assert "" == out(*args, "--format", "nl")
-    assert "" == out(*args, "--format", "csv")
+    assert "operation_id,key,status," == out(*args, "--format", "csv")[:24]
+    assert 1 == len(out(*args, "--format", "csv").splitlines())
     assert "no operations in" in out(*args)
 
 

@@ -351,17 +351,40 @@ def operations_table(
     )
 
 
-def csv_text(records: Sequence[Mapping[str, Any]]) -> str:
+OPERATION_FIELDS = (
+    "operation_id",
+    "key",
+    "status",
+    "reason",
+    "delivery",
+    "method",
+    "url",
+    "attempts",
+    "last_status_code",
+    "created_at",
+    "updated_at",
+    "not_before",
+    "deadline_at",
+    "key_expires_at",
+    "lease_owner",
+    "lease_until",
+)
+"""The keys of :func:`operation_json`, in order: the columns of ``list --format csv``."""
+
+
+def csv_text(records: Sequence[Mapping[str, Any]], fields: Sequence[str] = ()) -> str:
     """Records as CSV with a header row (RFC 4180 line ends); ``None`` is an empty field.
 
     Control characters in text are shown as escapes, as in every format for people.
 
-    The columns are the first record's keys; no records, no output.
+    The columns are ``fields``, else the first record's keys. No records: the header
+    row alone when ``fields`` names the columns (a spreadsheet or ``pandas.read_csv``
+    refuses an empty file), else no output.
     """
-    if not records:
+    if not records and not fields:
         return ""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(records[0]), extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=list(fields or records[0]), extrasaction="ignore")
     writer.writeheader()
     writer.writerows(
         {name: _csv_cell(value) for name, value in record.items()} for record in records

@@ -141,7 +141,8 @@ def journaled_url(url: httpx.URL) -> str:
 def secret_values(
     headers: httpx.Headers, redacted: frozenset[str], url: httpx.URL | None = None
 ) -> list[str]:
-    """The values an error text must never show: redacted headers and URL passwords."""
+    """The values an error text must never show: redacted headers, URL passwords and
+    the URL's query."""
     values = [
         raw_value.decode("latin-1")
         for raw_name, raw_value in headers.raw
@@ -149,4 +150,8 @@ def secret_values(
     ]
     if url is not None and url.userinfo:
         values.extend(part for part in (url.password, url.userinfo.decode("latin-1")) if part)
+    if url is not None and url.query:
+        # An API key in the query (?api_key=...): an error that quotes the URL (httpx's
+        # raise_for_status does) must not carry it into events, logs and the journal.
+        values.append(url.query.decode("ascii", "replace"))
     return values

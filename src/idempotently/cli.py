@@ -28,6 +28,7 @@ import httpx
 from idempotently import __version__
 from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
+    OPERATION_FIELDS,
     csv_text,
     nl_lines,
     operation_detail_json,
@@ -181,15 +182,18 @@ def echo_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False).translate(JSON_ESCAPES))
 
 
-def echo_records(records: Sequence[dict[str, Any]], output_format: str) -> None:
-    """Records as ``json`` (one array), ``nl`` (one object per line) or ``csv``."""
+def echo_records(
+    records: Sequence[dict[str, Any]], output_format: str, fields: Sequence[str] = ()
+) -> None:
+    """Records as ``json`` (one array), ``nl`` (one object per line) or ``csv`` (its
+    header row from ``fields`` even when there are no records)."""
     if output_format == "json":
         echo_json(list(records))
     elif output_format == "nl":
         for line in nl_lines(records):
             click.echo(line.translate(JSON_ESCAPES))
     else:
-        click.echo(csv_text(records), nl=False)
+        click.echo(csv_text(records, fields), nl=False)
 
 
 def terminal_width() -> int:
@@ -252,7 +256,11 @@ def list_command(
         limit=limit,
     )
     if output_format != "table":
-        echo_records([operation_json(operation) for operation in operations], output_format)
+        echo_records(
+            [operation_json(operation) for operation in operations],
+            output_format,
+            OPERATION_FIELDS,
+        )
         return
     if not operations:
         click.echo(

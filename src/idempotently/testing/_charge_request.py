@@ -175,7 +175,14 @@ def _form_document(text: str) -> dict[str, Any]:
     if not text.strip():
         raise bad_request("the body is empty; send the charge as a form or a JSON object")
     try:
-        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True)
+        # errors="strict": a %-escape that is not UTF-8 (%ff) is refused, not read as
+        # U+FFFD, which would make different bodies one request (one fingerprint).
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True, errors="strict")
+    except UnicodeDecodeError as error:
+        raise bad_request(
+            f"the form has a %-escape that is not UTF-8 ({error.reason}); percent-encode the"
+            " field values' UTF-8 bytes"
+        ) from None
     except ValueError as error:
         raise bad_request(f"the body is not a valid form: {error}") from None
     document: dict[str, Any] = {}
