@@ -387,3 +387,27 @@ def test_an_async_hook_for_a_sync_entry_point_is_a_type_error(
     with pytest.raises(TypeError, match="hooks"):
         entry_point(tmp_path / "journal.db", hooks=[hook])
     assert [] == list(tmp_path.iterdir())
+
+
+def test_an_interrupted_call_still_ends_with_operation_finished(tmp_path: Path) -> None:
+    """A call stopped mid-send (Ctrl-C) still gives its hooks an OperationFinished, with
+    the status the journal keeps (pending), so spans and metrics are never left open."""
+    events: list[idempotently.Event] = []
+
+    def interrupt(request: httpx.Request) -> httpx.Response:
+        raise KeyboardInterrupt
+
+    with (
+        idempotently.Session(
+            str(tmp_path / "j.db"),
+            base_url="http://127.0.0.1:9",
+            transport=httpx.MockTransport(interrupt),
+            hooks=[events.append],
+        ) as session,
+        pytest.raises(KeyboardInterrupt),
+    ):
+        session.post("/v1/charges", json={"amount": 1}, operation_id="order-1")
+    assert ["operation_started", "operation_finished"] == [event.name for event in events]
+    finished = events[-1]
+    assert isinstance(finished, idempotently.OperationFinished)
+    assert ("pending", "order-1") == (finished.status, finished.operation_id)

@@ -22,7 +22,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import httpx
 
-from idempotently._events import adeliver, deliver
+from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._flow import Flow, Held
 from idempotently._group_commit import Failed
@@ -33,11 +33,13 @@ from idempotently._store import (
     Insert,
     Reconcile,
     Record,
+    Release,
     Report,
     Send,
     Sleep,
     Store,
 )
+from idempotently._vocabulary import Status
 
 T = TypeVar("T")
 
@@ -59,6 +61,7 @@ def run(
 ) -> T:
     """Run ``flow`` to its end with blocking I/O."""
     reply: Any = None
+    unfinished = Unfinished()
     try:
         while True:
             try:
@@ -78,6 +81,7 @@ def run(
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             elif isinstance(command, Emit):
+                unfinished.saw(command.event, command.hooks)
                 deliver(command.event, command.hooks)
                 reply = None
             else:
@@ -95,6 +99,8 @@ def run(
                     cleanup.run(store)
         finally:
             held.end()
+            for event, hooks in unfinished.endings(_status_after(cleanup)):
+                deliver(event, hooks)
 
 
 async def arun(
@@ -109,6 +115,7 @@ async def arun(
 ) -> T:
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
     reply: Any = None
+    unfinished = Unfinished()
     try:
         while True:
             try:
@@ -134,6 +141,7 @@ async def arun(
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             elif isinstance(command, Emit):
+                unfinished.saw(command.event, command.hooks)
                 await adeliver(command.event, command.hooks)
                 reply = None
             else:
@@ -152,6 +160,11 @@ async def arun(
                     await anyio.to_thread.run_sync(cleanup.run, store)
         finally:
             held.end()
+            endings = unfinished.endings(_status_after(cleanup))
+            if endings:
+                with anyio.CancelScope(shield=True):
+                    for event, hooks in endings:
+                        await adeliver(event, hooks)
 
 
 class _Pending:
@@ -272,6 +285,12 @@ def _unwrap(outcome: Any, _store: Store) -> Any:
     if isinstance(outcome, Failed):
         raise outcome.error
     return outcome
+
+
+def _status_after(cleanup: Record | Release | None) -> Status:
+    """What the journal says of an operation its call left early: pending, unless the
+    cleanup's record of the interrupted attempt says otherwise."""
+    return cleanup.record.status if isinstance(cleanup, Record) else "pending"
 
 
 def _with_ids(command: Any, run: Callable[[Store], T], store: Store) -> T:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
 
@@ -236,3 +237,57 @@ def check_hooks(hooks: object, *, asynchronous: bool) -> tuple[AsyncHook, ...]:
                 "async and would never run"
             )
     return checked
+
+
+class Unfinished:
+    """The operations a driver delivered ``OperationStarted`` for and no ``OperationFinished``.
+
+    A call that ends early (cancelled, Ctrl-C, an error raised by the flow) makes no
+    ``OperationFinished``; the driver then delivers one from its cleanup, so a hook
+    (an OpenTelemetry span, a metric) never waits for an end that will not come.
+    """
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        # operation id -> (its start, attempts journaled, hooks, time.monotonic() at start)
+        self._open: dict[str, tuple[OperationStarted, int, tuple[AsyncHook, ...], float]] = {}
+
+    def saw(self, event: Event, hooks: Iterable[AsyncHook]) -> None:
+        if isinstance(event, OperationStarted):
+            self._open[event.operation_id] = (
+                event,
+                event.attempts,
+                tuple(hooks),
+                time.monotonic(),
+            )
+        elif isinstance(event, AttemptFinished) and event.operation_id in self._open:
+            started, _, known, since = self._open[event.operation_id]
+            self._open[event.operation_id] = (started, event.attempt, known, since)
+        elif isinstance(event, OperationFinished):
+            self._open.pop(event.operation_id, None)
+
+    def endings(self, status: Status) -> list[tuple[OperationFinished, tuple[AsyncHook, ...]]]:
+        """The ``OperationFinished`` of each operation left open, and whom to give it
+        (its ``elapsed`` is real time, whatever clock the session was given)."""
+        ended = [
+            (
+                OperationFinished(
+                    operation_id=started.operation_id,
+                    key=started.key,
+                    status=status,
+                    action="pending",
+                    reason="the call was interrupted (cancelled, stopped or failed) before it "
+                    "ended; what was sent is journaled and a later call or resume continues it",
+                    attempts=attempts,
+                    status_code=None,
+                    replayed=False,
+                    not_before=None,
+                    elapsed=time.monotonic() - since,
+                ),
+                hooks,
+            )
+            for started, attempts, hooks, since in self._open.values()
+        ]
+        self._open.clear()
+        return ended
