@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 import idempotently
+from idempotently import _heartbeat as heartbeat_module
 from idempotently._flow import lease_owner_alive
 from idempotently._heartbeat import Heartbeat, heartbeat_for
 from idempotently._journal import Journal, NewOperation
@@ -359,3 +360,17 @@ def test_another_host_id_on_this_machine_is_a_remote_host(tmp_path: Path) -> Non
         ) as session:
             assert [expected] == [result.action for result in session.resume()]
     assert [1] == sent
+
+
+def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease registered soon after the last one ended finds the thread still running
+    (no thread start per call), and the thread ends once idle for IDLE_LINGER."""
+    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 1.0)
+    heartbeat = Heartbeat(RecordingStore())  # type: ignore[arg-type]
+    with heartbeat.holding(Lease("op-1", "me:1:t", 0.3, lambda: NOW)):
+        thread = heartbeat._thread
+    with heartbeat.holding(Lease("op-2", "me:1:t", 0.3, lambda: NOW)):
+        assert thread is not None and thread is heartbeat._thread
+    thread.join(10)
+    assert not thread.is_alive()
+    assert heartbeat._thread is None
