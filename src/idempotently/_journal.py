@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
@@ -536,6 +536,22 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+class _QueuedWrite:
+    """One thread's write, waiting for a transaction (``Journal._write_combined``)."""
+
+    __slots__ = ("error", "finished", "result", "write")
+
+    def __init__(self, write: Callable[[sqlite3.Connection], Any]) -> None:
+        self.write = write
+        self.finished = False
+        self.result: Any = None
+        self.error: Exception | None = None
+
+
+class _WriteRaised(Exception):
+    """One write of a shared transaction raised: roll it back, run each write alone."""
+
+
 class Journal:
     """The local record of every operation, its key and its attempts.
 
@@ -604,6 +620,9 @@ class Journal:
         self._durable_inserts: GroupCommit[tuple[NewOperation, str, float], bool] = GroupCommit(
             self._insert_batch
         )
+        self._combiner = threading.Condition()
+        self._combining = False
+        self._queued: list[_QueuedWrite] = []
         self._conn = self._connect(busy_timeout)
         self.db = sqlite_utils.Database(self._conn)
         try:
@@ -915,6 +934,73 @@ class Journal:
                     with suppress(sqlite3.Error):
                         self._conn.execute("PRAGMA synchronous = NORMAL")
 
+    def _write_combined(self, write: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``write`` in a transaction, shared with other threads' writes waiting meanwhile.
+
+        Flat combining: a thread that finds another thread committing queues its
+        write; when that commit ends, one waiting thread takes every queued write
+        and commits them in one transaction, and the others return without
+        touching SQLite. Fewer transactions, and fewer threads passing the GIL
+        around at every statement. Each write's own outcome stands: if one write
+        raises, the shared transaction rolls back and each write runs again in a
+        transaction of its own, so a failing write fails only its own caller; if
+        the transaction itself cannot begin or commit, every write in it fails
+        with (its own copy of) that error, and none was written.
+        """
+        self._check_writable()
+        queued = _QueuedWrite(write)
+        with self._combiner:
+            self._queued.append(queued)
+            while self._combining and not queued.finished:
+                self._combiner.wait()
+            batch: list[_QueuedWrite] = []
+            if not queued.finished:
+                self._combining = True
+                batch, self._queued = self._queued, []
+        if batch:
+            try:
+                self._commit_together(batch)
+            finally:
+                with self._combiner:
+                    # Interrupted (KeyboardInterrupt): what was not written goes to the
+                    # next thread; nothing in an unfinished write was committed.
+                    self._queued[:0] = [
+                        each for each in batch if not each.finished and each is not queued
+                    ]
+                    self._combining = False
+                    self._combiner.notify_all()
+        if queued.error is not None:
+            raise queued.error
+        return queued.result
+
+    def _commit_together(self, batch: Sequence[_QueuedWrite]) -> None:
+        if len(batch) > 1:
+            results: list[Any] = []
+            try:
+                with self._write() as conn:
+                    for each in batch:
+                        try:
+                            results.append(each.write(conn))
+                        except Exception as error:
+                            raise _WriteRaised from error
+            except _WriteRaised:
+                pass  # rolled back; each one again, alone, below
+            except Exception as error:  # the transaction: BEGIN or COMMIT failed
+                for each in batch:
+                    each.error, each.finished = copy.copy(error), True
+                return
+            else:
+                for each, result in zip(batch, results, strict=True):
+                    each.result, each.finished = result, True
+                return
+        for each in batch:
+            try:
+                with self._write() as conn:
+                    each.result = each.write(conn)
+            except Exception as error:
+                each.error = error
+            each.finished = True
+
     # -- writes used by the sessions -------------------------------------------
 
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
@@ -986,7 +1072,8 @@ class Journal:
         response_headers = (
             None if record.response_headers is None else json.dumps(list(record.response_headers))
         )
-        with self._write() as conn:
+
+        def write(conn: sqlite3.Connection) -> None:
             conn.execute(
                 _INSERT_ATTEMPT,
                 (
@@ -1033,6 +1120,8 @@ class Journal:
                     "WHERE operation_id = ?",
                     (now, operation_id),
                 )
+
+        self._write_combined(write)
 
     def _set_status(
         self,
