@@ -947,14 +947,27 @@ class Journal:
         the transaction itself cannot begin or commit, every write in it fails
         with (its own copy of) that error, and none was written.
         """
+        (outcome,) = self._write_combined_many([write])
+        if isinstance(outcome, Failed):
+            raise outcome.error
+        return outcome
+
+    def _write_combined_many(
+        self, writes: Sequence[Callable[[sqlite3.Connection], Any]]
+    ) -> list[Any]:
+        """Several writes, as :meth:`_write_combined`, in one transaction; each one's outcome.
+
+        An outcome is the write's result or a :class:`Failed` with its own error.
+        """
         self._check_writable()
-        queued = _QueuedWrite(write)
+        queued = [_QueuedWrite(write) for write in writes]
         with self._combiner:
-            self._queued.append(queued)
-            while self._combining and not queued.finished:
+            # Appended together, so one thread always takes all of them at once.
+            self._queued.extend(queued)
+            while self._combining and not queued[0].finished:
                 self._combiner.wait()
             batch: list[_QueuedWrite] = []
-            if not queued.finished:
+            if not queued[0].finished:
                 self._combining = True
                 batch, self._queued = self._queued, []
         if batch:
@@ -965,13 +978,11 @@ class Journal:
                     # Interrupted (KeyboardInterrupt): what was not written goes to the
                     # next thread; nothing in an unfinished write was committed.
                     self._queued[:0] = [
-                        each for each in batch if not each.finished and each is not queued
+                        each for each in batch if not each.finished and each not in queued
                     ]
                     self._combining = False
                     self._combiner.notify_all()
-        if queued.error is not None:
-            raise queued.error
-        return queued.result
+        return [each.result if each.error is None else Failed(each.error) for each in queued]
 
     def _commit_together(self, batch: Sequence[_QueuedWrite]) -> None:
         if len(batch) > 1:
@@ -1069,6 +1080,35 @@ class Journal:
         outlived its lease (another caller took over, or settled it) is kept in
         the history but changes nothing else.
         """
+        self._write_combined(self._attempt_write(operation_id, record, now, owner))
+
+    def _record_attempts(
+        self, items: Sequence[tuple[str, AttemptRecord, float, str | None]]
+    ) -> list[Failed | None]:
+        """Several completions (``(operation_id, record, now, owner)``) in one transaction.
+
+        What an async session's worker thread calls with the completions its
+        tasks are waiting for. An outcome is None, or a :class:`Failed` with the
+        error :meth:`_record_attempt` would raise; one failing write fails only
+        its own outcome (see :meth:`_write_combined`).
+        """
+        own_record = type(self)._record_attempt is _JOURNAL_RECORD_ATTEMPT
+        if not own_record or "_record_attempt" in vars(self):
+            # A subclass (another store), a wrapper or a patch records its own way:
+            # one at a time, through it.
+            outcomes: list[Failed | None] = []
+            for operation_id, record, now, owner in items:
+                try:
+                    self._record_attempt(operation_id, record, now=now, owner=owner)
+                    outcomes.append(None)
+                except Exception as error:
+                    outcomes.append(Failed(error))
+            return outcomes
+        return self._write_combined_many([self._attempt_write(*item) for item in items])
+
+    def _attempt_write(
+        self, operation_id: str, record: AttemptRecord, now: float, owner: str | None
+    ) -> Callable[[sqlite3.Connection], None]:
         response_headers = (
             None if record.response_headers is None else json.dumps(list(record.response_headers))
         )
@@ -1121,7 +1161,7 @@ class Journal:
                     (now, operation_id),
                 )
 
-        self._write_combined(write)
+        return write
 
     def _set_status(
         self,
@@ -1598,6 +1638,11 @@ class Journal:
                 "status but holds none; move the journal aside and restore a backup"
             )
         return values
+
+
+_JOURNAL_RECORD_ATTEMPT = Journal._record_attempt
+"""Journal's own, as defined: a store whose ``_record_attempt`` is anything else (a
+subclass's, a patched one) records a batch through it, one at a time."""
 
 
 @attrs.frozen
