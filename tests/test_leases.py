@@ -365,12 +365,15 @@ def test_another_host_id_on_this_machine_is_a_remote_host(tmp_path: Path) -> Non
 def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lease registered soon after the last one ended finds the thread still running
     (no thread start per call), and the thread ends once idle for IDLE_LINGER."""
-    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 1.0)
+    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 600.0)
     heartbeat = Heartbeat(RecordingStore())  # type: ignore[arg-type]
     with heartbeat.holding(Lease("op-1", "me:1:t", 0.3, lambda: NOW)):
         thread = heartbeat._thread
     with heartbeat.holding(Lease("op-2", "me:1:t", 0.3, lambda: NOW)):
         assert thread is not None and thread is heartbeat._thread
+    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 0.0)
+    with heartbeat._cond:
+        heartbeat._cond.notify_all()  # however long it planned to linger, it looks again
     thread.join(10)
     assert not thread.is_alive()
     assert heartbeat._thread is None
