@@ -366,7 +366,8 @@ def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.Monke
     """A lease registered soon after the last one ended finds the thread still running
     (no thread start per call), and the thread ends once idle for IDLE_LINGER."""
     monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 600.0)
-    heartbeat = Heartbeat(RecordingStore())  # type: ignore[arg-type]
+    store = RecordingStore()  # referenced here: a heartbeat's thread ends with its store
+    heartbeat = Heartbeat(store)  # type: ignore[arg-type]
     with heartbeat.holding(Lease("op-1", "me:1:t", 0.3, lambda: NOW)):
         thread = heartbeat._thread
     with heartbeat.holding(Lease("op-2", "me:1:t", 0.3, lambda: NOW)):
