@@ -266,6 +266,14 @@ async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
         return insert_batch(batch)
 
     journal._durable_inserts._commit = counted_batch
+    completions: list[int] = []
+    commit_together = journal._commit_together
+
+    def counted_together(batch: Sequence[Any]) -> None:
+        completions.append(len(batch))
+        commit_together(batch)
+
+    journal._commit_together = counted_together  # type: ignore[method-assign]
     answers: list[str] = []
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -290,6 +298,7 @@ async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
     assert 32 == sum(hops)  # a key and a completion for each
     assert len(hops) < 32
     assert 16 == sum(inserts) and len(inserts) < 16
+    assert 16 == sum(completions) and len(completions) < 16  # completions shared transactions
 
 
 @pytest.mark.anyio
@@ -397,3 +406,57 @@ async def test_a_store_that_inserts_its_own_way_gets_every_batched_key_through_i
         counts = journal.counts()
     assert 8 == len(set(seen))
     assert 8 == counts["succeeded"]
+
+
+@pytest.mark.anyio
+async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_call(
+    tmp_path: Path,
+) -> None:
+    """Tasks' completions committed together, one of which the journal refuses: that call
+    raises, naming its operation; every other call gets its answer, journaled."""
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    attempt_write = journal._attempt_write
+
+    def one_bad(operation_id: str, *args: Any) -> Any:
+        if operation_id != "op-3":
+            return attempt_write(operation_id, *args)
+
+        def bad(conn: Any) -> None:
+            conn.execute("UPDATE no_such_table SET x = 1")
+
+        return bad
+
+    journal._attempt_write = one_bad  # type: ignore[method-assign]
+    together: list[int] = []
+    commit_together = journal._commit_together
+
+    def counted_together(batch: Sequence[Any]) -> None:
+        together.append(len(batch))
+        commit_together(batch)
+
+    journal._commit_together = counted_together  # type: ignore[method-assign]
+    outcomes: dict[str, object] = {}
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(0.01)
+        return httpx.Response(201)
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+
+        async def post(n: int) -> None:
+            try:
+                response = await s.post(URL, json={}, operation_id=f"op-{n}")
+                outcomes[f"op-{n}"] = response.status_code
+            except idempotently.JournalWriteError as error:
+                outcomes[f"op-{n}"] = error.operation_id
+
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(post, n)
+        statuses = {op.operation_id: op.status for op in journal.operations()}
+    assert {**{f"op-{n}": 201 for n in range(8)}, "op-3": "op-3"} == outcomes
+    assert {**{f"op-{n}": "succeeded" for n in range(8)}, "op-3": "pending"} == statuses
+    assert max(together) > 1  # it did share a transaction with others

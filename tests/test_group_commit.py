@@ -12,6 +12,7 @@ import pytest
 
 import idempotently
 from idempotently._group_commit import Failed, GroupCommit
+from tests.test_journal import NOW, new_operation
 
 
 class SlowCommit:
@@ -192,3 +193,128 @@ def test_writes_submitted_together_commit_together_each_with_its_own_outcome() -
     errors = [outcome.error for outcome in failed if isinstance(outcome, Failed)]
     assert ["disk full", "disk full"] == [str(error) for error in errors]
     assert errors[0] is not errors[1]
+
+
+# -- completions of threads sharing a Journal (flat combining) ------------------------------
+
+
+class CountingConnection:
+    """The journal's connection, counting the transactions begun on it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.transactions = 0
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        self.transactions += sql.startswith("BEGIN")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def combined_writes(
+    journal: idempotently.Journal, writes: dict[int, Any]
+) -> tuple[dict[int, Any], list[list[int]], int]:
+    """Each write from its own thread while a first write holds the journal's transaction;
+    each write's result (or error), the batches the writes were taken in, and how many
+    transactions were begun."""
+    gate = threading.Event()
+    batches: list[list[int]] = []
+    together = journal._commit_together
+    counting = journal._conn = CountingConnection(journal._conn)  # type: ignore[assignment]
+
+    def recorded(batch: Sequence[Any]) -> None:
+        batches.append([each.write.number for each in batch])
+        together(batch)
+
+    journal._commit_together = recorded  # type: ignore[method-assign]
+    results: dict[int, Any] = {}
+
+    def blocker(conn: Any) -> None:
+        gate.wait(timeout=10)
+
+    blocker.number = 0  # type: ignore[attr-defined]
+    first = threading.Thread(target=journal._write_combined, args=(blocker,))
+    first.start()
+    while not journal._combining:
+        pass  # the first write now holds the transaction, behind the gate
+
+    def one(number: int) -> None:
+        try:
+            results[number] = journal._write_combined(writes[number])
+        except Exception as error:
+            results[number] = error
+
+    threads = [threading.Thread(target=one, args=(number,)) for number in writes]
+    for thread in threads:
+        thread.start()
+    while len(journal._queued) < len(writes):
+        pass
+    gate.set()
+    for thread in [first, *threads]:
+        thread.join(timeout=10)
+    journal._conn = counting.conn
+    return results, batches, counting.transactions
+
+
+def insert_attempt(number: int) -> Any:
+    """A write that journals operation ``op-<number>`` and returns its number."""
+
+    def write(conn: Any) -> int:
+        conn.execute(
+            "UPDATE operations SET attempt_count = ? WHERE operation_id = ?",
+            (number, f"op-{number}"),
+        )
+        return number
+
+    write.number = number  # type: ignore[attr-defined]
+    return write
+
+
+def journal_with_operations(tmp_path: Path, count: int) -> idempotently.Journal:
+    """A journal holding operations op-1 ... op-<count>."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    for number in range(1, count + 1):
+        new = new_operation(f"op-{number}")
+        assert journal._insert_operation(new, owner="me", lease_until=NOW + 10)
+    return journal
+
+
+def test_threads_completions_waiting_for_a_commit_share_the_next_transaction(
+    tmp_path: Path,
+) -> None:
+    """Writes queued while another thread commits go in one transaction, each returning
+    its own result once it is committed."""
+    journal = journal_with_operations(tmp_path, 8)
+    with journal:
+        results, batches, transactions = combined_writes(
+            journal, {number: insert_attempt(number) for number in range(1, 9)}
+        )
+        assert {number: number for number in range(1, 9)} == results
+        assert [[0], list(range(1, 9))] == batches
+        assert 2 == transactions
+        counts = {op.operation_id: op.attempt_count for op in journal.operations()}
+        assert {f"op-{number}": number for number in range(1, 9)} == counts
+
+
+def test_a_write_that_fails_in_a_shared_transaction_fails_only_its_own_caller(
+    tmp_path: Path,
+) -> None:
+    """One bad write rolls the shared transaction back; every write then runs alone: the
+    others are committed, and only the bad one's caller gets an error."""
+    journal = journal_with_operations(tmp_path, 4)
+
+    def bad(conn: Any) -> None:
+        conn.execute("UPDATE no_such_table SET x = 1")
+
+    bad.number = 3  # type: ignore[attr-defined]
+    writes = {1: insert_attempt(1), 2: insert_attempt(2), 3: bad, 4: insert_attempt(4)}
+    with journal:
+        results, batches, transactions = combined_writes(journal, writes)
+        assert isinstance(results.pop(3), idempotently.JournalWriteError)
+        assert {1: 1, 2: 2, 4: 4} == results
+        assert [[0], [1, 2, 3, 4]] == batches
+        assert 1 + 1 + 4 == transactions  # the first; the shared one, rolled back; each alone
+        counts = {op.operation_id: op.attempt_count for op in journal.operations()}
+        assert {"op-1": 1, "op-2": 2, "op-3": 0, "op-4": 4} == counts

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 import idempotently
+from idempotently import _heartbeat as heartbeat_module
 from idempotently._flow import lease_owner_alive, new_lease_owner
 from idempotently._heartbeat import Heartbeat, heartbeat_for
 from idempotently._journal import Journal, NewOperation
@@ -368,3 +369,21 @@ def test_another_process_with_our_pid_and_host_id_is_alive() -> None:
     ours = new_lease_owner("here")
     stranger = f"here:{os.getpid()}:zzzzzzzzzzzz"  # never our hex tag
     assert (False, True) == (lease_owner_alive(ours, "here"), lease_owner_alive(stranger, "here"))
+
+
+def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease registered soon after the last one ended finds the thread still running
+    (no thread start per call), and the thread ends once idle for IDLE_LINGER."""
+    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 600.0)
+    store = RecordingStore()  # referenced here: a heartbeat's thread ends with its store
+    heartbeat = Heartbeat(store)  # type: ignore[arg-type]
+    with heartbeat.holding(Lease("op-1", "me:1:t", 0.3, lambda: NOW)):
+        thread = heartbeat._thread
+    with heartbeat.holding(Lease("op-2", "me:1:t", 0.3, lambda: NOW)):
+        assert thread is not None and thread is heartbeat._thread
+    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 0.0)
+    with heartbeat._cond:
+        heartbeat._cond.notify_all()  # however long it planned to linger, it looks again
+    thread.join(10)
+    assert not thread.is_alive()
+    assert heartbeat._thread is None

@@ -411,3 +411,24 @@ def test_an_interrupted_call_still_ends_with_operation_finished(tmp_path: Path) 
     finished = events[-1]
     assert isinstance(finished, idempotently.OperationFinished)
     assert ("pending", "order-1") == (finished.status, finished.operation_id)
+
+
+def test_a_call_builds_no_log_fields_when_its_records_are_not_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the idempotently logger above DEBUG, a settled call's events make no record,
+    so their fields are never built (work every call would otherwise pay)."""
+    from idempotently import _events
+
+    def refuse(event: object) -> dict[str, Any]:
+        raise AssertionError(f"fields built for {event!r}")
+
+    monkeypatch.setattr(_events, "fields", refuse)
+    with (
+        caplog.at_level(logging.WARNING, logger="idempotently"),
+        idempotently.Session(
+            tmp_path / "journal.db", transport=httpx.MockTransport(lambda r: httpx.Response(201))
+        ) as session,
+    ):
+        assert 201 == session.post("https://api.example/v1/charges", json={}).status_code
+    assert [] == caplog.records

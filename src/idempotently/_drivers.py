@@ -268,6 +268,18 @@ def _run_batch(batch: Sequence[_Pending], store: Store) -> None:
         rest = [each for each in batch if not isinstance(each.command, Insert)]
     else:
         rest = list(batch)
+    records = [each for each in rest if isinstance(each.command, Record)]
+    record_many = getattr(store, "_record_attempts", None)
+    if len(records) > 1 and record_many is not None:
+        # The completions too: one transaction (each failing alone if one fails).
+        done: list[Record] = [each.command for each in records]
+        try:
+            recorded = record_many([(r.operation_id, r.record, r.now, r.owner) for r in done])
+        except Exception as error:  # before any write (read-only journal): none was written
+            recorded = [Failed(copy.copy(error)) for _ in records]
+        for each, outcome in zip(records, recorded, strict=True):
+            _settle_pending(each, store, functools.partial(_unwrap, outcome))
+        rest = [each for each in rest if not isinstance(each.command, Record)]
     for each in rest:
         _settle_pending(each, store, each.command.run)
 

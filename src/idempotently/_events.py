@@ -128,6 +128,14 @@ def fields(event: Event) -> dict[str, Any]:
 
 def log(event: Event) -> None:
     """One log record on the ``idempotently`` logger, its fields at ``record.idempotently``."""
+    if isinstance(event, RetryScheduled):
+        level = logging.INFO
+    elif isinstance(event, OperationFinished):
+        level = logging.DEBUG if event.status in ("succeeded", "failed") else logging.INFO
+    else:
+        level = logging.DEBUG
+    if not logger.isEnabledFor(level):
+        return  # no record: skip building its fields (every call logs up to four events)
     extra = {"idempotently": fields(event)}
     ids = (event.operation_id, event.key)
     if isinstance(event, OperationStarted):

@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
@@ -552,6 +552,22 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+class _QueuedWrite:
+    """One thread's write, waiting for a transaction (``Journal._write_combined``)."""
+
+    __slots__ = ("error", "finished", "result", "write")
+
+    def __init__(self, write: Callable[[sqlite3.Connection], Any]) -> None:
+        self.write = write
+        self.finished = False
+        self.result: Any = None
+        self.error: Exception | None = None
+
+
+class _WriteRaised(Exception):
+    """One write of a shared transaction raised: roll it back, run each write alone."""
+
+
 class Journal:
     """The local record of every operation, its key and its attempts.
 
@@ -621,6 +637,9 @@ class Journal:
         self._durable_inserts: GroupCommit[tuple[NewOperation, str, float], bool] = GroupCommit(
             self._insert_batch
         )
+        self._combiner = threading.Condition()
+        self._combining = False
+        self._queued: list[_QueuedWrite] = []
         self._conn = self._connect(busy_timeout)
         self.db = sqlite_utils.Database(self._conn)
         try:
@@ -932,6 +951,84 @@ class Journal:
                     with suppress(sqlite3.Error):
                         self._conn.execute("PRAGMA synchronous = NORMAL")
 
+    def _write_combined(self, write: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``write`` in a transaction, shared with other threads' writes waiting meanwhile.
+
+        Flat combining: a thread that finds another thread committing queues its
+        write; when that commit ends, one waiting thread takes every queued write
+        and commits them in one transaction, and the others return without
+        touching SQLite. Fewer transactions, and fewer threads passing the GIL
+        around at every statement. Each write's own outcome stands: if one write
+        raises, the shared transaction rolls back and each write runs again in a
+        transaction of its own, so a failing write fails only its own caller; if
+        the transaction itself cannot begin or commit, every write in it fails
+        with (its own copy of) that error, and none was written.
+        """
+        (outcome,) = self._write_combined_many([write])
+        if isinstance(outcome, Failed):
+            raise outcome.error
+        return outcome
+
+    def _write_combined_many(
+        self, writes: Sequence[Callable[[sqlite3.Connection], Any]]
+    ) -> list[Any]:
+        """Several writes, as :meth:`_write_combined`, in one transaction; each one's outcome.
+
+        An outcome is the write's result or a :class:`Failed` with its own error.
+        """
+        self._check_writable()
+        queued = [_QueuedWrite(write) for write in writes]
+        with self._combiner:
+            # Appended together, so one thread always takes all of them at once.
+            self._queued.extend(queued)
+            while self._combining and not queued[0].finished:
+                self._combiner.wait()
+            batch: list[_QueuedWrite] = []
+            if not queued[0].finished:
+                self._combining = True
+                batch, self._queued = self._queued, []
+        if batch:
+            try:
+                self._commit_together(batch)
+            finally:
+                with self._combiner:
+                    # Interrupted (KeyboardInterrupt): what was not written goes to the
+                    # next thread; nothing in an unfinished write was committed.
+                    self._queued[:0] = [
+                        each for each in batch if not each.finished and each not in queued
+                    ]
+                    self._combining = False
+                    self._combiner.notify_all()
+        return [each.result if each.error is None else Failed(each.error) for each in queued]
+
+    def _commit_together(self, batch: Sequence[_QueuedWrite]) -> None:
+        if len(batch) > 1:
+            results: list[Any] = []
+            try:
+                with self._write() as conn:
+                    for each in batch:
+                        try:
+                            results.append(each.write(conn))
+                        except Exception as error:
+                            raise _WriteRaised from error
+            except _WriteRaised:
+                pass  # rolled back; each one again, alone, below
+            except Exception as error:  # the transaction: BEGIN or COMMIT failed
+                for each in batch:
+                    each.error, each.finished = copy.copy(error), True
+                return
+            else:
+                for each, result in zip(batch, results, strict=True):
+                    each.result, each.finished = result, True
+                return
+        for each in batch:
+            try:
+                with self._write() as conn:
+                    each.result = each.write(conn)
+            except Exception as error:
+                each.error = error
+            each.finished = True
+
     # -- writes used by the sessions -------------------------------------------
 
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
@@ -1000,10 +1097,40 @@ class Journal:
         outlived its lease (another caller took over, or settled it) is kept in
         the history but changes nothing else.
         """
+        self._write_combined(self._attempt_write(operation_id, record, now, owner))
+
+    def _record_attempts(
+        self, items: Sequence[tuple[str, AttemptRecord, float, str | None]]
+    ) -> list[Failed | None]:
+        """Several completions (``(operation_id, record, now, owner)``) in one transaction.
+
+        What an async session's worker thread calls with the completions its
+        tasks are waiting for. An outcome is None, or a :class:`Failed` with the
+        error :meth:`_record_attempt` would raise; one failing write fails only
+        its own outcome (see :meth:`_write_combined`).
+        """
+        own_record = type(self)._record_attempt is _JOURNAL_RECORD_ATTEMPT
+        if not own_record or "_record_attempt" in vars(self):
+            # A subclass (another store), a wrapper or a patch records its own way:
+            # one at a time, through it.
+            outcomes: list[Failed | None] = []
+            for operation_id, record, now, owner in items:
+                try:
+                    self._record_attempt(operation_id, record, now=now, owner=owner)
+                    outcomes.append(None)
+                except Exception as error:
+                    outcomes.append(Failed(error))
+            return outcomes
+        return self._write_combined_many([self._attempt_write(*item) for item in items])
+
+    def _attempt_write(
+        self, operation_id: str, record: AttemptRecord, now: float, owner: str | None
+    ) -> Callable[[sqlite3.Connection], None]:
         response_headers = (
             None if record.response_headers is None else json.dumps(list(record.response_headers))
         )
-        with self._write() as conn:
+
+        def write(conn: sqlite3.Connection) -> None:
             conn.execute(
                 _INSERT_ATTEMPT,
                 (
@@ -1050,6 +1177,8 @@ class Journal:
                     "WHERE operation_id = ?",
                     (now, operation_id),
                 )
+
+        return write
 
     def _set_status(
         self,
@@ -1526,6 +1655,11 @@ class Journal:
                 "status but holds none; move the journal aside and restore a backup"
             )
         return values
+
+
+_JOURNAL_RECORD_ATTEMPT = Journal._record_attempt
+"""Journal's own, as defined: a store whose ``_record_attempt`` is anything else (a
+subclass's, a patched one) records a batch through it, one at a time."""
 
 
 @attrs.frozen
