@@ -109,7 +109,9 @@ def check_flaky_events(events: list[Any], fake_time: FakeTime, operation_id: str
         finished.replayed,
     )
     # The fake clock moves only when the call sleeps.
-    assert pytest.approx(sum(fake_time.sleeps)) == finished.elapsed
+    # Absolute tolerance: elapsed is a difference of two epoch times (about 1e9 s), so
+    # float rounding leaves it off by up to about 1e-7 s.
+    assert pytest.approx(sum(fake_time.sleeps), abs=1e-6) == finished.elapsed
 
 
 def test_a_session_hook_gets_every_event_of_a_flaky_call_in_order(
