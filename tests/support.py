@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import queue
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +39,41 @@ def make_session(tmp_path: Path, fake_time: FakeTime, **options: Any) -> idempot
     return idempotently.Session(
         tmp_path / "journal.db", clock=fake_time.clock, sleep=fake_time.sleep, **options
     )
+
+
+class JsonLinesProcess:
+    """A child process whose stdout JSON lines a thread reads as they are printed.
+
+    Subclasses start ``self.proc`` (stdout piped, text mode), then call
+    :meth:`_start_reading`; ``events`` holds every line read so far, parsed.
+    """
+
+    proc: subprocess.Popen[str]
+    wait: float = 30.0
+    """The longest a test waits for one line: past this, something hangs."""
+
+    def _start_reading(self, name: str) -> None:
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def next_event(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next line, parsed; None when the process's output has ended."""
+        timeout = self.wait if timeout is None else timeout
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.name} printed nothing for {timeout} s") from None
+        if line is None:
+            return None
+        event: dict[str, Any] = json.loads(line)
+        self.events.append(event)
+        return event

@@ -10,12 +10,10 @@ the tests wait on the lines they print, never on sleeps.
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +26,7 @@ import idempotently
 from idempotently.testing import MockServer, MockServerConfig, serve
 from tests.crash_child import PHASES, USER, charge_body, operation_id
 from tests.fault_proxy import FaultProxy
+from tests.support import JsonLinesProcess
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +45,10 @@ CHARGED_PHASES = ("after_charge", "before_journal_update")
 JOURNALED_PHASES = ("before_send", *CHARGED_PHASES)
 
 
-class Worker:
+class Worker(JsonLinesProcess):
     """A crash_child.py process whose JSON lines are read as they are printed."""
+
+    wait = WAIT
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.stderr_path = tmp_path / f"worker-{time.monotonic_ns()}.stderr"
@@ -61,28 +62,7 @@ class Worker:
             cwd=REPO,
         )
         self.pid = self.proc.pid
-        self.events: list[dict[str, Any]] = []
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def next_event(self, timeout: float = WAIT) -> dict[str, Any] | None:
-        """The next line, parsed; None when the worker's output has ended."""
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"worker {self.pid} printed nothing for {timeout} s") from None
-        if line is None:
-            return None
-        event: dict[str, Any] = json.loads(line)
-        self.events.append(event)
-        return event
+        self._start_reading(f"worker {self.pid}")
 
     def wait_for(self, name: str, timeout: float = WAIT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

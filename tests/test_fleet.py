@@ -29,6 +29,7 @@ import pytest
 
 import idempotently
 from idempotently.testing import MockServer, MockServerConfig, serve
+from tests.support import JsonLinesProcess
 
 REPO = Path(__file__).parent.parent
 USER = "shop_1"
@@ -82,8 +83,10 @@ def seed(location: str, url: str, orders: int) -> None:
             thread.join()
 
 
-class WatchWorker:
+class WatchWorker(JsonLinesProcess):
     """An `idempotently resume --watch --json` process whose JSON lines are read as printed."""
+
+    wait = WAIT
 
     def __init__(
         self, tmp_path: Path, location: str, host_id: str, *options: str, lease: str = "2s"
@@ -121,27 +124,7 @@ class WatchWorker:
                 "PYTHONPATH": os.pathsep.join(sys.path),
             },
         )
-        self.events: list[dict[str, Any]] = []
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def next_event(self, timeout: float = WAIT) -> dict[str, Any] | None:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.host_id} printed nothing for {timeout} s") from None
-        if line is None:
-            return None
-        event: dict[str, Any] = json.loads(line)
-        self.events.append(event)
-        return event
+        self._start_reading(self.host_id)
 
     def wait_for(self, test: Callable[[dict[str, Any]], bool], timeout: float = WAIT) -> None:
         deadline = time.monotonic() + timeout
