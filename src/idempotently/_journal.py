@@ -1190,7 +1190,8 @@ class Journal:
         expect: Status = "pending",
     ) -> bool:
         """Move an operation out of ``expect`` without an attempt; releases any lease."""
-        with self._write() as conn:
+
+        def write(conn: sqlite3.Connection) -> bool:
             cursor = conn.execute(
                 """
                 UPDATE operations SET status = ?, reason = ?, updated_at = ?,
@@ -1201,11 +1202,14 @@ class Journal:
             )
             return cursor.rowcount == 1
 
+        return bool(self._write_combined(write))
+
     def _take_lease(
         self, operation: Operation, *, owner: str, lease_until: float, now: float
     ) -> bool:
         """Compare-and-swap on the lease read in ``operation``: one winner only."""
-        with self._write() as conn:
+
+        def write(conn: sqlite3.Connection) -> bool:
             cursor = conn.execute(
                 """
                 UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ?
@@ -1223,6 +1227,8 @@ class Journal:
             )
             return cursor.rowcount == 1
 
+        return bool(self._write_combined(write))
+
     def _settle(
         self,
         operation_id: str,
@@ -1235,7 +1241,9 @@ class Journal:
         response_body: bytes | None = None,
     ) -> bool:
         """A reconciler's verdict on a needs_reconcile operation."""
-        with self._write() as conn:
+        headers = None if response_headers is None else json.dumps(list(response_headers))
+
+        def write(conn: sqlite3.Connection) -> bool:
             cursor = conn.execute(
                 """
                 UPDATE operations SET status = ?, reason = ?, updated_at = ?,
@@ -1248,20 +1256,23 @@ class Journal:
                     reason,
                     now,
                     response_status,
-                    None if response_headers is None else json.dumps(list(response_headers)),
+                    headers,
                     response_body,
                     operation_id,
                 ),
             )
             return cursor.rowcount == 1
 
+        return bool(self._write_combined(write))
+
     def _release_lease(self, operation_id: str, *, owner: str) -> None:
-        with self._write() as conn:
-            conn.execute(
+        self._write_combined(
+            lambda conn: conn.execute(
                 "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
                 "WHERE operation_id = ? AND lease_owner = ?",
                 (operation_id, owner),
             )
+        )
 
     def _claim_due(
         self, *, owner: str, now: float, lease_until: float, limit: int
