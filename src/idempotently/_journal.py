@@ -173,7 +173,8 @@ def _attempt_deltas(*changes: str) -> str:
 # as an empty one, and the namespace its derived keys are made in. A version-1
 # journal gets all of it, in one transaction, the first time it is opened to
 # write. The triggers run on every write, whoever makes it (even the sqlite3
-# shell), so the counts cannot drift from the rows. The partial indexes carry
+# shell), so the counts cannot drift from the rows; but SQLite fires no DELETE
+# trigger for a row a REPLACE removes (docs/journal.md). The partial indexes carry
 # `status` too: SQLite reads the column to check the WHERE again, and without
 # it every entry would cost a lookup in the table.
 _SCHEMA_V2 = f"""
