@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -246,3 +247,28 @@ def test_two_cli_resumers_with_concurrency_8_charge_each_operation_once(
     assert {1} == set(charges.values())
     with idempotently.Journal(path) as journal:
         assert count == journal.counts()["succeeded"]
+
+
+# -- derived keys, on both stores ---------------------------------------------------------
+
+
+def test_a_pruned_operation_run_again_sends_the_same_derived_key_on_either_store(
+    journal_target: str,
+) -> None:
+    """On SQLite and PostgreSQL: the key of operation_id is uuid5(journal.namespace, id);
+    a prune that deleted the row and a reopen leave the namespace alone, so running the
+    operation again sends the very same key (the server replays)."""
+    keys: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["Idempotency-Key"])
+        return httpx.Response(201)
+
+    with idempotently.Session(journal_target, transport=httpx.MockTransport(answer)) as session:
+        session.post(f"{BASE}/v1/charges", json={"n": 1}, operation_id="order-7")
+        namespace = session.journal.namespace
+        assert 1 == session.journal.prune(older_than=0, now=time.time() + 60)
+    with idempotently.Session(journal_target, transport=httpx.MockTransport(answer)) as session:
+        assert namespace == session.journal.namespace
+        session.post(f"{BASE}/v1/charges", json={"n": 1}, operation_id="order-7")
+    assert [str(uuid.uuid5(namespace, "order-7"))] * 2 == keys
