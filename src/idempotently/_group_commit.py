@@ -26,7 +26,7 @@ class _Job(Generic[T, R]):
     def __init__(self, item: T) -> None:
         self.item = item
         self.done = False
-        self.result: R | None = None
+        self.result: R | Failed | None = None
         self.error: Exception | None = None
 
 
@@ -40,9 +40,13 @@ class Failed:
 
 
 class GroupCommit(Generic[T, R]):
-    """Batches ``commit`` calls made by concurrent threads."""
+    """Batches ``commit`` calls made by concurrent threads.
 
-    def __init__(self, commit: Callable[[Sequence[T]], Sequence[R]]) -> None:
+    ``commit`` returns each item's result, or a :class:`Failed` for an item that
+    failed alone (the others committed).
+    """
+
+    def __init__(self, commit: Callable[[Sequence[T]], Sequence[R | Failed]]) -> None:
         self._commit = commit
         self._changed = threading.Condition()
         self._waiting: list[_Job[T, R]] = []

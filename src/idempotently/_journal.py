@@ -173,7 +173,8 @@ def _attempt_deltas(*changes: str) -> str:
 # as an empty one, and the namespace its derived keys are made in. A version-1
 # journal gets all of it, in one transaction, the first time it is opened to
 # write. The triggers run on every write, whoever makes it (even the sqlite3
-# shell), so the counts cannot drift from the rows. The partial indexes carry
+# shell), so the counts cannot drift from the rows; but SQLite fires no DELETE
+# trigger for a row a REPLACE removes (docs/journal.md). The partial indexes carry
 # `status` too: SQLite reads the column to check the WHERE again, and without
 # it every entry would cost a lookup in the table.
 _SCHEMA_V2 = f"""
@@ -939,6 +940,12 @@ class Journal:
             except sqlite3.DatabaseError as error:
                 if _is_corruption(error):
                     raise self._damaged(error) from error
+                if isinstance(error, sqlite3.DataError):
+                    raise JournalWriteError(
+                        f"cannot write the journal {self.path}: {error}; a value is over "
+                        "SQLite's size limit (a request or response body of a gigabyte?): "
+                        "send it in smaller parts (nothing was written)"
+                    ) from error
                 if not isinstance(error, sqlite3.OperationalError):
                     raise
                 raise JournalWriteError(
@@ -1071,15 +1078,40 @@ class Journal:
         if self.durability == "fsync":
             return self._durable_inserts.submit_many(items)
         try:
-            with self._write() as conn:
-                return [self._insert(conn, *item) for item in items]
+            return self._insert_batch(items, durable=False)
         except Exception as error:
             return [Failed(copy.copy(error)) for _ in items]
 
-    def _insert_batch(self, batch: Sequence[tuple[NewOperation, str, float]]) -> list[bool]:
-        """New operations in one transaction, made durable by one fsync."""
-        with self._write(durable=True) as conn:
-            return [self._insert(conn, *item) for item in batch]
+    def _insert_batch(
+        self, batch: Sequence[tuple[NewOperation, str, float]], *, durable: bool = True
+    ) -> list[bool | Failed]:
+        """New operations in one transaction, made durable by one fsync (with ``durable``).
+
+        A row SQLite refuses (a body over its size limit) fails only its own
+        caller: the shared transaction rolls back and each row is inserted alone.
+        """
+        if len(batch) > 1:
+            try:
+                with self._write(durable=durable) as conn:
+                    results: list[bool | Failed] = []
+                    for item in batch:
+                        try:
+                            results.append(self._insert(conn, *item))
+                        except sqlite3.OperationalError:
+                            raise  # the transaction's own problem: everyone's error
+                        except Exception as error:
+                            raise _WriteRaised from error
+                    return results
+            except _WriteRaised:
+                pass  # rolled back; each one again, alone, below
+        outcomes: list[bool | Failed] = []
+        for item in batch:
+            try:
+                with self._write(durable=durable) as conn:
+                    outcomes.append(self._insert(conn, *item))
+            except Exception as error:
+                outcomes.append(Failed(error))
+        return outcomes
 
     def _insert(
         self, conn: sqlite3.Connection, new: NewOperation, owner: str, lease_until: float
