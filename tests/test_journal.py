@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import sqlite3
@@ -28,6 +29,7 @@ from idempotently._journal import (
     STATUSES,
     AttemptRecord,
     NewOperation,
+    _headers_json,
 )
 
 NOW = 1_700_000_000.0
@@ -641,3 +643,21 @@ def test_an_opener_racing_the_creator_opens_the_journal(
 
     with Journal(path) as journal:
         assert dict.fromkeys(STATUSES, 0) == journal.counts()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [("Content-Type", "application/json")],
+        [("X-Quote", 'say "hi" \\ back'), ("X-Ctl", "tab\there\x00\x7f"), ("x", "")],
+        [("X-Latin", "caf\xe9 \xff"), ("X-Unicode", "\u20ac \U0001f600"), ("X-Slash", "a/b")],
+        (("tuple", "pairs"), ("as", "stored")),
+    ],
+)
+def test_stored_headers_are_written_as_json_dumps_writes_them(
+    headers: list[tuple[str, str]],
+) -> None:
+    """The journal's header text (written by hand for speed) is json.dumps' to the
+    character, so rows stay the same whichever version wrote them."""
+    assert json.dumps(list(headers)) == _headers_json(headers)

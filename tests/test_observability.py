@@ -434,3 +434,40 @@ def test_a_call_builds_no_log_fields_when_its_records_are_not_logged(
     ):
         assert 201 == session.post("https://api.example/v1/charges", json={}).status_code
     assert [] == caplog.records
+
+
+def test_a_call_builds_no_event_when_nobody_would_see_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without hooks and with the logger above DEBUG, a settled call makes no event at
+    all (work every call would otherwise pay); an unsettled one still logs its end."""
+    from idempotently import _flow
+
+    def refuse(**fields: object) -> None:
+        raise AssertionError(f"event built: {fields!r}")
+
+    for name in ("OperationStarted", "AttemptFinished", "OperationFinished"):
+        monkeypatch.setattr(_flow, name, refuse)
+    with (
+        caplog.at_level(logging.INFO, logger="idempotently"),
+        idempotently.Session(
+            tmp_path / "journal.db", transport=httpx.MockTransport(lambda r: httpx.Response(201))
+        ) as session,
+    ):
+        assert 201 == session.post("https://api.example/v1/charges", json={}).status_code
+    assert [] == caplog.records
+    monkeypatch.undo()
+    with (
+        caplog.at_level(logging.INFO, logger="idempotently"),
+        idempotently.Session(
+            tmp_path / "journal.db",
+            transport=httpx.MockTransport(lambda r: httpx.Response(503)),
+            policy=idempotently.RetryPolicy(max_attempts=1),
+        ) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post("https://api.example/v1/charges", json={})
+    assert [(logging.INFO, "operation_finished")] == [
+        (record.levelno, record.idempotently["event"])  # type: ignore[attr-defined]
+        for record in caplog.records
+    ]

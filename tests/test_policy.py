@@ -611,3 +611,32 @@ def test_policy_evolves_into_a_new_value() -> None:
     longer = attrs.evolve(POLICY, max_attempts=10)
 
     assert (10, 5) == (longer.max_attempts, POLICY.max_attempts)
+
+
+def test_after_carries_every_field_of_the_state_over() -> None:
+    """``CallState.after`` (written out field by field for speed) keeps every field it
+    does not update: a new field must be added there too."""
+    assert {
+        "started_at",
+        "attempts",
+        "in_progress_answers",
+        "deadline_at",
+        "delivery",
+        "acted",
+        "in_progress_since",
+        "resuming",
+    } == set(attrs.fields_dict(CallState))
+    state = CallState(
+        started_at=NOW - 5,
+        attempts=2,
+        in_progress_answers=1,
+        deadline_at=NOW + 100,
+        delivery="at_most_once",
+        acted=True,
+        in_progress_since=NOW - 3,
+        resuming=True,
+    )
+    answer = classify(GENERIC, httpx.Response(409), now=NOW)
+    assert attrs.evolve(state, attempts=3, in_progress_answers=2) == state.after(answer, now=NOW)
+    ok = classify(GENERIC, httpx.Response(200), now=NOW)
+    assert attrs.evolve(state, attempts=3, in_progress_since=None) == state.after(ok, now=NOW)

@@ -126,12 +126,28 @@ def fields(event: Event) -> dict[str, Any]:
     return {"event": event.name, **attrs.asdict(event)}
 
 
+def finished_level(status: Status) -> int:
+    """The log level of an :class:`OperationFinished` with ``status``: what the caller did
+    not get (pending, needs reconciling, abandoned) is worth a line at INFO; a settled
+    answer is the caller's to report."""
+    return logging.DEBUG if status in ("succeeded", "failed") else logging.INFO
+
+
+def heard(hooks: tuple[AsyncHook, ...], level: int) -> bool:
+    """Whether an event logged at ``level`` reaches anyone: a hook, or the logger.
+
+    The flow asks before it builds an event: with no hooks and the logger quiet (the
+    usual case), nobody would ever see it.
+    """
+    return bool(hooks) or logger.isEnabledFor(level)
+
+
 def log(event: Event) -> None:
     """One log record on the ``idempotently`` logger, its fields at ``record.idempotently``."""
     if isinstance(event, RetryScheduled):
         level = logging.INFO
     elif isinstance(event, OperationFinished):
-        level = logging.DEBUG if event.status in ("succeeded", "failed") else logging.INFO
+        level = finished_level(event.status)
     else:
         level = logging.DEBUG
     if not logger.isEnabledFor(level):
@@ -169,11 +185,8 @@ def log(event: Event) -> None:
             extra=extra,
         )
     else:
-        # What the caller did not get (pending, needs reconciling, abandoned) is worth
-        # a line at INFO; a settled answer is the caller's to report.
-        settled = event.status in ("succeeded", "failed")
         logger.log(
-            logging.DEBUG if settled else logging.INFO,
+            level,
             "operation %s (key %s) finished %s after %d attempt%s: %s",
             *ids,
             event.status,

@@ -32,6 +32,8 @@ from idempotently._events import (
     OperationFinished,
     OperationStarted,
     RetryScheduled,
+    finished_level,
+    heard,
     log,
 )
 from idempotently._exceptions import (
@@ -374,7 +376,9 @@ def _process_tag() -> str:
 
 
 def new_lease_owner(host_id: str = _HOST) -> str:
-    return f"{host_id}:{os.getpid()}:{_process_tag()}{uuid.uuid4().hex[:6]}"
+    # Six random hex digits, as the first six of a uuid4's hex (which are random too),
+    # without building a UUID: one is made per call.
+    return f"{host_id}:{os.getpid()}:{_process_tag()}{os.urandom(3).hex()}"
 
 
 # The lease owners of this process's flows that are running now (counted: a resume
@@ -649,17 +653,20 @@ class Engine:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
         began = self.clock()
-        yield from self._emit(
-            OperationStarted(
-                operation_id=operation_id,
-                key=key,
-                method=request.method,
-                delivery=state.delivery,
-                resuming=state.resuming,
-                attempts=attempts,
-                at=began,
+        # Events are built only when a hook or the logger would see them (``heard``).
+        hooks = self.hooks
+        if heard(hooks, logging.DEBUG):
+            yield from self._emit(
+                OperationStarted(
+                    operation_id=operation_id,
+                    key=key,
+                    method=request.method,
+                    delivery=state.delivery,
+                    resuming=state.resuming,
+                    attempts=attempts,
+                    at=began,
+                )
             )
-        )
         while True:
             started = self.clock()
             held.interrupted = Record(
@@ -729,21 +736,22 @@ class Engine:
                         replayed_locally=False,
                     ),
                 }
-            yield from self._emit(
-                AttemptFinished(
-                    operation_id=operation_id,
-                    key=key,
-                    attempt=attempts,
-                    outcome=signal.outcome,
-                    status_code=record.status_code,
-                    replayed=record.replayed,
-                    error=record.error,
-                    action=action,
-                    status=record.status,
-                    started_at=started,
-                    elapsed=now - started,
+            if heard(hooks, logging.DEBUG):
+                yield from self._emit(
+                    AttemptFinished(
+                        operation_id=operation_id,
+                        key=key,
+                        attempt=attempts,
+                        outcome=signal.outcome,
+                        status_code=record.status_code,
+                        replayed=record.replayed,
+                        error=record.error,
+                        action=action,
+                        status=record.status,
+                        started_at=started,
+                        elapsed=now - started,
+                    )
                 )
-            )
             if retrying:
                 yield from self._emit(
                     RetryScheduled(
@@ -756,20 +764,21 @@ class Engine:
                 )
                 yield Sleep(decision.wait)
                 continue
-            yield from self._emit(
-                OperationFinished(
-                    operation_id=operation_id,
-                    key=key,
-                    status=record.status,
-                    action=action,
-                    reason=decision.reason,
-                    attempts=attempts,
-                    status_code=record.status_code,
-                    replayed=record.replayed,
-                    not_before=decision.not_before,
-                    elapsed=now - began,
+            if heard(hooks, finished_level(record.status)):
+                yield from self._emit(
+                    OperationFinished(
+                        operation_id=operation_id,
+                        key=key,
+                        status=record.status,
+                        action=action,
+                        reason=decision.reason,
+                        attempts=attempts,
+                        status_code=record.status_code,
+                        replayed=record.replayed,
+                        not_before=decision.not_before,
+                        elapsed=now - began,
+                    )
                 )
-            )
             return End(operation_id, key, decision, attempts, response, error)
 
     def _emit(self, event: Event) -> Flow[None]:

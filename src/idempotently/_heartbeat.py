@@ -21,8 +21,6 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import attrs
 
@@ -87,17 +85,9 @@ class Heartbeat:
                 # that is not registered then.
                 del self._entries[key]
 
-    @contextmanager
-    def holding(self, lease: Lease | None) -> Iterator[None]:
+    def holding(self, lease: Lease | None) -> _Holding:
         """Keep ``lease`` alive while the block runs (nothing for None)."""
-        if lease is None:
-            yield
-            return
-        self.add(lease)
-        try:
-            yield
-        finally:
-            self.remove(lease)
+        return _Holding(self, lease)
 
     def leases(self) -> list[Lease]:
         """The leases kept alive now."""
@@ -158,6 +148,25 @@ class Heartbeat:
                     continue
                 self._wake_at = -math.inf  # beating: it looks at every entry again right after
             self.beat(all_leases=False)
+
+
+class _Holding:
+    """``with heartbeat.holding(lease):`` (a plain class: it runs around every send, and
+    a ``@contextmanager`` generator costs several times more)."""
+
+    __slots__ = ("_heartbeat", "_lease")
+
+    def __init__(self, heartbeat: Heartbeat, lease: Lease | None) -> None:
+        self._heartbeat = heartbeat
+        self._lease = lease
+
+    def __enter__(self) -> None:
+        if self._lease is not None:
+            self._heartbeat.add(self._lease)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._lease is not None:
+            self._heartbeat.remove(self._lease)
 
 
 def _interval(lease: Lease) -> float:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
+from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
@@ -369,7 +370,7 @@ class NewOperation:
             self.delivery,
             self.method,
             self.url,
-            json.dumps(list(self.request_headers)),
+            _headers_json(self.request_headers),
             self.request_body,
             self.fingerprint,
             self.profile,
@@ -463,6 +464,16 @@ def _split_statements(script: str) -> list[str]:
                 statements.append(current.strip())
             current = ""
     return statements
+
+
+def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+    """``json.dumps(list(headers))`` for (name, value) pairs of str, character for character.
+
+    Written out because it runs twice per call and json.dumps costs three times more;
+    each string goes through the encoder json.dumps itself uses for it.
+    """
+    pairs = [f"[{_json_str(name)}, {_json_str(value)}]" for name, value in headers]
+    return "[" + ", ".join(pairs) + "]"
 
 
 def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
@@ -1159,7 +1170,7 @@ class Journal:
         self, operation_id: str, record: AttemptRecord, now: float, owner: str | None
     ) -> Callable[[sqlite3.Connection], None]:
         response_headers = (
-            None if record.response_headers is None else json.dumps(list(record.response_headers))
+            None if record.response_headers is None else _headers_json(record.response_headers)
         )
 
         def write(conn: sqlite3.Connection) -> None:

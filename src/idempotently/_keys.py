@@ -94,8 +94,7 @@ def canonical_body(body: bytes, content_type: str | None) -> bytes:
     lowered = content_type.lower()
     if "json" in lowered:
         try:
-            parsed = json.loads(body)
-            return json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+            return _CANONICAL_JSON.encode(json.loads(body)).encode()
         except (ValueError, RecursionError):
             return body
     if lowered.startswith("multipart/"):
@@ -104,6 +103,10 @@ def canonical_body(body: bytes, content_type: str | None) -> bytes:
             return body.replace(boundary.group(1).strip('"').encode("latin-1"), b"")
     return body
 
+
+# What json.dumps(parsed, sort_keys=True, separators=(",", ":")) uses, made once:
+# json.dumps builds a new encoder for every call with options.
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 _BOUNDARY = re.compile(r"(?i)boundary=(\"[^\"]+\"|[^;\s]+)")
 
