@@ -5,6 +5,8 @@ cancelled call leaves its operation resumable."""
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import sys
 import threading
 import time
@@ -19,6 +21,8 @@ import httpx
 import pytest
 
 import idempotently
+import idempotently._journal
+from idempotently._journal import NOT_NOW
 from tests.support import URL
 
 LOCK_HELD = 1.0
@@ -64,21 +68,30 @@ async def heartbeat(
         last = now
 
 
+def every_command_in_a_thread(journal: idempotently.Journal) -> None:
+    """Send every journal command of ``journal`` to a worker thread, as when another
+    thread is using the journal (otherwise a write without fsync runs on the loop)."""
+    journal._try_now = lambda run: NOT_NOW  # type: ignore[method-assign]
+
+
 def charges_answered(request: httpx.Request) -> httpx.Response:
     return httpx.Response(201, json={"id": "ch_1"})
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("durability", ["fsync", "os"])
 async def test_heartbeat_never_stalls_while_another_process_holds_the_write_lock(
-    tmp_path: Path, anyio_backend: str
+    tmp_path: Path, anyio_backend: str, durability: str
 ) -> None:
-    """A post waiting ~1 s for another process's lock never stalls a task on its loop."""
+    """A post waiting ~1 s for another process's lock never stalls a task on its loop
+    (with "os", the key's write is tried on the loop first: it must not wait there)."""
     path = tmp_path / "journal.db"
     idempotently.Journal(path).close()  # the schema exists before the lock is taken
     gaps: list[float] = []
     client = httpx.AsyncClient(transport=httpx.MockTransport(charges_answered))
+    journal = idempotently.Journal(path, busy_timeout=5, durability=durability)  # type: ignore[arg-type]
     async with (
-        idempotently.AsyncSession(idempotently.Journal(path, busy_timeout=5), client=client) as s,
+        idempotently.AsyncSession(journal, client=client) as s,
         write_lock_held(path),
         anyio.create_task_group() as group,
     ):
@@ -143,7 +156,7 @@ async def test_a_cancelled_call_leaves_its_operation_pending_without_a_lease(
 
 
 async def cancel_while_the_key_waits_for_the_lock(
-    path: Path, sent: list[httpx.Request]
+    path: Path, sent: list[httpx.Request], durability: str = "fsync"
 ) -> tuple[idempotently.Operation | None, httpx.Response]:
     """Post, cancel it while the key's insert waits for another process's lock, then
     post the same operation again: (the operation after the cancel, the second answer)."""
@@ -157,7 +170,9 @@ async def cancel_while_the_key_waits_for_the_lock(
     async with (
         httpx.AsyncClient(transport=httpx.MockTransport(answers)) as client,
         idempotently.AsyncSession(
-            idempotently.Journal(path, busy_timeout=5), client=client, policy=policy
+            idempotently.Journal(path, busy_timeout=5, durability=durability),  # type: ignore[arg-type]
+            client=client,
+            policy=policy,
         ) as s,
     ):
         async with write_lock_held(path), anyio.create_task_group() as group:
@@ -169,14 +184,15 @@ async def cancel_while_the_key_waits_for_the_lock(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("durability", ["fsync", "os"])
 async def test_a_call_cancelled_while_its_key_waits_for_the_lock_leaves_no_lease(
-    tmp_path: Path,
+    tmp_path: Path, durability: str
 ) -> None:
     """Cancelled while its key waits for another process's lock: the key's write completes,
     no lease is left behind, and the next call settles the operation with that key."""
     sent: list[httpx.Request] = []
     cancelled, response = await cancel_while_the_key_waits_for_the_lock(
-        tmp_path / "journal.db", sent
+        tmp_path / "journal.db", sent, durability
     )
     assert cancelled is not None
     assert ("pending", None) == (cancelled.status, cancelled.lease_owner)
@@ -258,6 +274,7 @@ async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
 
     monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
     journal = idempotently.Journal(tmp_path / "journal.db")
+    every_command_in_a_thread(journal)
     inserts: list[int] = []
     insert_batch = journal._insert_batch
 
@@ -309,6 +326,7 @@ async def test_a_failed_batch_of_keys_fails_each_call_naming_its_own_operation(
     that call's operation, and nothing was sent."""
     sent: list[httpx.Request] = []
     journal = idempotently.Journal(tmp_path / "journal.db")
+    every_command_in_a_thread(journal)
 
     def failing(batch: Sequence[Any]) -> list[bool]:
         raise idempotently.JournalWriteError("cannot write the journal: disk full")
@@ -348,6 +366,7 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
     completes, no lease is left behind, and nothing is sent."""
     sent: list[httpx.Request] = []
     journal = idempotently.Journal(tmp_path / "journal.db")
+    every_command_in_a_thread(journal)
     gate = threading.Event()
     insert_batch = journal._insert_batch
 
@@ -415,6 +434,7 @@ async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_c
     """Tasks' completions committed together, one of which the journal refuses: that call
     raises, naming its operation; every other call gets its answer, journaled."""
     journal = idempotently.Journal(tmp_path / "journal.db")
+    every_command_in_a_thread(journal)
     attempt_write = journal._attempt_write
 
     def one_bad(operation_id: str, *args: Any) -> Any:
@@ -460,3 +480,131 @@ async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_c
     assert {**{f"op-{n}": 201 for n in range(8)}, "op-3": "op-3"} == outcomes
     assert {**{f"op-{n}": "succeeded" for n in range(8)}, "op-3": "pending"} == statuses
     assert max(together) > 1  # it did share a transaction with others
+
+
+# -- writes on the loop ------------------------------------------------------------------------
+
+
+def counting_hops(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every call to anyio.to_thread.run_sync from now on: the function it runs."""
+    hops: list[object] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(func)
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    return hops
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("durability", "hops_per_call"), [("os", 0), ("fsync", 1)])
+async def test_writes_without_fsync_run_on_the_loop_and_keys_to_fsync_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str, hops_per_call: int
+) -> None:
+    """With nothing to wait for, a write that does not fsync commits on the event loop (a
+    thread hop costs more than the write); a key to fsync always goes to a worker thread."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability=durability)  # type: ignore[arg-type]
+    hops = counting_hops(monkeypatch)
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+        for n in range(3):
+            assert 201 == (await s.post(URL, json={"n": n}, operation_id=f"op-{n}")).status_code
+        journaled = s.journal.operations()
+    assert 3 * hops_per_call == len(hops)
+    assert [("succeeded", 1, None)] * 3 == [
+        (op.status, op.attempt_count, op.lease_owner) for op in journaled
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_journal_another_thread_is_using_never_stalls_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another thread holds the journal (a sync Session sharing it, say), a write is
+    not tried on the loop, which would wait for it: it goes to a worker thread."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    hops = counting_hops(monkeypatch)
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with journal._lock:
+            taken.set()
+            release.wait(timeout=10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait(timeout=10)
+    gaps: list[float] = []
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+        anyio.create_task_group() as group,
+    ):
+        await group.start(heartbeat, gaps)
+        group.start_soon(lambda: s.post(URL, json={}, operation_id="op"))
+        await anyio.sleep(LOCK_HELD / 2)
+        release.set()
+        with anyio.fail_after(10):
+            while (operation := s.journal.operation("op")) is None or operation.status != (
+                "succeeded"
+            ):
+                await anyio.sleep(TICK)
+        group.cancel_scope.cancel()
+    holder.join()
+    assert hops, "no command went to a thread: the loop waited for the lock, or nothing did"
+    assert max(gaps) < MAX_GAP
+
+
+def test_a_write_that_would_fsync_or_wait_is_never_run_now(tmp_path: Path) -> None:
+    """Journal._try_now refuses, having written nothing, a first write that would fsync
+    (a key in "fsync" mode) or wait for another connection's write lock."""
+    from tests.test_journal import new_operation
+
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    owner = {"owner": "test-owner", "lease_until": 0.0}
+    assert NOT_NOW == journal._try_now(
+        lambda: journal._insert_operation(new_operation("op-1"), **owner)  # type: ignore[arg-type]
+    )
+    assert 0 == journal.counts()["pending"]
+    fast = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    other = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    assert NOT_NOW == fast._try_now(
+        lambda: fast._insert_operation(new_operation("op-2"), **owner)  # type: ignore[arg-type]
+    )
+    assert time.monotonic() - started < LOCK_HELD / 2  # did not wait out the busy timeout
+    other.execute("ROLLBACK")
+    assert (True, True) == fast._try_now(
+        lambda: fast._insert_operation(new_operation("op-3"), **owner)  # type: ignore[arg-type]
+    )
+    assert ["op-3"] == [op.operation_id for op in fast.operations()]
+    assert 30_000 == fast._conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    for each in (journal, fast):
+        each.close()
+    other.close()
+
+
+@pytest.mark.anyio
+async def test_the_wal_is_checkpointed_though_writes_run_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's checkpoint (which fsyncs) is off on the loop; one command in
+    CHECKPOINT_EVERY runs in a thread, where it checkpoints: the WAL stays bounded."""
+    monkeypatch.setattr(idempotently._journal, "CHECKPOINT_EVERY", 50)
+    path = tmp_path / "journal.db"
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
+        idempotently.AsyncSession(idempotently.Journal(path, durability="os"), client=client) as s,
+    ):
+        for n in range(400):  # about 13 WAL pages each: 5,000 pages unchecked
+            await s.post(URL, json={"n": n})
+        assert 400 == s.journal.counts()["succeeded"]
+        page_size = s.journal._conn.execute("PRAGMA page_size").fetchone()[0]
+        assert 1000 == s.journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    wal_pages = os.path.getsize(f"{path}-wal") // (page_size + 24)
+    assert wal_pages < 1000 + 50 * 20

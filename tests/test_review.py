@@ -3,6 +3,7 @@ contract (DESIGN §3) makes and the current code breaks (strict xfails)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 import idempotently
+from idempotently._journal import NOT_NOW
 from tests.support import URL, FakeTime, make_session
 
 
@@ -116,17 +118,26 @@ def test_a_late_attempt_never_overwrites_a_settled_operation(tmp_path: Path) -> 
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("where", ["on the loop", "in a thread"])
 async def test_a_call_cancelled_after_its_answer_is_journaled_keeps_it(
-    tmp_path: Path, fake_time: FakeTime, anyio_backend: str
+    tmp_path: Path, fake_time: FakeTime, anyio_backend: str, where: str
 ) -> None:
-    """A cancellation that lands after the answer was journaled changes nothing in the journal."""
+    """A cancellation that lands after the answer was journaled changes nothing in the
+    journal, whether the completion was written on the event loop or in a worker thread."""
     journal = idempotently.Journal(tmp_path / "journal.db")
+    if where == "in a thread":
+        journal._try_now = lambda run: NOT_NOW  # type: ignore[method-assign]
     original = journal._record_attempt
     scopes: list[anyio.CancelScope] = []
+    loop_thread = threading.get_ident()
 
     def record_then_cancel(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
-        anyio.from_thread.run_sync(scopes[0].cancel)  # e.g. a timeout firing now
+        # e.g. a timeout firing now
+        if threading.get_ident() == loop_thread:
+            scopes[0].cancel()
+        else:
+            anyio.from_thread.run_sync(scopes[0].cancel)
 
     journal._record_attempt = record_then_cancel  # type: ignore[method-assign]
     async with idempotently.AsyncSession(

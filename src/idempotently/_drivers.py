@@ -31,6 +31,7 @@ from idempotently._store import (
     Command,
     Emit,
     Insert,
+    Queue,
     Reconcile,
     Record,
     Release,
@@ -206,6 +207,19 @@ async def _journal(store: Store, command: Any) -> Any:
     done; nothing is abandoned on cancellation: the write completes first.
     """
     await anyio.lowlevel.checkpoint_if_cancelled()
+    try_now = getattr(store, "_try_now", None)
+    if (
+        try_now is not None
+        and not isinstance(command, Queue)
+        and not (isinstance(command, Insert) and getattr(store, "durability", None) == "fsync")
+    ):
+        # On the loop, if nothing would make it wait (see Journal._try_now): a
+        # thread hop costs more than a commit without fsync. Not Queue: a resume's
+        # list of every pending operation may be long; not a key to fsync: the
+        # group commit shares its fsync with other tasks' keys, off the loop.
+        ran, reply = try_now(functools.partial(_with_ids, command, command.run, store))
+        if ran:
+            return reply
     slot = (id(store), anyio.lowlevel.current_token())
     batcher = _BATCHERS.get(slot)
     if batcher is None:

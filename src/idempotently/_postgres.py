@@ -27,7 +27,7 @@ import json
 import re
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
@@ -47,6 +47,7 @@ from idempotently._journal import (
     MAX_LIMIT,
     MAX_TIMESTAMP,
     MAX_WINDOW,
+    NOT_NOW,
     Attempt,
     AttemptRecord,
     Durability,
@@ -54,6 +55,7 @@ from idempotently._journal import (
     JournalStats,
     NewOperation,
     Operation,
+    T,
     _check_number,
     _column_problem,
     _short,
@@ -580,6 +582,10 @@ class PostgresJournal(Journal):
                 )
 
     # -- writes used by the sessions --------------------------------------------------
+
+    def _try_now(self, run: Callable[[], T]) -> tuple[bool, T | None]:
+        """Never on the event loop: every command is a round trip to the server."""
+        return NOT_NOW
 
     def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
         """Commit a new operation (synchronous_commit per durability); False if taken."""
