@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import httpx
@@ -183,13 +184,21 @@ def sync_rows(
 
 
 async def async_pair(
-    url: str, journal: Path | str, ops: int, rounds: int, concurrency: int
+    url: str,
+    journal: Path | str,
+    ops: int,
+    rounds: int,
+    concurrency: int,
+    durability: Literal["fsync", "os"] = "fsync",
 ) -> tuple[Series, Series]:
     bare, journaled = Series("bare"), Series("journaled")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    store = (
+        journal if durability == "fsync" else idempotently.Journal(journal, durability=durability)
+    )
     async with (
         httpx.AsyncClient(base_url=url, limits=limits) as client,
-        idempotently.AsyncSession(journal, base_url=url, limits=limits) as session,
+        idempotently.AsyncSession(store, base_url=url, limits=limits) as session,
     ):
         for _ in range(min(concurrency, 20)):
             await client.post(PATH, json=PAYLOAD)
@@ -332,6 +341,18 @@ def main() -> None:
                     backend=args.backend,
                 )
                 print(row(f"async c={concurrency}, loopback", bare, journaled), flush=True)
+            # With "os", an async call's writes all commit on the event loop (no thread hop).
+            bare, journaled = anyio.run(
+                async_pair,
+                url,
+                tmp / f"{uuid.uuid4()}.db",
+                ops,
+                args.rounds,
+                1,
+                "os",
+                backend=args.backend,
+            )
+            print(row("async c=1, loopback, durability='os'", bare, journaled), flush=True)
             for concurrency in (1, 16):
                 print(resume_row(url, tmp, max(ops // 2, 100), concurrency), flush=True)
         with server(1) as url:
@@ -350,6 +371,17 @@ def main() -> None:
                     backend=args.backend,
                 )
                 print(row(f"async c={concurrency}, 20 ms latency", bare, journaled), flush=True)
+            bare, journaled = anyio.run(
+                async_pair,
+                url,
+                tmp / f"{uuid.uuid4()}.db",
+                ops,
+                args.rounds,
+                16,
+                "os",
+                backend=args.backend,
+            )
+            print(row("async c=16, 20 ms latency, durability='os'", bare, journaled), flush=True)
             print(threads_row(url, tmp, ops, args.rounds, 16, "20 ms latency"), flush=True)
         if not args.skip_postgres:
             postgres_rows(tmp, ops, args.rounds, args.backend)
