@@ -608,3 +608,29 @@ async def test_the_wal_is_checkpointed_though_writes_run_on_the_loop(
         assert 1000 == s.journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
     wal_pages = os.path.getsize(f"{path}-wal") // (page_size + 24)
     assert wal_pages < 1000 + 50 * 20
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("durability", ["fsync", "os"])
+async def test_a_call_on_a_closed_journal_names_its_operation_and_sends_nothing(
+    tmp_path: Path, durability: str
+) -> None:
+    """A call whose journal was closed raises a JournalError naming the operation and
+    saying the journal is closed, from the loop path as from the thread path."""
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    journal = idempotently.Journal(tmp_path / "journal.db", durability=durability)  # type: ignore[arg-type]
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+        journal.close()
+        with pytest.raises(idempotently.JournalError) as caught:
+            await s.post(URL, json={}, operation_id="op-1")
+    assert [] == sent
+    assert "op-1" == caught.value.operation_id
+    assert "closed" in str(caught.value)

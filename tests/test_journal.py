@@ -661,3 +661,27 @@ def test_stored_headers_are_written_as_json_dumps_writes_them(
     """The journal's header text (written by hand for speed) is json.dumps' to the
     character, so rows stay the same whichever version wrote them."""
     assert json.dumps(list(headers)) == _headers_json(headers)
+
+
+def test_a_closed_journal_says_so_for_every_use(journal_target: str) -> None:
+    """After close(), every read and write raises a JournalError naming the file and
+    saying what to do, never sqlite3's or psycopg's own error; closing again is harmless."""
+    journal = Journal(journal_target)
+    insert(journal, new_operation("op-1"))
+    journal.close()
+    uses = {
+        "insert": lambda: insert(journal, new_operation("op-2")),
+        "operation": lambda: journal.operation("op-1"),
+        "operations": lambda: journal.operations(),
+        "counts": lambda: journal.counts(),
+        "stats": lambda: journal.stats(now=NOW),
+        "prune": lambda: journal.prune(older_than=0, now=NOW),
+    }
+    for name, use in uses.items():
+        with pytest.raises(JournalError) as caught:
+            use()
+        assert "closed" in str(caught.value), name
+        assert journal.path in str(caught.value), name
+    journal.close()
+    with Journal(journal_target) as reopened:
+        assert ["op-1"] == [op.operation_id for op in reopened.operations()]

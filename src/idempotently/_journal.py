@@ -30,7 +30,7 @@ from heapq import merge
 from itertools import islice
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, NoReturn, TypeVar, cast, get_args
 
 import attrs
 import sqlite_utils
@@ -582,6 +582,30 @@ class _WriteRaised(Exception):
     """One write of a shared transaction raised: roll it back, run each write alone."""
 
 
+class _ClosedConnection:
+    """A closed Journal's connection: any use raises a JournalError that names the file."""
+
+    in_transaction = False
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def _closed(self, *args: object, **kwargs: object) -> NoReturn:
+        raise JournalError(
+            f"the journal {self._path} was closed (Journal.close(), or the end of the "
+            "Session's `with` block); nothing was sent or written. Open the journal again "
+            "(a new Journal or Session) to use it"
+        )
+
+    execute = executemany = executescript = _closed
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        self._closed()
+
+
 class _WouldWait(BaseException):
     """Another connection holds the write lock: :meth:`Journal._try_now` gives up.
 
@@ -881,8 +905,12 @@ class Journal:
             self._create_v2_schema()
 
     def close(self) -> None:
+        """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
         with self._lock:
             self._conn.close()
+            # Not sqlite3's "Cannot operate on a closed database": say which journal.
+            self._conn = cast(sqlite3.Connection, _ClosedConnection(self.path))
+            self.db.conn = self._conn
 
     def __enter__(self) -> Journal:
         return self
@@ -1039,6 +1067,8 @@ class Journal:
         thread anyway, where the checkpoint runs if the WAL is due for one. The
         writes skip the combiner and the group commit, which wait for others.
         """
+        if isinstance(self._conn, _ClosedConnection):
+            return NOT_NOW  # the worker thread raises the error, naming the operation
         if self._now_thread is not None or self._now_runs >= CHECKPOINT_EVERY:
             self._now_runs = 0
             return NOT_NOW
