@@ -634,3 +634,122 @@ async def test_a_call_on_a_closed_journal_names_its_operation_and_sends_nothing(
     assert [] == sent
     assert "op-1" == caught.value.operation_id
     assert "closed" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_a_sync_session_in_a_thread_and_an_async_session_share_one_journal(
+    tmp_path: Path,
+) -> None:
+    """A sync Session posting from a thread and an AsyncSession's tasks on one Journal
+    object: every operation is sent once and settled, nothing deadlocks, and the loop
+    never stalls waiting for the thread's writes."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    arrivals: list[str] = []
+    lock = threading.Lock()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        with lock:
+            arrivals.append(request.headers["Idempotency-Key"])
+        return httpx.Response(201)
+
+    def sync_posts() -> None:
+        with idempotently.Session(journal, transport=httpx.MockTransport(answer)) as session:
+            for n in range(150):
+                session.post(URL, json={}, operation_id=f"sync-{n}")
+
+    gaps: list[float] = []
+    thread = threading.Thread(target=sync_posts)
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+        anyio.create_task_group() as group,
+    ):
+        await group.start(heartbeat, gaps)
+        thread.start()
+
+        async def posts(task: int) -> None:
+            for n in range(30):
+                await s.post(URL, json={}, operation_id=f"async-{task}-{n}")
+
+        async with anyio.create_task_group() as posting:
+            for task in range(5):
+                posting.start_soon(posts, task)
+        await anyio.to_thread.run_sync(thread.join)
+        group.cancel_scope.cancel()
+    operations = journal.operations(limit=1000)
+    assert 300 == len(arrivals) == len(set(arrivals))
+    assert {"succeeded": 300} == {
+        status: sum(op.status == status for op in operations)
+        for status in {op.status for op in operations}
+    }
+    assert max(gaps) < MAX_GAP
+
+
+@pytest.mark.anyio
+async def test_a_write_failing_on_the_loop_leaves_the_connection_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A completion the journal refuses on the loop fails only its own call, and the
+    connection's busy timeout and automatic checkpoint are back for the next one."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    attempt_write = journal._attempt_write
+
+    def bad_for_op_1(operation_id: str, *args: Any) -> Any:
+        if operation_id != "op-1":
+            return attempt_write(operation_id, *args)
+
+        def bad(conn: Any) -> None:
+            conn.execute("UPDATE no_such_table SET x = 1")
+
+        return bad
+
+    journal._attempt_write = bad_for_op_1  # type: ignore[method-assign]
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+        with pytest.raises(idempotently.JournalWriteError) as caught:
+            await s.post(URL, json={}, operation_id="op-1")
+        assert "op-1" == caught.value.operation_id
+        assert 201 == (await s.post(URL, json={}, operation_id="op-2")).status_code
+    assert (30_000, 1000) == (
+        journal._conn.execute("PRAGMA busy_timeout").fetchone()[0],
+        journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0],
+    )
+    assert (None, False) == (journal._now_thread, journal._refuse_busy)
+    assert journal._lock.acquire(blocking=False)
+    journal._lock.release()
+    assert {"op-1": "pending", "op-2": "succeeded"} == {
+        op.operation_id: op.status for op in journal.operations()
+    }
+
+
+def test_a_write_on_the_loop_never_waits_for_another_threads_combined_commit(
+    tmp_path: Path,
+) -> None:
+    """While another thread is combining writes (and would wait for the journal's lock,
+    which the loop's write holds), the loop's write commits alone instead of queueing
+    behind it: queueing there would deadlock both."""
+    from idempotently._journal import AttemptRecord
+    from tests.test_journal import new_operation
+
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    journal._insert_operation(new_operation("op-1"), owner="o", lease_until=0.0)
+    record = AttemptRecord(
+        started_at=time.time(), elapsed=0.1, outcome="answered", status_code=201, status="succeeded"
+    )
+    journal._combining = True  # as if another thread were committing a batch
+    outcome: list[object] = []
+    writer = threading.Thread(
+        target=lambda: outcome.append(
+            journal._try_now(lambda: journal._record_attempt("op-1", record, now=time.time()))
+        ),
+        daemon=True,
+    )
+    writer.start()
+    writer.join(timeout=10)
+    assert not writer.is_alive(), "the write waited for the other thread's commit"
+    journal._combining = False
+    assert [(True, None)] == outcome
+    operation = journal.operation("op-1")
+    assert operation is not None and "succeeded" == operation.status
