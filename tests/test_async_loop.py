@@ -753,3 +753,11 @@ def test_a_write_on_the_loop_never_waits_for_another_threads_combined_commit(
     assert [(True, None)] == outcome
     operation = journal.operation("op-1")
     assert operation is not None and "succeeded" == operation.status
+
+
+def test_a_postgresql_journal_never_runs_a_command_on_the_loop(postgres_url: str) -> None:
+    """Every PostgreSQL journal command is a network round trip: never tried on the loop."""
+    ran: list[str] = []
+    with idempotently.Journal(postgres_url) as journal:
+        assert NOT_NOW == journal._try_now(lambda: ran.append("ran"))
+    assert [] == ran
