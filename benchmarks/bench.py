@@ -309,6 +309,30 @@ def postgres_rows(tmp: Path, ops: int, rounds: int, backend: str) -> None:
         print(f"postgres rows skipped: {error}", flush=True)
 
 
+def async_row(
+    url: str,
+    tmp: Path,
+    ops: int,
+    args: argparse.Namespace,
+    concurrency: int,
+    label: str,
+    durability: Literal["fsync", "os"] = "fsync",
+) -> str:
+    """One async row: bare and journaled at ``concurrency``, on a new journal file."""
+    bare, journaled = anyio.run(
+        async_pair,
+        url,
+        tmp / f"{uuid.uuid4()}.db",
+        ops,
+        args.rounds,
+        concurrency,
+        durability,
+        backend=args.backend,
+    )
+    suffix = "" if durability == "fsync" else f", durability={durability!r}"
+    return row(f"async c={concurrency}, {label}{suffix}", bare, journaled)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000, help="operations per series")
@@ -331,28 +355,9 @@ def main() -> None:
             for line in sync_rows(url, tmp, ops, args.rounds, "loopback"):
                 print(line, flush=True)
             for concurrency in (1, 16, 64):
-                bare, journaled = anyio.run(
-                    async_pair,
-                    url,
-                    tmp / f"{uuid.uuid4()}.db",
-                    ops,
-                    args.rounds,
-                    concurrency,
-                    backend=args.backend,
-                )
-                print(row(f"async c={concurrency}, loopback", bare, journaled), flush=True)
+                print(async_row(url, tmp, ops, args, concurrency, "loopback"), flush=True)
             # With "os", an async call's writes all commit on the event loop (no thread hop).
-            bare, journaled = anyio.run(
-                async_pair,
-                url,
-                tmp / f"{uuid.uuid4()}.db",
-                ops,
-                args.rounds,
-                1,
-                "os",
-                backend=args.backend,
-            )
-            print(row("async c=1, loopback, durability='os'", bare, journaled), flush=True)
+            print(async_row(url, tmp, ops, args, 1, "loopback", "os"), flush=True)
             for concurrency in (1, 16):
                 print(resume_row(url, tmp, max(ops // 2, 100), concurrency), flush=True)
         with server(1) as url:
@@ -361,27 +366,8 @@ def main() -> None:
         with server(20) as url:
             for concurrency in (1, 16, 64):
                 count = ops if concurrency > 1 else max(ops // 10, 50)
-                bare, journaled = anyio.run(
-                    async_pair,
-                    url,
-                    tmp / f"{uuid.uuid4()}.db",
-                    count,
-                    args.rounds,
-                    concurrency,
-                    backend=args.backend,
-                )
-                print(row(f"async c={concurrency}, 20 ms latency", bare, journaled), flush=True)
-            bare, journaled = anyio.run(
-                async_pair,
-                url,
-                tmp / f"{uuid.uuid4()}.db",
-                ops,
-                args.rounds,
-                16,
-                "os",
-                backend=args.backend,
-            )
-            print(row("async c=16, 20 ms latency, durability='os'", bare, journaled), flush=True)
+                print(async_row(url, tmp, count, args, concurrency, "20 ms latency"), flush=True)
+            print(async_row(url, tmp, ops, args, 16, "20 ms latency", "os"), flush=True)
             print(threads_row(url, tmp, ops, args.rounds, 16, "20 ms latency"), flush=True)
         if not args.skip_postgres:
             postgres_rows(tmp, ops, args.rounds, args.backend)
