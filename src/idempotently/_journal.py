@@ -21,6 +21,7 @@ import os
 import random
 import re
 import sqlite3
+import struct
 import threading
 import time
 import uuid
@@ -623,6 +624,11 @@ so the WAL stays under about 4,000 pages whatever runs on the loop."""
 _AUTOCHECKPOINT: Final = 1000
 """SQLite's default ``wal_autocheckpoint``, which the journal keeps."""
 
+_WAL_INDEX: Final = struct.Struct("=16xI76xI")
+"""The start of the ``-shm`` WAL index (SQLite's wal.c, native byte order): two copies
+of a 48-byte header whose ``mxFrame`` (the WAL's last frame) is at byte 16, then
+``nBackfill`` (how many frames were checkpointed)."""
+
 NOT_NOW: Final = (False, None)
 """What :meth:`Journal._try_now` returns when running the command now would mean waiting."""
 
@@ -1049,6 +1055,32 @@ class Journal:
         finally:
             with suppress(sqlite3.Error):
                 self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        if self._wal_starts_over():
+            self._conn.execute("ROLLBACK")
+            raise _WouldWait
+
+    def _wal_starts_over(self) -> bool:
+        """Whether the write transaction just begun will write the WAL's header, and fsync it.
+
+        SQLite starts the WAL over (or creates it) when the transaction began with
+        every frame already checkpointed (by this connection's thread, another
+        process, or the last connection to close): it writes a new header and syncs
+        it even with ``synchronous = NORMAL``. The WAL index (``-shm``) says so:
+        its last frame (``mxFrame``) equals the checkpointed count (``nBackfill``).
+        The write lock held, ``mxFrame`` cannot move; ``nBackfill`` only grows toward
+        it, so "no" stays true. Unreadable: "yes", so the write goes to a thread.
+        """
+        if self.path == ":memory:":
+            return False
+        try:
+            with open(self._abspath + "-shm", "rb", buffering=0) as shm:
+                index = shm.read(_WAL_INDEX.size)
+        except OSError:
+            return True
+        if len(index) < _WAL_INDEX.size:
+            return True
+        frames, backfilled = _WAL_INDEX.unpack(index)
+        return index[:48] != index[48:96] or frames == backfilled
 
     def _try_now(self, run: Callable[[], T]) -> tuple[bool, T | None]:
         """``(True, run())`` if the journal commands in ``run`` need not wait; else NOT_NOW.
@@ -1062,8 +1094,9 @@ class Journal:
         no other connection holds the file's write lock and the first write is
         not a durable one (its ``BEGIN IMMEDIATE`` does not wait: if it would,
         or would fsync, nothing was written and NOT_NOW sends the command to a
-        thread, which waits as usual); and SQLite's automatic checkpoint, which
-        fsyncs, is off meanwhile: one command in CHECKPOINT_EVERY goes to a
+        thread, which waits as usual), nor starts the WAL over (which fsyncs its
+        header: see :meth:`_wal_starts_over`); and SQLite's automatic checkpoint,
+        which fsyncs, is off meanwhile: one command in CHECKPOINT_EVERY goes to a
         thread anyway, where the checkpoint runs if the WAL is due for one. The
         writes skip the combiner and the group commit, which wait for others.
         """
