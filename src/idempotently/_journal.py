@@ -617,7 +617,8 @@ class _WouldWait(BaseException):
 
 
 CHECKPOINT_EVERY: Final = 200
-"""One :meth:`Journal._try_now` command in this many runs in a thread, for the checkpoint.
+"""After this many :meth:`Journal._try_now` commands, commands run in a thread until one
+commits there, with SQLite's automatic checkpoint on.
 
 A command writes 10-15 WAL pages; SQLite checkpoints past 1,000 (_AUTOCHECKPOINT),
 so the WAL stays under about 4,000 pages whatever runs on the loop."""
@@ -1007,6 +1008,9 @@ class Journal:
                 try:
                     yield self._conn
                     self._conn.execute("COMMIT")
+                    if self._now_thread is None:
+                        # Committed with the automatic checkpoint on: it ran if due.
+                        self._now_runs = 0
                 except BaseException:
                     # SQLite may already have rolled back (SQLITE_FULL does):
                     # a second ROLLBACK would hide the real error.
@@ -1096,14 +1100,16 @@ class Journal:
         or would fsync, nothing was written and NOT_NOW sends the command to a
         thread, which waits as usual), nor starts the WAL over (which fsyncs its
         header: see :meth:`_wal_starts_over`); and SQLite's automatic checkpoint,
-        which fsyncs, is off meanwhile: one command in CHECKPOINT_EVERY goes to a
-        thread anyway, where the checkpoint runs if the WAL is due for one. The
-        writes skip the combiner and the group commit, which wait for others.
+        which fsyncs, is off meanwhile: after CHECKPOINT_EVERY commands here,
+        commands go to a thread until one commits there, checkpointing if the
+        WAL is due for it. The writes skip the combiner and the group commit,
+        which wait for others.
         """
         if isinstance(self._conn, _ClosedConnection):
             return NOT_NOW  # the worker thread raises the error, naming the operation
         if self._now_thread is not None or self._now_runs >= CHECKPOINT_EVERY:
-            self._now_runs = 0
+            # Past CHECKPOINT_EVERY, every command goes to a thread until one commits
+            # there (see _write): the next one may only read, which checkpoints nothing.
             return NOT_NOW
         if not self._lock.acquire(blocking=False):
             return NOT_NOW
