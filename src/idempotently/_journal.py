@@ -16,6 +16,7 @@ the pending operations and another the finished ones by idle time.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import struct
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
@@ -1103,10 +1105,13 @@ class Journal:
         which fsyncs, is off meanwhile: after CHECKPOINT_EVERY commands here,
         commands go to a thread until one commits there, checkpointing if the
         WAL is due for it. The writes skip the combiner and the group commit,
-        which wait for others.
+        which wait for others. A subclass that overrides any of Journal's
+        methods runs every command in a thread: its code may wait.
         """
         if isinstance(self._conn, _ClosedConnection):
             return NOT_NOW  # the worker thread raises the error, naming the operation
+        if type(self) is not Journal and not _only_journal_code(type(self)):
+            return NOT_NOW  # a subclass's own writes: nobody vouched they never wait
         if self._now_thread is not None or self._now_runs >= CHECKPOINT_EVERY:
             # Past CHECKPOINT_EVERY, every command goes to a thread until one commits
             # there (see _write): the next one may only read, which checkpoints nothing.
@@ -1884,6 +1889,22 @@ class Journal:
 _JOURNAL_RECORD_ATTEMPT = Journal._record_attempt
 """Journal's own, as defined: a store whose ``_record_attempt`` is anything else (a
 subclass's, a patched one) records a batch through it, one at a time."""
+
+
+_ONLY_JOURNAL_CODE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _only_journal_code(cls: type[Journal]) -> bool:
+    """Whether a subclass of Journal overrides none of its methods: its commands then run
+    Journal's own code, which :meth:`Journal._try_now` may run on an event loop."""
+    only = _ONLY_JOURNAL_CODE.get(cls)
+    if only is None:
+        only = _ONLY_JOURNAL_CODE[cls] = all(
+            getattr(cls, name) is method
+            for name, method in vars(Journal).items()
+            if inspect.isfunction(method) and not name.startswith("__")
+        )
+    return only
 
 
 @attrs.frozen
