@@ -16,14 +16,17 @@ the pending operations and another the finished ones by idle time.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 import random
 import re
 import sqlite3
+import struct
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
@@ -616,12 +619,18 @@ class _WouldWait(BaseException):
 
 
 CHECKPOINT_EVERY: Final = 200
-"""One :meth:`Journal._try_now` command in this many runs in a thread, for the checkpoint.
+"""After this many :meth:`Journal._try_now` commands, commands run in a thread until one
+commits there, with SQLite's automatic checkpoint on.
 
 A command writes 10-15 WAL pages; SQLite checkpoints past 1,000 (_AUTOCHECKPOINT),
 so the WAL stays under about 4,000 pages whatever runs on the loop."""
 _AUTOCHECKPOINT: Final = 1000
 """SQLite's default ``wal_autocheckpoint``, which the journal keeps."""
+
+_WAL_INDEX: Final = struct.Struct("=16xI76xI")
+"""The start of the ``-shm`` WAL index (SQLite's wal.c, native byte order): two copies
+of a 48-byte header whose ``mxFrame`` (the WAL's last frame) is at byte 16, then
+``nBackfill`` (how many frames were checkpointed)."""
 
 NOT_NOW: Final = (False, None)
 """What :meth:`Journal._try_now` returns when running the command now would mean waiting."""
@@ -1001,6 +1010,9 @@ class Journal:
                 try:
                     yield self._conn
                     self._conn.execute("COMMIT")
+                    if self._now_thread is None:
+                        # Committed with the automatic checkpoint on: it ran if due.
+                        self._now_runs = 0
                 except BaseException:
                     # SQLite may already have rolled back (SQLITE_FULL does):
                     # a second ROLLBACK would hide the real error.
@@ -1049,6 +1061,32 @@ class Journal:
         finally:
             with suppress(sqlite3.Error):
                 self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        if self._wal_starts_over():
+            self._conn.execute("ROLLBACK")
+            raise _WouldWait
+
+    def _wal_starts_over(self) -> bool:
+        """Whether the write transaction just begun will write the WAL's header, and fsync it.
+
+        SQLite starts the WAL over (or creates it) when the transaction began with
+        every frame already checkpointed (by this connection's thread, another
+        process, or the last connection to close): it writes a new header and syncs
+        it even with ``synchronous = NORMAL``. The WAL index (``-shm``) says so:
+        its last frame (``mxFrame``) equals the checkpointed count (``nBackfill``).
+        The write lock held, ``mxFrame`` cannot move; ``nBackfill`` only grows toward
+        it, so "no" stays true. Unreadable: "yes", so the write goes to a thread.
+        """
+        if self.path == ":memory:":
+            return False
+        try:
+            with open(self._abspath + "-shm", "rb", buffering=0) as shm:
+                index = shm.read(_WAL_INDEX.size)
+        except OSError:
+            return True
+        if len(index) < _WAL_INDEX.size:
+            return True
+        frames, backfilled = _WAL_INDEX.unpack(index)
+        return index[:48] != index[48:96] or frames == backfilled
 
     def _try_now(self, run: Callable[[], T]) -> tuple[bool, T | None]:
         """``(True, run())`` if the journal commands in ``run`` need not wait; else NOT_NOW.
@@ -1062,15 +1100,21 @@ class Journal:
         no other connection holds the file's write lock and the first write is
         not a durable one (its ``BEGIN IMMEDIATE`` does not wait: if it would,
         or would fsync, nothing was written and NOT_NOW sends the command to a
-        thread, which waits as usual); and SQLite's automatic checkpoint, which
-        fsyncs, is off meanwhile: one command in CHECKPOINT_EVERY goes to a
-        thread anyway, where the checkpoint runs if the WAL is due for one. The
-        writes skip the combiner and the group commit, which wait for others.
+        thread, which waits as usual), nor starts the WAL over (which fsyncs its
+        header: see :meth:`_wal_starts_over`); and SQLite's automatic checkpoint,
+        which fsyncs, is off meanwhile: after CHECKPOINT_EVERY commands here,
+        commands go to a thread until one commits there, checkpointing if the
+        WAL is due for it. The writes skip the combiner and the group commit,
+        which wait for others. A subclass that overrides any of Journal's
+        methods runs every command in a thread: its code may wait.
         """
         if isinstance(self._conn, _ClosedConnection):
             return NOT_NOW  # the worker thread raises the error, naming the operation
+        if type(self) is not Journal and not _only_journal_code(type(self)):
+            return NOT_NOW  # a subclass's own writes: nobody vouched they never wait
         if self._now_thread is not None or self._now_runs >= CHECKPOINT_EVERY:
-            self._now_runs = 0
+            # Past CHECKPOINT_EVERY, every command goes to a thread until one commits
+            # there (see _write): the next one may only read, which checkpoints nothing.
             return NOT_NOW
         if not self._lock.acquire(blocking=False):
             return NOT_NOW
@@ -1845,6 +1889,22 @@ class Journal:
 _JOURNAL_RECORD_ATTEMPT = Journal._record_attempt
 """Journal's own, as defined: a store whose ``_record_attempt`` is anything else (a
 subclass's, a patched one) records a batch through it, one at a time."""
+
+
+_ONLY_JOURNAL_CODE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _only_journal_code(cls: type[Journal]) -> bool:
+    """Whether a subclass of Journal overrides none of its methods: its commands then run
+    Journal's own code, which :meth:`Journal._try_now` may run on an event loop."""
+    only = _ONLY_JOURNAL_CODE.get(cls)
+    if only is None:
+        only = _ONLY_JOURNAL_CODE[cls] = all(
+            getattr(cls, name) is method
+            for name, method in vars(Journal).items()
+            if inspect.isfunction(method) and not name.startswith("__")
+        )
+    return only
 
 
 @attrs.frozen
