@@ -761,3 +761,22 @@ def test_a_postgresql_journal_never_runs_a_command_on_the_loop(postgres_url: str
     with idempotently.Journal(postgres_url) as journal:
         assert NOT_NOW == journal._try_now(lambda: ran.append("ran"))
     assert [] == ran
+
+
+def test_a_command_on_the_loop_leaves_a_prunes_checkpoint_setting_alone(tmp_path: Path) -> None:
+    """Between two of a prune's batches (automatic checkpoint off, so no batch pays for
+    one), a command run on the loop leaves the setting as the prune left it."""
+    from tests.test_journal import new_operation
+
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    journal._conn.execute("PRAGMA wal_autocheckpoint = 0")  # as prune() sets it
+    assert (True, True) == journal._try_now(
+        lambda: journal._insert_operation(new_operation("op-1"), owner="o", lease_until=0.0)
+    )
+    assert 0 == journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    journal._conn.execute("PRAGMA wal_autocheckpoint = 1000")
+    assert (True, True) == journal._try_now(
+        lambda: journal._insert_operation(new_operation("op-2"), owner="o", lease_until=0.0)
+    )
+    assert 1000 == journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    journal.close()

@@ -622,10 +622,9 @@ CHECKPOINT_EVERY: Final = 200
 """After this many :meth:`Journal._try_now` commands, commands run in a thread until one
 commits there, with SQLite's automatic checkpoint on.
 
-A command writes 10-15 WAL pages; SQLite checkpoints past 1,000 (_AUTOCHECKPOINT),
-so the WAL stays under about 4,000 pages whatever runs on the loop."""
-_AUTOCHECKPOINT: Final = 1000
-"""SQLite's default ``wal_autocheckpoint``, which the journal keeps."""
+A command writes 10-15 WAL pages; SQLite checkpoints past 1,000 (its default
+``wal_autocheckpoint``, which the journal keeps), so the WAL stays under about
+4,000 pages whatever runs on the loop."""
 
 _WAL_INDEX: Final = struct.Struct("=16xI76xI")
 """The start of the ``-shm`` WAL index (SQLite's wal.c, native byte order): two copies
@@ -1119,16 +1118,20 @@ class Journal:
         if not self._lock.acquire(blocking=False):
             return NOT_NOW
         try:
+            # Whatever it is now (0 while a prune runs between its batches): put back after.
+            autocheckpoint = int(self._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+            if autocheckpoint:
+                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
             self._now_thread, self._refuse_busy = threading.get_ident(), True
-            self._conn.execute("PRAGMA wal_autocheckpoint = 0")
             try:
                 result = run()
             except _WouldWait:
                 return NOT_NOW
             finally:
                 self._now_thread, self._refuse_busy = None, False
-                with suppress(sqlite3.Error):
-                    self._conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
+                if autocheckpoint:
+                    with suppress(sqlite3.Error):
+                        self._conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint}")
             self._now_runs += 1
             return True, result
         finally:
