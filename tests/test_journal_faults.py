@@ -395,6 +395,25 @@ def test_session_post_after_the_journal_was_deleted_sends_nothing(path: Path) ->
     assert 1 == len(sent)  # the first call's request, and nothing for the second
 
 
+def test_session_post_after_a_new_journal_was_created_in_its_place_says_it_moved(
+    path: Path,
+) -> None:
+    """The file renamed away and a new journal created at its path (the old -wal and
+    -shm left behind): a named post says the journal moved, naming the operation, and
+    sends nothing; not a misleading "no such table"."""
+    transport, sent = counting_transport()
+    with idempotently.Session(path, transport=transport) as session:
+        session.post("https://api.example.test/v1/charges", json={}, operation_id="first")
+        os.rename(path, f"{path}.moved")
+        Journal(path).close()
+
+        with pytest.raises(JournalMovedError) as caught:
+            session.post("https://api.example.test/v1/charges", json={}, operation_id="second")
+
+    assert 1 == len(sent)
+    assert "second" == caught.value.operation_id
+
+
 # -- read-only opening and placeholder files ----------------------------------------------
 
 

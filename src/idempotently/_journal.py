@@ -1621,12 +1621,18 @@ class Journal:
 
     def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts."""
-        for column, value in (("operation_id", operation_id), ("key", key)):
-            if value is None:
-                continue
-            rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,))
-            if rows:
-                return self._with_attempts(rows[0])
+        try:
+            for column, value in (("operation_id", operation_id), ("key", key)):
+                if value is None:
+                    continue
+                rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,))
+                if rows:
+                    return self._with_attempts(rows[0])
+        except JournalError:
+            # A file replaced under this Journal (and its -wal and -shm left behind)
+            # reads as a broken journal: say what happened instead.
+            self._check_still_there()
+            raise
         return None
 
     def operations(
