@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx
 
 import idempotently
 
@@ -32,6 +33,18 @@ class FakeTime:
 
     async def async_sleep(self, seconds: float) -> None:
         self.sleep(seconds)
+
+
+def recording_transport() -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    """A transport answering 201 to everything, for sync and async clients alike, and the
+    list of every request it received (appended from any thread)."""
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)  # list.append is atomic: threads and loops may share it
+        return httpx.Response(201)
+
+    return httpx.MockTransport(answer), sent
 
 
 def make_session(tmp_path: Path, fake_time: FakeTime, **options: Any) -> idempotently.Session:

@@ -23,7 +23,7 @@ import pytest
 import idempotently
 import idempotently._journal
 from idempotently._journal import NOT_NOW
-from tests.support import URL
+from tests.support import URL, recording_transport
 
 LOCK_HELD = 1.0
 """Seconds another process holds the journal's write lock."""
@@ -617,15 +617,10 @@ async def test_a_call_on_a_closed_journal_names_its_operation_and_sends_nothing(
 ) -> None:
     """A call whose journal was closed raises a JournalError naming the operation and
     saying the journal is closed, from the loop path as from the thread path."""
-    sent: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        return httpx.Response(201)
-
+    transport, sent = recording_transport()
     journal = idempotently.Journal(tmp_path / "journal.db", durability=durability)  # type: ignore[arg-type]
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        httpx.AsyncClient(transport=transport) as client,
         idempotently.AsyncSession(journal, client=client) as s,
     ):
         journal.close()
@@ -644,23 +639,17 @@ async def test_a_sync_session_in_a_thread_and_an_async_session_share_one_journal
     object: every operation is sent once and settled, nothing deadlocks, and the loop
     never stalls waiting for the thread's writes."""
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    arrivals: list[str] = []
-    lock = threading.Lock()
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        with lock:
-            arrivals.append(request.headers["Idempotency-Key"])
-        return httpx.Response(201)
+    transport, sent = recording_transport()
 
     def sync_posts() -> None:
-        with idempotently.Session(journal, transport=httpx.MockTransport(answer)) as session:
+        with idempotently.Session(journal, transport=transport) as session:
             for n in range(150):
                 session.post(URL, json={}, operation_id=f"sync-{n}")
 
     gaps: list[float] = []
     thread = threading.Thread(target=sync_posts)
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        httpx.AsyncClient(transport=transport) as client,
         idempotently.AsyncSession(journal, client=client) as s,
         anyio.create_task_group() as group,
     ):
@@ -677,7 +666,8 @@ async def test_a_sync_session_in_a_thread_and_an_async_session_share_one_journal
         await anyio.to_thread.run_sync(thread.join)
         group.cancel_scope.cancel()
     operations = journal.operations(limit=1000)
-    assert 300 == len(arrivals) == len(set(arrivals))
+    keys = [request.headers["Idempotency-Key"] for request in sent]
+    assert 300 == len(keys) == len(set(keys))
     assert {"succeeded": 300} == {
         status: sum(op.status == status for op in operations)
         for status in {op.status for op in operations}

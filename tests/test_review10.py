@@ -18,7 +18,7 @@ import pytest
 import idempotently
 import idempotently._journal
 from idempotently._journal import NOT_NOW
-from tests.support import URL
+from tests.support import URL, recording_transport
 from tests.test_async_loop import (
     HOLD_WRITE_LOCK,
     LOCK_HELD,
@@ -225,14 +225,9 @@ async def test_a_journal_moved_away_refuses_the_key_on_the_loop_path(tmp_path: P
     """A journal moved away (with its -wal and -shm) while an AsyncSession uses it: the next
     key is refused with JournalMovedError naming the operation, and nothing is sent."""
     path = tmp_path / "journal.db"
-    sent: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        return httpx.Response(201)
-
+    transport, sent = recording_transport()
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        httpx.AsyncClient(transport=transport) as client,
         idempotently.AsyncSession(idempotently.Journal(path, durability="os"), client=client) as s,
     ):
         assert 201 == (await s.post(URL, json={}, operation_id="op-1")).status_code
@@ -251,14 +246,9 @@ async def test_a_full_disk_on_the_loop_fails_only_that_call_and_restores_the_con
     """A key the disk has no room for (SQLITE_FULL) on the loop path: that call fails with a
     JournalWriteError naming its operation and sends nothing; the next call works."""
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    sent: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        return httpx.Response(201)
-
+    transport, sent = recording_transport()
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        httpx.AsyncClient(transport=transport) as client,
         idempotently.AsyncSession(journal, client=client) as s,
     ):
         assert 201 == (await s.post(URL, json={}, operation_id="op-0")).status_code
@@ -332,17 +322,11 @@ def test_two_event_loops_in_two_threads_share_one_journal_exactly_once(tmp_path:
     """Two AsyncSessions on two event loops (threads) and one Journal object: every
     operation is sent once and settled, and neither loop deadlocks."""
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    arrivals: list[str] = []
-    lock = threading.Lock()
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        with lock:
-            arrivals.append(request.headers["Idempotency-Key"])
-        return httpx.Response(201)
+    transport, sent = recording_transport()
 
     async def posts(loop: int) -> None:
         async with (
-            httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+            httpx.AsyncClient(transport=transport) as client,
             idempotently.AsyncSession(journal, client=client) as s,
             anyio.create_task_group() as group,
         ):
@@ -363,5 +347,6 @@ def test_two_event_loops_in_two_threads_share_one_journal_exactly_once(tmp_path:
     for thread in threads:
         thread.join(timeout=60)
     assert not any(thread.is_alive() for thread in threads), "a loop deadlocked"
-    assert 200 == len(arrivals) == len(set(arrivals))
+    keys = [request.headers["Idempotency-Key"] for request in sent]
+    assert 200 == len(keys) == len(set(keys))
     assert (200, 0) == (journal.counts()["succeeded"], journal.counts()["pending"])
