@@ -770,3 +770,26 @@ def test_a_command_on_the_loop_leaves_a_prunes_checkpoint_setting_alone(tmp_path
     )
     assert 1000 == journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
     journal.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("durability", ["fsync", "os"])
+async def test_a_journal_replaced_at_its_path_says_it_moved(
+    tmp_path: Path, durability: str
+) -> None:
+    """The file renamed away and a new journal created at its path: the next named call
+    raises JournalMovedError naming its operation and sends nothing."""
+    path = tmp_path / "journal.db"
+    transport, sent = recording_transport()
+    journal = idempotently.Journal(path, durability=durability)  # type: ignore[arg-type]
+    async with (
+        httpx.AsyncClient(transport=transport) as client,
+        idempotently.AsyncSession(journal, client=client) as s,
+    ):
+        await s.post(URL, json={}, operation_id="first")
+        os.rename(path, f"{path}.moved")
+        idempotently.Journal(path).close()
+        with pytest.raises(idempotently.JournalMovedError) as caught:
+            await s.post(URL, json={}, operation_id="second")
+    assert 1 == len(sent)
+    assert "second" == caught.value.operation_id
