@@ -710,6 +710,7 @@ class Journal:
         self._now_thread: int | None = None
         self._refuse_busy = False
         self._now_runs = 0
+        self._shm: int | None = None  # the -shm file, for _wal_starts_over
         self._combiner = threading.Condition()
         self._combining = False
         self._queued: list[_QueuedWrite] = []
@@ -916,6 +917,9 @@ class Journal:
         """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
         with self._lock:
             self._conn.close()
+            if self._shm is not None:
+                self._shm_closer()
+                self._shm = None
             # Not sqlite3's "Cannot operate on a closed database": say which journal.
             self._conn = cast(sqlite3.Connection, _ClosedConnection(self.path))
             self.db.conn = self._conn
@@ -1078,8 +1082,13 @@ class Journal:
         if self.path == ":memory:":
             return False
         try:
-            with open(self._abspath + "-shm", "rb", buffering=0) as shm:
-                index = shm.read(_WAL_INDEX.size)
+            if self._shm is None:
+                # Opened once, while SQLite has it open too: the same file SQLite reads,
+                # even if the journal is later renamed or replaced at its path.
+                self._shm = os.open(self._abspath + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+                # Closed with the journal, or when it is collected unclosed.
+                self._shm_closer = weakref.finalize(self, os.close, self._shm)
+            index = os.pread(self._shm, _WAL_INDEX.size, 0)
         except OSError:
             return True
         if len(index) < _WAL_INDEX.size:
