@@ -1,10 +1,12 @@
 """The two drivers of the operation flow: they only send, sleep and persist.
 
 Every decision is the flow's (``_flow.py``). The sync driver runs each command
-inline. The async driver runs every journal command in a worker thread, so
-that neither a lock held by another process nor an fsync ever stalls its event
-loop; a cancelled call still finishes the journal write in progress (nothing
-is half-written) and then releases its lease.
+inline. The async driver runs a journal command on its event loop only when
+nothing there can wait (see ``Journal._try_now``: no lock wait, no fsync),
+and every other one in a worker thread, so that neither a lock held by
+another process nor an fsync ever stalls the loop; a cancelled call still
+finishes the journal write in progress (nothing is half-written) and then
+releases its lease.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ _BATCHERS: dict[tuple[int, object], _Batcher] = {}
 
 
 async def _journal(store: Store, command: Any) -> Any:
-    """Run one journal command in a worker thread, with whatever other tasks are waiting for.
+    """Run one journal command: on the loop if nothing there can wait, else in a worker
+    thread with whatever other tasks are waiting for.
 
     One task at a time takes every command waiting on this event loop to one
     worker thread (the new keys among them in one commit), instead of a thread
