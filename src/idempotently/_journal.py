@@ -610,7 +610,8 @@ class _ClosedConnection:
 
 
 class _WouldWait(BaseException):
-    """Another connection holds the write lock: :meth:`Journal._try_now` gives up.
+    """Running now would wait or fsync (another connection holds the write lock, the
+    write is durable, or the WAL would start over): :meth:`Journal._try_now` gives up.
 
     A BaseException, so no ``except Exception`` on the way (the combiner, the
     group commit) records it as a write's outcome: it unwinds to ``_try_now``
