@@ -28,14 +28,14 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
 import idempotently
-from idempotently._journal import AttemptRecord, Journal, NewOperation, Operation
-from idempotently._store import Queue, Store
+from idempotently._commands import Insert, Queue, Record
+from idempotently._journal._sqlite import SqliteStore
 
 PHASES = ("before_commit", "before_send", "after_charge", "before_journal_update")
 USER = "shop_1"
@@ -121,27 +121,31 @@ class CrashingTransport(httpx.BaseTransport):
 
 
 def wrap_journal(phase: str, doomed_operation_id: str, signal_name: str) -> None:
-    """Make this process stop at ``phase`` of the doomed operation's journal writes."""
-    if phase == "before_commit":
-        insert = Journal._insert_operation
+    """Make this process stop at ``phase`` of the doomed operation's journal writes.
 
-        def dying_insert(self: Journal, new: NewOperation, **kwargs: Any) -> bool:
-            if new.operation_id == doomed_operation_id:
-                die(phase, signal_name, operation_id=new.operation_id)
-            return insert(self, new, **kwargs)
+    At the one seam every write passes (the store's commit of a batch from the
+    journal's writer): before its key's row is committed, or before the
+    attempt that answers it is.
+    """
+    commit = SqliteStore.commit
 
-        Journal._insert_operation = dying_insert  # type: ignore[method-assign]
-    elif phase == "before_journal_update":
-        record_attempt = Journal._record_attempt
+    def dying_commit(self: SqliteStore, writes: Sequence[Any], durable: bool) -> list[Any]:
+        for write in writes:
+            doomed_key = isinstance(write, Insert) and write.new.operation_id == doomed_operation_id
+            if phase == "before_commit" and doomed_key:
+                die(phase, signal_name, operation_id=doomed_operation_id)
+            doomed_answer = isinstance(write, Record) and write.operation_id == doomed_operation_id
+            if phase == "before_journal_update" and doomed_answer:
+                assert isinstance(write, Record)
+                die(
+                    phase,
+                    signal_name,
+                    operation_id=doomed_operation_id,
+                    status=write.record.status_code,
+                )
+        return commit(self, writes, durable)
 
-        def dying_record(
-            self: Journal, operation_id: str, record: AttemptRecord, **kwargs: Any
-        ) -> None:
-            if operation_id == doomed_operation_id:
-                die(phase, signal_name, operation_id=operation_id, status=record.status_code)
-            record_attempt(self, operation_id, record, **kwargs)
-
-        Journal._record_attempt = dying_record  # type: ignore[method-assign]
+    SqliteStore.commit = dying_commit  # type: ignore[method-assign]
 
 
 def charge(args: argparse.Namespace, session: idempotently.Session) -> None:
@@ -169,14 +173,16 @@ def wait_at_barrier(pending: int) -> None:
 
 def resume(args: argparse.Namespace, session: idempotently.Session) -> None:
     if args.barrier:
-        read_queue = Queue.run
+        journal = session.journal
+        execute = journal._execute
 
-        def queue_then_wait(self: Queue, store: Store) -> list[Operation]:
-            queue = read_queue(self, store)
-            wait_at_barrier(len(queue))
-            return queue
+        def queue_then_wait(command: Any) -> Any:
+            reply = execute(command)
+            if isinstance(command, Queue):
+                wait_at_barrier(len(reply))
+            return reply
 
-        Queue.run = queue_then_wait  # type: ignore[method-assign]
+        journal._execute = queue_then_wait  # type: ignore[method-assign]
     session.resume(
         base_url=args.url,
         on_result=lambda result: emit("resumed", pid=os.getpid(), **result.to_json()),

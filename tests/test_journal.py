@@ -24,13 +24,10 @@ from idempotently import (
     JournalWriteError,
     Operation,
 )
-from idempotently._journal import (
-    SCHEMA_VERSION,
-    STATUSES,
-    AttemptRecord,
-    NewOperation,
-    _headers_json,
-)
+from idempotently._journal import AttemptRecord, NewOperation
+from idempotently._journal._sqlite import SCHEMA_VERSION
+from idempotently._rows import headers_json as _headers_json
+from idempotently._vocabulary import STATUSES
 
 NOW = 1_700_000_000.0
 DAY = 24 * 60 * 60.0

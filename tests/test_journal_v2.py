@@ -15,8 +15,10 @@ import sqlite_utils
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from idempotently import Journal, JournalCorruptError, JournalStats, JournalVersionError, _journal
-from idempotently._journal import APPLICATION_ID, SCHEMA_VERSION, STATUSES, AttemptRecord
+from idempotently import Journal, JournalCorruptError, JournalStats, JournalVersionError
+from idempotently._journal import AttemptRecord, _sqlite
+from idempotently._journal._sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
+from idempotently._vocabulary import STATUSES
 from tests.test_journal import DAY, NOW, insert, new_operation
 
 FINISHED = ("succeeded", "failed", "abandoned")
@@ -194,13 +196,17 @@ def path(tmp_path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def traced(journal: Journal) -> Iterator[list[str]]:
-    statements: list[str] = []
-    journal._conn.set_trace_callback(lambda sql: statements.append(" ".join(sql.split())))
+def traced(journal: Journal) -> Iterator[list[tuple[str, str]]]:
+    """Each statement run, with the synchronous level in force when it ran."""
+    statements: list[tuple[str, str]] = []
+    store = journal._store
+    store._conn.set_trace_callback(
+        lambda sql: statements.append((" ".join(sql.split()), store._synchronous))
+    )
     try:
         yield statements
     finally:
-        journal._conn.set_trace_callback(None)
+        store._conn.set_trace_callback(None)
 
 
 # -- durability ----------------------------------------------------------------------
@@ -212,9 +218,9 @@ def test_durability_is_fsync_by_default(path: Path) -> None:
         insert(journal, new_operation())
 
     assert "fsync" == journal.durability
-    full = statements.index("PRAGMA synchronous = FULL")
-    row = next(i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO operations"))
-    assert full < row < statements.index("COMMIT", row)
+    row = next(level for sql, level in statements if sql.startswith("INSERT INTO operations"))
+    assert "FULL" == row
+    assert not journal._conn.in_transaction  # committed
 
 
 def test_durability_os_commits_the_key_without_an_fsync(path: Path) -> None:
@@ -223,9 +229,9 @@ def test_durability_os_commits_the_key_without_an_fsync(path: Path) -> None:
         insert(journal, new_operation())
 
     assert "os" == journal.durability
-    row = next(i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO operations"))
-    assert "COMMIT" in statements[row:]
-    assert "PRAGMA synchronous = FULL" not in statements
+    assert {"NORMAL"} == {
+        level for sql, level in statements if not sql.startswith("PRAGMA synchronous")
+    }
     with Journal(path, readonly=True) as reader:
         assert 1 == reader.counts()["pending"]
 
@@ -388,16 +394,16 @@ def test_an_older_version_creating_the_file_first_is_upgraded(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An older idempotently creating the same new journal first: we upgrade what it made."""
-    real_ensure_wal = Journal._ensure_wal
+    real_ensure_wal = SqliteStore._ensure_wal
     raced: list[bool] = []
 
-    def ensure_wal(journal: Journal) -> None:
+    def ensure_wal(journal: SqliteStore) -> None:
         real_ensure_wal(journal)
         if not raced:
             raced.append(True)
             v1_journal(path)  # between our look at the empty file and our schema
 
-    monkeypatch.setattr(Journal, "_ensure_wal", ensure_wal)
+    monkeypatch.setattr(SqliteStore, "_ensure_wal", ensure_wal)
 
     with Journal(path) as journal:
         assert 4 == journal.namespace.version
@@ -536,7 +542,7 @@ def test_every_figure_equals_a_recount(
 ) -> None:
     """After any mix of the flow's writes and prunes, stats() equals a scan of the tables."""
     # Batches of one or two: each prune takes several transactions.
-    with mock.patch.object(_journal, "_PRUNE_BATCH_SIZES", (1, 2)), Journal(":memory:") as journal:
+    with mock.patch.object(_sqlite, "_PRUNE_BATCH_SIZES", (1, 2)), Journal(":memory:") as journal:
         for action in actions:
             apply(journal, action)
             assert recount(journal._conn, now=now, stuck_after=stuck_after) == journal.stats(
@@ -561,7 +567,7 @@ def finished_operations(journal: Journal, count: int) -> None:
 @contextlib.contextmanager
 def deleted_per_transaction(journal: Journal) -> Iterator[list[int]]:
     """How many operations each write transaction removed."""
-    real = journal._write
+    real = journal._store._write
     removed: list[int] = []
 
     def count() -> int:
@@ -574,7 +580,7 @@ def deleted_per_transaction(journal: Journal) -> Iterator[list[int]]:
             yield conn
         removed.append(before - count())
 
-    with mock.patch.object(journal, "_write", write):
+    with mock.patch.object(journal._store, "_write", write):
         yield removed
 
 
@@ -591,8 +597,8 @@ def test_prune_deletes_in_batches_sized_by_time(
 ) -> None:
     """prune holds the write lock per batch, sized from the last batch's time, to the end."""
     with (
-        mock.patch.object(_journal, "_PRUNE_BATCH_SIZES", (2, 8)),
-        mock.patch.object(_journal, "_PRUNE_BATCH_SECONDS", seconds),
+        mock.patch.object(_sqlite, "_PRUNE_BATCH_SIZES", (2, 8)),
+        mock.patch.object(_sqlite, "_PRUNE_BATCH_SECONDS", seconds),
         Journal(path) as journal,
     ):
         finished_operations(journal, 30)
@@ -607,11 +613,11 @@ def test_prune_deletes_in_batches_sized_by_time(
 
 def test_prune_deletes_the_longest_idle_first(path: Path) -> None:
     """Each batch takes the operations idle longest, so a prune cut short frees the oldest."""
-    with mock.patch.object(_journal, "_PRUNE_BATCH_SIZES", (3, 3)), Journal(path) as journal:
+    with mock.patch.object(_sqlite, "_PRUNE_BATCH_SIZES", (3, 3)), Journal(path) as journal:
         for number in range(6):
             insert(journal, new_operation(f"op-{number}", created_at=NOW))
             journal._set_status(f"op-{number}", "succeeded", reason=None, now=NOW + 6 - number)
-        real = journal._write
+        real = journal._store._write
         calls = 0
 
         @contextlib.contextmanager
@@ -623,7 +629,10 @@ def test_prune_deletes_the_longest_idle_first(path: Path) -> None:
             with real(**options) as conn:
                 yield conn
 
-        with mock.patch.object(journal, "_write", one_batch_only), pytest.raises(RuntimeError):
+        with (
+            mock.patch.object(journal._store, "_write", one_batch_only),
+            pytest.raises(RuntimeError),
+        ):
             journal.prune(older_than=0, now=NOW + 100)
 
         assert ["op-0", "op-1", "op-2"] == [
@@ -639,7 +648,7 @@ def plans(journal: Journal, call: Callable[[], object]) -> list[str]:
     with traced(journal) as statements:
         call()
     found = []
-    for sql in statements:
+    for sql, _ in statements:
         if sql.startswith("SELECT"):
             found += [row[3] for row in journal._conn.execute(f"EXPLAIN QUERY PLAN {sql}")]
     return found
@@ -716,10 +725,10 @@ def a_write_after_the_counts(
     monkeypatch: pytest.MonkeyPatch, path: Path, write: Callable[[Journal], object]
 ) -> Iterator[None]:
     """Another process writes once, just after an audit has read the counts."""
-    real = Journal._counters
+    real = SqliteStore._counters
     written: list[bool] = []
 
-    def counters(journal: Journal) -> dict[str, int]:
+    def counters(journal: SqliteStore) -> dict[str, int]:
         values = real(journal)
         if not written:
             written.append(True)
@@ -727,7 +736,7 @@ def a_write_after_the_counts(
                 write(other)
         return values
 
-    monkeypatch.setattr(Journal, "_counters", counters)
+    monkeypatch.setattr(SqliteStore, "_counters", counters)
     yield
     assert written
 

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -15,10 +14,10 @@ import pytest
 
 import idempotently
 from idempotently import _heartbeat as heartbeat_module
+from idempotently._commands import ExtendLeases, Lease
 from idempotently._flow import lease_owner_alive, new_lease_owner
 from idempotently._heartbeat import Heartbeat, heartbeat_for
 from idempotently._journal import Journal, NewOperation
-from idempotently._store import Lease
 from tests.support import URL, FakeTime
 
 NOW = 1_800_000_000.0
@@ -55,7 +54,7 @@ def pending(
     assert journal._insert_operation(
         new_operation(operation_id, created_at), owner=owner or "old:1:x", lease_until=lease_until
     )
-    with journal._write() as conn:
+    with journal._store._write() as conn:
         conn.execute(
             "UPDATE operations SET lease_owner = ?, lease_until = ?, not_before = ? "
             "WHERE operation_id = ?",
@@ -264,7 +263,8 @@ class RecordingStore:
         self.calls: list[tuple[list[tuple[str, str]], float]] = []
         self.called = threading.Event()
 
-    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+    def _execute(self, command: ExtendLeases) -> int:
+        leases, lease_until = command.leases, command.lease_until
         self.calls.append((list(leases), lease_until))
         self.called.set()
         if self.fail:

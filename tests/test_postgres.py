@@ -27,10 +27,9 @@ from idempotently import (
     JournalMissingError,
     JournalVersionError,
     JournalWriteError,
-    _postgres,
 )
-from idempotently._journal import AttemptRecord
-from idempotently._postgres import PostgresJournal, redact_url
+from idempotently._journal import AttemptRecord, _postgres
+from idempotently._journal._postgres import PostgresStore, redact_url
 from tests.postgres_server import PostgresServer, postgres_server
 from tests.scripted_server import Answer
 from tests.test_claims import due_and_not_due
@@ -59,7 +58,7 @@ def test_a_postgresql_url_opens_a_postgresql_journal(postgres_url: str) -> None:
     """Journal(url) is a Journal (so Session and the CLI take it) backed by PostgreSQL."""
     with Journal(postgres_url.replace("postgresql://", "postgres://")) as journal:
         assert isinstance(journal, Journal)
-        assert isinstance(journal, PostgresJournal)
+        assert isinstance(journal._store, PostgresStore)
         assert insert(journal, new_operation())
 
 
@@ -189,7 +188,7 @@ def test_a_read_only_journal_never_writes(postgres_url: str) -> None:
         assert ["op-1"] == [operation.operation_id for operation in reader.operations()]
         with pytest.raises(JournalWriteError, match="read-only"):
             insert(reader, new_operation("op-2"))
-        reader.readonly = False  # past our own check: the server's setting refuses it
+        reader._store.readonly = False  # past our own check: the server's setting refuses it
         with pytest.raises(JournalWriteError, match="read-only"):
             insert(reader, new_operation("op-2"))
 
@@ -362,7 +361,7 @@ def test_prune_deletes_in_short_batches_and_keeps_what_needs_work(journal: Journ
     insert(journal, new_operation("reconcile"))
     journal._set_status("reconcile", "needs_reconcile", reason=None, now=NOW)
     transactions = 0
-    real = journal._transaction  # type: ignore[attr-defined]
+    real = journal._store._transaction  # type: ignore[attr-defined]
 
     @contextmanager
     def counted(**options: Any) -> Iterator[Any]:
@@ -373,7 +372,7 @@ def test_prune_deletes_in_short_batches_and_keeps_what_needs_work(journal: Journ
 
     with (
         mock.patch.object(_postgres, "_PRUNE_BATCH", 2),
-        mock.patch.object(journal, "_transaction", counted),
+        mock.patch.object(journal._store, "_transaction", counted),
     ):
         assert 5 == journal.prune(older_than=0, now=NOW + 1, dry_run=True)
         assert 5 == journal.prune(older_than=0, now=NOW + 1)
@@ -413,7 +412,7 @@ def test_a_session_takes_the_url(postgres_url: str, scripted: Any) -> None:
         journal = session.journal
 
     assert 201 == response.status_code
-    assert isinstance(journal, PostgresJournal)
+    assert isinstance(journal._store, PostgresStore)
     with Journal(postgres_url, readonly=True) as reader:
         operation = reader.operation("o-1")
     assert operation is not None and "succeeded" == operation.status

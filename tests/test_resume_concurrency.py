@@ -14,7 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 import idempotently
+from idempotently._commands import Record
 from idempotently.cli import cli
+from tests.faults import around_commit
 
 BASE = "https://api.example.test"
 OPERATIONS = 24
@@ -134,25 +136,22 @@ def test_a_journal_error_in_one_worker_stops_the_resume(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     journal_with_pending(path, count=8)
     journal = idempotently.Journal(path)
-    record = journal._record_attempt
     calls = 0
 
-    def failing_record(*args: object, **kwargs: object) -> None:
+    def failing_record(write: object) -> None:
         nonlocal calls
         calls += 1
         if calls == 3:
             raise idempotently.JournalWriteError("disk full (test)")
-        record(*args, **kwargs)  # type: ignore[arg-type]
 
-    journal._record_attempt = failing_record  # type: ignore[method-assign]
     with (
+        around_commit(journal, Record, before=failing_record),
         idempotently.Session(
             journal, transport=httpx.MockTransport(lambda r: httpx.Response(201))
         ) as s,
         pytest.raises(idempotently.JournalWriteError),
     ):
         s.resume(concurrency=4)
-    journal._record_attempt = record  # type: ignore[method-assign]
     leased = [op for op in journal.operations() if op.lease_owner is not None]
     journal.close()
     assert [] == leased

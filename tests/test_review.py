@@ -3,7 +3,6 @@ contract (DESIGN §3) makes and the current code breaks (strict xfails)."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,8 @@ import httpx
 import pytest
 
 import idempotently
-from idempotently._journal import NOT_NOW
+from idempotently._commands import Record
+from tests.faults import around_commit
 from tests.support import URL, FakeTime, make_session
 
 
@@ -118,35 +118,24 @@ def test_a_late_attempt_never_overwrites_a_settled_operation(tmp_path: Path) -> 
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("where", ["on the loop", "in a thread"])
 async def test_a_call_cancelled_after_its_answer_is_journaled_keeps_it(
-    tmp_path: Path, fake_time: FakeTime, anyio_backend: str, where: str
+    tmp_path: Path, fake_time: FakeTime, anyio_backend: str
 ) -> None:
     """A cancellation that lands after the answer was journaled changes nothing in the
-    journal, whether the completion was written on the event loop or in a worker thread."""
+    journal."""
     journal = idempotently.Journal(tmp_path / "journal.db")
-    if where == "in a thread":
-        journal._try_now = lambda run: NOT_NOW  # type: ignore[method-assign]
-    original = journal._record_attempt
     scopes: list[anyio.CancelScope] = []
-    loop_thread = threading.get_ident()
 
-    def record_then_cancel(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
-        # e.g. a timeout firing now
-        if threading.get_ident() == loop_thread:
-            scopes[0].cancel()
-        else:
-            anyio.from_thread.run_sync(scopes[0].cancel)
+    def cancel(write: object) -> None:
+        anyio.from_thread.run_sync(scopes[0].cancel)  # e.g. a timeout firing now
 
-    journal._record_attempt = record_then_cancel  # type: ignore[method-assign]
     async with idempotently.AsyncSession(
         journal,
         transport=httpx.MockTransport(lambda r: httpx.Response(201)),
         clock=fake_time.clock,
         sleep=fake_time.async_sleep,
     ) as s:
-        with anyio.CancelScope() as scope:
+        with _cancelling_after(journal, cancel), anyio.CancelScope() as scope:
             scopes.append(scope)
             await s.post(URL, json={}, operation_id="order-42")
     operation = journal.operation("order-42")
@@ -157,3 +146,7 @@ async def test_a_call_cancelled_after_its_answer_is_journaled_keeps_it(
         operation.response_status,
         operation.attempt_count,
     )
+
+
+def _cancelling_after(journal: idempotently.Journal, cancel: Any) -> Any:
+    return around_commit(journal, Record, after=cancel)

@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 import idempotently
-from idempotently._group_commit import Failed
+from idempotently._commands import Insert
 from idempotently._journal import Durability, NewOperation
+from idempotently._rows import Failed
 from idempotently._vocabulary import STATUSES
 from idempotently.testing import serve
 
@@ -79,7 +80,7 @@ def test_one_refused_row_in_a_shared_commit_fails_only_its_own_caller(
             (new_operation("huge", b"x" * 10_000), "me", 0.0),
             (new_operation("small-2", b"{}"), "me", 0.0),
         ]
-        first, refused, last = journal._insert_operations(items)
+        first, refused, last = journal._execute_many([Insert(*item) for item in items])
         assert (True, True) == (first, last)
         assert isinstance(refused, Failed)
         assert isinstance(refused.error, idempotently.JournalWriteError)
@@ -92,7 +93,7 @@ def test_one_refused_row_in_a_shared_commit_fails_only_its_own_caller(
 def fill_finished(path: Path, count: int) -> None:
     """``count`` succeeded operations idle since long ago, with an attempt each, plus a
     pending and a needs_reconcile one as old: what a prune must leave."""
-    with idempotently.Journal(path) as journal, journal._write() as conn:
+    with idempotently.Journal(path) as journal, journal._store._write() as conn:
         rows = [(f"old-{n}", f"key-old-{n}", "succeeded", 1000.0 + n) for n in range(count)] + [
             ("old-pending", "key-p", "pending", 1.0),
             ("old-reconcile", "key-r", "needs_reconcile", 1.0),

@@ -12,8 +12,9 @@ import respx
 
 import idempotently
 from idempotently import profiles
+from idempotently._commands import Record, Send
 from idempotently._flow import Call, Held
-from idempotently._store import Send
+from tests.faults import around_commit
 from tests.support import URL, FakeTime, make_session
 
 
@@ -312,7 +313,7 @@ def test_live_lease_of_another_caller_blocks_a_second_sender(
         flow = first._engine.call(Call(request, operation_id="op"), first._build, Held())
         command = next(flow)
         while not isinstance(command, Send):
-            command = flow.send(command.run(first.journal))  # type: ignore[union-attr]
+            command = flow.send(first.journal._execute(command))  # type: ignore[arg-type]
         with pytest.raises(idempotently.OperationInProgressError):
             second.post(URL, json={"amount": 1}, operation_id="op")
     assert 0 == route.call_count
@@ -338,21 +339,24 @@ def test_the_key_row_is_fsynced_before_the_first_send(
     tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
 ) -> None:
     """The INSERT naming the key commits under synchronous=FULL before the request goes out."""
-    statements: list[str] = []
+    statements: list[tuple[str, str]] = []
 
-    def record(request: httpx.Request) -> httpx.Response:
-        statements.append("SEND")
-        return httpx.Response(201)
-
-    router.post(URL).mock(side_effect=record)
     with make_session(tmp_path, fake_time) as s:
-        s.journal._conn.set_trace_callback(lambda sql: statements.append(" ".join(sql.split())))
+        store = s.journal._store
+
+        def record(request: httpx.Request) -> httpx.Response:
+            statements.append(("SEND", "in a transaction" if store._conn.in_transaction else ""))
+            return httpx.Response(201)
+
+        router.post(URL).mock(side_effect=record)
+        store._conn.set_trace_callback(
+            lambda sql: statements.append((" ".join(sql.split()), store._synchronous))
+        )
         s.post(URL, json={"amount": 1})
-    insert = next(i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO operations"))
-    send = statements.index("SEND")
-    assert "PRAGMA synchronous = FULL" in statements[:insert]
-    assert "COMMIT" in statements[insert:send]
-    assert statements.index("PRAGMA synchronous = FULL") < insert < send
+    insert = next(i for i, (sql, _) in enumerate(statements) if sql.startswith("INSERT INTO op"))
+    send = statements.index(("SEND", ""))  # committed: no transaction open while it is sent
+    assert "FULL" == statements[insert][1]
+    assert insert < send
 
 
 def test_a_journal_that_cannot_be_written_stops_the_call_before_sending(
@@ -446,22 +450,22 @@ def test_a_full_disk_after_the_answer_keeps_the_operation_pending_with_the_respo
     big = {"id": "ch_1", "receipt": "r" * 50_000}
     route = router.post(URL).mock(return_value=httpx.Response(201, json=big))
     with make_session(tmp_path, fake_time) as s:
-        original = s.journal._record_attempt
 
-        def full_disk(*args: object, **kwargs: object) -> None:
+        def full_disk(write: object) -> None:
             pages = s.journal._conn.execute("PRAGMA page_count").fetchone()[0]
             s.journal._conn.execute(f"PRAGMA max_page_count = {pages}")
-            try:
-                original(*args, **kwargs)  # type: ignore[arg-type]
-            finally:
-                s.journal._conn.execute("PRAGMA max_page_count = 1073741823")
 
-        s.journal._record_attempt = full_disk  # type: ignore[method-assign]
-        with pytest.raises(idempotently.JournalWriteError) as caught:
+        with (
+            around_commit(s.journal, Record, before=full_disk),
+            pytest.raises(idempotently.JournalWriteError) as caught,
+        ):
             s.post(URL, json={"amount": 1}, operation_id="op")
-        s.journal._record_attempt = original  # type: ignore[method-assign]
+        s.journal._conn.execute("PRAGMA max_page_count = 1073741823")
         assert caught.value.operation_id == "op"
-        assert "pending" == s.journal.operation("op").status  # type: ignore[union-attr]
+        journaled = s.journal.operation("op")
+        assert journaled is not None
+        assert journaled.key == caught.value.key  # every error names the key too
+        assert "pending" == journaled.status
         results = s.resume()
     assert [("op", "succeeded")] == [(r.operation_id, r.status) for r in results]
     assert 2 == route.call_count  # the resume resent the same key; the server replays
@@ -471,18 +475,26 @@ def test_durability_os_commits_the_key_without_an_fsync(
     tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
 ) -> None:
     """Journal(durability="os") still commits the key before sending, but under NORMAL."""
-    statements: list[str] = []
-    router.post(URL).mock(
-        side_effect=lambda request: statements.append("SEND") or httpx.Response(201)
-    )
+    statements: list[tuple[str, str]] = []
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    journal._conn.set_trace_callback(lambda sql: statements.append(" ".join(sql.split())))
+    store = journal._store
+    router.post(URL).mock(
+        side_effect=lambda request: (
+            statements.append(("SEND", "in a transaction" if store._conn.in_transaction else ""))
+            or httpx.Response(201)
+        )
+    )
+    store._conn.set_trace_callback(
+        lambda sql: statements.append((" ".join(sql.split()), store._synchronous))
+    )
     with idempotently.Session(journal, clock=fake_time.clock, sleep=fake_time.sleep) as s:
         s.post(URL, json={"amount": 1}, operation_id="op")
     journal.close()
-    insert = next(i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO operations"))
-    assert "COMMIT" in statements[insert : statements.index("SEND")]
-    assert "PRAGMA synchronous = FULL" not in statements
+    insert = next(i for i, (sql, _) in enumerate(statements) if sql.startswith("INSERT INTO op"))
+    assert insert < statements.index(("SEND", ""))
+    assert {"NORMAL"} == {
+        level for sql, level in statements if sql != "SEND" and "synchronous" not in sql
+    }
 
 
 def test_one_session_shared_by_threads_journals_every_operation_once(

@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from idempotently._cli_durations import format_age, format_duration
-from idempotently._journal import Attempt, JournalStats, Operation
 from idempotently._keys import SENSITIVE_HEADERS
+from idempotently._rows import Attempt, JournalStats, Operation
 
 # The journal never stores these; a CLI that prints headers still refuses to,
 # in case a journal was written by something else or a newer redaction list.

@@ -1,18 +1,17 @@
 """The two drivers of the operation flow: they only send, sleep and persist.
 
-Every decision is the flow's (``_flow.py``). The sync driver runs each command
-inline. The async driver runs a journal command on its event loop only when
-nothing there can wait (see ``Journal._try_now``: no lock wait, no fsync),
-and every other one in a worker thread, so that neither a lock held by
-another process nor an fsync ever stalls the loop; a cancelled call still
-finishes the journal write in progress (nothing is half-written) and then
-releases its lease.
+Every decision is the flow's (``_flow.py``). The sync driver hands each journal
+command to the journal (a write goes to its one writer, and commits on the
+caller's own thread when the writer is free). The async driver never runs
+SQLite or a database round trip on its event loop: the journal commands its
+tasks are waiting for go to a worker thread together, one hand-off per batch,
+and join the journal's writer there; a cancelled call still finishes the
+journal write in progress (nothing is half-written) and then releases its
+lease.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,24 +23,23 @@ import anyio.lowlevel
 import anyio.to_thread
 import httpx
 
-from idempotently._events import Unfinished, adeliver, deliver
-from idempotently._exceptions import IdempotentlyError, JournalError
-from idempotently._flow import Flow, Held
-from idempotently._group_commit import Failed
-from idempotently._heartbeat import heartbeat_for
-from idempotently._store import (
+from idempotently._commands import (
     Command,
     Emit,
-    Insert,
-    Queue,
+    JournalCommand,
     Reconcile,
     Record,
     Release,
     Report,
     Send,
     Sleep,
-    Store,
 )
+from idempotently._events import Unfinished, adeliver, deliver
+from idempotently._exceptions import JournalError
+from idempotently._flow import Flow, Held
+from idempotently._heartbeat import heartbeat_for
+from idempotently._journal import Journal
+from idempotently._rows import Failed
 from idempotently._vocabulary import Status
 
 T = TypeVar("T")
@@ -55,7 +53,7 @@ SEND_ERRORS = (Exception,)
 def run(
     flow: Flow[T],
     held: Held,
-    store: Store,
+    store: Journal,
     *,
     send: Callable[[httpx.Request], httpx.Response],
     sleep: Callable[[float], object],
@@ -88,7 +86,7 @@ def run(
                 deliver(command.event, command.hooks)
                 reply = None
             else:
-                reply = _with_ids(command, command.run, store)
+                reply = store._execute(command)
                 if isinstance(command, Record):
                     held.recorded(command)
     finally:
@@ -99,7 +97,7 @@ def run(
                 # If the journal cannot take this write either, the lease simply
                 # expires; the error that ended the call is the one to report.
                 with suppress(JournalError):
-                    cleanup.run(store)
+                    store._execute(cleanup)
         finally:
             held.end()
             for event, hooks in unfinished.endings(_status_after(cleanup)):
@@ -109,7 +107,7 @@ def run(
 async def arun(
     flow: Flow[T],
     held: Held,
-    store: Store,
+    store: Journal,
     *,
     send: Callable[[httpx.Request], Awaitable[httpx.Response]],
     sleep: Callable[[float], Awaitable[object]],
@@ -160,7 +158,7 @@ async def arun(
         try:
             if cleanup is not None:
                 with anyio.CancelScope(shield=True), suppress(JournalError):
-                    await anyio.to_thread.run_sync(cleanup.run, store)
+                    await _journal(store, cleanup)
         finally:
             held.end()
             endings = unfinished.endings(_status_after(cleanup))
@@ -173,19 +171,18 @@ async def arun(
 class _Pending:
     """One task's journal command, waiting for a worker thread to run it."""
 
-    __slots__ = ("command", "done", "error", "ran", "reply", "wake")
+    __slots__ = ("command", "done", "error", "reply", "wake")
 
-    def __init__(self, command: Any) -> None:
+    def __init__(self, command: JournalCommand) -> None:
         self.command = command
         self.done = False
-        self.ran = False
         self.reply: Any = None
         self.error: BaseException | None = None
         self.wake: anyio.Event | None = None
 
 
-class _Batcher:
-    """The journal commands an event loop's tasks are waiting for, run a batch per thread hop."""
+class _Batch:
+    """The journal commands an event loop's tasks are waiting for."""
 
     __slots__ = ("busy", "waiting")
 
@@ -194,126 +191,67 @@ class _Batcher:
         self.waiting: list[_Pending] = []
 
 
-# Per store and event loop; an entry lives only while its loop has commands in flight.
-_BATCHERS: dict[tuple[int, object], _Batcher] = {}
+# Per journal and event loop; an entry lives only while its loop has commands in flight.
+_BATCHES: dict[tuple[int, object], _Batch] = {}
 
 
-async def _journal(store: Store, command: Any) -> Any:
-    """Run one journal command: on the loop if nothing there can wait, else in a worker
-    thread with whatever other tasks are waiting for.
+async def _journal(journal: Journal, command: JournalCommand) -> Any:
+    """Run one journal command in a worker thread, with whatever other tasks of this
+    event loop are waiting for.
 
-    One task at a time takes every command waiting on this event loop to one
-    worker thread (the new keys among them in one commit), instead of a thread
-    hop per command: with many tasks in flight, the hand-offs (waking a thread,
-    passing the GIL back and forth) cost more than the writes. Each command is
-    still its own transaction and each caller returns once its own write is
-    done; nothing is abandoned on cancellation: the write completes first.
+    One task at a time takes every command waiting on this loop to one worker
+    thread (:meth:`Journal._execute_many`: the writes among them join the
+    journal's writer as one batch, so their keys share a commit and an fsync),
+    instead of a thread hop per command. Each caller returns once its own command
+    is done; nothing is abandoned on cancellation: the write completes first.
     """
     await anyio.lowlevel.checkpoint_if_cancelled()
-    try_now = getattr(store, "_try_now", None)
-    if (
-        try_now is not None
-        and not isinstance(command, Queue)
-        and not (isinstance(command, Insert) and getattr(store, "durability", None) == "fsync")
-    ):
-        # On the loop, if nothing would make it wait (see Journal._try_now): a
-        # thread hop costs more than a commit without fsync. Not Queue: a resume's
-        # list of every pending operation may be long; not a key to fsync: the
-        # group commit shares its fsync with other tasks' keys, off the loop.
-        ran, reply = try_now(functools.partial(_with_ids, command, command.run, store))
-        if ran:
-            return reply
-    slot = (id(store), anyio.lowlevel.current_token())
-    batcher = _BATCHERS.get(slot)
-    if batcher is None:
-        batcher = _BATCHERS[slot] = _Batcher()
+    slot = (id(journal), anyio.lowlevel.current_token())
+    batch = _BATCHES.get(slot)
+    if batch is None:
+        batch = _BATCHES[slot] = _Batch()
     pending = _Pending(command)
-    batcher.waiting.append(pending)
+    batch.waiting.append(pending)
     while not pending.done:
-        if batcher.busy:
+        if batch.busy:
             pending.wake = anyio.Event()
             with anyio.CancelScope(shield=True):  # the batch it joins runs regardless
                 await pending.wake.wait()
             continue
-        batcher.busy = True
-        batch, batcher.waiting = batcher.waiting, []
+        batch.busy = True
+        taken, batch.waiting = batch.waiting, []
         try:
-            if len(batch) == 1:
-                # Like any to_thread call: not started if already cancelled, and
-                # once started, not abandoned.
-                await anyio.to_thread.run_sync(_run_batch, batch, store)
-            else:
-                # Other tasks' commands too: run them even if this task was cancelled.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(_run_batch, batch, store)
+            # Other tasks' commands too: run them even if this task was cancelled.
+            with anyio.CancelScope(shield=True):
+                outcomes = await anyio.to_thread.run_sync(
+                    journal._execute_many, [each.command for each in taken]
+                )
+            for each, outcome in zip(taken, outcomes, strict=True):
+                if isinstance(outcome, Failed):
+                    each.error = outcome.error
+                else:
+                    each.reply = outcome
         except BaseException as error:
-            # The hop itself failed: what the thread did not run fails with it.
-            for each in batch:
-                if not each.ran:
-                    each.error = error
+            # The hop itself failed: every command of the batch fails with it.
+            for each in taken:
+                each.error = error
             raise
         finally:
-            batcher.busy = False
-            for each in batch:
+            batch.busy = False
+            for each in taken:
                 each.done = True
                 if each.wake is not None:
                     each.wake.set()
-            if batcher.waiting:
+            if batch.waiting:
                 # The first task still waiting takes the next batch.
-                first = batcher.waiting[0]
+                first = batch.waiting[0]
                 if first.wake is not None:
                     first.wake.set()
-            elif _BATCHERS.get(slot) is batcher:
-                del _BATCHERS[slot]
+            elif _BATCHES.get(slot) is batch:
+                del _BATCHES[slot]
     if pending.error is not None:
         raise pending.error
     return pending.reply
-
-
-def _run_batch(batch: Sequence[_Pending], store: Store) -> None:
-    """In a worker thread: each command's reply or error; new keys share one commit."""
-    inserts = [each for each in batch if isinstance(each.command, Insert)]
-    insert_many = getattr(store, "_insert_operations", None)
-    if len(inserts) > 1 and insert_many is not None:
-        commands: list[Insert] = [each.command for each in inserts]
-        try:
-            outcomes = insert_many([(i.new, i.owner, i.lease_until) for i in commands])
-        except Exception as error:  # before any commit (the file moved): none was written
-            outcomes = [Failed(copy.copy(error)) for _ in inserts]
-        for each, outcome in zip(inserts, outcomes, strict=True):
-            _settle_pending(each, store, functools.partial(_unwrap, outcome))
-        rest = [each for each in batch if not isinstance(each.command, Insert)]
-    else:
-        rest = list(batch)
-    records = [each for each in rest if isinstance(each.command, Record)]
-    record_many = getattr(store, "_record_attempts", None)
-    if len(records) > 1 and record_many is not None:
-        # The completions too: one transaction (each failing alone if one fails).
-        done: list[Record] = [each.command for each in records]
-        try:
-            recorded = record_many([(r.operation_id, r.record, r.now, r.owner) for r in done])
-        except Exception as error:  # before any write (read-only journal): none was written
-            recorded = [Failed(copy.copy(error)) for _ in records]
-        for each, outcome in zip(records, recorded, strict=True):
-            _settle_pending(each, store, functools.partial(_unwrap, outcome))
-        rest = [each for each in rest if not isinstance(each.command, Record)]
-    for each in rest:
-        _settle_pending(each, store, each.command.run)
-
-
-def _settle_pending(pending: _Pending, store: Store, run: Callable[[Store], Any]) -> None:
-    try:
-        pending.reply = _with_ids(pending.command, run, store)
-    except Exception as error:
-        pending.error = error
-    finally:
-        pending.ran = True
-
-
-def _unwrap(outcome: Any, _store: Store) -> Any:
-    if isinstance(outcome, Failed):
-        raise outcome.error
-    return outcome
 
 
 def _status_after(cleanup: Record | Release | None) -> Status:
@@ -322,27 +260,13 @@ def _status_after(cleanup: Record | Release | None) -> Status:
     return cleanup.record.status if isinstance(cleanup, Record) else "pending"
 
 
-def _with_ids(command: Any, run: Callable[[Store], T], store: Store) -> T:
-    """Run a journal command; its error names the operation it was for."""
-    try:
-        return run(store)
-    except IdempotentlyError as error:
-        operation = getattr(command, "operation", None) or getattr(command, "new", None)
-        operation_id = getattr(command, "operation_id", None) or getattr(
-            operation, "operation_id", None
-        )
-        error.operation_id = error.operation_id or operation_id
-        error.key = error.key or getattr(operation, "key", None)
-        raise
-
-
 FlowFactory = Callable[[Held], Flow[T]]
 """Makes one flow, given the lease holder its driver will clean up after."""
 
 
 def run_each(
     factories: Sequence[FlowFactory[T]],
-    store: Store,
+    store: Journal,
     *,
     concurrency: int,
     send: Callable[[httpx.Request], httpx.Response],
@@ -416,7 +340,7 @@ def run_each(
 
 async def arun_each(
     factories: Sequence[FlowFactory[T]],
-    store: Store,
+    store: Journal,
     *,
     concurrency: int,
     send: Callable[[httpx.Request], Awaitable[httpx.Response]],

@@ -3,7 +3,7 @@
 The flow (``_flow.py``) makes one event when it starts sending an operation,
 one per attempt, one per retry decision and one when it stops; it logs each on
 the ``idempotently`` logger with the event's fields and, when the Session or
-Transport has ``hooks=``, yields an :class:`~idempotently._store.Emit` command
+Transport has ``hooks=``, yields an :class:`~idempotently._commands.Emit` command
 that the driver carries out by calling them. No event holds a header, a body
 or a URL: only ids, counts, outcomes and the reasons already written to the
 journal (secrets scrubbed).

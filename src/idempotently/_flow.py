@@ -25,6 +25,23 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._commands import (
+    Command,
+    Emit,
+    Find,
+    Insert,
+    Lease,
+    Queue,
+    Reconcile,
+    Record,
+    Release,
+    Report,
+    Send,
+    SetStatus,
+    Settle,
+    Sleep,
+    TakeLease,
+)
 from idempotently._events import (
     AsyncHook,
     AttemptFinished,
@@ -48,7 +65,6 @@ from idempotently._exceptions import (
     RequestNotSentError,
     RetryLaterError,
 )
-from idempotently._journal import AttemptRecord, NewOperation, Operation
 from idempotently._keys import (
     fingerprint,
     journaled_request_headers,
@@ -70,23 +86,7 @@ from idempotently._policy import (
     maybe_acted,
 )
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
-from idempotently._store import (
-    Command,
-    Emit,
-    Find,
-    Insert,
-    Lease,
-    Queue,
-    Reconcile,
-    Record,
-    Release,
-    Report,
-    Send,
-    SetStatus,
-    Settle,
-    Sleep,
-    TakeLease,
-)
+from idempotently._rows import AttemptRecord, NewOperation, Operation
 from idempotently._vocabulary import (
     DELIVERIES,
     RESUME_ACTION_OF,
@@ -686,6 +686,7 @@ class Engine:
                 ),
                 started,
                 owner,
+                key,
             )
             reply = yield Send(request, None if owner is None else self.lease(operation_id, owner))
             now = self.clock()
@@ -721,7 +722,7 @@ class Engine:
                 else None,
                 response_body=response.content if keep and response else None,
             )
-            yield Record(operation_id, record, now, owner)
+            yield Record(operation_id, record, now, owner, key)
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
             if not retrying:
                 held.lease = None  # the record released it

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 import attrs
 
-from idempotently._store import Lease, Store
+from idempotently._commands import ExtendLeases, Lease
+
+if TYPE_CHECKING:
+    from idempotently._journal import Journal as Store
 
 logger = logging.getLogger("idempotently")
 
@@ -111,8 +116,10 @@ class Heartbeat:
                 lease = entry.lease
                 until = lease.clock() + lease.duration
                 groups.setdefault(until, []).append((lease.operation_id, lease.owner))
+            # Writes like any other: through the journal's one writer.
             return sum(
-                store._extend_leases(pairs, lease_until=until) for until, pairs in groups.items()
+                int(store._execute(ExtendLeases(tuple(pairs), until)))
+                for until, pairs in groups.items()
             )
         except Exception as error:  # any failure: the lease may expire, the call goes on
             logger.warning(
@@ -184,3 +191,16 @@ def heartbeat_for(store: Store) -> Heartbeat:
         if heartbeat is None:
             heartbeat = _HEARTBEATS[store] = Heartbeat(store)
         return heartbeat
+
+
+def _after_fork_in_child() -> None:
+    """A child has none of its parent's threads: forget every heartbeat (and a registry
+    lock the parent may have held at fork). The parent's journals are refused in the
+    child anyway; a journal the child opens gets a heartbeat of its own."""
+    global _REGISTRY_LOCK
+    _REGISTRY_LOCK = threading.Lock()
+    _HEARTBEATS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,7 +2,7 @@
 
 ``idempotently resume --watch`` runs :func:`watch`. Each round claims a batch of
 due operations (pending, lease expired, ``not_before`` passed) in one journal
-transaction (``Store._claim_due``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, one
+transaction (``ClaimDue``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, one
 ``BEGIN IMMEDIATE`` on SQLite), so workers on several hosts never resume one
 operation at once; the heartbeat keeps the claimed leases alive while the batch
 runs; each operation goes through the same resume flow as ``Session.resume``.
@@ -42,8 +42,8 @@ from idempotently._flow import (
     unmark_in_flight,
 )
 from idempotently._heartbeat import heartbeat_for
-from idempotently._journal import Operation
-from idempotently._store import Store
+from idempotently._journal import Journal as Store
+from idempotently._rows import Operation
 
 logger = logging.getLogger("idempotently.watch")
 

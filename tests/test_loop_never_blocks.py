@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 import idempotently
-import idempotently._journal
-from idempotently._journal import NOT_NOW
+from idempotently._commands import Insert, Record
+from tests.faults import around_commit
 from tests.support import URL, recording_transport
 
 LOCK_HELD = 1.0
@@ -66,12 +66,6 @@ async def heartbeat(
         now = time.monotonic()
         gaps.append(now - last - TICK)
         last = now
-
-
-def every_command_in_a_thread(journal: idempotently.Journal) -> None:
-    """Send every journal command of ``journal`` to a worker thread, as when another
-    thread is using the journal (otherwise a write without fsync runs on the loop)."""
-    journal._try_now = lambda run: NOT_NOW  # type: ignore[method-assign]
 
 
 def charges_answered(request: httpx.Request) -> httpx.Response:
@@ -268,29 +262,24 @@ async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
     hops: list[int] = []
     run_sync = anyio.to_thread.run_sync
 
-    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+    async def counted_hop(func: Any, *args: Any, **kwargs: Any) -> Any:
         hops.append(len(args[0]) if args and isinstance(args[0], list) else 1)
         return await run_sync(func, *args, **kwargs)
 
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted_hop)
     journal = idempotently.Journal(tmp_path / "journal.db")
-    every_command_in_a_thread(journal)
     inserts: list[int] = []
-    insert_batch = journal._insert_batch
-
-    def counted_batch(batch: Sequence[Any]) -> list[bool]:
-        inserts.append(len(batch))
-        return insert_batch(batch)
-
-    journal._durable_inserts._commit = counted_batch
     completions: list[int] = []
-    commit_together = journal._commit_together
+    commit = journal._store.commit
 
-    def counted_together(batch: Sequence[Any]) -> None:
-        completions.append(len(batch))
-        commit_together(batch)
+    def counted(writes: Sequence[Any], durable: bool) -> list[Any]:
+        keys = sum(isinstance(write, Insert) for write in writes)
+        answers_ = sum(isinstance(write, Record) for write in writes)
+        inserts.extend([keys] if keys else [])
+        completions.extend([answers_] if answers_ else [])
+        return commit(writes, durable)
 
-    journal._commit_together = counted_together  # type: ignore[method-assign]
+    journal._store.commit = counted  # type: ignore[method-assign]
     answers: list[str] = []
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -326,12 +315,12 @@ async def test_a_failed_batch_of_keys_fails_each_call_naming_its_own_operation(
     that call's operation, and nothing was sent."""
     sent: list[httpx.Request] = []
     journal = idempotently.Journal(tmp_path / "journal.db")
-    every_command_in_a_thread(journal)
 
-    def failing(batch: Sequence[Any]) -> list[bool]:
+    def failing(write: object) -> None:
         raise idempotently.JournalWriteError("cannot write the journal: disk full")
 
-    journal._durable_inserts._commit = failing
+    refusing = around_commit(journal, Insert, before=failing)
+    refusing.__enter__()
     errors: dict[str, BaseException] = {}
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -366,15 +355,9 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
     completes, no lease is left behind, and nothing is sent."""
     sent: list[httpx.Request] = []
     journal = idempotently.Journal(tmp_path / "journal.db")
-    every_command_in_a_thread(journal)
     gate = threading.Event()
-    insert_batch = journal._insert_batch
-
-    def held(batch: Sequence[Any]) -> list[bool]:
-        gate.wait(timeout=10)
-        return insert_batch(batch)
-
-    journal._durable_inserts._commit = held
+    holding = around_commit(journal, Insert, before=lambda write: gate.wait(timeout=10))
+    holding.__enter__()
 
     async def answer(request: httpx.Request) -> httpx.Response:
         sent.append(request)
@@ -398,63 +381,29 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
 
 
 @pytest.mark.anyio
-async def test_a_store_that_inserts_its_own_way_gets_every_batched_key_through_it(
-    tmp_path: Path,
-) -> None:
-    """A Journal subclass overriding _insert_operation (another store) receives each key
-    of a batch through its own method, never straight into SQLite."""
-    seen: list[str] = []
-
-    class Tracing(idempotently.Journal):
-        def _insert_operation(self, new: Any, *, owner: str, lease_until: float) -> bool:
-            seen.append(new.operation_id)
-            return super()._insert_operation(new, owner=owner, lease_until=lease_until)
-
-    journal = Tracing(tmp_path / "journal.db", durability="os")
-
-    async def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(201)
-
-    async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
-        idempotently.AsyncSession(journal, client=client) as s,
-    ):
-        async with anyio.create_task_group() as group:
-            for n in range(8):
-                group.start_soon(lambda n=n: s.post(URL, json={"n": n}))
-        counts = journal.counts()
-    assert 8 == len(set(seen))
-    assert 8 == counts["succeeded"]
-
-
-@pytest.mark.anyio
 async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_call(
     tmp_path: Path,
 ) -> None:
     """Tasks' completions committed together, one of which the journal refuses: that call
     raises, naming its operation; every other call gets its answer, journaled."""
     journal = idempotently.Journal(tmp_path / "journal.db")
-    every_command_in_a_thread(journal)
-    attempt_write = journal._attempt_write
+    store = journal._store
+    apply = store._apply
 
-    def one_bad(operation_id: str, *args: Any) -> Any:
-        if operation_id != "op-3":
-            return attempt_write(operation_id, *args)
+    def one_bad(write: Any) -> Any:
+        if isinstance(write, Record) and write.operation_id == "op-3":
+            raise sqlite3.DataError("string or blob too big")
+        return apply(write)
 
-        def bad(conn: Any) -> None:
-            conn.execute("UPDATE no_such_table SET x = 1")
-
-        return bad
-
-    journal._attempt_write = one_bad  # type: ignore[method-assign]
+    store._apply = one_bad  # type: ignore[method-assign]
     together: list[int] = []
-    commit_together = journal._commit_together
+    commit = store.commit
 
-    def counted_together(batch: Sequence[Any]) -> None:
-        together.append(len(batch))
-        commit_together(batch)
+    def counted_together(writes: Sequence[Any], durable: bool) -> list[Any]:
+        together.append(sum(isinstance(write, Record) for write in writes))
+        return commit(writes, durable)
 
-    journal._commit_together = counted_together  # type: ignore[method-assign]
+    store.commit = counted_together  # type: ignore[method-assign]
     outcomes: dict[str, object] = {}
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -499,28 +448,6 @@ def counting_hops(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("durability", "hops_per_call"), [("os", 0), ("fsync", 1)])
-async def test_writes_without_fsync_run_on_the_loop_and_keys_to_fsync_in_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str, hops_per_call: int
-) -> None:
-    """With nothing to wait for, a write that does not fsync commits on the event loop (a
-    thread hop costs more than the write); a key to fsync always goes to a worker thread."""
-    journal = idempotently.Journal(tmp_path / "journal.db", durability=durability)  # type: ignore[arg-type]
-    hops = counting_hops(monkeypatch)
-    async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
-        idempotently.AsyncSession(journal, client=client) as s,
-    ):
-        for n in range(3):
-            assert 201 == (await s.post(URL, json={"n": n}, operation_id=f"op-{n}")).status_code
-        journaled = s.journal.operations()
-    assert 3 * hops_per_call == len(hops)
-    assert [("succeeded", 1, None)] * 3 == [
-        (op.status, op.attempt_count, op.lease_owner) for op in journaled
-    ]
-
-
-@pytest.mark.anyio
 async def test_a_journal_another_thread_is_using_never_stalls_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -531,7 +458,7 @@ async def test_a_journal_another_thread_is_using_never_stalls_the_loop(
     taken, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with journal._lock:
+        with journal._store._lock:
             taken.set()
             release.wait(timeout=10)
 
@@ -559,55 +486,37 @@ async def test_a_journal_another_thread_is_using_never_stalls_the_loop(
     assert max(gaps) < MAX_GAP
 
 
-def test_a_write_that_would_fsync_or_wait_is_never_run_now(tmp_path: Path) -> None:
-    """Journal._try_now refuses, having written nothing, a first write that would fsync
-    (a key in "fsync" mode) or wait for another connection's write lock."""
-    from tests.test_journal import new_operation
-
-    journal = idempotently.Journal(tmp_path / "journal.db")
-    owner = {"owner": "test-owner", "lease_until": 0.0}
-    assert NOT_NOW == journal._try_now(
-        lambda: journal._insert_operation(new_operation("op-1"), **owner)  # type: ignore[arg-type]
-    )
-    assert 0 == journal.counts()["pending"]
-    fast = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    other = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    started = time.monotonic()
-    assert NOT_NOW == fast._try_now(
-        lambda: fast._insert_operation(new_operation("op-2"), **owner)  # type: ignore[arg-type]
-    )
-    assert time.monotonic() - started < LOCK_HELD / 2  # did not wait out the busy timeout
-    other.execute("ROLLBACK")
-    assert (True, True) == fast._try_now(
-        lambda: fast._insert_operation(new_operation("op-3"), **owner)  # type: ignore[arg-type]
-    )
-    assert ["op-3"] == [op.operation_id for op in fast.operations()]
-    assert 30_000 == fast._conn.execute("PRAGMA busy_timeout").fetchone()[0]
-    for each in (journal, fast):
-        each.close()
-    other.close()
-
-
 @pytest.mark.anyio
-async def test_the_wal_is_checkpointed_though_writes_run_on_the_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("durability", ["fsync", "os"])
+async def test_no_journal_command_ever_runs_on_the_event_loop(
+    tmp_path: Path, durability: str
 ) -> None:
-    """SQLite's checkpoint (which fsyncs) is off on the loop; one command in
-    CHECKPOINT_EVERY runs in a thread, where it checkpoints: the WAL stays bounded."""
-    monkeypatch.setattr(idempotently._journal, "CHECKPOINT_EVERY", 50)
-    path = tmp_path / "journal.db"
+    """Reads and writes alike (a key, a lookup, a completion, a resume's queue): the store
+    is never entered from the event loop's thread, whatever the durability."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability=durability)  # type: ignore[arg-type]
+    store = journal._store
+    threads: list[int] = []
+    for name in ("commit", "find", "operations"):
+        real = getattr(store, name)
+
+        def traced(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            threads.append(threading.get_ident())
+            return _real(*args, **kwargs)
+
+        setattr(store, name, traced)
+    loop = threading.get_ident()
     async with (
         httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
-        idempotently.AsyncSession(idempotently.Journal(path, durability="os"), client=client) as s,
+        idempotently.AsyncSession(journal, client=client) as s,
     ):
-        for n in range(400):  # about 13 WAL pages each: 5,000 pages unchecked
-            await s.post(URL, json={"n": n})
-        assert 400 == s.journal.counts()["succeeded"]
-        page_size = s.journal._conn.execute("PRAGMA page_size").fetchone()[0]
-        assert 1000 == s.journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
-    wal_pages = os.path.getsize(f"{path}-wal") // (page_size + 24)
-    assert wal_pages < 1000 + 50 * 20
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(lambda n=n: s.post(URL, json={"n": n}, operation_id=f"op-{n}"))
+        await s.resume()
+        counts = journal.counts()
+    assert 8 == counts["succeeded"]
+    assert len(threads) >= 4  # lookups, keys, answers (batched), the resume's queue
+    assert loop not in threads
 
 
 @pytest.mark.anyio
@@ -673,103 +582,6 @@ async def test_a_sync_session_in_a_thread_and_an_async_session_share_one_journal
         for status in {op.status for op in operations}
     }
     assert max(gaps) < MAX_GAP
-
-
-@pytest.mark.anyio
-async def test_a_write_failing_on_the_loop_leaves_the_connection_as_it_was(
-    tmp_path: Path,
-) -> None:
-    """A completion the journal refuses on the loop fails only its own call, and the
-    connection's busy timeout and automatic checkpoint are back for the next one."""
-    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    attempt_write = journal._attempt_write
-
-    def bad_for_op_1(operation_id: str, *args: Any) -> Any:
-        if operation_id != "op-1":
-            return attempt_write(operation_id, *args)
-
-        def bad(conn: Any) -> None:
-            conn.execute("UPDATE no_such_table SET x = 1")
-
-        return bad
-
-    journal._attempt_write = bad_for_op_1  # type: ignore[method-assign]
-    async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(charges_answered)) as client,
-        idempotently.AsyncSession(journal, client=client) as s,
-    ):
-        with pytest.raises(idempotently.JournalWriteError) as caught:
-            await s.post(URL, json={}, operation_id="op-1")
-        assert "op-1" == caught.value.operation_id
-        assert 201 == (await s.post(URL, json={}, operation_id="op-2")).status_code
-    assert (30_000, 1000) == (
-        journal._conn.execute("PRAGMA busy_timeout").fetchone()[0],
-        journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0],
-    )
-    assert (None, False) == (journal._now_thread, journal._refuse_busy)
-    assert journal._lock.acquire(blocking=False)
-    journal._lock.release()
-    assert {"op-1": "pending", "op-2": "succeeded"} == {
-        op.operation_id: op.status for op in journal.operations()
-    }
-
-
-def test_a_write_on_the_loop_never_waits_for_another_threads_combined_commit(
-    tmp_path: Path,
-) -> None:
-    """While another thread is combining writes (and would wait for the journal's lock,
-    which the loop's write holds), the loop's write commits alone instead of queueing
-    behind it: queueing there would deadlock both."""
-    from idempotently._journal import AttemptRecord
-    from tests.test_journal import new_operation
-
-    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    journal._insert_operation(new_operation("op-1"), owner="o", lease_until=0.0)
-    record = AttemptRecord(
-        started_at=time.time(), elapsed=0.1, outcome="answered", status_code=201, status="succeeded"
-    )
-    journal._combining = True  # as if another thread were committing a batch
-    outcome: list[object] = []
-    writer = threading.Thread(
-        target=lambda: outcome.append(
-            journal._try_now(lambda: journal._record_attempt("op-1", record, now=time.time()))
-        ),
-        daemon=True,
-    )
-    writer.start()
-    writer.join(timeout=10)
-    assert not writer.is_alive(), "the write waited for the other thread's commit"
-    journal._combining = False
-    assert [(True, None)] == outcome
-    operation = journal.operation("op-1")
-    assert operation is not None and "succeeded" == operation.status
-
-
-def test_a_postgresql_journal_never_runs_a_command_on_the_loop(postgres_url: str) -> None:
-    """Every PostgreSQL journal command is a network round trip: never tried on the loop."""
-    ran: list[str] = []
-    with idempotently.Journal(postgres_url) as journal:
-        assert NOT_NOW == journal._try_now(lambda: ran.append("ran"))
-    assert [] == ran
-
-
-def test_a_command_on_the_loop_leaves_a_prunes_checkpoint_setting_alone(tmp_path: Path) -> None:
-    """Between two of a prune's batches (automatic checkpoint off, so no batch pays for
-    one), a command run on the loop leaves the setting as the prune left it."""
-    from tests.test_journal import new_operation
-
-    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    journal._conn.execute("PRAGMA wal_autocheckpoint = 0")  # as prune() sets it
-    assert (True, True) == journal._try_now(
-        lambda: journal._insert_operation(new_operation("op-1"), owner="o", lease_until=0.0)
-    )
-    assert 0 == journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
-    journal._conn.execute("PRAGMA wal_autocheckpoint = 1000")
-    assert (True, True) == journal._try_now(
-        lambda: journal._insert_operation(new_operation("op-2"), owner="o", lease_until=0.0)
-    )
-    assert 1000 == journal._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
-    journal.close()
 
 
 @pytest.mark.anyio

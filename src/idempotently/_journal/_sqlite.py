@@ -1,12 +1,11 @@
-"""The SQLite journal: one row per operation, one per attempt.
+"""The SQLite journal: one row per operation, one per attempt (a :class:`Store`).
 
-Durability: with ``durability="fsync"`` (the default) the row that names an
-operation's key is committed with ``synchronous=FULL`` (the WAL is fsync'd)
-before the first attempt; with ``"os"`` it is committed before the first
-attempt but left to the OS to write back. Every later write (attempt rows,
-completion, leases) commits with ``synchronous=NORMAL``: losing one to a power
-cut only means a resume gets a replay from the server, which the key makes
-harmless. See https://idempotently.readthedocs.io/en/latest/journal/
+Durability: a batch of writes holding a key to be made durable commits with
+``synchronous=FULL`` (the WAL is fsync'd) before any of those keys is sent;
+every other batch (attempt rows, completions, leases) commits with
+``synchronous=NORMAL``: losing one to a power cut only means a resume gets a
+replay from the server, which the key makes harmless. With ``durability="os"``
+no batch is fsync'd. See https://idempotently.readthedocs.io/en/latest/journal/
 
 Audits stay fast on large journals without scanning them: triggers keep the
 counts per status and per kind of attempt in one row, a partial index holds
@@ -15,29 +14,34 @@ the pending operations and another the finished ones by idle time.
 
 from __future__ import annotations
 
-import copy
-import inspect
-import json
 import os
 import random
 import re
 import sqlite3
-import struct
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
-from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn, TypeVar, cast, get_args
+from typing import Any, Final, NoReturn, cast, get_args
 
-import attrs
 import sqlite_utils
 
+from idempotently._commands import (
+    ClaimDue,
+    ExtendLeases,
+    Insert,
+    Record,
+    Release,
+    RenewLease,
+    SetStatus,
+    Settle,
+    TakeLease,
+    Write,
+)
 from idempotently._exceptions import (
     JournalCorruptError,
     JournalError,
@@ -46,10 +50,22 @@ from idempotently._exceptions import (
     JournalVersionError,
     JournalWriteError,
 )
-from idempotently._group_commit import Failed, GroupCommit
-from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Delivery, Outcome, Status
-
-T = TypeVar("T")
+from idempotently._rows import (
+    DURABILITIES,
+    MAX_LIMIT,
+    MAX_TIMESTAMP,
+    MAX_WINDOW,
+    Attempt,
+    Durability,
+    Failed,
+    JournalStats,
+    Operation,
+    check_number,
+    column_problem,
+    headers_json,
+    short,
+)
+from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Outcome, Status
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """A journal path starting with one of these is a PostgreSQL URL (see _postgres.py)."""
@@ -69,9 +85,6 @@ def _refuse_url(path: str) -> None:
             "spaces around it, not a pathlib.Path); a SQLite journal takes a file path"
         )
 
-
-MAX_LIMIT = 2**63 - 1
-"""SQLite's largest integer: the largest ``limit`` a listing takes."""
 
 SCHEMA_VERSION = 2
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
@@ -258,11 +271,6 @@ _COUNTERS: Final = (
     "in_progress_attempts",
 )
 
-Durability = Literal["fsync", "os"]
-"""``fsync``: the key's row is fsync'd before the first byte is sent; ``os``: only committed."""
-
-DURABILITIES: Final[tuple[Durability, ...]] = ("fsync", "os")
-
 _PRUNE_BATCH_SECONDS = 0.025
 """How long one prune transaction aims to hold the write lock."""
 _PRUNE_BATCH_SIZES = (100, 20_000)
@@ -292,123 +300,10 @@ FROM operations WHERE operation_id = ?
 """
 
 
-@attrs.frozen
-class Attempt:
-    """One HTTP exchange of an operation, as journaled."""
-
-    number: int
-    started_at: float
-    elapsed: float
-    outcome: Outcome
-    """``not_sent``, ``maybe_delivered`` or ``answered``."""
-    status_code: int | None
-    replayed: bool
-    """The server marked the answer as a replay of a stored response."""
-    error: str | None
-    wait: float | None
-    """Seconds waited after this attempt before the next one."""
-
-
-@attrs.frozen
-class Operation:
-    """One logical operation and its key, as journaled (never any secret)."""
-
-    operation_id: str
-    key: str
-    status: Status
-    delivery: Delivery
-    method: str
-    url: str
-    request_headers: tuple[tuple[str, str], ...]
-    request_body: bytes
-    fingerprint: str
-    profile: str
-    key_header: str
-    created_at: float
-    updated_at: float
-    key_expires_at: float
-    deadline_at: float | None
-    not_before: float | None
-    lease_owner: str | None
-    lease_until: float
-    attempt_count: int
-    last_status_code: int | None
-    response_status: int | None
-    response_headers: tuple[tuple[str, str], ...] | None
-    response_body: bytes | None
-    reason: str | None
-    attempts: tuple[Attempt, ...] = ()
-    """Filled in by :meth:`Journal.operation`; empty in listings."""
-
-    @classmethod
-    def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
-        values = dict(row)
-        values["request_headers"] = _headers_from_json(values["request_headers"])
-        if values["response_headers"] is not None:
-            values["response_headers"] = _headers_from_json(values["response_headers"])
-        return cls(**values, attempts=attempts)
-
-
-@attrs.frozen
-class NewOperation:
-    """What the engine commits before the first attempt."""
-
-    operation_id: str
-    key: str
-    delivery: Delivery
-    method: str
-    url: str
-    request_headers: Sequence[tuple[str, str]]
-    request_body: bytes
-    fingerprint: str
-    profile: str
-    key_header: str
-    created_at: float
-    key_expires_at: float
-    deadline_at: float | None
-
-    def row(self, owner: str, lease_until: float) -> tuple[Any, ...]:
-        """The values of the insert that journals it (both stores' column order)."""
-        return (
-            self.operation_id,
-            self.key,
-            self.delivery,
-            self.method,
-            self.url,
-            _headers_json(self.request_headers),
-            self.request_body,
-            self.fingerprint,
-            self.profile,
-            self.key_header,
-            self.created_at,
-            self.created_at,
-            self.key_expires_at,
-            self.deadline_at,
-            owner,
-            lease_until,
-        )
-
-
-@attrs.frozen
-class AttemptRecord:
-    """One attempt's result and the operation's state after it."""
-
-    started_at: float
-    elapsed: float
-    outcome: Outcome
-    status_code: int | None = None
-    replayed: bool = False
-    error: str | None = None
-    wait: float | None = None
-    status: Status = "pending"
-    reason: str | None = None
-    not_before: float | None = None
-    lease_until: float = 0.0
-    """0 releases the lease; a live caller keeps it while it waits to retry."""
-    response_status: int | None = None
-    response_headers: Sequence[tuple[str, str]] | None = None
-    response_body: bytes | None = None
-
+_STARTS_SENDS: Final = (Insert, TakeLease, RenewLease, ClaimDue)
+"""Writes after which the caller may send: refused if the journal's file moved."""
+_ONE_STATEMENT: Final = (Insert, TakeLease, RenewLease, SetStatus, Release, Settle)
+"""Writes of a single statement: alone in a batch, SQLite commits them by itself."""
 
 _WRITE_ADVICE = {
     "locked": "another process held the journal's write lock past the busy timeout; "
@@ -430,31 +325,6 @@ def _write_problem(error: sqlite3.Error) -> str:
     return "other"
 
 
-MAX_TIMESTAMP = 1e11
-"""Seconds since the epoch in the year 5138: any later time is a mistake."""
-MAX_WINDOW = 100 * 366 * 86400.0
-DEFAULT_EXPIRING_WITHIN = 3600.0
-"""The key-expiry margin ``resume`` keeps by default (``_flow.DEFAULT_KEY_EXPIRY_MARGIN``)."""
-"""A century, in seconds: the longest age or window a read takes."""
-
-
-def _check_number(name: str, value: object, *, integer: bool, low: float, high: float) -> None:
-    """A read argument is a number from ``low`` to ``high`` (None allowed), or a clear error."""
-    if value is None:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (integer and not isinstance(value, int))
-    ):
-        raise TypeError(
-            f"{name} must be {'an int' if integer else 'a number'}, not {type(value).__name__}"
-        )
-    # Compared as they are: an int too large for a float is still simply too large.
-    if not low <= value <= high:  # also false for nan
-        raise ValueError(f"{name} must be a number from {low:g} to {high:g}, not {value!r:.40}")
-
-
 def _split_statements(script: str) -> list[str]:
     """The statements of ``script`` (triggers hold semicolons), to run inside one transaction.
 
@@ -471,20 +341,6 @@ def _split_statements(script: str) -> list[str]:
     return statements
 
 
-def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
-    """``json.dumps(list(headers))`` for (name, value) pairs of str, character for character.
-
-    Written out because it runs twice per call and json.dumps costs three times more;
-    each string goes through the encoder json.dumps itself uses for it.
-    """
-    pairs = [f"[{_json_str(name)}, {_json_str(value)}]" for name, value in headers]
-    return "[" + ", ".join(pairs) + "]"
-
-
-def _headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
-    return tuple((name, value) for name, value in json.loads(text))
-
-
 def _is_corruption(error: sqlite3.Error) -> bool:
     """SQLITE_CORRUPT or SQLITE_NOTADB: the file is damaged, retrying cannot help."""
     code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
@@ -492,97 +348,6 @@ def _is_corruption(error: sqlite3.Error) -> bool:
         return True
     message = str(error).lower()
     return "malformed" in message or "not a database" in message
-
-
-# What each column may hold, by column name: (types, NULL allowed, allowed values).
-# Every row read goes through Journal._check_row, so a damaged value is a
-# JournalCorruptError naming the operation, never a crash further on. Aliases in
-# queries (stats, counts) must not reuse these names for something else.
-_TEXT: tuple[type, ...] = (str,)
-_REAL: tuple[type, ...] = (int, float)
-_INT: tuple[type, ...] = (int,)
-_BLOB: tuple[type, ...] = (bytes,)
-_COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
-    "operation_id": (_TEXT, False, ()),
-    "key": (_TEXT, False, ()),
-    "status": (_TEXT, False, STATUSES),
-    "delivery": (_TEXT, False, ("exactly_once", "at_most_once")),
-    "method": (_TEXT, False, ()),
-    "url": (_TEXT, False, ()),
-    "request_headers": (_TEXT, False, ()),
-    "request_body": (_BLOB, False, ()),
-    "fingerprint": (_TEXT, False, ()),
-    "profile": (_TEXT, False, ()),
-    "key_header": (_TEXT, False, ()),
-    "created_at": (_REAL, False, ()),
-    "updated_at": (_REAL, False, ()),
-    "key_expires_at": (_REAL, False, ()),
-    "deadline_at": (_REAL, True, ()),
-    "not_before": (_REAL, True, ()),
-    "lease_owner": (_TEXT, True, ()),
-    "lease_until": (_REAL, False, ()),
-    "attempt_count": (_INT, False, ()),
-    "last_status_code": (_INT, True, ()),
-    "response_status": (_INT, True, ()),
-    "response_headers": (_TEXT, True, ()),
-    "response_body": (_BLOB, True, ()),
-    "reason": (_TEXT, True, ()),
-    "number": (_INT, False, ()),
-    "started_at": (_REAL, False, ()),
-    "elapsed": (_REAL, False, ()),
-    "outcome": (_TEXT, False, ("not_sent", "maybe_delivered", "answered")),
-    "status_code": (_INT, True, ()),
-    "replayed": (_INT, False, ()),
-    "error": (_TEXT, True, ()),
-    "wait": (_REAL, True, ()),
-}
-_HEADER_COLUMNS = ("request_headers", "response_headers")
-
-
-def _column_problem(column: str, value: object) -> str | None:
-    """What is wrong with ``value`` in ``column``, or None if it can be decoded."""
-    rule = _COLUMNS.get(column)
-    if rule is None:
-        return None
-    types, nullable, choices = rule
-    if value is None:
-        return None if nullable else f"{column} is NULL"
-    if not isinstance(value, types):
-        return f"{column} holds {type(value).__name__} {_short(value)}"
-    if choices and value not in choices:
-        return f"{column} is {_short(value)}, not one of {', '.join(choices)}"
-    if column in _HEADER_COLUMNS:
-        try:
-            pairs = json.loads(str(value))
-        except ValueError as error:
-            return f"{column} is not valid JSON ({error})"
-        if not isinstance(pairs, list) or not all(
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
-            for pair in pairs
-        ):
-            return f"{column} is not a list of [name, value] pairs"
-    return None
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-class _QueuedWrite:
-    """One thread's write, waiting for a transaction (``Journal._write_combined``)."""
-
-    __slots__ = ("error", "finished", "result", "write")
-
-    def __init__(self, write: Callable[[sqlite3.Connection], Any]) -> None:
-        self.write = write
-        self.finished = False
-        self.result: Any = None
-        self.error: Exception | None = None
-
-
-class _WriteRaised(Exception):
-    """One write of a shared transaction raised: roll it back, run each write alone."""
 
 
 class _ClosedConnection:
@@ -596,7 +361,7 @@ class _ClosedConnection:
     def _closed(self, *args: object, **kwargs: object) -> NoReturn:
         raise JournalError(
             f"the journal {self._path} was closed (Journal.close(), or the end of the "
-            "Session's `with` block); nothing was sent or written. Open the journal again "
+            "Session's `with` block); this write was not journaled. Open the journal again "
             "(a new Journal or Session) to use it"
         )
 
@@ -609,48 +374,13 @@ class _ClosedConnection:
         self._closed()
 
 
-class _WouldWait(BaseException):
-    """Running now would wait or fsync (another connection holds the write lock, the
-    write is durable, or the WAL would start over): :meth:`Journal._try_now` gives up.
+class SqliteStore:
+    """The journal in one SQLite file (WAL mode): a :class:`~idempotently._journal.Store`.
 
-    A BaseException, so no ``except Exception`` on the way (the combiner, the
-    group commit) records it as a write's outcome: it unwinds to ``_try_now``
-    before anything was written.
+    Safe to share between threads (one connection, behind a lock); several
+    processes may open the same file. Writes arrive in batches from the
+    journal's one writer (:meth:`commit`).
     """
-
-
-CHECKPOINT_EVERY: Final = 200
-"""After this many :meth:`Journal._try_now` commands, commands run in a thread until one
-commits there, with SQLite's automatic checkpoint on.
-
-A command writes 10-15 WAL pages; SQLite checkpoints past 1,000 (its default
-``wal_autocheckpoint``, which the journal keeps), so the WAL stays under about
-4,000 pages whatever runs on the loop."""
-
-_WAL_INDEX: Final = struct.Struct("=16xI76xI")
-"""The start of the ``-shm`` WAL index (SQLite's wal.c, native byte order): two copies
-of a 48-byte header whose ``mxFrame`` (the WAL's last frame) is at byte 16, then
-``nBackfill`` (how many frames were checkpointed)."""
-
-NOT_NOW: Final = (False, None)
-"""What :meth:`Journal._try_now` returns when running the command now would mean waiting."""
-
-
-class Journal:
-    """The local record of every operation, its key and its attempts.
-
-    Safe to share between threads; several processes may open the same file.
-    A ``postgresql://`` (or ``postgres://``) URL opens a journal in that
-    PostgreSQL database instead (``pip install 'idempotently[postgres]'``).
-    """
-
-    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Journal:
-        """A PostgreSQL journal for a ``postgresql://`` URL, so ``isinstance(x, Journal)`` holds."""
-        if cls is Journal and isinstance(path, str) and path.startswith(_POSTGRES_SCHEMES):
-            from idempotently._postgres import PostgresJournal
-
-            return super().__new__(PostgresJournal)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -679,7 +409,7 @@ class Journal:
             raise TypeError(
                 f"the journal path must be a str or os.PathLike, not {type(path).__name__}"
             )
-        _check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
+        check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
         if durability not in DURABILITIES:
             raise ValueError(
                 f"durability must be one of {', '.join(map(repr, DURABILITIES))}, "
@@ -702,23 +432,13 @@ class Journal:
                 "to the file your Session writes"
             )
         self._lock = threading.RLock()
-        self._durable_inserts: GroupCommit[tuple[NewOperation, str, float], bool] = GroupCommit(
-            self._insert_batch
-        )
-        # The thread running a command through _try_now (writes go straight to SQLite,
-        # past the combiner and the group commit), and whether its first BEGIN may
-        # refuse to wait for another connection's write lock.
-        self._now_thread: int | None = None
-        self._refuse_busy = False
-        self._now_runs = 0
-        self._shm: int | None = None  # the -shm file, for _wal_starts_over
-        self._combiner = threading.Condition()
-        self._combining = False
-        self._queued: list[_QueuedWrite] = []
+        self._synchronous = "NORMAL"  # the connection's setting now: changed only when needed
         self._conn = self._connect(busy_timeout)
         self.db = sqlite_utils.Database(self._conn)
         try:
             self._check_schema()
+            if not self.readonly:
+                self._synchronous_for(durable=False)  # after a durable schema write
             if self.path != ":memory:":
                 self._file_id = self._file_identity()
         except BaseException:
@@ -854,7 +574,7 @@ class Journal:
             return uuid.UUID(row[0])
         except (TypeError, ValueError, AttributeError) as error:
             raise JournalCorruptError(
-                f"{self.path} has no valid key namespace ({_short(None if row is None else row[0])}"
+                f"{self.path} has no valid key namespace ({short(None if row is None else row[0])}"
                 "); move it aside and restore a backup"
             ) from error
 
@@ -918,21 +638,20 @@ class Journal:
         """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
         with self._lock:
             self._conn.close()
-            if self._shm is not None:
-                self._shm_closer()
-                self._shm = None
             # Not sqlite3's "Cannot operate on a closed database": say which journal.
             self._conn = cast(sqlite3.Connection, _ClosedConnection(self.path))
             self.db.conn = self._conn
 
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        return f"Journal({self.path!r})"
+        return f"SqliteStore({self.path!r})"
+
+    def after_fork(self) -> None:
+        """In a child process: a fresh lock (the parent's may have been held at fork).
+
+        The connection stays the parent's: SQLite forbids using it across a fork,
+        so the Journal refuses every command in the child (see Journal._execute).
+        """
+        self._lock = threading.RLock()
 
     @property
     def namespace(self) -> uuid.UUID:
@@ -965,7 +684,7 @@ class Journal:
             ) from error
         return found.st_dev, found.st_ino
 
-    def _check_still_there(self) -> None:
+    def check_identity(self) -> None:
         """Raise :class:`JournalMovedError` unless ``path`` is still the file this Journal has open.
 
         One ``os.stat``. Call it before journaling a new key: a file deleted or
@@ -999,24 +718,30 @@ class Journal:
                 with suppress(sqlite3.Error):
                     self._conn.execute("ROLLBACK")
 
+    def _synchronous_for(self, durable: bool) -> None:
+        """FULL (fsync the WAL at commit) for a durable write, NORMAL for any other;
+        a PRAGMA only when the level changes."""
+        level = "FULL" if durable else "NORMAL"
+        if level != self._synchronous:
+            self._conn.execute(f"PRAGMA synchronous = {level}")
+            self._synchronous = level
+
     @contextmanager
-    def _write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One short write transaction; ``durable`` fsyncs the WAL at commit."""
+    def _write(self, *, durable: bool = False, begin: bool = True) -> Iterator[sqlite3.Connection]:
+        """One short write transaction; ``durable`` fsyncs the WAL at commit.
+
+        ``begin=False`` for a lone one-statement write: SQLite commits it by itself.
+        """
         self._check_writable()
         with self._lock:
             try:
-                if self._refuse_busy:
-                    self._begin_or_refuse(durable=durable)  # began, or raised
-                else:
-                    if durable:
-                        self._conn.execute("PRAGMA synchronous = FULL")
+                self._synchronous_for(durable)
+                if begin:
                     self._conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._conn
-                    self._conn.execute("COMMIT")
-                    if self._now_thread is None:
-                        # Committed with the automatic checkpoint on: it ran if due.
-                        self._now_runs = 0
+                    if begin:
+                        self._conn.execute("COMMIT")
                 except BaseException:
                     # SQLite may already have rolled back (SQLITE_FULL does):
                     # a second ROLLBACK would hide the real error.
@@ -1025,422 +750,85 @@ class Journal:
                             self._conn.execute("ROLLBACK")
                     raise
             except sqlite3.DatabaseError as error:
-                if _is_corruption(error):
-                    raise self._damaged(error) from error
-                if isinstance(error, sqlite3.DataError):
-                    raise JournalWriteError(
-                        f"cannot write the journal {self.path}: {error}; a value is over "
-                        "SQLite's size limit (a request or response body of a gigabyte?): "
-                        "send it in smaller parts (nothing was written)"
-                    ) from error
-                if not isinstance(error, sqlite3.OperationalError):
-                    raise
-                raise JournalWriteError(
-                    f"cannot write the journal {self.path}: {error}; "
-                    + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
-                    + " (nothing was lost: the previous state stands)"
-                ) from error
-            finally:
-                if durable:
-                    with suppress(sqlite3.Error):
-                        self._conn.execute("PRAGMA synchronous = NORMAL")
+                raise self._write_error(error) from error
 
-    def _begin_or_refuse(self, *, durable: bool) -> None:
-        """BEGIN IMMEDIATE, or :class:`_WouldWait` at once if another connection is
-        writing or the transaction would fsync.
-
-        Only the first transaction of a :meth:`_try_now` command may refuse: a
-        later one would leave the command half done, so it waits as usual.
-        """
-        self._refuse_busy = False
-        if durable:
-            raise _WouldWait
-        self._conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            if _write_problem(error) == "locked":
-                raise _WouldWait from None
-            raise
-        finally:
-            with suppress(sqlite3.Error):
-                self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-        if self._wal_starts_over():
-            self._conn.execute("ROLLBACK")
-            raise _WouldWait
-
-    def _wal_starts_over(self) -> bool:
-        """Whether the write transaction just begun will write the WAL's header, and fsync it.
-
-        SQLite starts the WAL over (or creates it) when the transaction began with
-        every frame already checkpointed (by this connection's thread, another
-        process, or the last connection to close): it writes a new header and syncs
-        it even with ``synchronous = NORMAL``. The WAL index (``-shm``) says so:
-        its last frame (``mxFrame``) equals the checkpointed count (``nBackfill``).
-        The write lock held, ``mxFrame`` cannot move; ``nBackfill`` only grows toward
-        it, so "no" stays true. Unreadable: "yes", so the write goes to a thread.
-        """
-        if self.path == ":memory:":
-            return False
-        try:
-            if self._shm is None:
-                # Opened once, while SQLite has it open too: the same file SQLite reads,
-                # even if the journal is later renamed or replaced at its path.
-                self._shm = os.open(self._abspath + "-shm", os.O_RDONLY | os.O_CLOEXEC)
-                # Closed with the journal, or when it is collected unclosed.
-                self._shm_closer = weakref.finalize(self, os.close, self._shm)
-            index = os.pread(self._shm, _WAL_INDEX.size, 0)
-        except OSError:
-            return True
-        if len(index) < _WAL_INDEX.size:
-            return True
-        frames, backfilled = _WAL_INDEX.unpack(index)
-        return index[:48] != index[48:96] or frames == backfilled
-
-    def _try_now(self, run: Callable[[], T]) -> tuple[bool, T | None]:
-        """``(True, run())`` if the journal commands in ``run`` need not wait; else NOT_NOW.
-
-        What an async session calls on the event loop before handing a command
-        to a worker thread: a hop to a thread and back costs more than the write
-        itself (0.3 ms of CPU and more of latency, against 0.1-0.2 ms for a
-        commit without fsync). It runs ``run`` here only if nothing would make
-        the loop wait on the journal, as the async driver promises: no lock wait and no
-        fsync. So: this journal's lock is free (no other thread is using it);
-        no other connection holds the file's write lock and the first write is
-        not a durable one (its ``BEGIN IMMEDIATE`` does not wait: if it would,
-        or would fsync, nothing was written and NOT_NOW sends the command to a
-        thread, which waits as usual), nor starts the WAL over (which fsyncs its
-        header: see :meth:`_wal_starts_over`); and SQLite's automatic checkpoint,
-        which fsyncs, is off meanwhile: after CHECKPOINT_EVERY commands here,
-        commands go to a thread until one commits there, checkpointing if the
-        WAL is due for it. The writes skip the combiner and the group commit,
-        which wait for others. A subclass that overrides any of Journal's
-        methods runs every command in a thread: its code may wait.
-        """
-        if isinstance(self._conn, _ClosedConnection):
-            return NOT_NOW  # the worker thread raises the error, naming the operation
-        if type(self) is not Journal and not _only_journal_code(type(self)):
-            return NOT_NOW  # a subclass's own writes: nobody vouched they never wait
-        if self._now_thread is not None or self._now_runs >= CHECKPOINT_EVERY:
-            # Past CHECKPOINT_EVERY, every command goes to a thread until one commits
-            # there (see _write): the next one may only read, which checkpoints nothing.
-            return NOT_NOW
-        if not self._lock.acquire(blocking=False):
-            return NOT_NOW
-        try:
-            # Whatever it is now (0 while a prune runs between its batches): put back after.
-            autocheckpoint = int(self._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
-            if autocheckpoint:
-                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
-            self._now_thread, self._refuse_busy = threading.get_ident(), True
-            try:
-                result = run()
-            except _WouldWait:
-                return NOT_NOW
-            finally:
-                self._now_thread, self._refuse_busy = None, False
-                if autocheckpoint:
-                    with suppress(sqlite3.Error):
-                        self._conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint}")
-            self._now_runs += 1
-            return True, result
-        finally:
-            self._lock.release()
-
-    def _running_now(self) -> bool:
-        """Whether this thread is in :meth:`_try_now` (its writes go straight to SQLite)."""
-        return self._now_thread is not None and self._now_thread == threading.get_ident()
-
-    def _write_combined(self, write: Callable[[sqlite3.Connection], Any]) -> Any:
-        """Run ``write`` in a transaction, shared with other threads' writes waiting meanwhile.
-
-        Flat combining: a thread that finds another thread committing queues its
-        write; when that commit ends, one waiting thread takes every queued write
-        and commits them in one transaction, and the others return without
-        touching SQLite. Fewer transactions, and fewer threads passing the GIL
-        around at every statement. Each write's own outcome stands: if one write
-        raises, the shared transaction rolls back and each write runs again in a
-        transaction of its own, so a failing write fails only its own caller; if
-        the transaction itself cannot begin or commit, every write in it fails
-        with (its own copy of) that error, and none was written.
-        """
-        (outcome,) = self._write_combined_many([write])
-        if isinstance(outcome, Failed):
-            raise outcome.error
-        return outcome
-
-    def _write_combined_many(
-        self, writes: Sequence[Callable[[sqlite3.Connection], Any]]
-    ) -> list[Any]:
-        """Several writes, as :meth:`_write_combined`, in one transaction; each one's outcome.
-
-        An outcome is the write's result or a :class:`Failed` with its own error.
-        """
-        self._check_writable()
-        queued = [_QueuedWrite(write) for write in writes]
-        if self._running_now():
-            self._commit_together(queued)
-            return [each.result if each.error is None else Failed(each.error) for each in queued]
-        with self._combiner:
-            # Appended together, so one thread always takes all of them at once.
-            self._queued.extend(queued)
-            while self._combining and not queued[0].finished:
-                self._combiner.wait()
-            batch: list[_QueuedWrite] = []
-            if not queued[0].finished:
-                self._combining = True
-                batch, self._queued = self._queued, []
-        if batch:
-            try:
-                self._commit_together(batch)
-            finally:
-                with self._combiner:
-                    # Interrupted (KeyboardInterrupt): what was not written goes to the
-                    # next thread; nothing in an unfinished write was committed.
-                    self._queued[:0] = [
-                        each for each in batch if not each.finished and each not in queued
-                    ]
-                    self._combining = False
-                    self._combiner.notify_all()
-        return [each.result if each.error is None else Failed(each.error) for each in queued]
-
-    def _commit_together(self, batch: Sequence[_QueuedWrite]) -> None:
-        if len(batch) > 1:
-            results: list[Any] = []
-            try:
-                with self._write() as conn:
-                    for each in batch:
-                        try:
-                            results.append(each.write(conn))
-                        except Exception as error:
-                            raise _WriteRaised from error
-            except _WriteRaised:
-                pass  # rolled back; each one again, alone, below
-            except Exception as error:  # the transaction: BEGIN or COMMIT failed
-                for each in batch:
-                    each.error, each.finished = copy.copy(error), True
-                return
-            else:
-                for each, result in zip(batch, results, strict=True):
-                    each.result, each.finished = result, True
-                return
-        for each in batch:
-            try:
-                with self._write() as conn:
-                    each.result = each.write(conn)
-            except Exception as error:
-                each.error = error
-            each.finished = True
-
-    # -- writes used by the sessions -------------------------------------------
-
-    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
-        """Durably record a new operation; False if its id or key already exists.
-
-        With ``durability="fsync"``, concurrent callers (threads, or an async
-        session's tasks, whose journal writes run in threads) share one commit
-        and one fsync: group commit. Each returns once its own row is durable.
-        """
-        self._check_still_there()
-        if self._running_now():
-            with self._write(durable=self.durability == "fsync") as conn:
-                return self._insert(conn, new, owner, lease_until)
-        if self.durability == "fsync":
-            return self._durable_inserts.submit((new, owner, lease_until))
-        with self._write() as conn:
-            return self._insert(conn, new, owner, lease_until)
-
-    def _insert_operations(
-        self, items: Sequence[tuple[NewOperation, str, float]]
-    ) -> list[bool | Failed]:
-        """Several new operations (``(new, owner, lease_until)``) in one commit; each one's outcome.
-
-        What an async session's worker thread calls with the keys its tasks
-        are waiting for: one transaction (with ``"fsync"``, shared with any
-        other caller's through group commit, and one fsync). An outcome is what
-        :meth:`_insert_operation` returns, or a :class:`Failed` with the error it
-        would raise.
-        """
-        own_insert = type(self)._insert_operation is Journal._insert_operation
-        if not own_insert or "_insert_operation" in vars(self):
-            # A subclass (another store) or a wrapper inserts its own way: one at a time.
-            outcomes: list[bool | Failed] = []
-            for new, owner, lease_until in items:
-                try:
-                    outcomes.append(
-                        self._insert_operation(new, owner=owner, lease_until=lease_until)
-                    )
-                except Exception as error:
-                    outcomes.append(Failed(error))
-            return outcomes
-        self._check_still_there()
-        if self.durability == "fsync":
-            return self._durable_inserts.submit_many(items)
-        try:
-            return self._insert_batch(items, durable=False)
-        except Exception as error:
-            return [Failed(copy.copy(error)) for _ in items]
-
-    def _insert_batch(
-        self, batch: Sequence[tuple[NewOperation, str, float]], *, durable: bool = True
-    ) -> list[bool | Failed]:
-        """New operations in one transaction, made durable by one fsync (with ``durable``).
-
-        A row SQLite refuses (a body over its size limit) fails only its own
-        caller: the shared transaction rolls back and each row is inserted alone.
-        """
-        if len(batch) > 1:
-            try:
-                with self._write(durable=durable) as conn:
-                    results: list[bool | Failed] = []
-                    for item in batch:
-                        try:
-                            results.append(self._insert(conn, *item))
-                        except sqlite3.OperationalError:
-                            raise  # the transaction's own problem: everyone's error
-                        except Exception as error:
-                            raise _WriteRaised from error
-                    return results
-            except _WriteRaised:
-                pass  # rolled back; each one again, alone, below
-        outcomes: list[bool | Failed] = []
-        for item in batch:
-            try:
-                with self._write(durable=durable) as conn:
-                    outcomes.append(self._insert(conn, *item))
-            except Exception as error:
-                outcomes.append(Failed(error))
-        return outcomes
-
-    def _insert(
-        self, conn: sqlite3.Connection, new: NewOperation, owner: str, lease_until: float
-    ) -> bool:
-        cursor = conn.execute(_INSERT_OPERATION, new.row(owner, lease_until))
-        return cursor.rowcount == 1
-
-    def _record_attempt(
-        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
-    ) -> None:
-        """The attempt row and the operation's new state, in one transaction.
-
-        With ``owner``, the new state applies only while that caller still holds
-        the operation's lease and the operation is pending: an attempt that
-        outlived its lease (another caller took over, or settled it) is kept in
-        the history but changes nothing else.
-        """
-        self._write_combined(self._attempt_write(operation_id, record, now, owner))
-
-    def _record_attempts(
-        self, items: Sequence[tuple[str, AttemptRecord, float, str | None]]
-    ) -> list[Failed | None]:
-        """Several completions (``(operation_id, record, now, owner)``) in one transaction.
-
-        What an async session's worker thread calls with the completions its
-        tasks are waiting for. An outcome is None, or a :class:`Failed` with the
-        error :meth:`_record_attempt` would raise; one failing write fails only
-        its own outcome (see :meth:`_write_combined`).
-        """
-        own_record = type(self)._record_attempt is _JOURNAL_RECORD_ATTEMPT
-        if not own_record or "_record_attempt" in vars(self):
-            # A subclass (another store), a wrapper or a patch records its own way:
-            # one at a time, through it.
-            outcomes: list[Failed | None] = []
-            for operation_id, record, now, owner in items:
-                try:
-                    self._record_attempt(operation_id, record, now=now, owner=owner)
-                    outcomes.append(None)
-                except Exception as error:
-                    outcomes.append(Failed(error))
-            return outcomes
-        return self._write_combined_many([self._attempt_write(*item) for item in items])
-
-    def _attempt_write(
-        self, operation_id: str, record: AttemptRecord, now: float, owner: str | None
-    ) -> Callable[[sqlite3.Connection], None]:
-        response_headers = (
-            None if record.response_headers is None else _headers_json(record.response_headers)
+    def _write_error(self, error: sqlite3.DatabaseError) -> Exception:
+        """The JournalError that says what went wrong with a write, and what to do."""
+        if _is_corruption(error):
+            return self._damaged(error)
+        if isinstance(error, sqlite3.DataError):
+            return JournalWriteError(
+                f"cannot write the journal {self.path}: {error}; a value is over "
+                "SQLite's size limit (a request or response body of a gigabyte?): "
+                "send it in smaller parts (nothing was written)"
+            )
+        if not isinstance(error, sqlite3.OperationalError):
+            return error
+        return JournalWriteError(
+            f"cannot write the journal {self.path}: {error}; "
+            + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
+            + " (nothing was lost: the previous state stands)"
         )
 
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                _INSERT_ATTEMPT,
-                (
-                    record.started_at,
-                    record.elapsed,
-                    record.outcome,
-                    record.status_code,
-                    int(record.replayed),
-                    record.error,
-                    record.wait,
-                    operation_id,
-                ),
-            )
-            holds = "" if owner is None else " AND status = 'pending' AND lease_owner IS ?"
-            cursor = conn.execute(
-                f"""
-                UPDATE operations SET
-                    status = ?, reason = ?, not_before = ?, updated_at = ?,
-                    attempt_count = attempt_count + 1,
-                    last_status_code = coalesce(?, last_status_code),
-                    response_status = ?, response_headers = ?, response_body = ?,
-                    lease_until = ?, lease_owner = CASE WHEN ? > 0 THEN lease_owner END
-                WHERE operation_id = ?{holds}
-                """,
-                (
-                    record.status,
-                    record.reason,
-                    record.not_before,
-                    now,
-                    record.status_code,
-                    record.response_status,
-                    response_headers,
-                    record.response_body,
-                    record.lease_until,
-                    record.lease_until,
-                    operation_id,
-                    *(() if owner is None else (owner,)),
-                ),
-            )
-            if cursor.rowcount == 0 and owner is not None:
-                # Not ours any more: count the attempt, keep whoever holds it now.
-                conn.execute(
-                    "UPDATE operations SET attempt_count = attempt_count + 1, updated_at = ? "
-                    "WHERE operation_id = ?",
-                    (now, operation_id),
-                )
+    # -- the writes ----------------------------------------------------------------
 
-        return write
+    def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
+        """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
 
-    def _set_status(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str | None,
-        now: float,
-        expect: Status = "pending",
-    ) -> bool:
-        """Move an operation out of ``expect`` without an attempt; releases any lease."""
+        ``durable`` fsyncs the WAL at commit (the batch holds a key about to be
+        sent). Writes that may start a send (a new key, a lease taken or renewed,
+        a claim) are refused with :class:`JournalMovedError` if the path no longer
+        names the file open here: one ``stat`` per batch, because in WAL mode a
+        write to a deleted or replaced file succeeds silently and nobody would ever
+        resume it. With several writes each runs in a savepoint: one that fails
+        (a body over SQLite's limit) fails alone and the others commit. Raises if
+        the transaction itself cannot begin or commit: then none was written.
+        """
+        moved: JournalMovedError | None = None
+        if any(isinstance(write, _STARTS_SENDS) for write in writes):
+            try:
+                self.check_identity()
+            except JournalMovedError as error:
+                moved = error
+        if len(writes) == 1:
+            (write,) = writes
+            if moved is not None and isinstance(write, _STARTS_SENDS):
+                return [Failed(moved)]
+            with self._write(durable=durable, begin=not isinstance(write, _ONE_STATEMENT)):
+                return [self._apply(write)]
+        results: list[Any] = []
+        with self._write(durable=durable) as conn:
+            for write in writes:
+                if moved is not None and isinstance(write, _STARTS_SENDS):
+                    results.append(Failed(moved))
+                    continue
+                conn.execute("SAVEPOINT write")
+                try:
+                    results.append(self._apply(write))
+                except sqlite3.OperationalError:
+                    raise  # the transaction's own problem (disk full, locked): everyone's
+                except (sqlite3.DatabaseError, JournalError) as error:
+                    conn.execute("ROLLBACK TO write")
+                    failure = (
+                        self._write_error(error)
+                        if isinstance(error, sqlite3.DatabaseError)
+                        else error
+                    )
+                    results.append(Failed(failure))
+                finally:
+                    conn.execute("RELEASE write")
+        return results
 
-        def write(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
-                """
-                UPDATE operations SET status = ?, reason = ?, updated_at = ?,
-                    lease_owner = NULL, lease_until = 0
-                WHERE operation_id = ? AND status = ?
-                """,
-                (status, reason, now, operation_id, expect),
-            )
+    def _apply(self, write: Write) -> Any:
+        """One write, on the connection (the caller holds the lock and the transaction)."""
+        conn = self._conn
+        if isinstance(write, Insert):
+            cursor = conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
             return cursor.rowcount == 1
-
-        return bool(self._write_combined(write))
-
-    def _take_lease(
-        self, operation: Operation, *, owner: str, lease_until: float, now: float
-    ) -> bool:
-        """Compare-and-swap on the lease read in ``operation``: one winner only."""
-
-        def write(conn: sqlite3.Connection) -> bool:
+        if isinstance(write, Record):
+            return self._record(conn, write)
+        if isinstance(write, TakeLease):
+            operation = write.operation
             cursor = conn.execute(
                 """
                 UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ?
@@ -1448,33 +836,43 @@ class Journal:
                   AND lease_until = ? AND lease_owner IS ?
                 """,
                 (
-                    owner,
-                    lease_until,
-                    now,
+                    write.owner,
+                    write.lease_until,
+                    write.now,
                     operation.operation_id,
                     operation.lease_until,
                     operation.lease_owner,
                 ),
             )
             return cursor.rowcount == 1
-
-        return bool(self._write_combined(write))
-
-    def _settle(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str,
-        now: float,
-        response_status: int | None = None,
-        response_headers: Sequence[tuple[str, str]] | None = None,
-        response_body: bytes | None = None,
-    ) -> bool:
-        """A reconciler's verdict on a needs_reconcile operation."""
-        headers = None if response_headers is None else json.dumps(list(response_headers))
-
-        def write(conn: sqlite3.Connection) -> bool:
+        if isinstance(write, RenewLease):
+            cursor = conn.execute(
+                "UPDATE operations SET lease_until = ? WHERE operation_id = ? "
+                "AND lease_owner = ? AND status = 'pending' AND lease_until > ?",
+                (write.lease_until, write.operation_id, write.owner, write.now),
+            )
+            return cursor.rowcount == 1
+        if isinstance(write, SetStatus):
+            cursor = conn.execute(
+                """
+                UPDATE operations SET status = ?, reason = ?, updated_at = ?,
+                    lease_owner = NULL, lease_until = 0
+                WHERE operation_id = ? AND status = ?
+                """,
+                (write.status, write.reason, write.now, write.operation_id, write.expect),
+            )
+            return cursor.rowcount == 1
+        if isinstance(write, Release):
+            conn.execute(
+                "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
+                "WHERE operation_id = ? AND lease_owner = ?",
+                (write.operation_id, write.owner),
+            )
+            return None
+        if isinstance(write, Settle):
+            headers = (
+                None if write.response_headers is None else headers_json(write.response_headers)
+            )
             cursor = conn.execute(
                 """
                 UPDATE operations SET status = ?, reason = ?, updated_at = ?,
@@ -1483,79 +881,115 @@ class Journal:
                 WHERE operation_id = ? AND status = 'needs_reconcile'
                 """,
                 (
-                    status,
-                    reason,
-                    now,
-                    response_status,
+                    write.status,
+                    write.reason,
+                    write.now,
+                    write.response_status,
                     headers,
-                    response_body,
-                    operation_id,
+                    write.response_body,
+                    write.operation_id,
                 ),
             )
             return cursor.rowcount == 1
-
-        return bool(self._write_combined(write))
-
-    def _release_lease(self, operation_id: str, *, owner: str) -> None:
-        self._write_combined(
-            lambda conn: conn.execute(
-                "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
-                "WHERE operation_id = ? AND lease_owner = ?",
-                (operation_id, owner),
-            )
-        )
-
-    def _claim_due(
-        self, *, owner: str, now: float, lease_until: float, limit: int
-    ) -> list[Operation]:
-        """Lease up to ``limit`` due pending operations to ``owner``, oldest first.
-
-        Due: pending, its lease expired (``lease_until <= now``) and its
-        ``not_before`` passed. One ``BEGIN IMMEDIATE`` transaction: two workers
-        (threads or processes) never claim one operation.
-        """
-        self._check_still_there()
-        with self._write() as conn:
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    """
-                    SELECT operation_id FROM operations
-                    WHERE status = 'pending' AND lease_until <= ?
-                      AND coalesce(not_before, 0) <= ?
-                    ORDER BY created_at, operation_id LIMIT ?
-                    """,
-                    (now, now, limit),
-                )
-            ]
-            conn.executemany(
-                "UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ? "
-                "WHERE operation_id = ?",
-                [(owner, lease_until, now, operation_id) for operation_id in ids],
-            )
-            claimed = []
-            for operation_id in ids:
-                rows = self._query(
-                    "SELECT * FROM operations WHERE operation_id = ?", (operation_id,)
-                )
-                claimed.append(self._with_attempts(rows[0]))
-            return claimed
-
-    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
-        """Heartbeat: push ``lease_until`` forward on each (operation_id, owner) still
-        pending and leased by that owner; how many rows were extended."""
-        if not leases:
-            return 0
-        with self._write() as conn:
+        if isinstance(write, ExtendLeases):
             extended = 0
-            for operation_id, owner in leases:
+            for operation_id, owner in write.leases:
                 cursor = conn.execute(
                     "UPDATE operations SET lease_until = max(lease_until, ?) "
                     "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
-                    (lease_until, operation_id, owner),
+                    (write.lease_until, operation_id, owner),
                 )
                 extended += cursor.rowcount
             return extended
+        if isinstance(write, ClaimDue):
+            return self._claim(conn, write)
+        raise TypeError(f"not a journal write: {write!r}")
+
+    def _record(self, conn: sqlite3.Connection, write: Record) -> None:
+        """The attempt row and the operation's new state.
+
+        With an owner, the new state applies only while that caller still holds the
+        operation's lease and the operation is pending: an attempt that outlived its
+        lease (another caller took over, or settled it) is kept in the history but
+        changes nothing else.
+        """
+        record, owner, operation_id = write.record, write.owner, write.operation_id
+        conn.execute(
+            _INSERT_ATTEMPT,
+            (
+                record.started_at,
+                record.elapsed,
+                record.outcome,
+                record.status_code,
+                int(record.replayed),
+                record.error,
+                record.wait,
+                operation_id,
+            ),
+        )
+        response_headers = (
+            None if record.response_headers is None else headers_json(record.response_headers)
+        )
+        holds = "" if owner is None else " AND status = 'pending' AND lease_owner IS ?"
+        cursor = conn.execute(
+            f"""
+            UPDATE operations SET
+                status = ?, reason = ?, not_before = ?, updated_at = ?,
+                attempt_count = attempt_count + 1,
+                last_status_code = coalesce(?, last_status_code),
+                response_status = ?, response_headers = ?, response_body = ?,
+                lease_until = ?, lease_owner = CASE WHEN ? > 0 THEN lease_owner END
+            WHERE operation_id = ?{holds}
+            """,
+            (
+                record.status,
+                record.reason,
+                record.not_before,
+                write.now,
+                record.status_code,
+                record.response_status,
+                response_headers,
+                record.response_body,
+                record.lease_until,
+                record.lease_until,
+                operation_id,
+                *(() if owner is None else (owner,)),
+            ),
+        )
+        if cursor.rowcount == 0 and owner is not None:
+            # Not ours any more: count the attempt, keep whoever holds it now.
+            conn.execute(
+                "UPDATE operations SET attempt_count = attempt_count + 1, updated_at = ? "
+                "WHERE operation_id = ?",
+                (write.now, operation_id),
+            )
+
+    def _claim(self, conn: sqlite3.Connection, write: ClaimDue) -> list[Operation]:
+        """Lease up to ``limit`` due pending operations, oldest first: inside the
+        writer's ``BEGIN IMMEDIATE`` transaction, so two workers (threads or
+        processes) never claim one operation."""
+        ids = [
+            row[0]
+            for row in conn.execute(
+                """
+                SELECT operation_id FROM operations
+                WHERE status = 'pending' AND lease_until <= ?
+                  AND coalesce(not_before, 0) <= ?
+                ORDER BY created_at, operation_id LIMIT ?
+                """,
+                (write.now, write.now, write.limit),
+            )
+        ]
+        conn.executemany(
+            "UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ? "
+            "WHERE operation_id = ?",
+            [(write.owner, write.lease_until, write.now, operation_id) for operation_id in ids],
+        )
+        claimed = []
+        for operation_id in ids:
+            rows = self._query("SELECT * FROM operations WHERE operation_id = ?", (operation_id,))
+            claimed.append(self._with_attempts(rows[0]))
+        return claimed
 
     # -- reading ---------------------------------------------------------------
 
@@ -1582,7 +1016,7 @@ class Journal:
     def _check_row(self, row: dict[str, Any]) -> None:
         """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
         for column, value in row.items():
-            problem = _column_problem(column, value)
+            problem = column_problem(column, value)
             if problem is not None:
                 operation_id, key = row.get("operation_id"), row.get("key")
                 raise JournalCorruptError(
@@ -1629,7 +1063,7 @@ class Journal:
         )
         return Operation._from_row(row, attempts)
 
-    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
+    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts."""
         try:
             for column, value in (("operation_id", operation_id), ("key", key)):
@@ -1641,7 +1075,7 @@ class Journal:
         except JournalError:
             # A file replaced under this Journal (and its -wal and -shm left behind)
             # reads as a broken journal: say what happened instead.
-            self._check_still_there()
+            self.check_identity()
             raise
         return None
 
@@ -1657,8 +1091,8 @@ class Journal:
 
         ``since`` is seconds since the epoch: only operations created since then.
         """
-        _check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
-        _check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
+        check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
+        check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
         statuses: list[Status | None] = [None]
         if status is not None:
             if not isinstance(status, (str, list, tuple, set, frozenset)):
@@ -1716,10 +1150,10 @@ class Journal:
         That count reads one row per pending operation; without it, stats reads the
         pending operations' index alone.
         """
-        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
-        _check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
+        check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
         if expiring_within is not None:
-            _check_number("expiring_within", expiring_within, integer=False, low=0, high=MAX_WINDOW)
+            check_number("expiring_within", expiring_within, integer=False, low=0, high=MAX_WINDOW)
         with self._snapshot():
             return self._stats(now, stuck_after, expiring_within)
 
@@ -1775,8 +1209,8 @@ class Journal:
         Never touches ``pending`` or ``needs_reconcile``: those still need work.
         Returns how many operations were (or, with ``dry_run``, would be) deleted.
         """
-        _check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
-        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
+        check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
         # Written exactly as operations_finished's WHERE, so SQLite uses that index.
         where = f"{_FINISHED} AND updated_at < ?"
         finished = "operations" + self._indexed_by("operations_finished")
@@ -1892,7 +1326,7 @@ class Journal:
             type(value) is int and value >= 0 for value in values.values()
         ):
             raise JournalCorruptError(
-                f"{self.path} holds damaged counts ({_short(values)}); move the journal aside "
+                f"{self.path} holds damaged counts ({short(values)}); move the journal aside "
                 "and restore a backup"
             )
         if values["unknown_status"]:
@@ -1903,81 +1337,3 @@ class Journal:
                 "status but holds none; move the journal aside and restore a backup"
             )
         return values
-
-
-_JOURNAL_RECORD_ATTEMPT = Journal._record_attempt
-"""Journal's own, as defined: a store whose ``_record_attempt`` is anything else (a
-subclass's, a patched one) records a batch through it, one at a time."""
-
-
-_ONLY_JOURNAL_CODE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
-
-
-def _only_journal_code(cls: type[Journal]) -> bool:
-    """Whether a subclass of Journal overrides none of its methods: its commands then run
-    Journal's own code, which :meth:`Journal._try_now` may run on an event loop."""
-    only = _ONLY_JOURNAL_CODE.get(cls)
-    if only is None:
-        only = _ONLY_JOURNAL_CODE[cls] = all(
-            getattr(cls, name) is method
-            for name, method in vars(Journal).items()
-            if inspect.isfunction(method) and not name.startswith("__")
-        )
-    return only
-
-
-@attrs.frozen
-class JournalStats:
-    """What to watch, as Leach's article advises: replay rate, 409 rate, stuck keys."""
-
-    counts: dict[str, int]
-    """Operations per status; every status is present."""
-    operations: int
-    attempts: int
-    answered_attempts: int
-    replayed_attempts: int
-    in_progress_attempts: int
-    """Answers with 409 or 423: the server was still working on the key."""
-    oldest_pending_created_at: float | None
-    stuck: int
-    """Pending operations nobody is sending: lease expired, untouched for a while,
-    and not waiting for a ``not_before`` the server asked for."""
-    now: float
-    expiring: int | None = None
-    """Pending operations whose key expires by ``now + expiring_within`` (or already has):
-    with the key-expiry margin as the window, the ones ``resume`` would no longer resend.
-    None when :meth:`Journal.stats` was not given ``expiring_within``."""
-    expiring_within: float | None = None
-
-    @property
-    def replay_rate(self) -> float:
-        return self.replayed_attempts / self.answered_attempts if self.answered_attempts else 0.0
-
-    @property
-    def in_progress_rate(self) -> float:
-        return self.in_progress_attempts / self.answered_attempts if self.answered_attempts else 0.0
-
-    @property
-    def retries_per_operation(self) -> float:
-        return (self.attempts - self.operations) / self.operations if self.operations else 0.0
-
-    @property
-    def oldest_pending_age(self) -> float | None:
-        if self.oldest_pending_created_at is None:
-            return None
-        return max(0.0, self.now - self.oldest_pending_created_at)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "counts": dict(self.counts),
-            "operations": self.operations,
-            "attempts": self.attempts,
-            "replay_rate": round(self.replay_rate, 6),
-            "in_progress_rate": round(self.in_progress_rate, 6),
-            "retries_per_operation": round(self.retries_per_operation, 6),
-            "oldest_pending_age": self.oldest_pending_age,
-            "stuck": self.stuck,
-            "needs_reconcile": self.counts["needs_reconcile"],
-            "expiring": self.expiring,
-            "expiring_within": self.expiring_within,
-        }

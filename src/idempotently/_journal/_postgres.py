@@ -1,8 +1,10 @@
-"""The PostgreSQL journal: the same operations and attempts, shared by a fleet.
+"""The PostgreSQL journal store: the same operations and attempts, shared by a fleet.
 
-``Journal("postgresql://user@host/db")`` opens one (``Journal.__new__`` picks
-this class for a ``postgresql://`` or ``postgres://`` URL), so everything that
-takes a journal takes it: Session, AsyncSession, Transport, the CLI.
+``Journal("postgresql://user@host/db")`` opens one (the Journal facade picks
+this store for a ``postgresql://`` or ``postgres://`` URL), so everything that
+takes a journal takes it: Session, AsyncSession, Transport, the CLI. It is a
+sibling of the SQLite store (``_sqlite.py``), not a kind of it: both implement
+``Store`` (``_store.py``).
 
 Its tables live in their own schema, ``idempotently``: a journal often shares
 a database with the application. Each journal command is one short
@@ -10,12 +12,13 @@ transaction on a connection from a psycopg pool (``psycopg_pool.ConnectionPool``
 the async driver runs each in a worker thread, as it does for SQLite, so one
 sync pool serves Session and AsyncSession on asyncio and on trio alike.
 
-Durability: the row naming a key commits with ``synchronous_commit = on``
-(the commit waits for the WAL flush) under ``durability="fsync"`` and ``off``
-under ``"os"``, whatever the server's default. Leases, statuses and verdicts
-commit with ``on``; an attempt (and the completion it carries) with ``off``:
-losing it to a server crash only means a resume gets a replay from the server,
-which the key makes harmless.
+Durability: a batch holding a key to be made durable commits with
+``synchronous_commit = on`` (the commit waits for the WAL flush) under
+``durability="fsync"``, and ``off`` under ``"os"``, whatever the server's
+default. Leases, statuses and verdicts commit with ``on``; a batch of attempts
+alone (and the completions they carry) with ``off``: losing one to a server
+crash only means a resume gets a replay from the server, which the key makes
+harmless.
 
 Counts come from ``GROUP BY status`` over an index, never from a counter row
 kept by triggers: one hot row would serialise every writer of a fleet.
@@ -23,11 +26,10 @@ kept by triggers: one hot row would serialise every writer of a fleet.
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
@@ -35,6 +37,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from idempotently._commands import (
+    ClaimDue,
+    ExtendLeases,
+    Insert,
+    Record,
+    Release,
+    RenewLease,
+    SetStatus,
+    Settle,
+    TakeLease,
+    Write,
+)
 from idempotently._exceptions import (
     JournalCorruptError,
     JournalError,
@@ -42,23 +56,20 @@ from idempotently._exceptions import (
     JournalVersionError,
     JournalWriteError,
 )
-from idempotently._journal import (
+from idempotently._rows import (
     DURABILITIES,
     MAX_LIMIT,
     MAX_TIMESTAMP,
     MAX_WINDOW,
-    NOT_NOW,
     Attempt,
-    AttemptRecord,
     Durability,
-    Journal,
+    Failed,
     JournalStats,
-    NewOperation,
     Operation,
-    T,
-    _check_number,
-    _column_problem,
-    _short,
+    check_number,
+    column_problem,
+    headers_json,
+    short,
 )
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
 
@@ -321,7 +332,7 @@ def _psycopg() -> tuple[Any, Any]:
     return psycopg, psycopg_pool
 
 
-class PostgresJournal(Journal):
+class PostgresStore:
     """The journal in a PostgreSQL database (schema ``idempotently``); shared by many processes.
 
     Open it as ``Journal("postgresql://user@host:5432/db")``: the same options
@@ -348,7 +359,7 @@ class PostgresJournal(Journal):
         """
         if not is_postgres_url(path):
             raise ValueError("a PostgreSQL journal needs a postgresql:// or postgres:// URL")
-        _check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
+        check_number("busy_timeout", busy_timeout, integer=False, low=0, high=MAX_WINDOW)
         if durability not in DURABILITIES:
             raise ValueError(
                 f"durability must be one of {', '.join(map(repr, DURABILITIES))}, "
@@ -450,7 +461,7 @@ class PostgresJournal(Journal):
             self._namespace = uuid.UUID(value)
         except (TypeError, ValueError, AttributeError) as error:
             raise JournalCorruptError(
-                f"{self.path} has no valid key namespace ({_short(value)}); restore "
+                f"{self.path} has no valid key namespace ({short(value)}); restore "
                 f"{SCHEMA}.journal_meta from a backup"
             ) from error
 
@@ -473,7 +484,7 @@ class PostgresJournal(Journal):
             return 0 if value is None else int(value)
         except ValueError:
             raise JournalCorruptError(
-                f"{self.path} has a damaged schema version ({_short(value)}); restore "
+                f"{self.path} has a damaged schema version ({short(value)}); restore "
                 f"{SCHEMA}.journal_meta from a backup"
             ) from None
 
@@ -498,14 +509,27 @@ class PostgresJournal(Journal):
         if pool is not None:
             pool.close()
 
-    def __enter__(self) -> PostgresJournal:
-        return self
-
     def __repr__(self) -> str:
-        return f"Journal({self.path!r})"
+        return f"PostgresStore({self.path!r})"
 
-    def _check_still_there(self) -> None:
+    @property
+    def namespace(self) -> uuid.UUID:
+        """The journal's own random namespace (made with the schema, never changed)."""
+        assert self._namespace is not None  # read when the store opened
+        return self._namespace
+
+    def check_identity(self) -> None:
         """Nothing to check: a database cannot be moved from under its URL."""
+
+    def after_fork(self) -> None:
+        """Nothing to reset: the Journal refuses every command in a forked child, and
+        the pool's connections are the parent's."""
+
+    def _check_writable(self) -> None:
+        if self.readonly:
+            raise JournalWriteError(
+                f"the journal {self.path} was opened read-only; open it without readonly=True"
+            )
 
     # -- transactions -----------------------------------------------------------------
 
@@ -569,7 +593,7 @@ class PostgresJournal(Journal):
     def _check_row(self, row: dict[str, Any]) -> None:
         """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
         for column, value in row.items():
-            problem = _column_problem(column, value)
+            problem = column_problem(column, value)
             if problem is not None:
                 operation_id, key = row.get("operation_id"), row.get("key")
                 raise JournalCorruptError(
@@ -581,36 +605,49 @@ class PostgresJournal(Journal):
                     key=key if isinstance(key, str) else None,
                 )
 
-    # -- writes used by the sessions --------------------------------------------------
+    # -- the writes -------------------------------------------------------------------
 
-    def _try_now(self, run: Callable[[], T]) -> tuple[bool, T | None]:
-        """Never on the event loop: every command is a round trip to the server."""
-        return NOT_NOW
+    def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
+        """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
 
-    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
-        """Commit a new operation (synchronous_commit per durability); False if taken."""
-        with self._transaction(synchronous=self.durability == "fsync") as conn:
-            cursor = conn.execute(_INSERT_OPERATION, new.row(owner, lease_until))
-            return cursor.rowcount == 1
-
-    def _record_attempt(
-        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
-    ) -> None:
-        """The attempt row and the operation's new state, in one statement.
-
-        With ``owner``, the new state applies only while that caller still holds
-        the lease and the operation is pending; the attempt is counted anyway.
+        ``durable`` makes the commit wait for the WAL flush (``synchronous_commit =
+        on``). With several writes each runs in a savepoint: one that fails fails
+        alone and the others commit. Raises if the transaction itself cannot begin
+        or commit: then none was written.
         """
-        response_headers = (
-            None if record.response_headers is None else json.dumps(list(record.response_headers))
-        )
-        with self._transaction(synchronous=False) as conn:
+        import psycopg
+
+        results: list[Any] = []
+        # A fleet's leases and statuses wait for the flush too (a database server that
+        # restarts must not hand a live lease to another host); attempts need not.
+        synchronous = durable or not all(isinstance(write, (Insert, Record)) for write in writes)
+        with self._transaction(synchronous=synchronous) as conn:
+            if len(writes) == 1:
+                return [self._apply(conn, writes[0])]
+            for write in writes:
+                try:
+                    with conn.transaction():  # a savepoint inside the open transaction
+                        results.append(self._apply(conn, write))
+                except (psycopg.DataError, psycopg.IntegrityError) as error:
+                    results.append(Failed(self._error("cannot write the journal", error)))
+        return results
+
+    def _apply(self, conn: psycopg.Connection[dict[str, Any]], write: Write) -> Any:
+        """One write, inside the batch's transaction."""
+        if isinstance(write, Insert):
+            cursor = conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
+            return cursor.rowcount == 1
+        if isinstance(write, Record):
+            record = write.record
+            response_headers = (
+                None if record.response_headers is None else headers_json(record.response_headers)
+            )
             conn.execute(
                 _RECORD_ATTEMPT,
                 {
-                    "operation_id": operation_id,
-                    "owner": owner,
-                    "now": now,
+                    "operation_id": write.operation_id,
+                    "owner": write.owner,
+                    "now": write.now,
                     "status": record.status,
                     "reason": record.reason,
                     "not_before": record.not_before,
@@ -627,33 +664,19 @@ class PostgresJournal(Journal):
                     "wait": record.wait,
                 },
             )
-
-    def _set_status(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str | None,
-        now: float,
-        expect: Status = "pending",
-    ) -> bool:
-        """Move an operation out of ``expect`` without an attempt; releases any lease."""
-        with self._transaction(synchronous=True) as conn:
+            return None
+        if isinstance(write, SetStatus):
             cursor = conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
                     lease_owner = NULL, lease_until = 0
                 WHERE operation_id = %s AND status = %s
                 """,
-                (status, reason, now, operation_id, expect),
+                (write.status, write.reason, write.now, write.operation_id, write.expect),
             )
             return cursor.rowcount == 1
-
-    def _take_lease(
-        self, operation: Operation, *, owner: str, lease_until: float, now: float
-    ) -> bool:
-        """Compare-and-swap on the lease read in ``operation``: one winner only."""
-        with self._transaction(synchronous=True) as conn:
+        if isinstance(write, TakeLease):
+            operation = write.operation
             cursor = conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations SET lease_owner = %s, lease_until = %s, updated_at = %s
@@ -661,29 +684,23 @@ class PostgresJournal(Journal):
                   AND lease_until = %s AND lease_owner IS NOT DISTINCT FROM %s::text
                 """,
                 (
-                    owner,
-                    lease_until,
-                    now,
+                    write.owner,
+                    write.lease_until,
+                    write.now,
                     operation.operation_id,
                     operation.lease_until,
                     operation.lease_owner,
                 ),
             )
             return cursor.rowcount == 1
-
-    def _settle(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str,
-        now: float,
-        response_status: int | None = None,
-        response_headers: Sequence[tuple[str, str]] | None = None,
-        response_body: bytes | None = None,
-    ) -> bool:
-        """A reconciler's verdict on a needs_reconcile operation."""
-        with self._transaction(synchronous=True) as conn:
+        if isinstance(write, RenewLease):
+            cursor = conn.execute(
+                f"UPDATE {SCHEMA}.operations SET lease_until = %s WHERE operation_id = %s "
+                "AND lease_owner = %s AND status = 'pending' AND lease_until > %s",
+                (write.lease_until, write.operation_id, write.owner, write.now),
+            )
+            return cursor.rowcount == 1
+        if isinstance(write, Settle):
             cursor = conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
@@ -692,56 +709,28 @@ class PostgresJournal(Journal):
                 WHERE operation_id = %s AND status = 'needs_reconcile'
                 """,
                 (
-                    status,
-                    reason,
-                    now,
-                    response_status,
-                    None if response_headers is None else json.dumps(list(response_headers)),
-                    response_body,
-                    operation_id,
+                    write.status,
+                    write.reason,
+                    write.now,
+                    write.response_status,
+                    None
+                    if write.response_headers is None
+                    else headers_json(write.response_headers),
+                    write.response_body,
+                    write.operation_id,
                 ),
             )
             return cursor.rowcount == 1
-
-    def _release_lease(self, operation_id: str, *, owner: str) -> None:
-        with self._transaction(synchronous=True) as conn:
+        if isinstance(write, Release):
             conn.execute(
                 f"UPDATE {SCHEMA}.operations SET lease_owner = NULL, lease_until = 0 "
                 "WHERE operation_id = %s AND lease_owner = %s",
-                (operation_id, owner),
+                (write.operation_id, write.owner),
             )
-
-    def _claim_due(
-        self, *, owner: str, now: float, lease_until: float, limit: int
-    ) -> list[Operation]:
-        """Lease up to ``limit`` due pending operations, oldest first, in one statement.
-
-        ``FOR NO KEY UPDATE SKIP LOCKED``: workers claiming at once never get
-        one operation twice, and never wait for each other.
-        """
-        if limit <= 0:
-            return []
-        with self._transaction(synchronous=True) as conn:
-            rows = self._rows(
-                conn,
-                _CLAIM_DUE,
-                {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit},
-            )
-            rows.sort(key=lambda row: (row["created_at"], row["_seq"]))
-            attempts = self._attempts_of(conn, [row["operation_id"] for row in rows])
-        return [
-            Operation._from_row(
-                {name: value for name, value in row.items() if name != "_seq"},
-                attempts.get(row["operation_id"], ()),
-            )
-            for row in rows
-        ]
-
-    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
-        """Heartbeat: push back the leases still held by their owners; how many were."""
-        if not leases:
-            return 0
-        with self._transaction(synchronous=True) as conn:
+            return None
+        if isinstance(write, ClaimDue):
+            return self._claim(conn, write)
+        if isinstance(write, ExtendLeases):
             cursor = conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations AS o
@@ -751,12 +740,41 @@ class PostgresJournal(Journal):
                   AND o.status = 'pending'
                 """,
                 (
-                    lease_until,
-                    [operation_id for operation_id, _ in leases],
-                    [owner for _, owner in leases],
+                    write.lease_until,
+                    [operation_id for operation_id, _ in write.leases],
+                    [owner for _, owner in write.leases],
                 ),
             )
             return cursor.rowcount
+        raise TypeError(f"not a journal write: {write!r}")
+
+    def _claim(self, conn: psycopg.Connection[dict[str, Any]], write: ClaimDue) -> list[Operation]:
+        """Lease up to ``limit`` due pending operations, oldest first, in one statement.
+
+        ``FOR NO KEY UPDATE SKIP LOCKED``: workers claiming at once never get
+        one operation twice, and never wait for each other.
+        """
+        if write.limit <= 0:
+            return []
+        rows = self._rows(
+            conn,
+            _CLAIM_DUE,
+            {
+                "owner": write.owner,
+                "now": write.now,
+                "lease_until": write.lease_until,
+                "limit": write.limit,
+            },
+        )
+        rows.sort(key=lambda row: (row["created_at"], row["_seq"]))
+        attempts = self._attempts_of(conn, [row["operation_id"] for row in rows])
+        return [
+            Operation._from_row(
+                {name: value for name, value in row.items() if name != "_seq"},
+                attempts.get(row["operation_id"], ()),
+            )
+            for row in rows
+        ]
 
     # -- reading ------------------------------------------------------------------------
 
@@ -805,7 +823,7 @@ class PostgresJournal(Journal):
             "key", operation_id_or_key
         )
 
-    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
+    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts."""
         for column, value in (("operation_id", operation_id), ("key", key)):
             if value is not None:
@@ -823,8 +841,8 @@ class PostgresJournal(Journal):
         newest_first: bool = True,
     ) -> list[Operation]:
         """Operations (without their attempts), filtered by status and age."""
-        _check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
-        _check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
+        check_number("since", since, integer=False, low=0, high=MAX_TIMESTAMP)
+        check_number("limit", limit, integer=True, low=0, high=MAX_LIMIT)
         statuses: list[Status | None] = [None]
         if status is not None:
             if not isinstance(status, (str, list, tuple, set, frozenset)):
@@ -898,10 +916,10 @@ class PostgresJournal(Journal):
         With ``expiring_within`` (seconds), also how many pending operations have a
         key that expires by ``now + expiring_within``.
         """
-        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
-        _check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
+        check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        check_number("stuck_after", stuck_after, integer=False, low=0, high=MAX_WINDOW)
         if expiring_within is not None:
-            _check_number("expiring_within", expiring_within, integer=False, low=0, high=MAX_WINDOW)
+            check_number("expiring_within", expiring_within, integer=False, low=0, high=MAX_WINDOW)
         with self._read() as conn:
             counts = self._counts(conn)
             attempts = self._rows(
@@ -945,8 +963,8 @@ class PostgresJournal(Journal):
         Never touches ``pending`` or ``needs_reconcile``. Deletes in batches of
         1000, longest idle first, each its own short transaction.
         """
-        _check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
-        _check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
+        check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
         cutoff = now - older_than
         if dry_run:
             with self._read() as conn:

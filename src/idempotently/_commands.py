@@ -1,0 +1,223 @@
+"""The commands the operation flow yields: journal reads and writes, sends, sleeps.
+
+The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
+journal: it yields one of these values and receives the result. A journal
+command is a plain value: :meth:`Journal._execute` runs a read against the
+store and hands a write to the journal's one writer (``_journal/_writer.py``),
+which commits it with whatever other writes are waiting; the async driver
+hands it over without ever running SQLite on its event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+
+from idempotently._vocabulary import Status
+
+if TYPE_CHECKING:
+    from idempotently._events import AsyncHook, Event
+    from idempotently._rows import AttemptRecord, NewOperation, Operation
+
+
+# -- journal commands ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Find:
+    """The operation with this id (else this key), with its attempts; or None."""
+
+    operation_id: str | None
+    key: str | None
+
+
+@attrs.frozen
+class Insert:
+    """Make the new operation's key durable (before its first byte is sent); False if taken."""
+
+    new: NewOperation
+    owner: str
+    lease_until: float
+
+
+@attrs.frozen
+class TakeLease:
+    """Compare-and-swap the lease read in ``operation``; True for the one winner."""
+
+    operation: Operation
+    owner: str
+    lease_until: float
+    now: float
+
+
+@attrs.frozen
+class Record:
+    """One attempt and the operation's state after it, in one transaction."""
+
+    operation_id: str
+    record: AttemptRecord
+    now: float
+    owner: str | None = None
+    """The lease holder writing it: its new state applies only while it holds the lease."""
+    key: str | None = None
+    """The operation's key, for the error a failed write raises (never written)."""
+
+
+@attrs.frozen
+class SetStatus:
+    """Move a pending operation to ``status`` without an attempt (releases any lease)."""
+
+    operation_id: str
+    status: Status
+    reason: str | None
+    now: float
+    expect: Status = "pending"
+    """The status it moves from: nothing changes unless the operation has it."""
+
+
+@attrs.frozen
+class Release:
+    """Give up a lease this caller holds (a call cancelled or crashed mid-flight)."""
+
+    operation_id: str
+    owner: str
+
+
+@attrs.frozen
+class Settle:
+    """Record a reconciler's verdict on a needs_reconcile operation."""
+
+    operation_id: str
+    status: Status
+    reason: str
+    now: float
+    response_status: int | None
+    response_headers: Sequence[tuple[str, str]] | None
+    response_body: bytes | None
+
+
+@attrs.frozen
+class Queue:
+    """Operations with these statuses, oldest first (what resume works through)."""
+
+    statuses: tuple[Status, ...]
+
+
+@attrs.frozen
+class RenewLease:
+    """Compare-and-swap right before a send: push the lease this owner holds to
+    ``lease_until``, only if it still holds it and it has not expired by ``now``
+    (the store's clock for PostgreSQL); False means another caller may have taken
+    it, and nothing may be sent."""
+
+    operation_id: str
+    owner: str
+    lease_until: float
+    now: float
+
+
+@attrs.frozen
+class ExtendLeases:
+    """Heartbeat: push each (operation_id, owner) still pending and leased by that
+    owner to at least ``lease_until``; replies how many rows were extended."""
+
+    leases: tuple[tuple[str, str], ...]
+    lease_until: float
+
+
+@attrs.frozen
+class ClaimDue:
+    """Lease up to ``limit`` due pending operations to ``owner``, oldest first.
+
+    Due: status 'pending', lease expired (``lease_until <= now``) and its
+    ``not_before`` passed; replies them with their attempts. N workers never
+    claim one operation twice."""
+
+    owner: str
+    now: float
+    lease_until: float
+    limit: int
+
+
+Write = (
+    Insert
+    | TakeLease
+    | Record
+    | SetStatus
+    | Release
+    | Settle
+    | RenewLease
+    | ExtendLeases
+    | ClaimDue
+)
+"""What the journal's one writer commits (``_journal/_writer.py``)."""
+Read = Find | Queue
+JournalCommand = Read | Write
+WRITES: tuple[type, ...] = (
+    Insert,
+    TakeLease,
+    Record,
+    SetStatus,
+    Release,
+    Settle,
+    RenewLease,
+    ExtendLeases,
+    ClaimDue,
+)
+
+# -- commands for the driver ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Lease:
+    """A lease a sender holds, and how to renew it: until ``clock() + duration``."""
+
+    operation_id: str
+    owner: str
+    duration: float
+    clock: Callable[[], float] = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
+class Send:
+    """Send one attempt; the reply is the response (body read) or the error that ended it."""
+
+    request: httpx.Request
+    lease: Lease | None = None
+    """The lease held while it is in flight: the driver's heartbeat keeps it alive."""
+
+
+@attrs.frozen
+class Sleep:
+    """Wait this many seconds before the next step."""
+
+    seconds: float
+
+
+@attrs.frozen
+class Reconcile:
+    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement."""
+
+    operation: Operation
+
+
+@attrs.frozen
+class Report:
+    """One operation's resume result, as soon as it is known; reply: None."""
+
+    result: Any
+
+
+@attrs.frozen
+class Emit:
+    """Call the session's hooks with this event (yielded only when it has hooks); reply:
+    None. A hook that raises is logged, never ends the call."""
+
+    event: Event
+    hooks: tuple[AsyncHook, ...]
+
+
+Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit

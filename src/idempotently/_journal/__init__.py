@@ -1,0 +1,441 @@
+"""The journal: a facade over one store (SQLite or PostgreSQL) and its one writer.
+
+``Journal(path)`` opens a SQLite file; ``Journal("postgresql://...")`` a
+PostgreSQL database. Both stores implement :class:`Store`
+(``_journal/_store.py``) side by side; neither knows the other. Every write,
+whoever makes it (a call, a resume, the heartbeat, a watch worker), goes
+through the journal's :class:`Writer`: one queue, batched commits, durability
+decided once per batch.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import weakref
+from collections.abc import Sequence
+from typing import Any, cast
+
+from idempotently._commands import (
+    ClaimDue,
+    ExtendLeases,
+    Find,
+    Insert,
+    JournalCommand,
+    Queue,
+    Record,
+    Release,
+    RenewLease,
+    SetStatus,
+    Settle,
+    TakeLease,
+)
+from idempotently._exceptions import IdempotentlyError, JournalError
+from idempotently._journal._sqlite import SqliteStore
+from idempotently._journal._store import Store
+from idempotently._journal._writer import Writer
+from idempotently._rows import (
+    DEFAULT_EXPIRING_WITHIN,
+    DURABILITIES,
+    MAX_LIMIT,
+    MAX_TIMESTAMP,
+    MAX_WINDOW,
+    Attempt,
+    AttemptRecord,
+    Durability,
+    Failed,
+    JournalStats,
+    NewOperation,
+    Operation,
+)
+from idempotently._vocabulary import Status
+
+__all__ = [
+    "DEFAULT_EXPIRING_WITHIN",
+    "DURABILITIES",
+    "MAX_LIMIT",
+    "MAX_TIMESTAMP",
+    "MAX_WINDOW",
+    "Attempt",
+    "AttemptRecord",
+    "Durability",
+    "Journal",
+    "JournalStats",
+    "NewOperation",
+    "Operation",
+    "Store",
+]
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""A journal path starting with one of these is a PostgreSQL URL."""
+
+_OPEN: weakref.WeakSet[Journal] = weakref.WeakSet()
+"""Every Journal of this process: a forked child marks each one as its parent's."""
+
+
+class Journal:
+    """The local record of every operation, its key and its attempts.
+
+    Safe to share between threads and tasks; several processes may open the
+    same file. A ``postgresql://`` (or ``postgres://``) URL opens a journal in
+    that PostgreSQL database instead (``pip install 'idempotently[postgres]'``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        readonly: bool = False,
+        busy_timeout: float = 30.0,
+        durability: Durability = "fsync",
+    ) -> None:
+        """Open (or create, mode 0600) the journal at ``path``.
+
+        ``create=False`` neither creates the file nor initialises an empty
+        one. ``readonly=True`` implies it, and opens the file read-only (SQLite
+        ``mode=ro``): nothing is ever written, not even the switch to WAL mode
+        or the upgrade of an older journal's schema.
+
+        ``durability`` is what "journaled before the first byte is sent" means
+        for the row naming a key. ``"fsync"`` (the default, the contract): the
+        row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
+        survives the process being killed (SIGKILL, OOM) but not a power cut or
+        an OS crash before the OS writes it back, and roughly halves the
+        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
+        """
+        store: Store
+        if isinstance(path, str) and path.startswith(POSTGRES_SCHEMES):
+            from idempotently._journal._postgres import PostgresStore
+
+            store = PostgresStore(
+                path,
+                create=create,
+                readonly=readonly,
+                busy_timeout=busy_timeout,
+                durability=durability,
+            )
+        else:
+            store = SqliteStore(
+                path,
+                create=create,
+                readonly=readonly,
+                busy_timeout=busy_timeout,
+                durability=durability,
+            )
+        self._store: Store = store
+        self._fsync_keys = store.durability == "fsync"
+        # Through self._store at each batch: the one seam a test patches to make writes fail.
+        self._writer = Writer(
+            lambda writes, durable: self._store.commit(writes, durable), self._durable
+        )
+        self._closed = False
+        self._forked_from: int | None = None
+        _OPEN.add(self)
+
+    # -- what the journal is -----------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The file's path; for PostgreSQL, the URL with its password as ``***``."""
+        return self._store.path
+
+    @property
+    def durability(self) -> Durability:
+        return self._store.durability
+
+    @property
+    def readonly(self) -> bool:
+        return self._store.readonly
+
+    @property
+    def namespace(self) -> uuid.UUID:
+        """The journal's own random namespace: made with the journal, never changed.
+
+        A named operation's key is ``uuid5(namespace, operation_id)``, so a
+        re-run after a lost write sends the same key. A version-1 journal opened
+        read-only has none yet (JournalVersionError): opening it to write
+        upgrades it and makes one.
+        """
+        return self._store.namespace
+
+    @property
+    def _namespace(self) -> uuid.UUID | None:
+        return cast(uuid.UUID | None, getattr(self._store, "_namespace", None))
+
+    def __repr__(self) -> str:
+        return f"Journal({self.path!r})"
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file (or pool). Any later use raises :class:`JournalError`; closing
+        again is a no-op."""
+        self._closed = True
+        if self._forked_from is None:
+            self._store.close()
+
+    # -- reading ------------------------------------------------------------------
+
+    def operation(self, operation_id_or_key: str) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key."""
+        self._check_usable()
+        return self._store.operation(operation_id_or_key)
+
+    def operations(
+        self,
+        *,
+        status: Status | Sequence[Status] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Operation]:
+        """Operations (without their attempts), filtered by status and age.
+
+        ``since`` is seconds since the epoch: only operations created since then.
+        """
+        self._check_usable()
+        return self._store.operations(
+            status=status, since=since, limit=limit, newest_first=newest_first
+        )
+
+    def stats(
+        self,
+        *,
+        now: float,
+        stuck_after: float = 60.0,
+        expiring_within: float | None = None,
+    ) -> JournalStats:
+        """Counts, rates and the stuck count (pending, unleased, idle ``stuck_after`` s).
+
+        With ``expiring_within`` (seconds), also how many pending operations have a
+        key that expires by ``now + expiring_within``; with the key-expiry margin
+        (:data:`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
+        """
+        self._check_usable()
+        return self._store.stats(now=now, stuck_after=stuck_after, expiring_within=expiring_within)
+
+    def counts(self) -> dict[str, int]:
+        """Operations per status; every status is present, zero included."""
+        self._check_usable()
+        return self._store.counts()
+
+    def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
+        """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
+
+        Never touches ``pending`` or ``needs_reconcile``: those still need work.
+        Returns how many operations were (or, with ``dry_run``, would be) deleted.
+        """
+        self._check_usable()
+        return self._store.prune(older_than=older_than, now=now, dry_run=dry_run)
+
+    # -- commands: what the drivers, the heartbeat and the watch worker run -----------
+
+    def _durable(self, write: Any) -> bool:
+        """Whether a write must be flushed before its caller goes on: a new key, with
+        durability "fsync"."""
+        return self._fsync_keys and isinstance(write, Insert)
+
+    def _check_usable(self, command: Any = None) -> None:
+        if self._forked_from is not None:
+            raise JournalError(
+                f"the journal {self.path} was opened in process {self._forked_from}, and this "
+                f"process ({os.getpid()}) is a fork of it: a database connection cannot cross "
+                "a fork, so nothing was sent or written here. Open a new Journal (or Session) "
+                "in the child process",
+                operation_id=_ids_of(command)[0],
+                key=_ids_of(command)[1],
+            )
+        if self._closed:
+            operation_id, key = _ids_of(command)
+            raise JournalError(
+                _closed_message(self.path, command), operation_id=operation_id, key=key
+            )
+
+    def _execute(self, command: JournalCommand) -> Any:
+        """Run one journal command: a read against the store, a write through the writer."""
+        try:
+            self._check_usable(command)
+            if isinstance(command, Find):
+                return self._store.find(command.operation_id, command.key)
+            if isinstance(command, Queue):
+                return self._store.operations(status=list(command.statuses), newest_first=False)
+            return self._writer.write(command)
+        except IdempotentlyError as error:
+            raise _with_ids(error, command) from error.__cause__
+
+    def _execute_many(self, commands: Sequence[JournalCommand]) -> list[Any]:
+        """Several commands (an async session's tasks'): each one's reply or a
+        :class:`Failed`; the writes among them in one batch of the writer."""
+        outcomes: list[Any] = [None] * len(commands)
+        writes: list[int] = []
+        for index, command in enumerate(commands):
+            if isinstance(command, (Find, Queue)):
+                try:
+                    outcomes[index] = self._execute(command)
+                except Exception as error:
+                    outcomes[index] = Failed(error)
+            else:
+                writes.append(index)
+        if writes:
+            try:
+                self._check_usable(commands[writes[0]])
+                written = self._writer.write_many([commands[index] for index in writes])
+            except Exception as error:
+                written = [Failed(error) for _ in writes]
+            for index, outcome in zip(writes, written, strict=True):
+                outcomes[index] = outcome
+        for command, outcome in zip(commands, outcomes, strict=True):
+            if isinstance(outcome, Failed) and isinstance(outcome.error, IdempotentlyError):
+                _with_ids(outcome.error, command)
+        return outcomes
+
+    # -- the writes by name: for tests and tools that make one by hand ------------------
+
+    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
+        return bool(self._execute(Insert(new, owner, lease_until)))
+
+    def _record_attempt(
+        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
+    ) -> None:
+        self._execute(Record(operation_id, record, now, owner))
+
+    def _take_lease(
+        self, operation: Operation, *, owner: str, lease_until: float, now: float
+    ) -> bool:
+        return bool(self._execute(TakeLease(operation, owner, lease_until, now)))
+
+    def _renew_lease(
+        self, operation_id: str, *, owner: str, lease_until: float, now: float
+    ) -> bool:
+        return bool(self._execute(RenewLease(operation_id, owner, lease_until, now)))
+
+    def _set_status(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str | None,
+        now: float,
+        expect: Status = "pending",
+    ) -> bool:
+        return bool(self._execute(SetStatus(operation_id, status, reason, now, expect)))
+
+    def _settle(
+        self,
+        operation_id: str,
+        status: Status,
+        *,
+        reason: str,
+        now: float,
+        response_status: int | None = None,
+        response_headers: Sequence[tuple[str, str]] | None = None,
+        response_body: bytes | None = None,
+    ) -> bool:
+        return bool(
+            self._execute(
+                Settle(
+                    operation_id,
+                    status,
+                    reason,
+                    now,
+                    response_status,
+                    response_headers,
+                    response_body,
+                )
+            )
+        )
+
+    def _release_lease(self, operation_id: str, *, owner: str) -> None:
+        self._execute(Release(operation_id, owner))
+
+    def _claim_due(
+        self, *, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[Operation]:
+        return cast(list[Operation], self._execute(ClaimDue(owner, now, lease_until, limit)))
+
+    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+        if not leases:
+            return 0
+        return int(self._execute(ExtendLeases(tuple(leases), lease_until)))
+
+    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
+        return cast(Operation | None, self._execute(Find(operation_id, key)))
+
+    def _check_still_there(self) -> None:
+        self._store.check_identity()
+
+    @property
+    def _conn(self) -> Any:
+        """The SQLite store's connection (tests and benchmarks look at it)."""
+        return getattr(self._store, "_conn", None)
+
+    @property
+    def db(self) -> Any:
+        """The SQLite store's sqlite_utils Database."""
+        return getattr(self._store, "db", None)
+
+    @property
+    def _version(self) -> int:
+        return int(getattr(self._store, "_version", 0))
+
+
+def _ids_of(command: Any) -> tuple[str | None, str | None]:
+    """The operation id and key a command is for, for the error it raises."""
+    operation = getattr(command, "operation", None) or getattr(command, "new", None)
+    operation_id = getattr(command, "operation_id", None) or getattr(
+        operation, "operation_id", None
+    )
+    key = getattr(command, "key", None) or getattr(operation, "key", None)
+    return operation_id, key
+
+
+def _with_ids(error: IdempotentlyError, command: Any) -> IdempotentlyError:
+    """``error``, naming the operation and key the command was for where it did not."""
+    operation_id, key = _ids_of(command)
+    error.operation_id = error.operation_id or operation_id
+    error.key = error.key or key
+    return error
+
+
+def _closed_message(path: str, command: Any) -> str:
+    """What a closed journal means for the command that found it closed."""
+    closed = (
+        f"the journal {path} was closed (Journal.close(), or the end of the Session's `with` block)"
+    )
+    if isinstance(command, Record):
+        return (
+            f"{closed} while this operation was in flight: its attempt may have reached the "
+            "server, but its answer was not journaled, so the operation stays pending. Open "
+            "the journal again and resume it: the same key makes the resend safe"
+        )
+    if isinstance(command, (Release, ExtendLeases, RenewLease)):
+        return f"{closed}: the lease was left to expire; nothing else changed"
+    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue)):
+        return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
+    return f"{closed}; this write was not journaled. Open the journal again to retry it"
+
+
+def _after_fork_in_child() -> None:
+    """Every journal of the parent is the parent's: a child must open its own."""
+    parent = _PARENT_PID[0]
+    for journal in list(_OPEN):
+        journal._forked_from = parent
+        journal._writer.after_fork()
+        journal._store.after_fork()
+    _PARENT_PID[0] = os.getpid()
+
+
+_PARENT_PID = [os.getpid()]
+
+
+def _before_fork() -> None:
+    _PARENT_PID[0] = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

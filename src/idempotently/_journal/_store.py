@@ -1,0 +1,83 @@
+"""The interface every journal store implements: SQLite and PostgreSQL, side by side.
+
+A store owns the storage (a file, a connection pool) and nothing else: it
+neither queues nor batches. The journal's one writer (``_writer.py``) hands it
+batches of writes (:meth:`Store.commit`); reads go to it directly. The row
+types it reads and writes (``idempotently._rows``) belong to no store.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from idempotently._commands import Write
+from idempotently._rows import Durability, JournalStats, Operation
+from idempotently._vocabulary import Status
+
+
+class Store(Protocol):
+    """One journal's storage. Every method is safe to call from several threads."""
+
+    path: str
+    """What messages show: the file's path, or the URL with its password as ``***``."""
+    durability: Durability
+    readonly: bool
+
+    @property
+    def namespace(self) -> uuid.UUID:
+        """The journal's own random namespace: named operations' keys derive from it."""
+        ...
+
+    def check_identity(self) -> None:
+        """Raise JournalMovedError unless the journal is still the one opened (a file
+        deleted or replaced under its path); nothing for a database."""
+        ...
+
+    def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
+        """Run ``writes`` in one transaction (durable: flushed before it returns); each
+        write's result, or a ``Failed`` for one that failed alone (the others commit).
+        Raises if the transaction itself fails: then none was written."""
+        ...
+
+    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
+        """The operation with this id, else the one with this key, with its attempts."""
+        ...
+
+    def operation(self, operation_id_or_key: str) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key."""
+        ...
+
+    def operations(
+        self,
+        *,
+        status: Status | Sequence[Status] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Operation]:
+        """Operations (without their attempts), filtered by status and age."""
+        ...
+
+    def stats(
+        self, *, now: float, stuck_after: float = 60.0, expiring_within: float | None = None
+    ) -> JournalStats:
+        """Counts, rates and the stuck count."""
+        ...
+
+    def counts(self) -> dict[str, int]:
+        """Operations per status; every status is present, zero included."""
+        ...
+
+    def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
+        """Delete finished operations idle for ``older_than`` seconds, in short batches."""
+        ...
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the locks the parent may have held at fork."""
+        ...
+
+    def close(self) -> None:
+        """Release the file or the pool; later use raises JournalError."""
+        ...

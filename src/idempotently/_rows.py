@@ -1,0 +1,322 @@
+"""The journal's row types and the checks on what they hold: neither store's.
+
+The flow reads :class:`Operation` and writes :class:`NewOperation` and
+:class:`AttemptRecord`; SQLite and PostgreSQL both decode their rows into these
+values and check every column the same way (:func:`column_problem`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from json.encoder import encode_basestring_ascii as _json_str
+from typing import Any, Final, Literal
+
+import attrs
+
+from idempotently._vocabulary import STATUSES, Delivery, Outcome, Status
+
+MAX_LIMIT = 2**63 - 1
+"""SQLite's largest integer: the largest ``limit`` a listing takes."""
+
+Durability = Literal["fsync", "os"]
+"""``fsync``: the key's row is fsync'd before the first byte is sent; ``os``: only committed."""
+
+DURABILITIES: Final[tuple[Durability, ...]] = ("fsync", "os")
+
+
+@attrs.frozen
+class Attempt:
+    """One HTTP exchange of an operation, as journaled."""
+
+    number: int
+    started_at: float
+    elapsed: float
+    outcome: Outcome
+    """``not_sent``, ``maybe_delivered`` or ``answered``."""
+    status_code: int | None
+    replayed: bool
+    """The server marked the answer as a replay of a stored response."""
+    error: str | None
+    wait: float | None
+    """Seconds waited after this attempt before the next one."""
+
+
+@attrs.frozen
+class Operation:
+    """One logical operation and its key, as journaled (never any secret)."""
+
+    operation_id: str
+    key: str
+    status: Status
+    delivery: Delivery
+    method: str
+    url: str
+    request_headers: tuple[tuple[str, str], ...]
+    request_body: bytes
+    fingerprint: str
+    profile: str
+    key_header: str
+    created_at: float
+    updated_at: float
+    key_expires_at: float
+    deadline_at: float | None
+    not_before: float | None
+    lease_owner: str | None
+    lease_until: float
+    attempt_count: int
+    last_status_code: int | None
+    response_status: int | None
+    response_headers: tuple[tuple[str, str], ...] | None
+    response_body: bytes | None
+    reason: str | None
+    attempts: tuple[Attempt, ...] = ()
+    """Filled in by :meth:`Journal.operation`; empty in listings."""
+
+    @classmethod
+    def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
+        values = dict(row)
+        values["request_headers"] = headers_from_json(values["request_headers"])
+        if values["response_headers"] is not None:
+            values["response_headers"] = headers_from_json(values["response_headers"])
+        return cls(**values, attempts=attempts)
+
+
+@attrs.frozen
+class NewOperation:
+    """What the engine commits before the first attempt."""
+
+    operation_id: str
+    key: str
+    delivery: Delivery
+    method: str
+    url: str
+    request_headers: Sequence[tuple[str, str]]
+    request_body: bytes
+    fingerprint: str
+    profile: str
+    key_header: str
+    created_at: float
+    key_expires_at: float
+    deadline_at: float | None
+
+    def row(self, owner: str, lease_until: float) -> tuple[Any, ...]:
+        """The values of the insert that journals it (both stores' column order)."""
+        return (
+            self.operation_id,
+            self.key,
+            self.delivery,
+            self.method,
+            self.url,
+            headers_json(self.request_headers),
+            self.request_body,
+            self.fingerprint,
+            self.profile,
+            self.key_header,
+            self.created_at,
+            self.created_at,
+            self.key_expires_at,
+            self.deadline_at,
+            owner,
+            lease_until,
+        )
+
+
+@attrs.frozen
+class AttemptRecord:
+    """One attempt's result and the operation's state after it."""
+
+    started_at: float
+    elapsed: float
+    outcome: Outcome
+    status_code: int | None = None
+    replayed: bool = False
+    error: str | None = None
+    wait: float | None = None
+    status: Status = "pending"
+    reason: str | None = None
+    not_before: float | None = None
+    lease_until: float = 0.0
+    """0 releases the lease; a live caller keeps it while it waits to retry."""
+    response_status: int | None = None
+    response_headers: Sequence[tuple[str, str]] | None = None
+    response_body: bytes | None = None
+
+
+MAX_TIMESTAMP = 1e11
+"""Seconds since the epoch in the year 5138: any later time is a mistake."""
+MAX_WINDOW = 100 * 366 * 86400.0
+DEFAULT_EXPIRING_WITHIN = 3600.0
+"""The key-expiry margin ``resume`` keeps by default (``_flow.DEFAULT_KEY_EXPIRY_MARGIN``)."""
+"""A century, in seconds: the longest age or window a read takes."""
+
+
+def check_number(name: str, value: object, *, integer: bool, low: float, high: float) -> None:
+    """A read argument is a number from ``low`` to ``high`` (None allowed), or a clear error."""
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+    ):
+        raise TypeError(
+            f"{name} must be {'an int' if integer else 'a number'}, not {type(value).__name__}"
+        )
+    # Compared as they are: an int too large for a float is still simply too large.
+    if not low <= value <= high:  # also false for nan
+        raise ValueError(f"{name} must be a number from {low:g} to {high:g}, not {value!r:.40}")
+
+
+def headers_json(headers: Sequence[tuple[str, str]]) -> str:
+    """``json.dumps(list(headers))`` for (name, value) pairs of str, character for character.
+
+    Written out because it runs twice per call and json.dumps costs three times more;
+    each string goes through the encoder json.dumps itself uses for it.
+    """
+    pairs = [f"[{_json_str(name)}, {_json_str(value)}]" for name, value in headers]
+    return "[" + ", ".join(pairs) + "]"
+
+
+def headers_from_json(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple((name, value) for name, value in json.loads(text))
+
+
+# Every row read goes through Journal._check_row, so a damaged value is a
+# JournalCorruptError naming the operation, never a crash further on. Aliases in
+# queries (stats, counts) must not reuse these names for something else.
+_TEXT: tuple[type, ...] = (str,)
+_REAL: tuple[type, ...] = (int, float)
+_INT: tuple[type, ...] = (int,)
+_BLOB: tuple[type, ...] = (bytes,)
+_COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
+    "operation_id": (_TEXT, False, ()),
+    "key": (_TEXT, False, ()),
+    "status": (_TEXT, False, STATUSES),
+    "delivery": (_TEXT, False, ("exactly_once", "at_most_once")),
+    "method": (_TEXT, False, ()),
+    "url": (_TEXT, False, ()),
+    "request_headers": (_TEXT, False, ()),
+    "request_body": (_BLOB, False, ()),
+    "fingerprint": (_TEXT, False, ()),
+    "profile": (_TEXT, False, ()),
+    "key_header": (_TEXT, False, ()),
+    "created_at": (_REAL, False, ()),
+    "updated_at": (_REAL, False, ()),
+    "key_expires_at": (_REAL, False, ()),
+    "deadline_at": (_REAL, True, ()),
+    "not_before": (_REAL, True, ()),
+    "lease_owner": (_TEXT, True, ()),
+    "lease_until": (_REAL, False, ()),
+    "attempt_count": (_INT, False, ()),
+    "last_status_code": (_INT, True, ()),
+    "response_status": (_INT, True, ()),
+    "response_headers": (_TEXT, True, ()),
+    "response_body": (_BLOB, True, ()),
+    "reason": (_TEXT, True, ()),
+    "number": (_INT, False, ()),
+    "started_at": (_REAL, False, ()),
+    "elapsed": (_REAL, False, ()),
+    "outcome": (_TEXT, False, ("not_sent", "maybe_delivered", "answered")),
+    "status_code": (_INT, True, ()),
+    "replayed": (_INT, False, ()),
+    "error": (_TEXT, True, ()),
+    "wait": (_REAL, True, ()),
+}
+_HEADER_COLUMNS = ("request_headers", "response_headers")
+
+
+def column_problem(column: str, value: object) -> str | None:
+    """What is wrong with ``value`` in ``column``, or None if it can be decoded."""
+    rule = _COLUMNS.get(column)
+    if rule is None:
+        return None
+    types, nullable, choices = rule
+    if value is None:
+        return None if nullable else f"{column} is NULL"
+    if not isinstance(value, types):
+        return f"{column} holds {type(value).__name__} {short(value)}"
+    if choices and value not in choices:
+        return f"{column} is {short(value)}, not one of {', '.join(choices)}"
+    if column in _HEADER_COLUMNS:
+        try:
+            pairs = json.loads(str(value))
+        except ValueError as error:
+            return f"{column} is not valid JSON ({error})"
+        if not isinstance(pairs, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+            for pair in pairs
+        ):
+            return f"{column} is not a list of [name, value] pairs"
+    return None
+
+
+def short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@attrs.frozen
+class JournalStats:
+    """What to watch, as Leach's article advises: replay rate, 409 rate, stuck keys."""
+
+    counts: dict[str, int]
+    """Operations per status; every status is present."""
+    operations: int
+    attempts: int
+    answered_attempts: int
+    replayed_attempts: int
+    in_progress_attempts: int
+    """Answers with 409 or 423: the server was still working on the key."""
+    oldest_pending_created_at: float | None
+    stuck: int
+    """Pending operations nobody is sending: lease expired, untouched for a while,
+    and not waiting for a ``not_before`` the server asked for."""
+    now: float
+    expiring: int | None = None
+    """Pending operations whose key expires by ``now + expiring_within`` (or already has):
+    with the key-expiry margin as the window, the ones ``resume`` would no longer resend.
+    None when :meth:`Journal.stats` was not given ``expiring_within``."""
+    expiring_within: float | None = None
+
+    @property
+    def replay_rate(self) -> float:
+        return self.replayed_attempts / self.answered_attempts if self.answered_attempts else 0.0
+
+    @property
+    def in_progress_rate(self) -> float:
+        return self.in_progress_attempts / self.answered_attempts if self.answered_attempts else 0.0
+
+    @property
+    def retries_per_operation(self) -> float:
+        return (self.attempts - self.operations) / self.operations if self.operations else 0.0
+
+    @property
+    def oldest_pending_age(self) -> float | None:
+        if self.oldest_pending_created_at is None:
+            return None
+        return max(0.0, self.now - self.oldest_pending_created_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "operations": self.operations,
+            "attempts": self.attempts,
+            "replay_rate": round(self.replay_rate, 6),
+            "in_progress_rate": round(self.in_progress_rate, 6),
+            "retries_per_operation": round(self.retries_per_operation, 6),
+            "oldest_pending_age": self.oldest_pending_age,
+            "stuck": self.stuck,
+            "needs_reconcile": self.counts["needs_reconcile"],
+            "expiring": self.expiring,
+            "expiring_within": self.expiring_within,
+        }
+
+
+class Failed:
+    """The outcome of a write whose transaction failed or that failed alone: ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error

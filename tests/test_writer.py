@@ -1,0 +1,311 @@
+"""The journal's one writer: concurrent writes share one commit, and nobody returns early."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import idempotently
+from idempotently._commands import Insert, Record
+from idempotently._journal._writer import Writer
+from idempotently._rows import AttemptRecord, Failed
+from tests.test_journal import NOW, new_operation
+
+
+def writer_of(commit: Any) -> Writer:
+    """A writer over ``commit(items)`` (no durability: none of these writes is a key)."""
+    return Writer(lambda writes, durable: commit(writes), lambda write: False)
+
+
+class SlowCommit:
+    """A commit that waits until ``gate`` opens, recording each batch it was given."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = threading.Event()
+        self.committed: set[int] = set()
+
+    def __call__(self, items: Sequence[int]) -> list[int]:
+        self.gate.wait(timeout=10)
+        self.batches.append(list(items))
+        self.committed.update(items)
+        return [item * 10 for item in items]
+
+
+def submit_all(
+    group: Writer, items: range
+) -> tuple[dict[int, int | Exception], list[threading.Thread]]:
+    """Submit each item from its own thread; the results as they come, and the threads."""
+    results: dict[int, int | Exception] = {}
+
+    def one(item: int) -> None:
+        try:
+            results[item] = group.write(item)
+        except Exception as error:
+            results[item] = error
+
+    threads = [threading.Thread(target=one, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def test_writes_arriving_during_a_commit_share_the_next_one() -> None:
+    """While one batch commits, every other caller waits and the next batch takes them all:
+    20 writes in 2 commits, each caller with its own result."""
+    commit = SlowCommit()
+    group: Writer = writer_of(commit)
+    first = threading.Thread(target=group.write, args=(0,))
+    first.start()
+    while not group._committing:
+        pass  # the first write is now being committed, behind the gate
+    results, threads = submit_all(group, range(1, 20))
+    while len(group._waiting) < 19:
+        pass
+    commit.gate.set()
+    for thread in [first, *threads]:
+        thread.join(timeout=10)
+    assert [[0], list(range(1, 20))] == [sorted(batch) for batch in commit.batches]
+    assert {item: item * 10 for item in range(1, 20)} == results
+
+
+def test_a_caller_returns_only_once_its_write_is_committed() -> None:
+    """No caller gets a result before the commit that holds its write has finished."""
+    commit = SlowCommit()
+    group: Writer = writer_of(commit)
+    seen: list[bool] = []
+
+    def one(item: int) -> None:
+        group.write(item)
+        seen.append(item in commit.committed)
+
+    threads = [threading.Thread(target=one, args=(item,)) for item in range(8)]
+    for thread in threads:
+        thread.start()
+    commit.gate.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert [True] * 8 == seen
+
+
+def test_a_failed_commit_fails_every_write_in_it_and_no_other() -> None:
+    """A transaction that fails is every caller's error in that batch; the next batch commits."""
+    calls: list[list[int]] = []
+
+    def flaky(items: Sequence[int]) -> list[int]:
+        calls.append(list(items))
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return list(items)
+
+    group: Writer = writer_of(flaky)
+    with pytest.raises(OSError, match="disk full"):
+        group.write(1)
+    assert 2 == group.write(2)
+
+
+def test_a_leader_interrupted_mid_commit_hands_the_others_to_the_next_leader() -> None:
+    """KeyboardInterrupt in the committing caller: the writes that waited on it are
+    committed by the next caller, not lost and not left waiting."""
+    commit_calls: list[list[int]] = []
+    release = threading.Event()
+
+    def commit(items: Sequence[int]) -> list[int]:
+        commit_calls.append(list(items))
+        if len(commit_calls) == 1:
+            release.wait(timeout=10)
+            raise KeyboardInterrupt
+        return list(items)
+
+    group: Writer = writer_of(commit)
+    interrupted: list[BaseException] = []
+
+    def leader() -> None:
+        try:
+            group.write(0)
+        except KeyboardInterrupt as error:
+            interrupted.append(error)
+
+    first = threading.Thread(target=leader)
+    first.start()
+    while not group._committing:
+        pass
+    results, threads = submit_all(group, range(1, 4))
+    while len(group._waiting) < 3:
+        pass
+    release.set()
+    for thread in [first, *threads]:
+        thread.join(timeout=10)
+    assert 1 == len(interrupted)
+    assert {1: 1, 2: 2, 3: 3} == results
+
+
+def test_writes_submitted_together_commit_together_each_with_its_own_outcome() -> None:
+    """write_many puts its items in one commit (with whatever else waited) and returns
+    each item's result; a failed commit is each item's own copy of the error."""
+    batches: list[list[int]] = []
+
+    def commit(items: Sequence[int]) -> list[int]:
+        batches.append(list(items))
+        if 99 in items:
+            raise OSError("disk full")
+        return [item * 10 for item in items]
+
+    group: Writer = writer_of(commit)
+    assert [10, 20, 30] == group.write_many([1, 2, 3])
+    failed = group.write_many([4, 99])
+    assert [[1, 2, 3], [4, 99]] == batches
+    assert all(isinstance(outcome, Failed) for outcome in failed)
+    errors = [outcome.error for outcome in failed if isinstance(outcome, Failed)]
+    assert ["disk full", "disk full"] == [str(error) for error in errors]
+    assert errors[0] is not errors[1]
+
+
+def test_threads_sharing_a_session_share_fsyncs_for_their_keys(tmp_path: Path) -> None:
+    """16 threads start operations while one key's commit is held up: the 15 others are
+    made durable together, in one transaction, and every operation is journaled once."""
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    batches: list[tuple[int, bool]] = []
+    commit = journal._store.commit
+
+    def held_first_batch(writes: Sequence[Any], durable: bool) -> list[Any]:
+        keys = sum(isinstance(write, Insert) for write in writes)
+        if keys and not batches:
+            while sum(isinstance(job.write, Insert) for job in journal._writer._waiting) < 15:
+                threading.Event().wait(0.001)  # the others arrive while this one commits
+        if keys:
+            batches.append((keys, durable))
+        return commit(writes, durable)
+
+    journal._store.commit = held_first_batch  # type: ignore[method-assign]
+    with idempotently.Session(
+        journal, transport=httpx.MockTransport(lambda request: httpx.Response(201))
+    ) as session:
+        threads = [
+            threading.Thread(
+                target=session.post, args=("https://api.test/v1",), kwargs={"json": {"n": n}}
+            )
+            for n in range(16)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        counts = journal.counts()
+    journal.close()
+    assert [(1, True), (15, True)] == batches
+    assert 16 == counts["succeeded"]
+
+
+def journal_with_operations(tmp_path: Path, count: int) -> idempotently.Journal:
+    """A journal holding operations op-1 ... op-<count>."""
+    journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
+    for number in range(1, count + 1):
+        new = new_operation(f"op-{number}")
+        assert journal._insert_operation(new, owner="me", lease_until=NOW + 10)
+    return journal
+
+
+def attempt(number: int, body: bytes = b"{}") -> Record:
+    """The answer of operation ``op-<number>``: 201, with ``body``."""
+    return Record(
+        f"op-{number}",
+        AttemptRecord(
+            started_at=NOW,
+            elapsed=0.1,
+            outcome="answered",
+            status_code=201,
+            status="succeeded",
+            response_status=201,
+            response_body=body,
+        ),
+        NOW,
+        key=f"key-{number}",
+    )
+
+
+def test_threads_completions_waiting_for_a_commit_share_the_next_transaction(
+    tmp_path: Path,
+) -> None:
+    """Writes queued while another thread commits go in one transaction, each returning
+    once it is committed."""
+    journal = journal_with_operations(tmp_path, 9)
+    batches: list[list[str]] = []
+
+    with journal:
+        commit = journal._store.commit
+
+        def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+            batches.append([write.operation_id for write in writes])
+            if len(batches) == 1:
+                while len(journal._writer._waiting) < 8:
+                    threading.Event().wait(0.001)
+            return commit(writes, durable)
+
+        journal._store.commit = recorded  # type: ignore[method-assign]
+        first = threading.Thread(target=journal._execute, args=(attempt(9),))
+        first.start()
+        while not batches:
+            threading.Event().wait(0.001)
+        threads = [
+            threading.Thread(target=journal._execute, args=(attempt(number),))
+            for number in range(1, 9)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in [first, *threads]:
+            thread.join(timeout=10)
+        del journal._store.commit
+        statuses = {op.operation_id: op.status for op in journal.operations()}
+    assert ["op-9"] == batches[0]
+    assert sorted(f"op-{n}" for n in range(1, 9)) == sorted(batches[1])
+    assert 2 == len(batches)
+    assert {f"op-{n}": "succeeded" for n in range(1, 10)} == statuses
+
+
+def test_a_write_that_fails_in_a_shared_transaction_fails_only_its_own_caller(
+    tmp_path: Path,
+) -> None:
+    """One write SQLite refuses (a body over its size limit) fails alone, in its savepoint:
+    the others of the same batch are committed, and only the bad one's caller gets an error."""
+    journal = journal_with_operations(tmp_path, 4)
+    with journal:
+        journal._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 4096)
+        outcomes = journal._execute_many(
+            [attempt(1), attempt(2), attempt(3, b"x" * 10_000), attempt(4)]
+        )
+        statuses = {op.operation_id: op.status for op in journal.operations()}
+    assert [None, None, None] == [outcomes[0], outcomes[1], outcomes[3]]
+    assert isinstance(outcomes[2], Failed)
+    assert isinstance(outcomes[2].error, idempotently.JournalWriteError)
+    assert ("op-3", "key-3") == (outcomes[2].error.operation_id, outcomes[2].error.key)
+    assert {"op-1": "succeeded", "op-2": "succeeded", "op-3": "pending", "op-4": "succeeded"} == (
+        statuses
+    )
+
+
+def test_a_batch_holding_a_key_is_made_durable_once_for_all_its_writes(tmp_path: Path) -> None:
+    """Durability is decided once per batch: a key among completions makes the whole batch
+    commit under synchronous=FULL, in one transaction."""
+    journal = journal_with_operations(tmp_path, 2)
+    journal._fsync_keys = True  # as with durability="fsync"
+    levels: list[tuple[int, bool]] = []
+    commit = journal._store.commit
+
+    def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+        levels.append((len(writes), durable))
+        return commit(writes, durable)
+
+    with journal:
+        journal._store.commit = recorded  # type: ignore[method-assign]
+        outcomes = journal._execute_many(
+            [attempt(1), Insert(new_operation("op-3"), "me", NOW + 10), attempt(2)]
+        )
+    assert [None, True, None] == outcomes
+    assert [(3, True)] == levels
