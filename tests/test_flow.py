@@ -83,7 +83,7 @@ class MemoryStore:
             return self.operations(status=list(command.statuses), newest_first=False)
         if isinstance(command, RenewLease):
             row = self.rows[command.operation_id]
-            if row.lease_owner != command.owner or row.lease_until <= command.now:
+            if row.lease_owner != command.owner or row.status != "pending":
                 return False
             self.rows[command.operation_id] = attrs.evolve(row, lease_until=command.lease_until)
             return True

@@ -387,3 +387,58 @@ def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.Monke
     thread.join(10)
     assert not thread.is_alive()
     assert heartbeat._thread is None
+
+
+# -- the lease is checked again right before the bytes leave --------------------------------
+
+
+@pytest.mark.parametrize("taken_over", [True, False])
+def test_a_call_whose_lease_ran_out_before_its_send_never_sends_a_second_time(
+    tmp_path: Path, taken_over: bool
+) -> None:
+    """A hook slower than lease_duration delays the first send: if another process took the
+    expired lease (its compare-and-swap) and sent meanwhile, this call sends nothing
+    (OperationInProgressError, naming the operation and key); if nobody took it, the call
+    renews it and sends."""
+    fake_time = FakeTime(now=NOW)
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["Idempotency-Key"])
+        return httpx.Response(201)
+
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(answer),
+        hooks=[lambda event: slow_hook(event)],
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        lease_duration=10.0,
+    ) as session:
+
+        def slow_hook(event: object) -> None:
+            if type(event).__name__ != "OperationStarted":
+                return
+            fake_time.now += 11.0  # the hook outlived the 10 s lease
+            if taken_over:  # another process's resume finds it expired, takes it and sends
+                operation = session.journal.operation("order-1")
+                assert operation is not None
+                assert session.journal._take_lease(
+                    operation,
+                    owner="another-host:4242:0123456789ab",
+                    lease_until=fake_time.now + 10.0,
+                    now=fake_time.now,
+                )
+                sent.append(operation.key)
+
+        if taken_over:
+            with pytest.raises(idempotently.OperationInProgressError) as caught:
+                session.post(URL, json={"amount": 1}, operation_id="order-1")
+            assert ("order-1", sent[0]) == (caught.value.operation_id, caught.value.key)
+        else:
+            assert 201 == session.post(URL, json={"amount": 1}, operation_id="order-1").status_code
+        operation = session.journal.operation("order-1")
+    assert operation is not None
+    assert [operation.key] == sent  # one send, whoever made it
+    expected = ("pending", "another-host:4242:0123456789ab") if taken_over else ("succeeded", None)
+    assert expected == (operation.status, operation.lease_owner)

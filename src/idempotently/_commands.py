@@ -108,15 +108,14 @@ class Queue:
 
 @attrs.frozen
 class RenewLease:
-    """Compare-and-swap right before a send: push the lease this owner holds to
-    ``lease_until``, only if it still holds it and it has not expired by ``now``
-    (the store's clock for PostgreSQL); False means another caller may have taken
-    it, and nothing may be sent."""
+    """Compare-and-swap right before a send whose lease may have run out: set the
+    lease to ``lease_until`` only if ``owner`` still holds it (nobody took it over,
+    expired or not) and the operation is pending; False means another caller may be
+    sending it, and nothing may be sent."""
 
     operation_id: str
     owner: str
     lease_until: float
-    now: float
 
 
 @attrs.frozen

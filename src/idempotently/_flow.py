@@ -35,6 +35,7 @@ from idempotently._commands import (
     Reconcile,
     Record,
     Release,
+    RenewLease,
     Report,
     Send,
     SetStatus,
@@ -244,6 +245,8 @@ class Held:
     interrupted: Record | None = None
     """While an attempt is being sent: the attempt to journal if it never returns
     (it may have been delivered), which also releases the lease."""
+    lease_until: float = 0.0
+    """When the lease this flow last wrote runs out (by the engine's clock)."""
 
     def take(self, operation_id: str, owner: str) -> None:
         """This flow is about to hold (or try to take) the operation's lease as ``owner``."""
@@ -490,7 +493,8 @@ class Engine:
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
-                if (yield Insert(new, owner, now + self.lease_duration)):
+                held.lease_until = now + self.lease_duration
+                if (yield Insert(new, owner, held.lease_until)):
                     state = CallState(
                         started_at=started, deadline_at=call.deadline_at, delivery=call.delivery
                     )
@@ -514,6 +518,7 @@ class Engine:
             now = self.clock()
             if blocker is None:
                 held.take(operation.operation_id, owner)
+                held.lease_until = now + self.lease_duration
             if blocker is not None or not (
                 yield TakeLease(operation, owner, now + self.lease_duration, now)
             ):
@@ -688,6 +693,21 @@ class Engine:
                 owner,
                 key,
             )
+            if owner is not None and started > held.lease_until - self.lease_duration / 2:
+                # Half the lease gone before the bytes leave (a slow hook, a long wait):
+                # another caller may have found it expired and taken it. Renew it by a
+                # compare-and-swap on its owner; if that fails, someone else is sending.
+                held.lease_until = started + self.lease_duration
+                if not (yield RenewLease(operation_id, owner, held.lease_until)):
+                    held.interrupted = held.lease = None
+                    raise OperationInProgressError(
+                        f"the lease of operation {operation_id!r} ran out before this call "
+                        "could send it (a hook or a wait took longer than lease_duration), and "
+                        "another caller took it over: this call sent nothing; that caller "
+                        "sends it with the same key",
+                        operation_id=operation_id,
+                        key=key,
+                    )
             reply = yield Send(request, None if owner is None else self.lease(operation_id, owner))
             now = self.clock()
             attempts += 1
@@ -723,6 +743,8 @@ class Engine:
                 response_body=response.content if keep and response else None,
             )
             yield Record(operation_id, record, now, owner, key)
+            if retrying:
+                held.lease_until = record.lease_until
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
             if not retrying:
                 held.lease = None  # the record released it
@@ -986,7 +1008,8 @@ class Engine:
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
         now = self.clock()
         held.take(operation.operation_id, owner)
-        if not (yield TakeLease(operation, owner, now + self.lease_duration, now)):
+        held.lease_until = now + self.lease_duration
+        if not (yield TakeLease(operation, owner, held.lease_until, now)):
             held.lease = None
             return ResumeResult.of(
                 operation, "pending", "leased", "another caller took its lease first"

@@ -696,8 +696,8 @@ class PostgresStore:
         if isinstance(write, RenewLease):
             cursor = conn.execute(
                 f"UPDATE {SCHEMA}.operations SET lease_until = %s WHERE operation_id = %s "
-                "AND lease_owner = %s AND status = 'pending' AND lease_until > %s",
-                (write.lease_until, write.operation_id, write.owner, write.now),
+                "AND lease_owner = %s AND status = 'pending'",
+                (write.lease_until, write.operation_id, write.owner),
             )
             return cursor.rowcount == 1
         if isinstance(write, Settle):

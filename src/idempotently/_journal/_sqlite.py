@@ -848,8 +848,8 @@ class SqliteStore:
         if isinstance(write, RenewLease):
             cursor = conn.execute(
                 "UPDATE operations SET lease_until = ? WHERE operation_id = ? "
-                "AND lease_owner = ? AND status = 'pending' AND lease_until > ?",
-                (write.lease_until, write.operation_id, write.owner, write.now),
+                "AND lease_owner = ? AND status = 'pending'",
+                (write.lease_until, write.operation_id, write.owner),
             )
             return cursor.rowcount == 1
         if isinstance(write, SetStatus):

@@ -1,0 +1,116 @@
+"""A process forked from one that used a journal: the child either works or says why,
+never hangs on a lock held at the fork, and never sends with its parent's leases."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+import idempotently
+from tests.support import URL
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def in_child(run: Callable[[], object], timeout: float = 10.0) -> dict[str, object]:
+    """Fork; the child runs ``run`` and reports what it returned or raised; the parent
+    waits at most ``timeout`` seconds (then kills it: it hung)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        try:
+            outcome: dict[str, object] = {"returned": repr(run())}
+        except BaseException as error:  # report anything, then leave without cleanup
+            outcome = {"raised": type(error).__name__, "message": str(error)}
+            outcome["operation_id"] = getattr(error, "operation_id", None)
+        os.write(write, json.dumps(outcome).encode())
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+        raise AssertionError(f"the child hung for {timeout} s")
+    with os.fdopen(read, "rb") as pipe:
+        return dict(json.loads(pipe.read()))
+
+
+def test_a_forked_child_using_its_parents_session_gets_a_clear_error(tmp_path: Path) -> None:
+    """The parent's Session in the child: JournalError naming the operation and saying to
+    open a new Journal in the child; nothing is sent from the child."""
+    sent: list[str] = []
+    transport = httpx.MockTransport(lambda r: sent.append(str(os.getpid())) or httpx.Response(201))
+    with idempotently.Session(tmp_path / "journal.db", transport=transport) as session:
+        session.post(URL, json={"n": 1}, operation_id="in-parent")
+        outcome = in_child(lambda: session.post(URL, json={"n": 2}, operation_id="in-child"))
+        journaled = [op.operation_id for op in session.journal.operations()]
+    assert "JournalError" == outcome["raised"]
+    assert "in-child" == outcome["operation_id"]
+    assert "fork" in str(outcome["message"]) and "in the child" in str(outcome["message"])
+    assert [str(os.getpid())] == sent
+    assert ["in-parent"] == journaled
+
+
+def test_a_fork_while_another_thread_writes_never_hangs_the_child(tmp_path: Path) -> None:
+    """Another thread of the parent holds the journal's writer and its connection at the
+    moment of the fork: the child does not wait for a lock no thread of its own will ever
+    release; it gets the clear error at once."""
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with journal._writer._changed, journal._store._lock:  # type: ignore[attr-defined]
+            held.set()
+            release.wait(timeout=10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(timeout=10)
+    try:
+        with idempotently.Session(
+            journal, transport=httpx.MockTransport(lambda r: httpx.Response(201))
+        ) as session:
+            outcome = in_child(
+                lambda: session.post(URL, json={}, operation_id="in-child"), timeout=5
+            )
+    finally:
+        release.set()
+        holder.join()
+        journal.close()
+    assert "JournalError" == outcome["raised"]
+
+
+def test_a_forked_child_opening_its_own_journal_works(tmp_path: Path) -> None:
+    """A child that opens the journal itself (a new Session on the same file) sends and
+    journals as any process does, with a heartbeat of its own."""
+    path = tmp_path / "journal.db"
+    with idempotently.Session(
+        path, transport=httpx.MockTransport(lambda r: httpx.Response(201))
+    ) as session:
+        session.post(URL, json={"n": 1}, operation_id="in-parent")
+
+        def child() -> int:
+            with idempotently.Session(
+                path, transport=httpx.MockTransport(lambda r: httpx.Response(201))
+            ) as own:
+                return own.post(URL, json={"n": 2}, operation_id="in-child").status_code
+
+        outcome = in_child(child)
+        statuses = {op.operation_id: op.status for op in session.journal.operations()}
+    assert {"returned": "201"} == outcome
+    assert {"in-parent": "succeeded", "in-child": "succeeded"} == statuses
