@@ -801,7 +801,8 @@ class Engine:
             deadline_at=operation.deadline_at,
             delivery=operation.delivery,
             # An operation picked up again (resume, or a second call with its id) whose
-            # first attempt left no record may have been delivered (DESIGN §3.3).
+            # first attempt left no record may have been delivered: a final 4xx is then
+            # no proof that nothing happened.
             acted=may_have_been_delivered(operation),
             in_progress_since=in_progress_since,
             resuming=resuming,

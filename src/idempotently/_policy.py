@@ -206,8 +206,9 @@ def maybe_acted(status_code: int | None, outcome: Outcome) -> bool:
 
 
 def may_have_been_delivered(operation: Operation) -> bool:
-    """Whether the server may have acted on a journaled operation (DESIGN §3.3): then a
-    final 4xx that is not a replay proves nothing, and at-most-once never resends it.
+    """Whether the server may have acted on a journaled operation: then a final 4xx
+    that is not a replay proves nothing (it is never ``failed``, the promise that
+    nothing happened), and an at-most-once operation is never sent again.
 
     True when any recorded attempt may have been acted on (:func:`maybe_acted`), and
     when no attempt is recorded at all: the key is committed just before the first
