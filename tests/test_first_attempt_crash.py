@@ -6,7 +6,7 @@ journaled attempt is one whose first send began and whose process died (issue
 a later final 4xx that is not the server's stored replay proves nothing about
 it, so the operation stays pending or goes to needs_reconcile, never `failed`;
 an at-most-once one is never sent again. The same holds for a resume, a second
-call with the same operation id and the reconciler.
+call with the same operation id, the reconciler and `idempotently show`.
 
 The journals are made for real: ``tests/dying_sender.py`` forks a process that
 journals the operation and SIGKILLs itself inside its transport.
@@ -26,8 +26,10 @@ from typing import Any
 import attrs
 import httpx
 import pytest
+from click.testing import CliRunner
 
 import idempotently
+from idempotently.cli import cli
 from tests.dying_sender import BODY, URL
 from tests.support import FakeTime, JsonLinesProcess, make_session
 
@@ -368,3 +370,23 @@ async def test_async_resume_abandons_an_at_most_once_operation_killed_in_its_fir
         results = await s.resume()
     assert [] == sent
     assert [("abandoned", True)] == [(r.status, NO_RECORD in r.detail) for r in results]
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_show_says_an_operation_without_attempts_may_have_been_delivered(
+    kill_first_send: KillFirstSend,
+) -> None:
+    """`show` of an operation killed in its first send says it may have been delivered,
+    in text and in JSON, instead of showing it as not sent yet."""
+    path = kill_first_send()
+    runner = CliRunner()
+    text = runner.invoke(cli, ["--journal", os.fspath(path), "show", OP])
+    shown = runner.invoke(cli, ["--journal", os.fspath(path), "show", OP, "--json"])
+    assert (0, 0) == (text.exit_code, shown.exit_code)
+    assert "may have been delivered" in text.stdout
+    assert (True, []) == (
+        json.loads(shown.stdout)["may_have_been_delivered"],
+        json.loads(shown.stdout)["history"],
+    )
