@@ -9,7 +9,9 @@ an at-most-once one is never sent again. The same holds for a resume, a second
 call with the same operation id, the reconciler and `idempotently show`.
 
 The journals are made for real: ``tests/dying_sender.py`` forks a process that
-journals the operation and SIGKILLs itself inside its transport.
+journals the operation and SIGKILLs itself inside its transport; the slow test
+kills ``tests/crash_child.py`` workers at each step of the first attempt against
+the mock server.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently.cli import cli
+from idempotently.testing import serve
+from tests import scripted_server
+from tests.crash_child import USER
 from tests.dying_sender import BODY, URL
 from tests.support import FakeTime, JsonLinesProcess, make_session
+from tests.test_crash_safety import JOURNALED_PHASES, charge_args, run_worker, session
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="dying_sender.py forks")
 
@@ -390,3 +396,65 @@ def test_show_says_an_operation_without_attempts_may_have_been_delivered(
         json.loads(shown.stdout)["may_have_been_delivered"],
         json.loads(shown.stdout)["history"],
     )
+
+
+# -- real processes: a SIGKILL at each step of the first attempt ------------------------------
+
+
+def scripted_answer(answer: FinalAnswer) -> scripted_server.Answer:
+    return scripted_server.Answer(status=answer.status, headers=answer.headers, body=answer.body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", JOURNALED_PHASES)
+def test_a_worker_killed_in_its_first_attempt_is_never_failed_by_a_final_4xx(
+    tmp_path: Path, scripted: tuple[scripted_server.ScriptedApp, str], phase: str
+) -> None:
+    """Workers SIGKILLed at one step of their first attempt (before the send, after the
+    server charged, before the answer was journaled), then resumed against a server
+    answering each final 4xx: failed only for the replay; resumed again against the real
+    server, each order is charged at most once, and once if it was still pending."""
+    journal = tmp_path / "journal.db"
+    app, scripted_url = scripted
+    with serve() as server:
+        # One worker per order, each killed in its order's first attempt.
+        for order in range(len(FINAL_ANSWERS)):
+            code, killed = run_worker(
+                tmp_path,
+                *charge_args(journal, server.url, "--first", str(order), orders=order + 1),
+                "--kill-at",
+                phase,
+                "--kill-on-order",
+                str(order),
+            )
+            assert -signal.SIGKILL == code, killed.diagnosis()
+        with idempotently.Journal(journal, create=False) as journaled:
+            queue = journaled.operations(status="pending", newest_first=False)
+        # Resume sends them oldest first: the scripted server answers each its own way.
+        answer_of = {
+            operation.operation_id: answer
+            for operation, answer in zip(queue, FINAL_ANSWERS, strict=True)
+        }
+        app.answer(*(scripted_answer(answer) for answer in answer_of.values()))
+        with session(journal, scripted_url) as resumer:
+            results = resumer.resume(base_url=scripted_url)
+        assert [(op, answer.journaled) for op, answer in answer_of.items()] == [
+            (result.operation_id, result.status) for result in results
+        ]
+
+        with session(journal, server.url) as resumer:
+            resumer.resume(base_url=server.url)
+        charged = server.charge_count_by_order()
+        assert {} == server.ledger.duplicates()
+        with idempotently.Journal(journal, create=False) as journaled:
+            for op, answer in answer_of.items():
+                operation = journaled.operation(op)
+                assert operation is not None
+                count = charged.get((USER, op.removesuffix(":charge")), 0)
+                if answer.journaled == "pending":
+                    # Kept with its key, it is resent and charged exactly once.
+                    assert ("succeeded", 1) == (operation.status, count)
+                else:
+                    # Not resent: charged only if the killed attempt had reached the server.
+                    charged_before = phase != "before_send"
+                    assert (answer.journaled, int(charged_before)) == (operation.status, count)
