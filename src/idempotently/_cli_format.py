@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from idempotently._cli_durations import format_age, format_duration
 from idempotently._keys import SENSITIVE_HEADERS
+from idempotently._policy import may_have_been_delivered
 from idempotently._rows import Attempt, JournalStats, Operation
 
 # The journal never stores these; a CLI that prints headers still refuses to,
@@ -183,6 +184,7 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
         if operation.response_headers is None
         else [list(pair) for pair in visible_headers(operation.response_headers)],
         "response_body": body_json(operation.response_body),
+        "may_have_been_delivered": may_have_been_delivered(operation),
         "history": [attempt_json(attempt) for attempt in operation.attempts],
     }
 
@@ -230,7 +232,9 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         # Errors are prose: whole, under the table, so the table fits 80 columns.
         out += [f"  attempt {a.number}: {a.error}" for a in op.attempts if a.error]
     else:
-        out.append("  (none yet)")
+        # The key is committed just before the first send begins: no attempt means that
+        # send is in flight or was cut off (its process killed) before it was journaled.
+        out.append("  (none recorded: the first send began, so it may have been delivered)")
 
     out += ["", "request headers"]
     out += _indent(f"{name}: {value}" for name, value in visible_headers(op.request_headers))

@@ -84,7 +84,7 @@ from idempotently._policy import (
     classify,
     classify_error,
     decide,
-    maybe_acted,
+    may_have_been_delivered,
 )
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._rows import AttemptRecord, NewOperation, Operation
@@ -823,9 +823,10 @@ class Engine:
             started_at=started,
             deadline_at=operation.deadline_at,
             delivery=operation.delivery,
-            acted=any(
-                maybe_acted(attempt.status_code, attempt.outcome) for attempt in operation.attempts
-            ),
+            # An operation picked up again (resume, or a second call with its id) whose
+            # first attempt left no record may have been delivered: a final 4xx is then
+            # no proof that nothing happened.
+            acted=may_have_been_delivered(operation),
             in_progress_since=in_progress_since,
             resuming=resuming,
         )
@@ -852,14 +853,15 @@ class Engine:
                 "call again (or resume) after that"
             )
         if operation.delivery == "at_most_once" and (
-            resuming
-            or owner is not None
-            or any(
-                maybe_acted(attempt.status_code, attempt.outcome) for attempt in operation.attempts
-            )
+            resuming or owner is not None or may_have_been_delivered(operation)
         ):
             return "abandon", (
                 "an at-most-once operation whose send may have gone out is never resent"
+                + (
+                    " (its first attempt left no record, so it may have been sent)"
+                    if operation.attempt_count == 0
+                    else ""
+                )
             )
         if now > operation.key_expires_at - self.key_expiry_margin:
             return "expired", (

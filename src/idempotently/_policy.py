@@ -28,6 +28,8 @@ from idempotently._retry_after import server_wait
 from idempotently._vocabulary import Action, Delivery, Outcome
 
 if TYPE_CHECKING:
+    from idempotently._rows import Operation
+
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
     StopStrategy: TypeAlias = Callable[[_t.RetryCallState], bool]
 
@@ -201,6 +203,28 @@ def maybe_acted(status_code: int | None, outcome: Outcome) -> bool:
     if outcome == "maybe_delivered":
         return True
     return outcome == "answered" and status_code not in NOT_ACTED_STATUS_CODES
+
+
+def may_have_been_delivered(operation: Operation) -> bool:
+    """Whether the server may have acted on a journaled operation: then a final 4xx
+    that is not a replay proves nothing (it is never ``failed``, the promise that
+    nothing happened), and an at-most-once operation is never sent again.
+
+    True when any recorded attempt may have been acted on (:func:`maybe_acted`), and
+    when no attempt is recorded at all: the key is committed just before the first
+    send begins, so an operation without attempts is one whose process died (SIGKILL,
+    power cut) during its first attempt, which may have reached the server and acted.
+    Attempts the operation counts but does not carry (a listing) count as maybe
+    delivered too.
+
+    The one exception to come: an operation journaled but never sent (the planned
+    ``Session.enqueue``) will have no attempt and be provably undelivered; this is
+    the place to tell it apart, from a journaled mark, not from its attempt count.
+    """
+    attempts = operation.attempts
+    if operation.attempt_count == 0 or len(attempts) < operation.attempt_count:
+        return True
+    return any(maybe_acted(attempt.status_code, attempt.outcome) for attempt in attempts)
 
 
 def classify(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
