@@ -128,7 +128,7 @@ AUDITS: list[tuple[str, str, Callable[[Journal], object]]] = [
     ("journal_counts", "stats", lambda journal: journal.stats(now=NOW)),
     ("operations_pending", "stats", lambda journal: journal.stats(now=NOW)),
     (
-        "operations_finished",
+        "operations_settled",
         "prune dry run",
         lambda journal: journal.prune(older_than=0, now=NOW + 1000, dry_run=True),
     ),
@@ -207,8 +207,8 @@ def test_damage_under_an_audit_is_a_corrupt_error(
     [
         ("journal_counts", ("stats",)),
         ("operations_pending", ("stats",)),
-        ("operations_finished", ("prune", "--older-than", "0s", "--dry-run")),
-        ("operations_finished", ("prune", "--older-than", "0s")),
+        ("operations_settled", ("prune", "--older-than", "0s", "--dry-run")),
+        ("operations_settled", ("prune", "--older-than", "0s")),
     ],
     ids=" ".join,
 )

@@ -86,7 +86,7 @@ def _refuse_url(path: str) -> None:
         )
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
 
@@ -154,7 +154,7 @@ _FINISHED = _one_of("status", FINISHED_STATUSES)
 _STATUSES_SQL = ", ".join(f"'{status}'" for status in STATUSES)
 
 
-def _status_deltas(*changes: str) -> str:
+def _status_deltas(*changes: str, statuses: Sequence[str] = STATUSES) -> str:
     """``pending = pending + (NEW.status = 'pending'), ...``: a trigger's SET list.
 
     Each change is ``"+NEW"`` or ``"-OLD"``: a row that came or went.
@@ -165,7 +165,7 @@ def _status_deltas(*changes: str) -> str:
             f" {change[0]} {test.format(row=change[1:])}" for change in changes
         )
 
-    terms = [delta(status, f"({{row}}.status = '{status}')") for status in STATUSES]
+    terms = [delta(status, f"({{row}}.status = '{status}')") for status in statuses]
     terms.append(delta("unknown_status", f"(NOT {_one_of('{row}.status', STATUSES)})"))
     return ",\n        ".join(terms)
 
@@ -249,6 +249,47 @@ END;
 
 _SCHEMA_V2_NAMES: Final = frozenset(re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V2))
 """Every table, index and trigger version 2 added: the audits rely on each."""
+
+_SETTLED_STATUSES: Final = tuple(status for status in STATUSES if status != "pending")
+_SETTLED = _one_of("status", _SETTLED_STATUSES)
+"""operations_settled's WHERE: a query must say it the same way to use the index."""
+_COUNTED = _SETTLED_STATUSES
+"""The statuses the triggers count in version 3; pending ones are counted from their index."""
+
+# Version 3: fewer pages per operation. Every index entry and counter written is
+# a WAL page on the hot path: operations_by_status (an entry at insert, another
+# at completion) goes, its listings now read operations_pending and
+# operations_settled (which replaces operations_finished and also serves prune);
+# and the counts no longer track pending operations (their partial index counts
+# them), so journaling a key writes no counter page at all.
+_SCHEMA_V3 = f"""
+DROP INDEX operations_by_status;
+DROP INDEX operations_finished;
+CREATE INDEX operations_settled ON operations (status, updated_at) WHERE {_SETTLED};
+DROP TRIGGER count_new_operation;
+CREATE TRIGGER count_new_operation AFTER INSERT ON operations
+WHEN NEW.status IS NOT 'pending' BEGIN
+    UPDATE journal_counts SET
+        {_status_deltas("+NEW", statuses=_COUNTED)};
+END;
+DROP TRIGGER count_deleted_operation;
+CREATE TRIGGER count_deleted_operation AFTER DELETE ON operations
+WHEN OLD.status IS NOT 'pending' BEGIN
+    UPDATE journal_counts SET
+        {_status_deltas("-OLD", statuses=_COUNTED)};
+END;
+DROP TRIGGER count_status_change;
+CREATE TRIGGER count_status_change AFTER UPDATE OF status ON operations
+WHEN OLD.status IS NOT NEW.status BEGIN
+    UPDATE journal_counts SET
+        {_status_deltas("-OLD", "+NEW", statuses=_COUNTED)};
+END;
+UPDATE journal_counts SET pending = 0;
+"""
+_SCHEMA_V3_NAMES: Final = (_SCHEMA_V2_NAMES - {"operations_finished"}) | frozenset(
+    re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V3)
+)
+"""Every table, index and trigger a version-3 journal has (beyond version 1's tables)."""
 
 # The counts, from the rows: for a new journal (all zero) and a migrated one.
 _RECOUNT = f"""
@@ -526,7 +567,8 @@ class SqliteStore:
                         "idempotently (pip install -U idempotently). The file was not modified."
                     )
                 if not {"operations", "attempts"} <= tables or (
-                    version >= 2 and not _SCHEMA_V2_NAMES <= names
+                    not (_SCHEMA_V3_NAMES if version >= 3 else _SCHEMA_V2_NAMES) <= names
+                    and version >= 2
                 ):
                     raise JournalCorruptError(
                         f"{self.path} is missing journal tables; restore it from a backup"
@@ -544,16 +586,24 @@ class SqliteStore:
             raise self._open_error(error) from error
 
     def _migrate(self) -> None:
-        """Bring a version-1 journal to version 2, in one durable transaction.
+        """Bring an older journal to this version, in one durable transaction.
 
-        Builds the counts from the rows and the partial indexes from the table:
-        a few seconds for a million operations, once. Another process may have
-        migrated the file since we read its version: then there is nothing to do.
+        From version 1: builds the counts from the rows and the partial indexes
+        from the table (a few seconds for a million operations, once); from
+        version 2: swaps two indexes and the counting triggers. Another process may
+        have migrated the file since we read its version: then there is nothing to do.
         """
         with self._write(durable=True):
-            if self._conn.execute("PRAGMA user_version").fetchone()[0] >= 2:
-                return
+            self._upgrade(int(self._conn.execute("PRAGMA user_version").fetchone()[0]))
+
+    def _upgrade(self, version: int) -> None:
+        """Every step from ``version`` to SCHEMA_VERSION, inside the caller's transaction."""
+        if version < 2:
             self._create_v2_schema()
+        if version < 3:
+            for statement in _split_statements(_SCHEMA_V3):
+                self._conn.execute(statement)
+        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _create_v2_schema(self) -> None:
         for statement in _split_statements(_SCHEMA_V2):
@@ -563,7 +613,6 @@ class SqliteStore:
             "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)",
             (str(uuid.uuid4()),),
         )
-        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _read_namespace(self) -> uuid.UUID:
         with self._lock:
@@ -626,13 +675,14 @@ class SqliteStore:
             # Another process may have created it while we waited for the lock
             # (an older idempotently: version 1).
             if "operations" in self.db.table_names():
-                if self._conn.execute("PRAGMA user_version").fetchone()[0] < 2:
-                    self._create_v2_schema()
+                version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+                if version < SCHEMA_VERSION:
+                    self._upgrade(version)
                 return
             for statement in _split_statements(_SCHEMA):
                 self._conn.execute(statement)
             self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self._create_v2_schema()
+            self._upgrade(1)
 
     def close(self) -> None:
         """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
@@ -1104,14 +1154,18 @@ class SqliteStore:
             for value in statuses:
                 if value not in STATUSES:
                     raise ValueError(f"unknown status {value!r}; expected one of {STATUSES}")
-        # One query per status, each walking operations_by_status in rowid order
-        # and stopping at the limit, merged here: `status IN (...) ORDER BY rowid`
-        # would sort every match first (a million rows for succeeded + failed).
+        # One query per status, each walking its index in order and stopping at the
+        # limit, merged here: `status IN (...) ORDER BY ...` would sort every match
+        # first (a million rows for succeeded + failed). Version 3 lists pending
+        # operations by creation and the others by their last change (the order of
+        # the indexes it keeps); without a status, by creation (rowid).
         with self._snapshot():
             listings = [self._listing(value, since, limit, newest_first) for value in statuses]
-        rows = merge(*listings, key=lambda row: row["_rowid"], reverse=newest_first)
+        rows = merge(*listings, key=lambda row: (row["_at"], row["_rowid"]), reverse=newest_first)
         return [
-            Operation._from_row({name: value for name, value in row.items() if name != "_rowid"})
+            Operation._from_row(
+                {name: value for name, value in row.items() if name not in ("_rowid", "_at")}
+            )
             for row in islice(rows, limit)
         ]
 
@@ -1120,16 +1174,31 @@ class SqliteStore:
     ) -> list[dict[str, Any]]:
         where: list[str] = []
         params: list[Any] = []
-        if status is not None:
+        direction = "DESC" if newest_first else "ASC"
+        at, source, order = "rowid", "operations", f"rowid {direction}"
+        if status is not None and self._version >= 3:
+            # A literal, not a parameter: SQLite must see that it implies the partial
+            # index's WHERE (status was checked against STATUSES).
+            where.append(f"status = '{status}'")
+            if status == "pending":
+                at, index = "created_at", "operations_pending"
+                # Ties by rowid: a sort of the pending operations only, which are few.
+                order = f"created_at {direction}, rowid {direction}"
+            else:
+                at, index = "updated_at", "operations_settled"
+                order = f"updated_at {direction}, rowid {direction}"
+                where.insert(0, _SETTLED)
+            source += f" INDEXED BY {index}"
+        elif status is not None:
             where.append("status = ?")
             params.append(status)
         if since is not None:
             where.append("created_at >= ?")
             params.append(since)
-        sql = "SELECT rowid AS _rowid, * FROM operations"
+        sql = f"SELECT rowid AS _rowid, {at} AS _at, * FROM {source}"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY rowid " + ("DESC" if newest_first else "ASC")
+        sql += f" ORDER BY {order}"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
@@ -1211,13 +1280,10 @@ class SqliteStore:
         """
         check_number("older_than", older_than, integer=False, low=0, high=MAX_WINDOW)
         check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
-        # Written exactly as operations_finished's WHERE, so SQLite uses that index.
-        where = f"{_FINISHED} AND updated_at < ?"
-        finished = "operations" + self._indexed_by("operations_finished")
         cutoff = now - older_than
         if dry_run:
             with self._snapshot():
-                return self._count_prunable(finished, cutoff)
+                return self._count_prunable(cutoff)
         self._check_writable()
         # Batches in short transactions, oldest first, so other writers (a
         # Session journaling a key) never wait long for the lock; each batch is
@@ -1228,11 +1294,7 @@ class SqliteStore:
             while True:
                 with self._write() as conn:
                     started = time.perf_counter()
-                    rows = conn.execute(
-                        f"SELECT rowid, operation_id FROM {finished} WHERE {where} "
-                        "ORDER BY updated_at LIMIT ?",
-                        (cutoff, batch),
-                    ).fetchall()
+                    rows = self._longest_idle(conn, cutoff, batch)
                     for start in range(0, len(rows), _SQL_VARIABLES):
                         chunk = rows[start : start + _SQL_VARIABLES]
                         marks = ", ".join("?" for _ in chunk)
@@ -1251,26 +1313,78 @@ class SqliteStore:
                 time.sleep(elapsed * random.uniform(*_PRUNE_PAUSE))
                 batch = min(largest, max(smallest, int(batch * _PRUNE_BATCH_SECONDS / elapsed)))
 
-    def _count_prunable(self, finished: str, cutoff: float) -> int:
+    def _longest_idle(
+        self, conn: sqlite3.Connection, cutoff: float, batch: int
+    ) -> list[tuple[int, str]]:
+        """(rowid, operation_id) of up to ``batch`` finished operations idle since before
+        ``cutoff``, longest idle first."""
+        if self._version < 3:
+            # Written exactly as operations_finished's WHERE, so SQLite uses that index.
+            finished = "operations" + self._indexed_by("operations_finished")
+            return [
+                (row[0], row[1])
+                for row in conn.execute(
+                    f"SELECT rowid, operation_id FROM {finished} WHERE {_FINISHED} "
+                    "AND updated_at < ? ORDER BY updated_at LIMIT ?",
+                    (cutoff, batch),
+                )
+            ]
+        # One walk of operations_settled per finished status, merged: its entries are
+        # in (status, updated_at) order.
+        found = merge(
+            *(
+                conn.execute(
+                    "SELECT updated_at, rowid, operation_id FROM operations "
+                    f"INDEXED BY operations_settled WHERE {_SETTLED} AND status = '{status}' "
+                    "AND updated_at < ? ORDER BY updated_at LIMIT ?",
+                    (cutoff, batch),
+                ).fetchall()
+                for status in FINISHED_STATUSES
+            )
+        )
+        return [(rowid, operation_id) for _, rowid, operation_id in islice(found, batch)]
+
+    def _count_prunable(self, cutoff: float) -> int:
         """How many finished operations were idle since before ``cutoff``.
 
-        Version 2 counts whichever side of the cutoff looks smaller in
-        operations_finished (judged from its oldest and newest entries) and,
-        for the newer side, subtracts from the finished count the triggers keep:
-        a usual window (keep the last week of months) counts a few entries.
+        Versions 2 and 3 count whichever side of the cutoff looks smaller in the
+        index of finished operations (judged from its oldest and newest entries;
+        in version 3, status by status) and, for the newer side, subtract from the
+        finished count the triggers keep: a usual window (keep the last week of
+        months) counts a few entries.
         """
-        older = f"SELECT count(*) AS n FROM {finished} WHERE {_FINISHED} AND "
+        if self._version >= 3:
+            counters = self._counters()
+            return sum(
+                self._count_older(
+                    "operations INDEXED BY operations_settled",
+                    f"{_SETTLED} AND status = '{status}'",
+                    counters[status],
+                    cutoff,
+                )
+                for status in FINISHED_STATUSES
+            )
+        finished = "operations" + self._indexed_by("operations_finished")
         if self._version < 2:
+            older = f"SELECT count(*) AS n FROM {finished} WHERE {_FINISHED} AND "
             return int(self._query(older + "updated_at < ?", (cutoff,))[0]["n"])
         counters = self._counters()
         total = sum(counters[status] for status in FINISHED_STATUSES)
+        return self._count_older(finished, _FINISHED, total, cutoff)
+
+    def _count_older(self, finished: str, where: str, total: int, cutoff: float) -> int:
+        """How many of the ``total`` entries of ``finished`` matching ``where`` have
+        ``updated_at < cutoff``, counting the side of the cutoff that looks smaller."""
+        older = f"SELECT count(*) AS n FROM {finished} WHERE {where} AND "
         # Two queries: SQLite answers a lone min() or max() from the index's ends.
         ends = [
-            self._query(f"SELECT {end}(updated_at) AS edge FROM {finished} WHERE {_FINISHED}")[0][
+            self._query(f"SELECT {end}(updated_at) AS edge FROM {finished} WHERE {where}")[0][
                 "edge"
             ]
             for end in ("min", "max")
         ]
+        if total == 0:
+            return 0
         if not all(isinstance(edge, (int, float)) for edge in ends):
             return int(self._query(older + "updated_at < ?", (cutoff,))[0]["n"])
         oldest, newest = ends
@@ -1328,6 +1442,15 @@ class SqliteStore:
             raise JournalCorruptError(
                 f"{self.path} holds damaged counts ({short(values)}); move the journal aside "
                 "and restore a backup"
+            )
+        if self._version >= 3:
+            # Pending operations are counted from their own index, not by triggers:
+            # a key's commit then writes no counter page.
+            values["pending"] = int(
+                self._query(
+                    "SELECT count(*) AS n FROM operations INDEXED BY operations_pending "
+                    "WHERE status = 'pending'"
+                )[0]["n"]
             )
         if values["unknown_status"]:
             # Name the damaged row, as a scan would have.
