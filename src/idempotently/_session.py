@@ -573,8 +573,11 @@ def check_resume_arguments(
 class AsyncSession(_SessionBase[httpx.AsyncClient]):
     """The async twin of :class:`Session`, on asyncio or trio (anyio).
 
-    Journal writes run in a worker thread: the event loop never waits for a
-    lock or an fsync. Tasks sharing one AsyncSession send one operation once.
+    Journal reads and writes never run on the event loop: the commands its tasks
+    are waiting for go to a worker thread together, one hand-off per batch, and
+    join the journal's one writer there (so concurrent keys share an fsync); the
+    loop never waits for a lock, an fsync or a database. Tasks sharing one
+    AsyncSession send one operation once.
 
     ``hooks=`` take plain or async functions; they run on the event loop, between
     one journal write and the next step, so keep them quick (hand slow work to a
