@@ -45,7 +45,7 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _MONTH = "(?P<month>" + "|".join(_MONTHS) + ")"
 _TIME = r"(?P<hour>\d{2}):(?P<minute>\d{2}):(?P<second>\d{2})"
-# RFC 9110 §5.6.7's two obsolete forms, which a recipient MUST accept. The
+# RFC 9110 (section 5.6.7): two obsolete forms, which a recipient MUST accept. The
 # preferred IMF-fixdate goes through email.utils, as it always has.
 _RFC850 = re.compile(
     r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
