@@ -252,7 +252,8 @@ def list_command(
     now = time.time()
     operations = journal.operations(
         status=statuses or None,  # type: ignore[arg-type]  # click.Choice checked them
-        since=None if since is None else now - since,
+        # A window reaching back past 1970 means "everything", not a negative time.
+        since=None if since is None else max(0.0, now - since),
         limit=limit,
     )
     if output_format != "table":
