@@ -58,6 +58,7 @@ from idempotently._session import (
     Session,
     check_origin,
 )
+from idempotently._special_files import refuse_special_file
 from idempotently._vocabulary import RESUME_DONE, STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
@@ -116,7 +117,11 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
         def wrapper(ctx: click.Context, /, journal_path: str | None, **options: Any) -> Any:
             path = journal_path or ctx.find_root().params["journal_path"]
             read_only = readonly or bool(readonly_if and options[readonly_if])
-            with journal_errors(), Journal(path, create=False, readonly=read_only) as journal:
+            with journal_errors():
+                # Before any open: SQLite's open of a FIFO blocks until a writer comes.
+                refuse_special_file(path)
+                journal = Journal(path, create=False, readonly=read_only)
+            with journal_errors(), journal:
                 return command(journal, **options)
 
         functools.update_wrapper(wrapper, command)
