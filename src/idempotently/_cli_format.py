@@ -280,7 +280,7 @@ def columns(text: str) -> int:
 
 
 def _clusters(text: str) -> list[str]:
-    """``text`` in pieces never to be split: its grapheme clusters (``👩🏽``, ``e\u0301``, ``🇯🇵``)."""
+    """``text`` in pieces never to be split: its grapheme clusters (``👩🏽``, ``🇯🇵``)."""
     return list(wcwidth.iter_graphemes(text))
 
 
