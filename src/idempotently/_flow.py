@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
     AsyncHook,
     AttemptFinished,
@@ -588,10 +589,20 @@ class Engine:
                 **ids,
             )
         if operation.fingerprint != print_:
+            # Off the hot path: worked out only once the fingerprints disagree.
+            difference = first_difference(
+                method=operation.method,
+                url=operation.url,
+                headers=operation.request_headers,
+                body=operation.request_body,
+                request=call.request,
+                fingerprint_headers=self.fingerprint_headers,
+            )
             raise KeyReuseError(
                 f"operation {operation.operation_id!r} was first sent as "
-                f"{operation.method} {operation.url} with another payload; nothing was sent. "
-                "Use a new operation_id for a different request",
+                f"{operation.method} {shown_url(operation.url)} and this call differs in "
+                f"{difference or 'what it fingerprints (a header not journaled?)'}; nothing "
+                "was sent. Use a new operation_id for a different request",
                 **ids,
             )
 
