@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from idempotently import __version__
+from idempotently import __version__, _early_signals
 from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     OPERATION_FIELDS,
@@ -84,13 +84,16 @@ F = TypeVar("F", bound=Callable[..., Any])
     help="The journal your Session writes: a file, or a postgresql:// URL.",
 )
 @click.version_option(__version__, prog_name="idempotently")
-def cli(journal_path: str) -> None:
+@click.pass_context
+def cli(ctx: click.Context, journal_path: str) -> None:
     """Audit and resume the idempotently journal.
 
     Tables for people; --format json, csv or nl (one JSON object per line) for
     scripts. Exit status: 0 success, 1 failure (including a missing or
     unreadable journal), 2 usage error.
     """
+    if ctx.invoked_subcommand != "resume":
+        _early_signals.release()  # only a watch worker keeps what came early
 
 
 # -- reusable pieces ---------------------------------------------------------------
@@ -583,6 +586,8 @@ def resume_command(
     With --watch, a worker: it resumes operations as they fall due and exits 0
     on SIGTERM or SIGINT once its leases are released.
     """
+    if not watch:
+        _early_signals.release()
     results: list[ResumeResult] = []
     if deadline is not None and deadline <= 0:
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
