@@ -88,6 +88,7 @@ from idempotently._store import (
     Sleep,
     TakeLease,
 )
+from idempotently._text import storable, storable_text
 from idempotently._vocabulary import (
     DELIVERIES,
     RESUME_ACTION_OF,
@@ -720,10 +721,10 @@ class Engine:
                 outcome=signal.outcome,
                 status_code=None if answer is None else answer.status_code,
                 replayed=answer is not None and answer.replayed,
-                error=None if answer is not None else signal.text,  # type: ignore[union-attr]
+                error=None if answer is not None else storable(signal.text),  # type: ignore[union-attr]
                 wait=decision.wait if retrying else None,
                 status=STATUS_AFTER[action],
-                reason=None if action == "succeed" else decision.reason,
+                reason=None if action == "succeed" else storable(decision.reason),
                 not_before=decision.not_before,
                 lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
                 response_status=response.status_code if keep and response else None,
@@ -873,7 +874,7 @@ class Engine:
         elif kind in ("expired", "deadline"):
             status = "needs_reconcile"
         if status != "pending":
-            yield SetStatus(operation.operation_id, status, reason, self.clock())
+            yield SetStatus(operation.operation_id, status, storable_text(reason), self.clock())
         return status
 
     def profile_for(self, operation: Operation) -> ServerProfile:
@@ -1031,7 +1032,7 @@ class Engine:
         yield Settle(
             operation.operation_id,
             settlement.status,
-            f"reconciled: {settlement.note}",
+            storable_text(f"reconciled: {settlement.note}"),
             self.clock(),
             None if response is None else response.status_code,
             None
