@@ -14,6 +14,7 @@ from typing import Any
 import click
 import httpx
 import pytest
+import wcwidth
 from click.testing import CliRunner, Result
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -327,6 +328,65 @@ def test_show_times_are_iso_utc_and_relative(journal: Path) -> None:
     assert re.search(r"^key expires +\S+Z \(in (22|23)h\)$", text, re.MULTILINE)
     stats = out("--journal", str(journal), "stats")
     assert re.search(r"^oldest pending +created (59m|1h) ago$", stats, re.MULTILINE)
+
+
+WIDE_IDS = [
+    "注文-2026-11-30-000042:請求処理-顧客番号-0123456789-東京支店-確認済み",
+    "order-😀🎉💳🧾🚀-" * 4 + ":charge",
+    "混合-mixed-🇯🇵-e\u0301-👩🏽-" * 3,
+]
+"""Operation ids of CJK characters, emoji (a flag, a skin tone) and a combining mark."""
+
+
+def wide_journal(path: Path) -> Path:
+    """Succeeded operations under ids that take two columns per character, or more."""
+    answer = httpx.MockTransport(lambda request: httpx.Response(201, json={"id": "ch_1"}))
+    with idempotently.Session(path, transport=answer) as session:
+        for number, operation_id in enumerate(WIDE_IDS):
+            session.post(f"{LONG_URL}/{number}/確認", json={"n": number}, operation_id=operation_id)
+    return path
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_list_lines_fit_the_terminal_in_columns_not_characters(
+    tmp_path: Path, columns: int
+) -> None:
+    """CJK and emoji ids: no line of `list` takes more columns than the terminal has."""
+    journal = wide_journal(tmp_path / "journal.db")
+    lines = out("--journal", str(journal), "list", columns=columns).splitlines()
+    assert (len(WIDE_IDS) + 1, []) == (
+        len(lines),
+        [(wcwidth.wcswidth(line), line) for line in lines if wcwidth.wcswidth(line) > columns],
+    )
+
+
+def test_list_columns_line_up_in_terminal_columns(tmp_path: Path) -> None:
+    """With wide ids the status column starts at the same terminal column on every line."""
+    journal = wide_journal(tmp_path / "journal.db")
+    lines = out("--journal", str(journal), "list", columns=200).splitlines()[1:]
+    starts = {wcwidth.wcswidth(line[: line.index("succeeded")]) for line in lines}
+    assert 1 == len(starts), lines
+
+
+@pytest.mark.parametrize(
+    ("text", "width", "where", "expected"),
+    [
+        ("日本語のテキスト", 16, "middle", "日本語のテキスト"),
+        ("日本語のテキストです", 11, "middle", "日本…トです"),
+        ("日本語のテキストです", 10, "middle", "日本…です"),  # 4 + 1 + 4: a column left over
+        ("日本語のテキストです", 10, "end", "日本語の…"),
+        ("ab😀cd😀ef", 6, "middle", "ab…ef"),
+        ("e\u0301e\u0301e\u0301e\u0301", 3, "end", "e\u0301e\u0301…"),
+        ("ab👩🏽cd👩🏽ef", 7, "middle", "ab…👩🏽ef"),
+        ("🇯🇵🇯🇵🇯🇵", 5, "end", "🇯🇵🇯🇵…"),
+    ],
+)
+def test_shorten_measures_terminal_columns_and_never_splits_a_wide_character(
+    text: str, width: int, where: Any, expected: str
+) -> None:
+    """A wide character counts two columns and stays whole; a combining mark stays on its letter."""
+    shortened = shorten(text, width, where)
+    assert (expected, True) == (shortened, wcwidth.wcswidth(shortened) <= width)
 
 
 # -- pieces --------------------------------------------------------------------------

@@ -37,6 +37,22 @@ def http_date(moment: datetime) -> str:
     return format_datetime(moment, usegmt=True)
 
 
+def rfc850_date(moment: datetime) -> str:
+    """RFC 9110's obsolete RFC 850 form: ``Sunday, 06-Nov-94 08:49:37 GMT``."""
+    return moment.strftime("%A, %d-%b-%y %H:%M:%S GMT")
+
+
+def asctime_date(moment: datetime) -> str:
+    """RFC 9110's obsolete ANSI C asctime form: ``Sun Nov  6 08:49:37 1994`` (GMT, unsaid)."""
+    return f"{moment:%a %b} {moment.day:2d} {moment:%H:%M:%S} {moment.year}"
+
+
+DATE_FORMS = {"imf-fixdate": http_date, "rfc850": rfc850_date, "asctime": asctime_date}
+# A two-digit RFC 850 year is only unambiguous within 50 years of now.
+near_past_dates = http_dates(datetime(1974, 1, 1), datetime(2023, 11, 14, 22, 13, 20))
+near_future_dates = http_dates(datetime(2023, 11, 14, 22, 13, 21), datetime(2073, 11, 1))
+
+
 def at(seconds_from_now: float) -> datetime:
     return datetime.fromtimestamp(NOW + seconds_from_now, tz=timezone.utc)
 
@@ -96,6 +112,68 @@ def test_past_http_date_gives_zero(moment: datetime) -> None:
     assert 0.0 == parse_retry_after(http_date(moment), now=NOW)
 
 
+@pytest.mark.parametrize("form", DATE_FORMS)
+@given(moment=near_future_dates)
+def test_every_http_date_form_in_the_future_gives_the_delta(form: str, moment: datetime) -> None:
+    """RFC 9110 §5.6.7: IMF-fixdate, RFC 850 and asctime all mean "wait until then"."""
+    expected = min(moment.timestamp() - NOW, MAX_SERVER_WAIT)
+    assert expected == parse_retry_after(DATE_FORMS[form](moment), now=NOW)
+
+
+@pytest.mark.parametrize("form", DATE_FORMS)
+@given(moment=near_past_dates)
+def test_every_http_date_form_in_the_past_gives_zero(form: str, moment: datetime) -> None:
+    """A past date in any of the three forms means no wait."""
+    assert 0.0 == parse_retry_after(DATE_FORMS[form](moment), now=NOW)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Tue Nov 14 22:15:20 2023",
+        "Tuesday, 14-Nov-23 22:15:20 GMT",
+        "Tue, 14 Nov 2023 22:15:20 GMT",
+    ],
+)
+def test_rfc9110_examples_two_minutes_ahead(value: str) -> None:
+    """The three forms of one moment, two minutes after NOW, are one 120 s wait."""
+    assert 120.0 == parse_retry_after(value, now=NOW)
+
+
+def test_an_asctime_date_with_a_one_digit_day_is_read() -> None:
+    """``Sun Nov  6 08:49:37 1994`` (two spaces) and ``Sun Nov 6 …`` are the same date."""
+    now = datetime(1994, 11, 6, 8, 49, 30, tzinfo=timezone.utc).timestamp()
+
+    assert [7.0, 7.0] == [
+        parse_retry_after("Sun Nov  6 08:49:37 1994", now=now),
+        parse_retry_after("Sun Nov 6 08:49:37 1994", now=now),
+    ]
+
+
+def test_a_two_digit_year_more_than_50_years_ahead_is_in_the_past() -> None:
+    """RFC 9110: ``-99`` read in 2023 is 1999 (no wait), not 2099; ``-60`` is 2060."""
+    assert [0.0, MAX_SERVER_WAIT] == [
+        parse_retry_after("Friday, 01-Jan-99 00:00:00 GMT", now=NOW),
+        parse_retry_after("Thursday, 01-Jan-60 00:00:00 GMT", now=NOW),
+    ]
+
+
+@given(value=st.from_regex(r"\A[A-Za-z]{3} [A-Za-z]{3} [ \d]{1,2}\d [\d:]{1,9} \d{1,5}\Z"))
+def test_parse_never_raises_on_near_asctime_dates(value: str) -> None:
+    """Strings shaped like asctime dates but broken inside give None or a finite wait."""
+    seconds = parse_retry_after(value, now=NOW)
+
+    assert seconds is None or (math.isfinite(seconds) and seconds >= 0)
+
+
+@given(value=st.from_regex(r"\A[A-Za-z]{6,9}, \d{1,2}-[A-Za-z]{3}-\d{1,3} [\d:]{1,9} GMT\Z"))
+def test_parse_never_raises_on_near_rfc850_dates(value: str) -> None:
+    """Strings shaped like RFC 850 dates but broken inside give None or a finite wait."""
+    seconds = parse_retry_after(value, now=NOW)
+
+    assert seconds is None or (math.isfinite(seconds) and seconds >= 0)
+
+
 def test_http_date_two_minutes_ahead() -> None:
     """A worked example: a date 120 s from now is a 120 s wait."""
     assert 120.0 == parse_retry_after(http_date(at(120)), now=NOW)
@@ -124,6 +202,12 @@ def test_http_date_two_minutes_ahead() -> None:
         "Wed, 21 Oct 2015",
         "Wed, 32 Oct 2015 07:28:00 GMT",
         "Wed, 21 Foo 2015 07:28:00 GMT",
+        "Sun Nov 31 08:49:37 1994",  # asctime, no such day
+        "Sun Nov  6 24:49:37 1994",
+        "Sun Nov  6 08:49:37 0000",
+        "Sunday, 31-Feb-94 08:49:37 GMT",
+        "Sunday, 06-Nov-94 08:49:37",  # RFC 850 needs its GMT
+        "Sun Nov \u0666 08:49:37 1994",  # a non-ASCII digit
     ],
 )
 def test_garbage_is_no_hint(value: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,21 @@ def test_sdk_key_is_adopted_verbatim_and_journaled_before_the_first_send(
     assert [[("key:sdk-key-1", "sdk-key-1")]] == seen
     assert "sdk-key-1" == script.sent[0].headers["Idempotency-Key"]
     assert "sdk-key-1" == response.extensions["idempotently"].key
+
+
+def test_a_keyless_request_gets_a_generated_key_and_an_op_id(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """Without a key header the operation id is ``op_<32 hex digits>``, not ``key:<key>``."""
+    script = Script([httpx.Response(201, json={"id": "ch_1"})])
+    with sdk_client(tmp_path, fake_time, script) as client:
+        response = post(client)
+    [(operation_id, key)] = journal_rows(tmp_path / "journal.db")
+    assert (True, key) == (
+        re.fullmatch(r"op_[0-9a-f]{32}", operation_id) is not None,
+        script.sent[0].headers["Idempotency-Key"],
+    )
+    assert key == response.extensions["idempotently"].key
 
 
 def test_503_is_retried_with_the_same_key_and_bytes(tmp_path: Path, fake_time: FakeTime) -> None:

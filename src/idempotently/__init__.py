@@ -6,7 +6,9 @@ before the first byte is sent, reused on every attempt and after a crash.
 
 from __future__ import annotations
 
-from idempotently import profiles
+# _early_signals first, before the slow imports: a `resume --watch` worker notes an
+# early SIGTERM instead of dying of it (nothing happens in any other process).
+from idempotently import _early_signals, profiles  # noqa: F401
 from idempotently._events import (
     AttemptFinished,
     Event,

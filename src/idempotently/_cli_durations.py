@@ -95,3 +95,31 @@ class Duration(_ParamType):
 
 
 DURATION = Duration()
+
+
+class Seconds(_ParamType):
+    """A click option type: plain seconds, finite, from 0 to a century.
+
+    ``click.FloatRange(min=0)`` lets ``nan``, ``inf`` and ``1e400`` through.
+    """
+
+    name = "seconds"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            seconds = float(value)  # type: ignore[arg-type]  # str or a float default
+        except (TypeError, ValueError):
+            self.fail(f"{str(value)[:40]!r} is not a number of seconds", param, ctx)
+        if not 0 <= seconds <= MAX_DURATION:  # also catches nan and inf
+            self.fail(
+                f"{str(value)[:40]!r} is not a number of seconds from 0 to "
+                f"{MAX_DURATION:.0f} (a century)",
+                param,
+                ctx,
+            )
+        return seconds
+
+
+SECONDS = Seconds()

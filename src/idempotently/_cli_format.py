@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+import wcwidth
+
 from idempotently._cli_durations import format_age, format_duration
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered
@@ -265,25 +267,57 @@ def plural(count: int, noun: str, nouns: str | None = None) -> str:
 
 ELLIPSIS = "…"
 MIN_SHORTENED = 10
-"""A shortened cell keeps at least this many characters (or its header's width)."""
+"""A shortened cell keeps at least this many columns (or its header's width)."""
 Shorten = Literal["middle", "end"]
 
 
+def columns(text: str) -> int:
+    """Terminal columns ``text`` takes: 2 for a CJK character or an emoji, 0 for a combining mark.
+
+    Cells reach here through :func:`printable`, so there is no control character
+    to measure; one that slips through counts as nothing rather than as -1.
+    """
+    measured = wcwidth.wcswidth(text)
+    if measured >= 0:
+        return measured
+    return sum(max(0, wcwidth.wcwidth(char)) for char in text)
+
+
+def _clusters(text: str) -> list[str]:
+    """``text`` in pieces never to be split: its grapheme clusters (``👩🏽``, ``🇯🇵``)."""
+    return list(wcwidth.iter_graphemes(text))
+
+
+def _fit(pieces: Iterable[str], width: int) -> list[str]:
+    """The leading pieces that together take at most ``width`` columns."""
+    kept: list[str] = []
+    used = 0
+    for piece in pieces:
+        used += columns(piece)
+        if used > width:
+            break
+        kept.append(piece)
+    return kept
+
+
 def shorten(text: str, width: int, where: Shorten = "middle") -> str:
-    """``text`` in at most ``width`` characters: ``abc…xyz`` (ids, URLs) or ``abcdef…`` (prose).
+    """``text`` in at most ``width`` columns: ``abc…xyz`` (ids, URLs) or ``abcdef…`` (prose).
 
     The middle keeps both what tells ids apart at the start (the host, the order)
-    and at the end (the path, the step); prose keeps its beginning.
+    and at the end (the path, the step); prose keeps its beginning. Width is
+    measured in terminal columns, and a wide character is never cut in half:
+    where half of one would fit, the line is one column shorter.
     """
-    if len(text) <= width:
+    if columns(text) <= width:
         return text
     if width <= 1:
         return ELLIPSIS[:width]
+    pieces = _clusters(text)
     if where == "end":
-        return text[: width - 1].rstrip() + ELLIPSIS
-    head = width // 2
-    tail = width - 1 - head
-    return text[:head] + ELLIPSIS + text[len(text) - tail :]
+        return "".join(_fit(pieces, width - 1)).rstrip() + ELLIPSIS
+    head = _fit(pieces, width // 2)
+    tail = _fit(reversed(pieces[len(head) :]), width - 1 - columns("".join(head)))
+    return "".join(head) + ELLIPSIS + "".join(reversed(tail))
 
 
 def table(
@@ -301,11 +335,13 @@ def table(
     or at the end); the other columns are never cut.
     """
     cells = [["-" if cell is None else printable(str(cell)) for cell in row] for row in rows]
-    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(headers)]
+    widths = [
+        max([columns(name)] + [columns(row[i]) for row in cells]) for i, name in enumerate(headers)
+    ]
     right_aligned = {i for i, name in enumerate(headers) if name in right.split(",")}
     shrinkable = {headers.index(name): where for name, where in (shrink or {}).items()}
     if width is not None:
-        floor = {i: max(len(headers[i]), MIN_SHORTENED) for i in shrinkable}
+        floor = {i: max(columns(headers[i]), MIN_SHORTENED) for i in shrinkable}
         excess = sum(widths) + 2 * (len(widths) - 1) - width
         while excess > 0:
             wide = [i for i in shrinkable if widths[i] > floor[i]]
@@ -319,8 +355,9 @@ def table(
                 row[i] = shorten(row[i], widths[i], where)
 
     def line(row: Sequence[str]) -> str:
+        padding = [" " * (widths[i] - columns(cell)) for i, cell in enumerate(row)]
         padded = [
-            cell.rjust(widths[i]) if i in right_aligned else cell.ljust(widths[i])
+            padding[i] + cell if i in right_aligned else cell + padding[i]
             for i, cell in enumerate(row)
         ]
         return "  ".join(padded).rstrip()

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 import click
 
+from idempotently import _early_signals
 from idempotently._cli_format import printable, shorten
 from idempotently._flow import ResumeResult
 from idempotently._session import Session
@@ -178,6 +179,10 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
 
     watched = (signal.SIGTERM, signal.SIGINT)
     previous = {signum: signal.signal(signum, handler) for signum in watched}
+    early = _early_signals.take()  # a signal that came while the worker was starting
+    if early is not None:
+        received.append(signal.Signals(early).name)
+        stop.set()
     announcer = threading.Thread(target=announce, name="idempotently-watch-signals", daemon=True)
     announcer.start()
     try:

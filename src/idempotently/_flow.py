@@ -43,6 +43,7 @@ from idempotently._commands import (
     Sleep,
     TakeLease,
 )
+from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
     AsyncHook,
     AttemptFinished,
@@ -88,6 +89,7 @@ from idempotently._policy import (
 )
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._rows import AttemptRecord, NewOperation, Operation
+from idempotently._text import storable, storable_text
 from idempotently._vocabulary import (
     DELIVERIES,
     RESUME_ACTION_OF,
@@ -593,10 +595,20 @@ class Engine:
                 **ids,
             )
         if operation.fingerprint != print_:
+            # Off the hot path: worked out only once the fingerprints disagree.
+            difference = first_difference(
+                method=operation.method,
+                url=operation.url,
+                headers=operation.request_headers,
+                body=operation.request_body,
+                request=call.request,
+                fingerprint_headers=self.fingerprint_headers,
+            )
             raise KeyReuseError(
                 f"operation {operation.operation_id!r} was first sent as "
-                f"{operation.method} {operation.url} with another payload; nothing was sent. "
-                "Use a new operation_id for a different request",
+                f"{operation.method} {shown_url(operation.url)} and this call differs in "
+                f"{difference or 'what it fingerprints (a header not journaled?)'}; nothing "
+                "was sent. Use a new operation_id for a different request",
                 **ids,
             )
 
@@ -730,10 +742,10 @@ class Engine:
                 outcome=signal.outcome,
                 status_code=None if answer is None else answer.status_code,
                 replayed=answer is not None and answer.replayed,
-                error=None if answer is not None else signal.text,  # type: ignore[union-attr]
+                error=None if answer is not None else storable(signal.text),  # type: ignore[union-attr]
                 wait=decision.wait if retrying else None,
                 status=STATUS_AFTER[action],
-                reason=None if action == "succeed" else decision.reason,
+                reason=None if action == "succeed" else storable(decision.reason),
                 not_before=decision.not_before,
                 lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
                 response_status=response.status_code if keep and response else None,
@@ -887,7 +899,7 @@ class Engine:
         elif kind in ("expired", "deadline"):
             status = "needs_reconcile"
         if status != "pending":
-            yield SetStatus(operation.operation_id, status, reason, self.clock())
+            yield SetStatus(operation.operation_id, status, storable_text(reason), self.clock())
         return status
 
     def profile_for(self, operation: Operation) -> ServerProfile:
@@ -1046,7 +1058,7 @@ class Engine:
         yield Settle(
             operation.operation_id,
             settlement.status,
-            f"reconciled: {settlement.note}",
+            storable_text(f"reconciled: {settlement.note}"),
             self.clock(),
             None if response is None else response.status_code,
             None

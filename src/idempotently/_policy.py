@@ -25,6 +25,7 @@ import tenacity as _t
 
 from idempotently._profiles import ServerProfile
 from idempotently._retry_after import server_wait
+from idempotently._text import storable_text
 from idempotently._vocabulary import Action, Delivery, Outcome
 
 if TYPE_CHECKING:
@@ -253,7 +254,9 @@ def classify_error(error: BaseException, *, secrets: Collection[str] = ()) -> Fa
     answered: the attempt may have been acted on, and sending it again would meet
     the same end, so it is not retried.
     """
-    text = scrub(f"{type(error).__name__}: {error}", secrets)
+    # The message may quote undecodable server bytes or a NUL: made storable here,
+    # once, so events, logs and both journal stores all see the same text.
+    text = storable_text(scrub(f"{type(error).__name__}: {_message(error)}", secrets))
     if isinstance(error, _UNSENDABLE_ERRORS):
         return Failure("not_sent", text, unsendable=True)
     if isinstance(error, _NOT_SENT_ERRORS):
@@ -261,6 +264,14 @@ def classify_error(error: BaseException, *, secrets: Collection[str] = ()) -> Fa
     if isinstance(error, httpx.TransportError):
         return Failure("maybe_delivered", text)
     return Failure("maybe_delivered", text, unreadable=True)
+
+
+def _message(error: BaseException) -> str:
+    """``str(error)``, or what it is when even that raises (a hostile ``__str__``)."""
+    try:
+        return str(error)
+    except Exception:  # an error's own __str__ may fail; the attempt must still be recorded
+        return f"(unprintable {type(error).__name__})"
 
 
 def scrub(text: str, secrets: Collection[str]) -> str:

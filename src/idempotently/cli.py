@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from idempotently import __version__
+from idempotently import __version__, _early_signals
 from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     OPERATION_FIELDS,
@@ -58,6 +58,7 @@ from idempotently._session import (
     Session,
     check_origin,
 )
+from idempotently._special_files import refuse_special_file
 from idempotently._vocabulary import RESUME_DONE, STATUSES
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
@@ -83,13 +84,16 @@ F = TypeVar("F", bound=Callable[..., Any])
     help="The journal your Session writes: a file, or a postgresql:// URL.",
 )
 @click.version_option(__version__, prog_name="idempotently")
-def cli(journal_path: str) -> None:
+@click.pass_context
+def cli(ctx: click.Context, journal_path: str) -> None:
     """Audit and resume the idempotently journal.
 
     Tables for people; --format json, csv or nl (one JSON object per line) for
     scripts. Exit status: 0 success, 1 failure (including a missing or
     unreadable journal), 2 usage error.
     """
+    if ctx.invoked_subcommand != "resume":
+        _early_signals.release()  # only a watch worker keeps what came early
 
 
 # -- reusable pieces ---------------------------------------------------------------
@@ -116,7 +120,11 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
         def wrapper(ctx: click.Context, /, journal_path: str | None, **options: Any) -> Any:
             path = journal_path or ctx.find_root().params["journal_path"]
             read_only = readonly or bool(readonly_if and options[readonly_if])
-            with journal_errors(), Journal(path, create=False, readonly=read_only) as journal:
+            with journal_errors():
+                # Before any open: SQLite's open of a FIFO blocks until a writer comes.
+                refuse_special_file(path)
+                journal = Journal(path, create=False, readonly=read_only)
+            with journal_errors(), journal:
                 return command(journal, **options)
 
         functools.update_wrapper(wrapper, command)
@@ -252,7 +260,8 @@ def list_command(
     now = time.time()
     operations = journal.operations(
         status=statuses or None,  # type: ignore[arg-type]  # click.Choice checked them
-        since=None if since is None else now - since,
+        # A window reaching back past 1970 means "everything", not a negative time.
+        since=None if since is None else max(0.0, now - since),
         limit=limit,
     )
     if output_format != "table":
@@ -577,6 +586,8 @@ def resume_command(
     With --watch, a worker: it resumes operations as they fall due and exits 0
     on SIGTERM or SIGINT once its leases are released.
     """
+    if not watch:
+        _early_signals.release()
     results: list[ResumeResult] = []
     if deadline is not None and deadline <= 0:
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")

@@ -6,6 +6,7 @@ journal still reads with every command.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -123,6 +124,57 @@ def test_hostile_audit_option_is_a_usage_error(
     assert_sound(pending, operations=["op"])
 
 
+CENTURY = "36600d"
+"""The longest duration the parser accepts: 100 years of 366 days, reaching back before 1970."""
+
+
+@pytest.mark.parametrize(
+    "args, expected_code",
+    [
+        (("list", "--since", "0"), 0),
+        (("list", "--since", "21000d"), 0),
+        (("list", "--since", CENTURY), 0),
+        (("list", "--json", "--since", CENTURY), 0),
+        (("stats", "--stuck-after", "0"), 0),
+        (("stats", "--stuck-after", CENTURY), 0),
+        (("stats", "--json", "--expiring-within", "0"), 0),
+        (("stats", "--json", "--expiring-within", CENTURY), 0),
+        (("prune", "--older-than", "0", "--dry-run"), 0),
+        (("prune", "--older-than", CENTURY), 0),
+        (("prune", "--json", "--older-than", CENTURY, "--dry-run"), 0),
+    ],
+    ids=lambda value: " ".join(value)[:50] if isinstance(value, tuple) else None,
+)
+def test_an_audit_duration_at_its_extremes_is_honoured(
+    pending: Path, wire: Wire, args: tuple[str, ...], expected_code: int
+) -> None:
+    """0 and the longest accepted duration (before 1970) run cleanly: no traceback, no send."""
+    result = invoke(pending, *args)
+    assert (expected_code, None) == (
+        result.exit_code,
+        None if isinstance(result.exception, SystemExit | None) else repr(result.exception),
+    ), result.output
+    assert [] == wire.arrivals
+    assert_sound(pending, operations=["op"])
+
+
+def test_list_since_before_1970_lists_everything(pending: Path) -> None:
+    """``--since`` reaching back before the epoch means "all of them", not a ValueError."""
+    result = invoke(pending, "list", "--since", "21000d", "--format", "nl")
+    assert (0, ["op"]) == (
+        result.exit_code,
+        [json.loads(line)["operation_id"] for line in result.output.splitlines()],
+    )
+
+
+@pytest.mark.parametrize("option", ["--provider-latency", "--stale-after", "--key-ttl", "--port"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e400", "soon", "", "99999999999"])
+def test_a_hostile_mock_server_number_is_a_usage_error(option: str, value: str) -> None:
+    """mock-server refuses a negative, non-finite, huge or garbage number before listening."""
+    result = CliRunner().invoke(cli, ["mock-server", option, value])
+    assert_usage_error(result, option)
+
+
 # -- resume ------------------------------------------------------------------------------------
 
 
@@ -177,6 +229,48 @@ def test_hostile_resume_option_is_a_usage_error_before_anything_is_sent(
     assert [] == wire.arrivals
     assert 1 == attempts(pending)
     assert_sound(pending, operations=["op"], secrets=secrets)
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (("--deadline", "0"), "--deadline"),
+        (("--deadline", "-1s"), "--deadline"),
+        (("--deadline", "soon"), "--deadline"),
+        (("--deadline", HUGE_DURATION), "--deadline"),
+        (("--interval", "0", "--watch"), "--interval"),
+        (("--interval", "-5s", "--watch"), "--interval"),
+        (("--interval", HUGE_DURATION, "--watch"), "--interval"),
+        (("--lease-duration", "0"), "--lease-duration"),
+        (("--lease-duration", "-1s"), "--lease-duration"),
+        (("--lease-duration", CENTURY), "--lease-duration"),
+        (("--lease-duration", HUGE_DURATION), "--lease-duration"),
+        (("--concurrency", "0"), "--concurrency"),
+        (("--concurrency", "99999999999999999999"), "--concurrency"),
+        (("--max-attempts", "0"), "--max-attempts"),
+        (("--max-attempts", "-1"), "--max-attempts"),
+        (("--max-attempts", "99999999999999999999"), "--max-attempts"),
+    ],
+    ids=lambda value: " ".join(value)[:60] if isinstance(value, tuple) else None,
+)
+def test_a_resume_number_out_of_range_is_a_usage_error(
+    pending: Path, wire: Wire, args: tuple[str, ...], option: str
+) -> None:
+    """resume's durations and counts at 0, negative, huge or garbage exit 2 before any send."""
+    assert_usage_error(invoke(pending, "resume", *args), option)
+    assert [] == wire.arrivals
+    assert 1 == attempts(pending)
+
+
+@pytest.mark.parametrize(
+    "args", [("--deadline", CENTURY), ("--lease-duration", "1d"), ("--max-attempts", "1000")]
+)
+def test_a_resume_number_at_its_largest_still_resumes(
+    pending: Path, wire: Wire, args: tuple[str, ...]
+) -> None:
+    """The largest accepted deadline, lease and attempt count resume the operation once."""
+    result = invoke(pending, "resume", *args)
+    assert (0, 1, 2) == (result.exit_code, len(wire.arrivals), attempts(pending)), result.output
 
 
 def test_a_profile_module_that_fails_to_import_is_a_usage_error(

@@ -65,6 +65,7 @@ from idempotently._rows import (
     headers_json,
     short,
 )
+from idempotently._special_files import refuse_special_file
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Outcome, Status
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -458,6 +459,8 @@ class SqliteStore:
             )
         self.path = os.fspath(path)
         _refuse_url(self.path)
+        # A FIFO, a socket or a device would block the open (or be taken for a file).
+        refuse_special_file(self.path)
         self.durability: Durability = durability
         self.readonly = readonly
         self._create = create and not readonly

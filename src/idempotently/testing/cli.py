@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from idempotently._cli_durations import SECONDS
 from idempotently.testing._config import DEFAULT_KEY_TTL, DEFAULT_STALE_AFTER
 
 MOCK_EXTRA_MESSAGE = "the mock server needs the [mock] extra: pip install 'idempotently[mock]'"
@@ -15,10 +16,16 @@ MOCK_EXTRA_MESSAGE = "the mock server needs the [mock] extra: pip install 'idemp
 
 @click.command("mock-server")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8000, show_default=True, help="Port; 0 picks a free one.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port; 0 picks a free one.",
+)
 @click.option(
     "--provider-latency",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     default=0.0,
     show_default=True,
     metavar="SECONDS",
@@ -26,7 +33,7 @@ MOCK_EXTRA_MESSAGE = "the mock server needs the [mock] extra: pip install 'idemp
 )
 @click.option(
     "--stale-after",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     default=DEFAULT_STALE_AFTER,
     show_default=True,
     metavar="SECONDS",
@@ -34,7 +41,7 @@ MOCK_EXTRA_MESSAGE = "the mock server needs the [mock] extra: pip install 'idemp
 )
 @click.option(
     "--key-ttl",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     default=DEFAULT_KEY_TTL,
     show_default=True,
     metavar="SECONDS",
