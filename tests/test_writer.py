@@ -309,3 +309,35 @@ def test_a_batch_holding_a_key_is_made_durable_once_for_all_its_writes(tmp_path:
         )
     assert [None, True, None] == outcomes
     assert [(3, True)] == levels
+
+
+def test_the_writer_over_the_in_memory_store_keeps_every_write_once() -> None:
+    """32 threads each journal a key and its answer through one writer over the in-memory
+    store: every operation ends succeeded exactly once, and a batch is durable exactly
+    when it holds a key."""
+    from tests.memory_store import MemoryStore
+    from tests.test_store_contract import answer, new
+
+    store = MemoryStore()
+    batches: list[tuple[bool, bool]] = []
+
+    def commit(writes: Sequence[Any], durable: bool) -> list[Any]:
+        batches.append((any(isinstance(write, Insert) for write in writes), durable))
+        return store.commit(writes, durable)
+
+    writer = Writer(commit, lambda write: isinstance(write, Insert))
+    start = threading.Barrier(32)
+
+    def one(number: int) -> None:
+        start.wait()
+        assert writer.write(Insert(new(f"op-{number}"), "me", NOW + 30))
+        writer.write(Record(f"op-{number}", answer(), NOW, "me"))
+
+    threads = [threading.Thread(target=one, args=(number,)) for number in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert {"succeeded": 32} == {status: n for status, n in store.counts().items() if n}
+    assert 64 == sum(size for size, _ in store.commits)
+    assert all(has_key == durable for has_key, durable in batches)

@@ -1,5 +1,6 @@
-"""Adversarial review of the exactly-once machinery: each test is a promise the
-contract (DESIGN §3) makes and the current code breaks (strict xfails)."""
+"""Races of the exactly-once machinery (found by an adversarial review): a derived key
+taken by another operation, a second caller during a long attempt, a late attempt
+after a settlement, a cancellation after the answer was journaled."""
 
 from __future__ import annotations
 

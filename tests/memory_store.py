@@ -1,0 +1,316 @@
+"""An in-memory journal store: the ``Store`` interface as dicts, for the contract suite and
+the writer's own tests. Each batch is all or nothing per write, as a savepoint makes it."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from idempotently._commands import (
+    ClaimDue,
+    ExtendLeases,
+    Insert,
+    Record,
+    Release,
+    RenewLease,
+    SetStatus,
+    Settle,
+    TakeLease,
+    Write,
+)
+from idempotently._rows import Attempt, Durability, Failed, JournalStats, Operation
+from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
+
+
+class MemoryStore:
+    """Operations in a dict, in insertion order; ``commits`` records each batch."""
+
+    def __init__(self, durability: Durability = "fsync") -> None:
+        self.path = ":memory-store:"
+        self.durability: Durability = durability
+        self.readonly = False
+        self.rows: dict[str, Operation] = {}
+        self.commits: list[tuple[int, bool]] = []
+        self._lock = threading.Lock()
+        self._namespace = uuid.uuid4()
+
+    @property
+    def namespace(self) -> uuid.UUID:
+        return self._namespace
+
+    def check_identity(self) -> None:
+        pass
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        pass
+
+    # -- writes ----------------------------------------------------------------------
+
+    def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
+        with self._lock:
+            self.commits.append((len(writes), durable))
+            results: list[Any] = []
+            for write in writes:
+                saved = dict(self.rows)
+                try:
+                    results.append(self._apply(write))
+                except Exception as error:
+                    self.rows = saved  # the write's savepoint, rolled back
+                    results.append(Failed(error))
+            return results
+
+    def _apply(self, write: Write) -> Any:
+        if isinstance(write, Insert):
+            new = write.new
+            if new.operation_id in self.rows or any(
+                row.key == new.key for row in self.rows.values()
+            ):
+                return False
+            self.rows[new.operation_id] = Operation(
+                operation_id=new.operation_id,
+                key=new.key,
+                status="pending",
+                delivery=new.delivery,
+                method=new.method,
+                url=new.url,
+                request_headers=tuple(new.request_headers),
+                request_body=new.request_body,
+                fingerprint=new.fingerprint,
+                profile=new.profile,
+                key_header=new.key_header,
+                created_at=new.created_at,
+                updated_at=new.created_at,
+                key_expires_at=new.key_expires_at,
+                deadline_at=new.deadline_at,
+                not_before=None,
+                lease_owner=write.owner,
+                lease_until=write.lease_until,
+                attempt_count=0,
+                last_status_code=None,
+                response_status=None,
+                response_headers=None,
+                response_body=None,
+                reason=None,
+            )
+            return True
+        if isinstance(write, Record):
+            return self._record(write)
+        if isinstance(write, TakeLease):
+            row = self.rows.get(write.operation.operation_id)
+            read = write.operation
+            if (
+                row is None
+                or row.status != "pending"
+                or (row.lease_until, row.lease_owner)
+                != (
+                    read.lease_until,
+                    read.lease_owner,
+                )
+            ):
+                return False
+            self._set(row, lease_owner=write.owner, lease_until=write.lease_until)
+            self._set(self.rows[row.operation_id], updated_at=write.now)
+            return True
+        if isinstance(write, RenewLease):
+            row = self.rows.get(write.operation_id)
+            if row is None or row.status != "pending" or row.lease_owner != write.owner:
+                return False
+            self._set(row, lease_until=write.lease_until)
+            return True
+        if isinstance(write, SetStatus):
+            row = self.rows.get(write.operation_id)
+            if row is None or row.status != write.expect:
+                return False
+            self._set(
+                row,
+                status=write.status,
+                reason=write.reason,
+                updated_at=write.now,
+                lease_owner=None,
+                lease_until=0.0,
+            )
+            return True
+        if isinstance(write, Release):
+            row = self.rows.get(write.operation_id)
+            if row is not None and row.lease_owner == write.owner:
+                self._set(row, lease_owner=None, lease_until=0.0)
+            return None
+        if isinstance(write, Settle):
+            row = self.rows.get(write.operation_id)
+            if row is None or row.status != "needs_reconcile":
+                return False
+            self._set(
+                row,
+                status=write.status,
+                reason=write.reason,
+                updated_at=write.now,
+                response_status=write.response_status,
+                response_headers=None
+                if write.response_headers is None
+                else tuple(write.response_headers),
+                response_body=write.response_body,
+                lease_owner=None,
+                lease_until=0.0,
+            )
+            return True
+        if isinstance(write, ExtendLeases):
+            extended = 0
+            for operation_id, owner in write.leases:
+                row = self.rows.get(operation_id)
+                if row is not None and row.lease_owner == owner and row.status == "pending":
+                    self._set(row, lease_until=max(row.lease_until, write.lease_until))
+                    extended += 1
+            return extended
+        if isinstance(write, ClaimDue):
+            due = sorted(
+                (
+                    row
+                    for row in self.rows.values()
+                    if row.status == "pending"
+                    and row.lease_until <= write.now
+                    and (row.not_before or 0) <= write.now
+                ),
+                key=lambda row: (row.created_at, row.operation_id),
+            )[: write.limit]
+            for row in due:
+                self._set(
+                    row,
+                    lease_owner=write.owner,
+                    lease_until=write.lease_until,
+                    updated_at=write.now,
+                )
+            return [self.rows[row.operation_id] for row in due]
+        raise TypeError(f"not a journal write: {write!r}")
+
+    def _set(self, row: Operation, **changes: Any) -> None:
+        self.rows[row.operation_id] = attrs.evolve(row, **changes)
+
+    def _record(self, write: Record) -> None:
+        row = self.rows.get(write.operation_id)
+        if row is None:
+            return
+        record = write.record
+        attempt = Attempt(
+            number=row.attempt_count + 1,
+            started_at=record.started_at,
+            elapsed=record.elapsed,
+            outcome=record.outcome,
+            status_code=record.status_code,
+            replayed=record.replayed,
+            error=record.error,
+            wait=record.wait,
+        )
+        counted = {
+            "attempt_count": row.attempt_count + 1,
+            "attempts": (*row.attempts, attempt),
+            "updated_at": write.now,
+        }
+        holds = write.owner is None or (row.status == "pending" and row.lease_owner == write.owner)
+        if not holds:
+            self._set(row, **counted)
+            return
+        self._set(
+            row,
+            **counted,
+            status=record.status,
+            reason=record.reason,
+            not_before=record.not_before,
+            last_status_code=record.status_code
+            if record.status_code is not None
+            else row.last_status_code,
+            response_status=record.response_status,
+            response_headers=None
+            if record.response_headers is None
+            else tuple(record.response_headers),
+            response_body=record.response_body,
+            lease_until=record.lease_until,
+            lease_owner=row.lease_owner if record.lease_until > 0 else None,
+        )
+
+    # -- reads -----------------------------------------------------------------------
+
+    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
+        with self._lock:
+            if operation_id is not None and operation_id in self.rows:
+                return copy.copy(self.rows[operation_id])
+            if key is not None:
+                return next((row for row in self.rows.values() if row.key == key), None)
+            return None
+
+    def operation(self, operation_id_or_key: str) -> Operation | None:
+        return self.find(operation_id_or_key, operation_id_or_key)
+
+    def operations(
+        self,
+        *,
+        status: Status | Sequence[Status] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Operation]:
+        wanted = None if status is None else {status} if isinstance(status, str) else set(status)
+        with self._lock:
+            found = [
+                attrs.evolve(row, attempts=())
+                for row in self.rows.values()
+                if (wanted is None or row.status in wanted)
+                and (since is None or row.created_at >= since)
+            ]
+        if newest_first:
+            found.reverse()
+        return found if limit is None else found[:limit]
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        with self._lock:
+            for row in self.rows.values():
+                counts[row.status] += 1
+        return counts
+
+    def stats(
+        self, *, now: float, stuck_after: float = 60.0, expiring_within: float | None = None
+    ) -> JournalStats:
+        with self._lock:
+            rows = list(self.rows.values())
+        attempts = [attempt for row in rows for attempt in row.attempts]
+        pending = [row for row in rows if row.status == "pending"]
+        return JournalStats(
+            counts=self.counts(),
+            operations=len(rows),
+            attempts=len(attempts),
+            answered_attempts=sum(a.status_code is not None for a in attempts),
+            replayed_attempts=sum(a.replayed for a in attempts),
+            in_progress_attempts=sum(a.status_code in (409, 423) for a in attempts),
+            oldest_pending_created_at=min((row.created_at for row in pending), default=None),
+            stuck=sum(
+                row.lease_until < now
+                and row.updated_at < now - stuck_after
+                and (row.not_before or 0) <= now
+                for row in pending
+            ),
+            now=now,
+            expiring=None
+            if expiring_within is None
+            else sum(row.key_expires_at <= now + expiring_within for row in pending),
+            expiring_within=expiring_within,
+        )
+
+    def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
+        with self._lock:
+            doomed = [
+                row.operation_id
+                for row in self.rows.values()
+                if row.status in FINISHED_STATUSES and row.updated_at < now - older_than
+            ]
+            if not dry_run:
+                for operation_id in doomed:
+                    del self.rows[operation_id]
+        return len(doomed)

@@ -1,0 +1,244 @@
+"""The Store contract: what every journal store promises the writer and the flow, run on
+SQLite, PostgreSQL and the in-memory store alike (tests/memory_store.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotently._commands import (
+    ClaimDue,
+    ExtendLeases,
+    Insert,
+    Record,
+    Release,
+    RenewLease,
+    SetStatus,
+    Settle,
+    TakeLease,
+    Write,
+)
+from idempotently._journal._sqlite import SqliteStore
+from idempotently._journal._store import Store
+from idempotently._rows import AttemptRecord, Failed, NewOperation
+from tests.memory_store import MemoryStore
+
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture(params=["sqlite", "postgres", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """An empty store of each kind."""
+    opened: Store
+    if request.param == "sqlite":
+        opened = SqliteStore(tmp_path / "journal.db")
+    elif request.param == "postgres":
+        from idempotently._journal._postgres import PostgresStore
+
+        opened = PostgresStore(str(request.getfixturevalue("postgres_url")))
+    else:
+        opened = MemoryStore()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def new(operation_id: str, created_at: float = NOW, key: str | None = None) -> NewOperation:
+    return NewOperation(
+        operation_id=operation_id,
+        key=key or f"key-{operation_id}",
+        delivery="exactly_once",
+        method="POST",
+        url="https://api.example.test/v1/charges",
+        request_headers=(("content-type", "application/json"),),
+        request_body=b'{"amount": 1000}',
+        fingerprint="f",
+        profile="generic",
+        key_header="Idempotency-Key",
+        created_at=created_at,
+        key_expires_at=created_at + 86400,
+        deadline_at=None,
+    )
+
+
+def answer(status: int = 201, *, final: bool = True) -> AttemptRecord:
+    return AttemptRecord(
+        started_at=NOW,
+        elapsed=0.1,
+        outcome="answered",
+        status_code=status,
+        status="succeeded" if final else "pending",
+        response_status=status if final else None,
+        response_headers=(("content-type", "application/json"),) if final else None,
+        response_body=b'{"id": "ch_1"}' if final else None,
+    )
+
+
+def one(store: Store, write: Write, durable: bool = False) -> Any:
+    (outcome,) = store.commit([write], durable)
+    assert not isinstance(outcome, Failed), outcome.error
+    return outcome
+
+
+def test_an_insert_is_found_by_id_and_by_key_and_taken_only_once(store: Store) -> None:
+    """A new operation is found pending, leased to its owner; a second insert of its id or
+    of its key is refused (False), never a second row."""
+    assert True is one(store, Insert(new("op-1"), "me", NOW + 30), durable=True)
+    assert False is one(store, Insert(new("op-1"), "you", NOW + 30))
+    assert False is one(store, Insert(new("op-2", key="key-op-1"), "you", NOW + 30))
+    by_id, by_key = store.find("op-1", None), store.find(None, "key-op-1")
+    assert by_id is not None and by_key is not None
+    assert ("pending", "me", NOW + 30) == (by_id.status, by_id.lease_owner, by_id.lease_until)
+    assert by_id.operation_id == by_key.operation_id
+    assert None is store.find("op-2", None)
+    assert b'{"amount": 1000}' == by_id.request_body
+
+
+def test_a_record_settles_only_while_its_owner_holds_the_lease(store: Store) -> None:
+    """The lease holder's answer settles the operation; a late answer from a caller that
+    lost the lease is counted as an attempt and changes nothing else."""
+    one(store, Insert(new("op-1"), "me", NOW + 30))
+    one(store, Insert(new("op-2"), "me", NOW + 30))
+    one(store, Record("op-1", answer(), NOW + 1, "me"))
+    one(store, Record("op-2", answer(), NOW + 1, "someone-else"))
+    settled, untouched = store.find("op-1", None), store.find("op-2", None)
+    assert settled is not None and untouched is not None
+    assert ("succeeded", 201, b'{"id": "ch_1"}', None) == (
+        settled.status,
+        settled.response_status,
+        settled.response_body,
+        settled.lease_owner,
+    )
+    assert [201] == [attempt.status_code for attempt in settled.attempts]
+    assert ("pending", 1, "me") == (
+        untouched.status,
+        untouched.attempt_count,
+        untouched.lease_owner,
+    )
+
+
+def test_a_lease_is_taken_by_one_compare_and_swap_only(store: Store) -> None:
+    """Two callers swapping the lease they both read: exactly one wins."""
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    read = store.find("op-1", None)
+    assert read is not None
+    first = one(store, TakeLease(read, "a", NOW + 30, NOW))
+    second = one(store, TakeLease(read, "b", NOW + 30, NOW))
+    assert (True, False) == (first, second)
+    held = store.find("op-1", None)
+    assert held is not None and "a" == held.lease_owner
+
+
+def test_a_lease_is_renewed_only_by_its_owner_and_only_while_pending(store: Store) -> None:
+    """RenewLease succeeds for the owner (expired or not), fails for anyone else and once
+    the operation is settled."""
+    one(store, Insert(new("op-1"), "me", NOW - 100))
+    assert True is one(store, RenewLease("op-1", "me", NOW + 30))
+    assert False is one(store, RenewLease("op-1", "you", NOW + 60))
+    one(store, SetStatus("op-1", "needs_reconcile", "key expired", NOW))
+    assert False is one(store, RenewLease("op-1", "me", NOW + 90))
+
+
+def test_statuses_move_only_from_the_one_expected(store: Store) -> None:
+    """SetStatus needs the expected status; Settle only takes needs_reconcile; both release
+    the lease."""
+    one(store, Insert(new("op-1"), "me", NOW + 30))
+    assert False is one(store, SetStatus("op-1", "failed", None, NOW, expect="needs_reconcile"))
+    assert False is one(store, Settle("op-1", "failed", "looked up", NOW, None, None, None))
+    assert True is one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    assert True is one(
+        store, Settle("op-1", "succeeded", "found", NOW + 1, 200, [("a", "b")], b"{}")
+    )
+    settled = store.find("op-1", None)
+    assert settled is not None
+    assert ("succeeded", "found", 200, None, 0.0) == (
+        settled.status,
+        settled.reason,
+        settled.response_status,
+        settled.lease_owner,
+        settled.lease_until,
+    )
+
+
+def test_a_lease_is_released_and_extended_only_by_its_owner(store: Store) -> None:
+    """Release by another owner changes nothing; ExtendLeases counts only the leases still
+    held by their owners on pending operations, and never shortens one."""
+    for name in ("op-1", "op-2", "op-3"):
+        one(store, Insert(new(name), "me", NOW + 30))
+    one(store, Release("op-1", "you"))
+    one(store, Record("op-3", answer(), NOW, "me"))
+    extended = one(store, ExtendLeases((("op-1", "me"), ("op-2", "you"), ("op-3", "me")), NOW + 10))
+    one(store, ExtendLeases((("op-2", "me"),), NOW + 90))
+    one(store, Release("op-1", "me"))
+    first, second = store.find("op-1", None), store.find("op-2", None)
+    assert first is not None and second is not None
+    assert 1 == extended  # op-1 only: op-2 is not yours, op-3 is settled
+    assert (None, 0.0) == (first.lease_owner, first.lease_until)
+    assert ("me", NOW + 90) == (second.lease_owner, second.lease_until)
+
+
+def test_claims_take_due_operations_oldest_first_and_never_twice(store: Store) -> None:
+    """ClaimDue leases pending operations whose lease and not_before passed, oldest first,
+    up to its limit; a second claim gets the rest."""
+    for number, created in enumerate([NOW - 3, NOW - 1, NOW - 2, NOW - 4]):
+        one(store, Insert(new(f"op-{number}", created_at=created), "old", NOW - 10))
+    one(store, Insert(new("leased"), "alive", NOW + 30))
+    first = one(store, ClaimDue("w1", NOW, NOW + 30, 2))
+    second = one(store, ClaimDue("w2", NOW, NOW + 30, 10))
+    assert ["op-3", "op-0"] == [operation.operation_id for operation in first]
+    assert ["op-2", "op-1"] == [operation.operation_id for operation in second]
+    assert {"w1"} == {operation.lease_owner for operation in first}
+
+
+def test_several_writes_commit_together_each_with_its_own_result(store: Store) -> None:
+    """One batch: each write's own result, in order, as if committed one by one."""
+    outcomes = store.commit(
+        [
+            Insert(new("op-1"), "me", NOW + 30),
+            Insert(new("op-1"), "you", NOW + 30),
+            Record("op-1", answer(), NOW, "me"),
+            Insert(new("op-2"), "me", NOW + 30),
+        ],
+        True,
+    )
+    assert [True, False, None, True] == outcomes
+    assert {"pending": 1, "succeeded": 1} == {
+        status: count for status, count in store.counts().items() if count
+    }
+
+
+def test_listings_counts_stats_and_prune_agree(store: Store) -> None:
+    """operations() filters by status and age, newest first or oldest; counts() and
+    stats() count every status; prune deletes finished operations only."""
+    for number in range(4):
+        one(store, Insert(new(f"op-{number}", created_at=NOW + number), "me", NOW - 1))
+    one(store, Record("op-0", answer(), NOW + 10, "me"))
+    one(store, Record("op-1", answer(), NOW + 11, "me"))
+    one(store, SetStatus("op-2", "needs_reconcile", "expired", NOW + 12))
+
+    def ids(operations: Sequence[Any]) -> list[str]:
+        return [operation.operation_id for operation in operations]
+
+    assert ["op-3", "op-2", "op-1", "op-0"] == ids(store.operations())
+    assert ["op-0", "op-1"] == ids(store.operations(status="succeeded", newest_first=False))
+    assert ["op-3"] == ids(store.operations(status="pending"))
+    assert ["op-3", "op-2"] == ids(store.operations(since=NOW + 2))
+    assert ["op-3"] == ids(store.operations(limit=1))
+    assert {"pending": 1, "succeeded": 2, "needs_reconcile": 1} == {
+        status: count for status, count in store.counts().items() if count
+    }
+    stats = store.stats(now=NOW + 100, stuck_after=10)
+    assert (4, 2, 2, NOW + 3, 1) == (
+        stats.operations,
+        stats.attempts,
+        stats.answered_attempts,
+        stats.oldest_pending_created_at,
+        stats.stuck,
+    )
+    assert 2 == store.prune(older_than=0, now=NOW + 100, dry_run=True)
+    assert 2 == store.prune(older_than=0, now=NOW + 100)
+    assert ["op-3", "op-2"] == ids(store.operations())
