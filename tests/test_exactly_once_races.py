@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import idempotently
-from idempotently._commands import Record
+from idempotently._commands import Insert, Record
 from tests.faults import around_commit
 from tests.support import URL, FakeTime, make_session
 
@@ -29,18 +29,19 @@ def test_a_named_call_whose_derived_key_belongs_to_another_operation_does_not_sp
         derived = str(uuid.uuid5(s.journal.namespace, "order-b"))
         s.post(URL, json={}, operation_id="order-a", idempotency_key=derived)
         inserts = 0
-        original = s.journal._insert_operation
 
-        def counted(*args: Any, **kwargs: Any) -> bool:
+        def counted(write: object) -> None:
             nonlocal inserts
             inserts += 1
             if inserts > 50:
                 raise RuntimeError("spinning: 50 inserts without a sleep")
-            return original(*args, **kwargs)
 
-        s.journal._insert_operation = counted  # type: ignore[method-assign]
-        with pytest.raises(idempotently.KeyReuseError):
+        with (
+            around_commit(s.journal, Insert, before=counted),
+            pytest.raises(idempotently.KeyReuseError),
+        ):
             s.post(URL, json={}, operation_id="order-b")
+        assert 1 <= inserts <= 2  # it tried its key, found it taken, and said so
 
 
 def _slow_first_send(fake_time: FakeTime, inner: Any, first_status: int) -> Any:
