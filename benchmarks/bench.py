@@ -27,13 +27,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import httpx
 from bench_post import PAYLOAD, Series, start_server, timed_async_batch, timed_batch
 
 import idempotently
+from idempotently._commands import Insert, Record
 
 PATH = "/v1/charges"
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,12 +118,22 @@ def cpu_split(tmp: Path, ops: int) -> list[str]:
 
         for mode in ("os", "fsync"):
             journal = idempotently.Journal(tmp / f"{uuid.uuid4()}.db", durability=mode)
-            journal._insert_operation = timed_write(  # type: ignore[method-assign]
-                "key", journal._insert_operation
-            )
-            journal._record_attempt = timed_write(  # type: ignore[method-assign]
-                "completion", journal._record_attempt
-            )
+            # Every journal command of the sync driver goes through Journal._execute: the
+            # key's insert and the answer's record, each through the journal's writer.
+            execute = journal._execute
+            timed_key = timed_write("key", execute)
+            timed_completion = timed_write("completion", execute)
+
+            def timed_execute(
+                command: Any, _key: Any = timed_key, _done: Any = timed_completion, _run: Any = execute
+            ) -> Any:
+                if isinstance(command, Insert):
+                    return _key(command)
+                if isinstance(command, Record):
+                    return _done(command)
+                return _run(command)
+
+            journal._execute = timed_execute  # type: ignore[method-assign]
             with idempotently.Session(
                 journal, base_url="http://bench", transport=httpx.MockTransport(answer)
             ) as session:

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 import idempotently
-from idempotently import Journal, _journal
+from idempotently import Journal
+from idempotently._journal import _sqlite
 from idempotently._journal import DURABILITIES, AttemptRecord, Durability, NewOperation
 from idempotently._vocabulary import STATUSES, Outcome, Status
 
@@ -97,7 +98,7 @@ def fill(journal: idempotently.Journal, count: int) -> None:
                         int(i % 7 == 0),
                     )
                 )
-        with journal._write() as conn:
+        with journal._store._write() as conn:
             conn.executemany(
                 "INSERT INTO operations (operation_id, key, status, delivery, method, url,"
                 " request_headers, request_body, fingerprint, profile, key_header, created_at,"
@@ -114,7 +115,7 @@ def fill(journal: idempotently.Journal, count: int) -> None:
 
 def cached_journal(count: int, rebuild: bool) -> Path:
     """The N-operation journal under benchmarks/.data/, built once."""
-    path = DATA / f"journal-v2-{count}.db"
+    path = DATA / f"journal-v{_sqlite.SCHEMA_VERSION}-{count}.db"
     if path.exists() and not rebuild:
         with idempotently.Journal(path, readonly=True) as journal:
             if count == sum(journal.counts().values()):
@@ -176,7 +177,7 @@ def audit(count: int, rebuild: bool) -> None:
 @contextlib.contextmanager
 def timed_writes(journal: idempotently.Journal, held: list[float]) -> Iterator[None]:
     """Record how long each of the journal's write transactions holds the lock."""
-    real = journal._write
+    real = journal._store._write
 
     @contextlib.contextmanager
     def write(**options: Any) -> Iterator[sqlite3.Connection]:
@@ -185,11 +186,11 @@ def timed_writes(journal: idempotently.Journal, held: list[float]) -> Iterator[N
             yield conn
         held.append(time.perf_counter() - started)
 
-    journal._write = write  # type: ignore[method-assign]
+    journal._store._write = write  # type: ignore[method-assign]
     try:
         yield
     finally:
-        journal._write = real  # type: ignore[method-assign]
+        journal._store._write = real  # type: ignore[method-assign]
 
 
 def prune_a_copy(path: Path) -> None:
@@ -245,21 +246,21 @@ TRIGGERS = (
     "count_changed_attempt",
 )
 ADDED = (*TRIGGERS, "operations_pending", "operations_finished")
-# Version 1 wrote its CHECKs with IN lists (see _journal._one_of).
-V1_TABLES = _journal._SCHEMA
+# Version 1 wrote its CHECKs with IN lists (see _sqlite._one_of).
+V1_TABLES = _sqlite._SCHEMA
 for column, values in (("status", STATUSES), ("outcome", get_args(Outcome))):
     V1_TABLES = V1_TABLES.replace(
-        _journal._one_of(column, values),
+        _sqlite._one_of(column, values),
         f"({column} IN ({', '.join(repr(value) for value in values)}))",
     )
 # name: (the tables' SQL, what to drop from version 2)
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "version 1 (before)": (V1_TABLES, ADDED),
     "version 2, upgraded from 1": (V1_TABLES, ()),
-    "version 2, new journal": (_journal._SCHEMA, ()),
-    "  without the count triggers": (_journal._SCHEMA, TRIGGERS),
-    "  without operations_pending": (_journal._SCHEMA, ("operations_pending",)),
-    "  without operations_finished": (_journal._SCHEMA, ("operations_finished",)),
+    "version 2, new journal": (_sqlite._SCHEMA, ()),
+    "  without the count triggers": (_sqlite._SCHEMA, TRIGGERS),
+    "  without operations_pending": (_sqlite._SCHEMA, ("operations_pending",)),
+    "  without operations_finished": (_sqlite._SCHEMA, ("operations_finished",)),
 }
 
 
@@ -282,12 +283,12 @@ def new_operation(operation_id: str, now: float) -> NewOperation:
 
 
 def variant(path: Path, durability: Durability, tables: str, dropped: tuple[str, ...]) -> Journal:
-    real = _journal._SCHEMA
-    _journal._SCHEMA = tables
+    real = _sqlite._SCHEMA
+    _sqlite._SCHEMA = tables
     try:
         journal = idempotently.Journal(path, durability=durability)
     finally:
-        _journal._SCHEMA = real
+        _sqlite._SCHEMA = real
     for name in dropped:
         kind = journal._conn.execute(
             "SELECT type FROM sqlite_master WHERE name = ?", (name,)

@@ -21,6 +21,7 @@ import httpx
 from bench_post import PAYLOAD, start_server
 
 import idempotently
+from idempotently._commands import Insert, Record
 
 
 def timed(
@@ -52,12 +53,18 @@ def main() -> None:
                 httpx.Client(base_url=url) as client,
                 idempotently.Session(journal, base_url=url) as session,
             ):
-                journal._insert_operation = timed(  # type: ignore[method-assign]
-                    timings, "journal: insert key row + commit", journal._insert_operation
-                )
-                journal._record_attempt = timed(  # type: ignore[method-assign]
-                    timings, "journal: attempt + completion commit", journal._record_attempt
-                )
+                execute = journal._execute
+                key = timed(timings, "journal: insert key row + commit", execute)
+                answer = timed(timings, "journal: attempt + completion commit", execute)
+
+                def timed_execute(command: Any) -> Any:
+                    if isinstance(command, Insert):
+                        return key(command)
+                    if isinstance(command, Record):
+                        return answer(command)
+                    return execute(command)
+
+                journal._execute = timed_execute  # type: ignore[method-assign]
                 session.client.send = timed(  # type: ignore[method-assign]
                     timings, "httpx send (inside Session.post)", session.client.send
                 )
