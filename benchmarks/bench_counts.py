@@ -222,8 +222,12 @@ def make_row(name: str, tmp: Path, postgres_url: str | None) -> Row:
             client=httpx.Client(transport=httpx.MockTransport(answer), base_url=BASE_URL),
         )
 
+        # A database outlives a child: ids of this child's own (all the same length), so
+        # no operation is a replay of an earlier child's.
+        prefix = f"{uuid.uuid4().hex[:12]}:" if name == "postgres" else ""
+
         def post(operation_id: str) -> object:
-            return session.post(PATH, json=PAYLOAD, operation_id=operation_id)
+            return session.post(PATH, json=PAYLOAD, operation_id=prefix + operation_id)
 
         row = SyncRow(post, session.close)
         if name != "postgres":
@@ -331,7 +335,9 @@ def child_command(args: argparse.Namespace, row: str, ops: int, *extra: str) -> 
     command = [sys.executable, str(SCRIPT), "--child", row, "--ops", str(ops)]
     command += ["--warmup", str(args.warmup), *extra]
     if row == "postgres":
-        command += ["--postgres-url", args.postgres_url]
+        # A new database per child on a server of our own (the same tables for every run).
+        server = getattr(args, "postgres_server", None)
+        command += ["--postgres-url", server.new_database() if server else args.postgres_url]
     if args.tmp:
         command += ["--tmp", args.tmp]
     return command
@@ -416,7 +422,8 @@ def postgres(args: argparse.Namespace) -> Iterator[None]:
 
     parent = os.environ.get("BENCH_DIR")
     with postgres_server(fsync=True, parent=Path(parent) if parent else None) as server:
-        args.postgres_url = server.new_database()
+        args.postgres_server = server
+        args.postgres_url = server.url()
         yield
 
 
