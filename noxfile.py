@@ -48,6 +48,20 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks against bare httpx on the same loopback server (not part of CI)."""
+    """Benchmarks (not part of CI): the wall-clock table, then the load-independent counts.
+
+    ``nox -s bench`` runs benchmarks/bench.py, then benchmarks/bench_counts.py
+    (needs valgrind and strace). ``nox -s bench -- wall ARGS`` runs only bench.py,
+    ``nox -s bench -- counts ARGS`` only bench_counts.py, each with ARGS; any other
+    arguments go to bench.py, and bench_counts.py runs after it with its defaults.
+    """
     session.install("-e", ".[mock,postgres]")
+    choice, *rest = session.posargs or [""]
+    if choice == "counts":
+        session.run("python", "benchmarks/bench_counts.py", *rest)
+        return
+    if choice == "wall":
+        session.run("python", "benchmarks/bench.py", *rest)
+        return
     session.run("python", "benchmarks/bench.py", *session.posargs)
+    session.run("python", "benchmarks/bench_counts.py")
