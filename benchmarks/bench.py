@@ -125,7 +125,10 @@ def cpu_split(tmp: Path, ops: int) -> list[str]:
             timed_completion = timed_write("completion", execute)
 
             def timed_execute(
-                command: Any, _key: Any = timed_key, _done: Any = timed_completion, _run: Any = execute
+                command: Any,
+                _key: Any = timed_key,
+                _done: Any = timed_completion,
+                _run: Any = execute,
             ) -> Any:
                 if isinstance(command, Insert):
                     return _key(command)

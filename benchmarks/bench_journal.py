@@ -34,8 +34,7 @@ from typing import Any, get_args
 
 import idempotently
 from idempotently import Journal
-from idempotently._journal import _sqlite
-from idempotently._journal import DURABILITIES, AttemptRecord, Durability, NewOperation
+from idempotently._journal import DURABILITIES, AttemptRecord, Durability, NewOperation, _sqlite
 from idempotently._vocabulary import STATUSES, Outcome, Status
 
 DATA = Path(__file__).parent / ".data"
@@ -256,11 +255,11 @@ for column, values in (("status", STATUSES), ("outcome", get_args(Outcome))):
 # name: (the tables' SQL, what to drop from version 2)
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "version 1 (before)": (V1_TABLES, ADDED),
-    "version 2, upgraded from 1": (V1_TABLES, ()),
-    "version 2, new journal": (_sqlite._SCHEMA, ()),
+    "version 3, upgraded from 1": (V1_TABLES, ()),
+    "version 3, new journal": (_sqlite._SCHEMA, ()),
     "  without the count triggers": (_sqlite._SCHEMA, TRIGGERS),
     "  without operations_pending": (_sqlite._SCHEMA, ("operations_pending",)),
-    "  without operations_finished": (_sqlite._SCHEMA, ("operations_finished",)),
+    "  without operations_settled": (_sqlite._SCHEMA, ("operations_settled",)),
 }
 
 
