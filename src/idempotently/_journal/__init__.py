@@ -10,6 +10,7 @@ decided once per batch.
 
 from __future__ import annotations
 
+import copy
 import os
 import uuid
 import weakref
@@ -130,7 +131,9 @@ class Journal:
             lambda writes, durable: self._store.commit(writes, durable), self._durable
         )
         self._closed = False
+        self._opened_in = os.getpid()
         self._forked_from: int | None = None
+        """The process that opened this journal, once this one is a fork of it."""
         _OPEN.add(self)
 
     # -- what the journal is -----------------------------------------------------
@@ -283,10 +286,20 @@ class Journal:
                 writes.append(index)
         if writes:
             try:
-                self._check_usable(commands[writes[0]])
-                written = self._writer.write_many([commands[index] for index in writes])
-            except Exception as error:
-                written = [Failed(error) for _ in writes]
+                self._check_usable()
+            except JournalError:
+                # Each write's own error: its operation, and what is true of it.
+                written = []
+                for index in writes:
+                    try:
+                        self._check_usable(commands[index])
+                    except JournalError as error:
+                        written.append(Failed(error))
+            else:
+                try:
+                    written = self._writer.write_many([commands[index] for index in writes])
+                except Exception as error:
+                    written = [Failed(copy.copy(error)) for _ in writes]
             for index, outcome in zip(writes, written, strict=True):
                 outcomes[index] = outcome
         for command, outcome in zip(commands, outcomes, strict=True):
@@ -420,20 +433,11 @@ def _closed_message(path: str, command: Any) -> str:
 
 def _after_fork_in_child() -> None:
     """Every journal of the parent is the parent's: a child must open its own."""
-    parent = _PARENT_PID[0]
     for journal in list(_OPEN):
-        journal._forked_from = parent
+        journal._forked_from = journal._opened_in
         journal._writer.after_fork()
         journal._store.after_fork()
-    _PARENT_PID[0] = os.getpid()
-
-
-_PARENT_PID = [os.getpid()]
-
-
-def _before_fork() -> None:
-    _PARENT_PID[0] = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -14,6 +14,7 @@ the pending operations and another the finished ones by idle time.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
@@ -809,6 +810,14 @@ class SqliteStore:
         """The JournalError that says what went wrong with a write, and what to do."""
         if _is_corruption(error):
             return self._damaged(error)
+        if isinstance(error, sqlite3.IntegrityError):
+            # Our statements never break a constraint on a sound row: a row edited by hand
+            # (an attempt_count lowered below its attempts) does.
+            return JournalCorruptError(
+                f"{self.path} holds a damaged operation ({error}): its row disagrees with its "
+                "attempts, as after an edit by hand; repair that row with the sqlite3 shell or "
+                "restore a backup (nothing was written)"
+            )
         if isinstance(error, sqlite3.DataError):
             return JournalWriteError(
                 f"cannot write the journal {self.path}: {error}; a value is over "
@@ -831,30 +840,33 @@ class SqliteStore:
         ``durable`` fsyncs the WAL at commit (the batch holds a key about to be
         sent). Writes that may start a send (a new key, a lease taken or renewed,
         a claim) are refused with :class:`JournalMovedError` if the path no longer
-        names the file open here: one ``stat`` per batch, because in WAL mode a
-        write to a deleted or replaced file succeeds silently and nobody would ever
-        resume it. With several writes each runs in a savepoint: one that fails
-        (a body over SQLite's limit) fails alone and the others commit. Raises if
-        the transaction itself cannot begin or commit: then none was written.
+        names the file open here, checked with a ``stat`` before the batch (nothing
+        of theirs is written then) and after it: in WAL mode a write to a deleted or
+        replaced file succeeds silently and nobody would ever resume it. With several
+        writes each runs in a savepoint: one that fails (a body over SQLite's limit)
+        fails alone and the others commit. Raises if the transaction itself cannot
+        begin or commit: then none was written.
         """
-        moved: JournalMovedError | None = None
-        if any(isinstance(write, _STARTS_SENDS) for write in writes):
+        sends = any(isinstance(write, _STARTS_SENDS) for write in writes)
+        if sends:
             try:
                 self.check_identity()
-            except JournalMovedError as error:
-                moved = error
+            except JournalMovedError as moved:
+                # Nothing of what may start a send goes into a file nobody would resume.
+                rest = [write for write in writes if not isinstance(write, _STARTS_SENDS)]
+                kept = iter(self.commit(rest, durable) if rest else [])
+                return [
+                    Failed(copy.copy(moved)) if isinstance(write, _STARTS_SENDS) else next(kept)
+                    for write in writes
+                ]
         if len(writes) == 1:
             (write,) = writes
-            if moved is not None and isinstance(write, _STARTS_SENDS):
-                return [Failed(moved)]
             with self._write(durable=durable, begin=not isinstance(write, _ONE_STATEMENT)):
-                return [self._apply(write)]
-        results: list[Any] = []
+                results: list[Any] = [self._apply(write)]
+            return self._unless_moved(writes, results) if sends else results
+        results = []
         with self._write(durable=durable) as conn:
             for write in writes:
-                if moved is not None and isinstance(write, _STARTS_SENDS):
-                    results.append(Failed(moved))
-                    continue
                 conn.execute("SAVEPOINT write")
                 try:
                     results.append(self._apply(write))
@@ -870,6 +882,21 @@ class SqliteStore:
                     results.append(Failed(failure))
                 finally:
                     conn.execute("RELEASE write")
+        return self._unless_moved(writes, results) if sends else results
+
+    def _unless_moved(self, writes: Sequence[Write], results: list[Any]) -> list[Any]:
+        """``results``, except that the writes after which a caller may send fail with
+        JournalMovedError if the path no longer names the file written. A second ``stat``,
+        after the commit: a rename or delete between the first and the commit is noticed
+        too (what was committed then lives in a file nobody would resume, so nothing may
+        be sent)."""
+        try:
+            self.check_identity()
+        except JournalMovedError as moved:
+            return [
+                Failed(copy.copy(moved)) if isinstance(write, _STARTS_SENDS) else result
+                for write, result in zip(writes, results, strict=True)
+            ]
         return results
 
     def _apply(self, write: Write) -> Any:

@@ -24,7 +24,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from idempotently._exceptions import JournalWriteError
 from idempotently._rows import Failed
+
+_INTERRUPTED = (
+    "the journal transaction that held this write was interrupted (KeyboardInterrupt in "
+    "the thread committing it), so it may or may not have been journaled; nothing was sent "
+    "after it. Call again with the same operation_id, or resume: the same key makes it safe"
+)
 
 Commit = Callable[[Sequence[Any], bool], Sequence[Any]]
 """``commit(writes, durable)``: one transaction; each write's result or a Failed."""
@@ -100,14 +107,16 @@ class Writer:
             finished = True
         finally:
             with self._changed:
-                if finished:
+                if not finished:
+                    # Interrupted (KeyboardInterrupt) in the leader's commit: it may or may
+                    # not have committed, and running the writes again could journal an
+                    # attempt twice or find a key "taken" by its own row. Each other caller
+                    # is told so; the interrupt itself goes on in the leader.
                     for job in batch:
-                        job.done = True
-                else:
-                    # Interrupted (KeyboardInterrupt) mid-commit: the others go to the next
-                    # leader; SQLite rolled the transaction back, and every write is
-                    # safe to run again (an insert that finds its own row reports "taken").
-                    self._waiting[:0] = [job for job in batch if job not in own]
+                        if job not in own:
+                            job.error = JournalWriteError(_INTERRUPTED)
+                for job in batch:
+                    job.done = True
                 self._committing = False
                 self._changed.notify_all()
 
