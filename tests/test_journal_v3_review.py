@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import httpx
 import pytest
 
 import idempotently
 from idempotently import Journal, JournalCorruptError, JournalMovedError
-from idempotently._commands import Find, Insert, Record, Release, RenewLease, TakeLease
+from idempotently._commands import ClaimDue, Find, Insert, Record, Release, RenewLease, TakeLease
 from idempotently._journal._sqlite import _INSERT_OPERATION
 from idempotently._journal._writer import _Job
 from idempotently._rows import AttemptRecord, Failed
@@ -183,27 +184,132 @@ def test_a_failing_write_rolls_back_only_its_own_savepoint_and_the_counts_stay_e
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SqliteStore._write_error (src/idempotently/_journal/_sqlite.py) returns a raw "
-    "sqlite3.IntegrityError as is: a row whose attempt_count was lowered by hand makes the "
-    "next Record fail with 'UNIQUE constraint failed: attempts...' (lone: raised raw; in a "
-    "batch: a Failed holding it), not a JournalCorruptError naming the operation",
+def by_hand(journal_target: str, statement: str) -> None:
+    """Run ``statement`` on the journal's tables as an operator would (sqlite3, psql)."""
+    if journal_target.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(journal_target, autocommit=True) as conn:
+            conn.execute("SET search_path = idempotently")  # type: ignore[arg-type]
+            conn.execute(statement)  # type: ignore[arg-type]
+    else:
+        with contextlib.closing(sqlite3.connect(journal_target, isolation_level=None)) as conn:
+            conn.execute(statement)
+
+
+def with_operations(journal_target: str, count: int) -> Journal:
+    """A journal on either store holding operations op-1 ... op-<count>, unleased."""
+    journal = Journal(journal_target, durability="os")
+    for number in range(1, count + 1):
+        assert journal._insert_operation(
+            new_operation(f"op-{number}", f"key-{number}"), owner="me", lease_until=0.0
+        )
+    return journal
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param(
+            "sqlite",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="SqliteStore._write_error (src/idempotently/_journal/_sqlite.py) "
+                "returns a raw sqlite3.IntegrityError as is: a row whose attempt_count was "
+                "lowered by hand makes the next Record fail with 'UNIQUE constraint failed: "
+                "attempts...' (lone: raised raw; in a batch: a Failed holding it), not a "
+                "JournalCorruptError naming the operation",
+            ),
+        ),
+        pytest.param(
+            "postgres",
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.xfail(
+                    strict=True,
+                    reason="PostgresStore.commit/_errors (src/idempotently/_journal/"
+                    "_postgres.py) turn the attempts_pkey violation of a row whose "
+                    "attempt_count was lowered by hand into a JournalWriteError ('check the "
+                    "server's log'), not a JournalCorruptError naming the damaged operation",
+                ),
+            ],
+        ),
+    ],
 )
-def test_an_attempt_count_lowered_by_hand_is_a_corrupt_error(tmp_path: Path) -> None:
+def test_an_attempt_count_lowered_by_hand_is_a_corrupt_error(journal_target: str) -> None:
     """A damaged row (attempt_count below the attempts it has): recording the next attempt
     raises JournalCorruptError naming the operation, alone and in a batch; never a raw
-    sqlite3 error."""
-    journal = journal_with_operations(tmp_path, 2)
+    database error."""
+    journal = with_operations(journal_target, 2)
     with journal:
         journal._execute(retrying(1))
-        journal._conn.execute("UPDATE operations SET attempt_count = 0")
+        by_hand(journal_target, "UPDATE operations SET attempt_count = 0")
         with pytest.raises(JournalCorruptError) as lone:
             journal._execute(retrying(1))
         outcomes = journal._execute_many([retrying(1), attempt(2)])
     assert "op-1" == lone.value.operation_id
     assert isinstance(outcomes[0], Failed)
     assert isinstance(outcomes[0].error, JournalCorruptError)
+    assert None is outcomes[1]
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        "sqlite",
+        pytest.param(
+            "postgres",
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.xfail(
+                    strict=True,
+                    reason="PostgresStore.commit (src/idempotently/_journal/_postgres.py) "
+                    "lets only DataError and IntegrityError fail alone in a savepoint: the "
+                    "JournalCorruptError a ClaimDue raises on a damaged row rolls back the "
+                    "whole batch, so another caller's new key in that batch fails too (with "
+                    "an error about someone else's row); SQLite fails the claim alone",
+                ),
+            ],
+        ),
+    ],
+)
+def test_a_claim_meeting_a_damaged_row_fails_alone_in_its_batch(journal_target: str) -> None:
+    """A resume worker's claim reads a damaged row while another caller's key shares its
+    batch: the claim fails with JournalCorruptError, the key is journaled as usual."""
+    journal = with_operations(journal_target, 2)
+    with journal:
+        by_hand(
+            journal_target,
+            "UPDATE operations SET request_headers = 'not json' WHERE operation_id = 'op-2'",
+        )
+        outcomes = journal._execute_many(
+            [Insert(new_operation("new-1"), "me", NOW), ClaimDue("worker", NOW + 5, NOW + 60, 10)]
+        )
+        journaled = journal._find("new-1", None)
+    assert True is outcomes[0]
+    assert isinstance(outcomes[1], Failed)
+    assert isinstance(outcomes[1].error, JournalCorruptError)
+    assert journaled is not None
+
+
+@pytest.mark.postgres
+def test_a_value_postgresql_refuses_fails_alone_in_its_savepoint(postgres_url: str) -> None:
+    """A URL holding a NUL byte (text PostgreSQL cannot store) among other writes: that
+    write fails alone with a JournalWriteError naming its operation, the others commit,
+    and the pooled connection serves the next write."""
+    journal = with_operations(postgres_url, 2)
+    bad = attrs.evolve(new_operation("bad"), url="https://api.test/\x00")
+    with journal:
+        outcomes = journal._execute_many(
+            [Insert(new_operation("new-1"), "me", NOW), Insert(bad, "me", NOW), attempt(1)]
+        )
+        journal._execute(attempt(2))
+        statuses = {op.operation_id: op.status for op in journal.operations()}
+    assert [True, None] == [outcomes[0], outcomes[2]]
+    assert isinstance(outcomes[1], Failed)
+    assert isinstance(outcomes[1].error, idempotently.JournalWriteError)
+    assert ("bad", "key-bad") == (outcomes[1].error.operation_id, outcomes[1].error.key)
+    assert {"new-1": "pending", "op-1": "succeeded", "op-2": "succeeded"} == statuses
 
 
 # -- durability, batch by batch --------------------------------------------------------------
