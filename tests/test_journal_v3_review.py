@@ -592,12 +592,6 @@ def test_a_child_closing_its_parents_journal_mid_commit_leaves_the_parents_file_
     assert (100, "ok") == (rows, check)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_after_fork_in_child (src/idempotently/_journal/__init__.py) overwrites "
-    "_forked_from at every fork: a grandchild's error names its parent (the first child), "
-    "not the process that opened the journal",
-)
 def test_a_grandchild_names_the_process_that_opened_the_journal(tmp_path: Path) -> None:
     """A fork of a fork using the original Session: the error names the process that opened
     the journal, not the intermediate child."""

@@ -422,7 +422,9 @@ def _after_fork_in_child() -> None:
     """Every journal of the parent is the parent's: a child must open its own."""
     parent = _PARENT_PID[0]
     for journal in list(_OPEN):
-        journal._forked_from = parent
+        # A grandchild's journals were opened by its grandparent, not by its parent.
+        if journal._forked_from is None:
+            journal._forked_from = parent
         journal._writer.after_fork()
         journal._store.after_fork()
     _PARENT_PID[0] = os.getpid()
