@@ -257,20 +257,7 @@ def test_an_attempt_count_lowered_by_hand_is_a_corrupt_error(journal_target: str
     "store",
     [
         "sqlite",
-        pytest.param(
-            "postgres",
-            marks=[
-                pytest.mark.postgres,
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="PostgresStore.commit (src/idempotently/_journal/_postgres.py) "
-                    "lets only DataError and IntegrityError fail alone in a savepoint: the "
-                    "JournalCorruptError a ClaimDue raises on a damaged row rolls back the "
-                    "whole batch, so another caller's new key in that batch fails too (with "
-                    "an error about someone else's row); SQLite fails the claim alone",
-                ),
-            ],
-        ),
+        pytest.param("postgres", marks=pytest.mark.postgres),
     ],
 )
 def test_a_claim_meeting_a_damaged_row_fails_alone_in_its_batch(journal_target: str) -> None:

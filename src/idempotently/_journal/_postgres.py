@@ -630,6 +630,10 @@ class PostgresStore:
                         results.append(self._apply(conn, write))
                 except (psycopg.DataError, psycopg.IntegrityError) as error:
                     results.append(Failed(self._error("cannot write the journal", error)))
+                except JournalError as error:
+                    # A damaged row a claim read: its savepoint is rolled back, the
+                    # batch's other writes stand (as on SQLite).
+                    results.append(Failed(error))
         return results
 
     def _apply(self, conn: psycopg.Connection[dict[str, Any]], write: Write) -> Any:
