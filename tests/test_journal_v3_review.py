@@ -107,13 +107,6 @@ def counting_transport() -> tuple[httpx.MockTransport, Counter[str]]:
 # -- batches and savepoints ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Journal._execute_many (src/idempotently/_journal/__init__.py) fails every write "
-    "of a batch on a closed (or forked) journal with ONE error object built for the first "
-    "write: the others get its operation id and key, and its message (an Insert's "
-    "'nothing was sent' for a Record whose attempt may have reached the server)",
-)
 def test_a_closed_journal_tells_each_batched_write_about_its_own_operation(
     tmp_path: Path,
 ) -> None:

@@ -10,6 +10,7 @@ decided once per batch.
 
 from __future__ import annotations
 
+import copy
 import os
 import uuid
 import weakref
@@ -241,8 +242,14 @@ class Journal:
         return self._fsync_keys and isinstance(write, Insert)
 
     def _check_usable(self, command: Any = None) -> None:
+        refusal = self._refusal(command)
+        if refusal is not None:
+            raise refusal
+
+    def _refusal(self, command: Any = None) -> JournalError | None:
+        """Why this journal takes no command here (a fork, a close), told for ``command``."""
         if self._forked_from is not None:
-            raise JournalError(
+            return JournalError(
                 f"the journal {self.path} was opened in process {self._forked_from}, and this "
                 f"process ({os.getpid()}) is a fork of it: a database connection cannot cross "
                 "a fork, so nothing was sent or written here. Open a new Journal (or Session) "
@@ -252,9 +259,10 @@ class Journal:
             )
         if self._closed:
             operation_id, key = _ids_of(command)
-            raise JournalError(
+            return JournalError(
                 _closed_message(self.path, command), operation_id=operation_id, key=key
             )
+        return None
 
     def _execute(self, command: JournalCommand) -> Any:
         """Run one journal command: a read against the store, a write through the writer."""
@@ -282,11 +290,17 @@ class Journal:
             else:
                 writes.append(index)
         if writes:
-            try:
-                self._check_usable(commands[writes[0]])
-                written = self._writer.write_many([commands[index] for index in writes])
-            except Exception as error:
-                written = [Failed(error) for _ in writes]
+            # Each write refused in its own words (a Record's attempt may have been sent,
+            # an Insert's was not), naming its own operation.
+            refusals = [self._refusal(commands[index]) for index in writes]
+            written: list[Any]
+            if any(refusals):
+                written = [Failed(refusal) for refusal in refusals if refusal is not None]
+            else:
+                try:
+                    written = self._writer.write_many([commands[index] for index in writes])
+                except Exception as error:
+                    written = [Failed(copy.copy(error)) for _ in writes]
             for index, outcome in zip(writes, written, strict=True):
                 outcomes[index] = outcome
         for command, outcome in zip(commands, outcomes, strict=True):
