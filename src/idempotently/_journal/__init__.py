@@ -244,8 +244,14 @@ class Journal:
         return self._fsync_keys and isinstance(write, Insert)
 
     def _check_usable(self, command: Any = None) -> None:
+        refusal = self._refusal(command)
+        if refusal is not None:
+            raise refusal
+
+    def _refusal(self, command: Any = None) -> JournalError | None:
+        """Why this journal takes no command here (a fork, a close), told for ``command``."""
         if self._forked_from is not None:
-            raise JournalError(
+            return JournalError(
                 f"the journal {self.path} was opened in process {self._forked_from}, and this "
                 f"process ({os.getpid()}) is a fork of it: a database connection cannot cross "
                 "a fork, so nothing was sent or written here. Open a new Journal (or Session) "
@@ -255,9 +261,10 @@ class Journal:
             )
         if self._closed:
             operation_id, key = _ids_of(command)
-            raise JournalError(
+            return JournalError(
                 _closed_message(self.path, command), operation_id=operation_id, key=key
             )
+        return None
 
     def _execute(self, command: JournalCommand) -> Any:
         """Run one journal command: a read against the store, a write through the writer."""

@@ -499,9 +499,19 @@ class PostgresStore:
         self, doing: str, error: Exception, kind: type[JournalError] = JournalWriteError
     ) -> JournalError:
         """One line naming the journal (never its password) and what to do."""
+        import psycopg
+
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if self._secret:
             reason = reason.replace(self._secret, "***")
+        if isinstance(error, psycopg.IntegrityError) and kind is JournalWriteError:
+            # Our statements never break a constraint on a sound row: a row edited by
+            # hand (an attempt_count lowered below its attempts) does.
+            return JournalCorruptError(
+                f"{self.path} holds a damaged operation ({reason}): its row disagrees with "
+                f"its attempts, as after an edit by hand; repair it (psql, {SCHEMA}.operations) "
+                "or restore a backup (nothing was written)"
+            )
         return kind(f"{doing} {self.path}: {reason}; {_ADVICE[_problem(error)]}")
 
     def close(self) -> None:
@@ -630,6 +640,10 @@ class PostgresStore:
                         results.append(self._apply(conn, write))
                 except (psycopg.DataError, psycopg.IntegrityError) as error:
                     results.append(Failed(self._error("cannot write the journal", error)))
+                except JournalError as error:
+                    # A damaged row a claim read: its savepoint is rolled back, the
+                    # batch's other writes stand (as on SQLite).
+                    results.append(Failed(error))
         return results
 
     def _apply(self, conn: psycopg.Connection[dict[str, Any]], write: Write) -> Any:
