@@ -8,7 +8,9 @@ synchronous_commit of each write, claiming due operations across connections.
 
 from __future__ import annotations
 
+import itertools
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,6 +18,8 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
+import attrs
+import httpx
 import psycopg
 import pytest
 
@@ -28,8 +32,10 @@ from idempotently import (
     JournalVersionError,
     JournalWriteError,
 )
+from idempotently._commands import Record
 from idempotently._journal import AttemptRecord, _postgres
 from idempotently._journal._postgres import PostgresStore, redact_url
+from idempotently._rows import Failed
 from tests.postgres_server import PostgresServer, postgres_server
 from tests.scripted_server import Answer
 from tests.test_claims import due_and_not_due
@@ -311,6 +317,171 @@ def test_the_key_commits_with_the_durability_asked_for(
         ("operations UPDATE", "off"),
         ("attempts INSERT", "off"),
     ] == seen
+
+
+# -- round trips -----------------------------------------------------------------------------
+
+
+def round_trips_in(trace: str) -> int:
+    """Round trips in a libpq protocol trace: each run of client (F) messages that the
+    server (B) answers is one; a pipeline's many statements are one run."""
+    directions = [line.split("\t", 1)[0] for line in trace.splitlines() if line[:1] in "FB"]
+    return sum(
+        1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B")
+    )
+
+
+@contextmanager
+def round_trips_per_call(journal: Journal) -> Iterator[list[tuple[str, int]]]:
+    """(store method, round trips) for each find and commit: every connection the store
+    takes from its pools is traced at the protocol level (libpq's PQtrace) while it holds it."""
+    store = journal._store
+    calls: list[tuple[str, int]] = []
+    counted: list[int] = []
+
+    def traced(pool: Any) -> Any:
+        real = pool.connection
+
+        @contextmanager
+        def connection(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            with real(*args, **kwargs) as conn, tempfile.TemporaryFile("w+") as trace:
+                conn.pgconn.trace(trace.fileno())
+                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+                try:
+                    yield conn
+                finally:
+                    conn.pgconn.untrace()
+                    trace.seek(0)
+                    counted.append(round_trips_in(trace.read()))
+
+        return connection
+
+    def calling(name: str, method: Any) -> Any:
+        def call(*args: Any) -> Any:
+            del counted[:]
+            try:
+                return method(*args)
+            finally:
+                calls.append((name, sum(counted)))
+
+        return call
+
+    with (
+        mock.patch.object(store._pool, "connection", traced(store._pool)),
+        mock.patch.object(store._flushed_pool, "connection", traced(store._flushed_pool)),
+        mock.patch.object(store, "find", calling("find", store.find)),
+        mock.patch.object(store, "commit", calling("commit", store.commit)),
+    ):
+        yield calls
+
+
+@pytest.mark.parametrize("durability", ["fsync", "os"])
+def test_a_named_post_costs_three_round_trips(postgres_url: str, durability: str) -> None:
+    """A named POST answered 201: one round trip to find the operation, one to insert its
+    key, one to record the answer. Each write is one autocommitted statement on a
+    connection whose synchronous_commit is already right: at most 2 for the writes."""
+
+    def created(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(201, json={"id": "ch_1"})
+
+    with (
+        Journal(postgres_url, durability=durability) as journal,  # type: ignore[arg-type]
+        idempotently.Session(journal=journal, transport=httpx.MockTransport(created)) as session,
+    ):
+        session.post("https://api.example.com/charges", json={"amount": 1}, operation_id="warm")
+        with round_trips_per_call(journal) as calls:
+            response = session.post(
+                "https://api.example.com/charges", json={"amount": 1}, operation_id="o-1"
+            )
+
+    assert 201 == response.status_code
+    assert [("find", 1), ("commit", 1), ("commit", 1)] == calls
+    assert sum(trips for name, trips in calls if name == "commit") <= 2
+
+
+def test_a_batch_of_writes_is_one_round_trip(journal: Journal) -> None:
+    """Several writes in one batch: one transaction, each write in a savepoint, all sent as
+    one pipeline."""
+    for number in range(1, 4):
+        insert(journal, new_operation(f"op-{number}"))
+    answered = AttemptRecord(
+        started_at=NOW, elapsed=0.1, outcome="answered", status_code=201, status="succeeded"
+    )
+
+    with round_trips_per_call(journal) as calls:
+        outcomes = journal._store.commit(
+            [Record(f"op-{number}", answered, NOW, None) for number in range(1, 4)], False
+        )
+
+    assert [None, None, None] == outcomes
+    assert [("commit", 1)] == calls
+    assert {"succeeded"} == {operation.status for operation in journal.operations()}
+
+
+def test_a_write_refused_in_a_pipelined_batch_fails_alone(journal: Journal) -> None:
+    """A write the server refuses (a status code out of integer range) and one psycopg
+    cannot send (a NUL in text) fail alone: the writes around them commit, in one
+    transaction, a round trip more for each refusal; the connections go back to their
+    pools idle, with the synchronous_commit each pool promises."""
+    for number in range(1, 5):
+        insert(journal, new_operation(f"op-{number}"))
+
+    def answer(**changes: Any) -> AttemptRecord:
+        return AttemptRecord(
+            **{
+                "started_at": NOW,
+                "elapsed": 0.1,
+                "outcome": "answered",
+                "status_code": 201,
+                "status": "succeeded",
+                **changes,
+            }
+        )
+
+    writes = [
+        Record("op-1", answer(), NOW, None),
+        Record("op-2", answer(status_code=2**40), NOW, None),
+        Record("op-3", answer(error="nul \x00 byte"), NOW, None),
+        Record("op-4", answer(), NOW, None),
+    ]
+    with round_trips_per_call(journal) as calls:
+        outcomes = journal._store.commit(writes, True)
+
+    assert [None, None] == [outcomes[0], outcomes[3]]
+    assert all(isinstance(outcome, Failed) for outcome in outcomes[1:3])
+    assert "integer out of range" in str(outcomes[1].error)
+    assert "NUL" in str(outcomes[2].error)
+    assert [("commit", 3)] == calls
+    assert {"op-1": "succeeded", "op-2": "pending", "op-3": "pending", "op-4": "succeeded"} == {
+        operation.operation_id: operation.status for operation in journal.operations()
+    }
+    store = journal._store
+    for pool, setting in ((store._pool, "off"), (store._flushed_pool, "on")):  # type: ignore[attr-defined]
+        with pool.connection() as conn:
+            assert psycopg.pq.TransactionStatus.IDLE == conn.pgconn.transaction_status
+            assert {"synchronous_commit": setting} == conn.execute(
+                "SHOW synchronous_commit"
+            ).fetchone()
+
+
+def test_a_write_after_a_failed_one_finds_its_connection_idle(journal: Journal) -> None:
+    """A lone write that fails leaves no transaction open: the next write on the same
+    pooled connection commits as if nothing had happened."""
+    insert(journal, new_operation("op-1"))
+    broken = AttemptRecord(
+        started_at=NOW, elapsed=0.1, outcome="answered", status_code=2**40, status="succeeded"
+    )
+    with pytest.raises(JournalWriteError, match="integer out of range"):
+        journal._record_attempt("op-1", broken, now=NOW)
+
+    journal._record_attempt("op-1", attrs.evolve(broken, status_code=201), now=NOW)
+
+    operation = journal.operation("op-1")
+    assert operation is not None
+    assert ("succeeded", [201]) == (
+        operation.status,
+        [attempt.status_code for attempt in operation.attempts],
+    )
 
 
 # -- damage and failures ---------------------------------------------------------------------

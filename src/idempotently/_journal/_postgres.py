@@ -9,8 +9,13 @@ sibling of the SQLite store (``_sqlite.py``), not a kind of it: both implement
 Its tables live in their own schema, ``idempotently``: a journal often shares
 a database with the application. Each journal command is one short
 transaction on a connection from a psycopg pool (``psycopg_pool.ConnectionPool``);
-the async driver runs each in a worker thread, as it does for SQLite, so one
-sync pool serves Session and AsyncSession on asyncio and on trio alike.
+the async driver runs each in a worker thread, as it does for SQLite, so sync
+pools serve Session and AsyncSession on asyncio and on trio alike.
+
+Round trips: a read (``find``) is one statement, the operation joined with its
+attempts; a lone write is one autocommitted statement; a batch is one
+transaction, each write in a savepoint, sent as one pipeline. A named POST
+answered at once costs three round trips: find, insert, record.
 
 Durability: a batch holding a key to be made durable commits with
 ``synchronous_commit = on`` (the commit waits for the WAL flush) under
@@ -18,7 +23,9 @@ Durability: a batch holding a key to be made durable commits with
 default. Leases, statuses and verdicts commit with ``on``; a batch of attempts
 alone (and the completions they carry) with ``off``: losing one to a server
 crash only means a resume gets a replay from the server, which the key makes
-harmless.
+harmless. The setting is the connection's, set once when it connects: there is
+one pool for each (the ``on`` one opens its first connection at the first
+write that needs it).
 
 Counts come from ``GROUP BY status`` over an index, never from a counter row
 kept by triggers: one hot row would serialise every writer of a fleet.
@@ -33,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 
@@ -245,6 +252,27 @@ INSERT INTO {SCHEMA}.attempts (
 FROM op
 """
 
+_ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
+_ATTEMPTS_JOINED: Final = f"""
+SELECT {", ".join(f"o.{column}" for column in _OPERATION_COLUMNS)},
+       {", ".join(f"a.{column}" for column in _ATTEMPT_COLUMNS)}
+FROM {{operations}} AS o LEFT JOIN {SCHEMA}.attempts AS a ON a.operation_id = o.operation_id
+ORDER BY {{order}}a.number
+"""
+"""Operations with their attempts in one statement: a row per attempt (the operation's
+columns repeated), or one with NULL attempt columns; _with_attempts decodes them."""
+
+# The row with this id, else the one with this key (ids first: false sorts first).
+_FIND: Final = _ATTEMPTS_JOINED.format(
+    operations=f"""(
+    SELECT {_SELECT_OPERATION} FROM {SCHEMA}.operations
+    WHERE operation_id = %(operation_id)s::text OR key = %(key)s::text
+    ORDER BY operation_id IS DISTINCT FROM %(operation_id)s::text
+    LIMIT 1
+)""",
+    order="",
+)
+
 _CLAIM_DUE: Final = f"""
 WITH due AS (
     SELECT operation_id FROM {SCHEMA}.operations
@@ -252,12 +280,13 @@ WITH due AS (
     ORDER BY created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {SCHEMA}.operations AS o
+    SET lease_owner = %(owner)s, lease_until = %(lease_until)s, updated_at = %(now)s
+    FROM due WHERE o.operation_id = due.operation_id
+    RETURNING {", ".join(f"o.{column}" for column in _OPERATION_COLUMNS)}, o.seq
 )
-UPDATE {SCHEMA}.operations AS o
-SET lease_owner = %(owner)s, lease_until = %(lease_until)s, updated_at = %(now)s
-FROM due WHERE o.operation_id = due.operation_id
-RETURNING {", ".join(f"o.{column}" for column in _OPERATION_COLUMNS)}, o.seq AS _seq
-"""
+""" + _ATTEMPTS_JOINED.format(operations="claimed", order="o.created_at, o.seq, ")
 
 _PRUNE: Final = f"""
 WITH doomed AS (
@@ -332,6 +361,27 @@ def _psycopg() -> tuple[Any, Any]:
     return psycopg, psycopg_pool
 
 
+def _roll_back(conn: psycopg.Connection[Any]) -> None:
+    """End a transaction left open by a failure, so the pool gets the connection idle."""
+    from psycopg.pq import TransactionStatus
+
+    if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+        with suppress(Exception):
+            conn.execute(b"ROLLBACK")
+
+
+def _first_error(error: Exception) -> Exception:
+    """The error a failed pipeline stopped at, not the "pipeline aborted" of what followed it
+    (psycopg may raise that one while fetching the rest, with the first as its context)."""
+    import psycopg
+
+    while isinstance(error, psycopg.errors.PipelineAborted) and isinstance(
+        error.__context__, Exception
+    ):
+        error = error.__context__
+    return error
+
+
 class PostgresStore:
     """The journal in a PostgreSQL database (schema ``idempotently``); shared by many processes.
 
@@ -389,6 +439,7 @@ class PostgresStore:
             settings.append("SET default_transaction_read_only = on")
         self._settings = settings
         connect_timeout = {"connect_timeout": max(2, int(busy_timeout) or 2)}
+        self._connect_options = {**options, **connect_timeout}
         try:
             first = pg.connect(path, **options, **connect_timeout)
         except pg.Error as error:
@@ -400,18 +451,45 @@ class PostgresStore:
             raise self._error("cannot open the journal", error, JournalError) from None
         finally:
             first.close()
-        self._pool: psycopg_pool.ConnectionPool[Any] = pool_module.ConnectionPool(
-            path,
-            kwargs={**options, **connect_timeout},
-            min_size=1,
-            max_size=_POOL_MAX,
-            configure=self._configure,
-            timeout=max(busy_timeout, 0.001),
-            name="idempotently",
-            open=True,
-        )
+        # Two pools, one per synchronous_commit, each set once per connection: a lone
+        # write then runs as one autocommitted statement, one round trip, on a
+        # connection whose commit already waits (or not) for the WAL flush. Setting it
+        # per write instead costs a second round trip, or a pipeline that measured
+        # 2.6x the CPU of the bare statement (docs/performance.md).
+        self._pool: psycopg_pool.ConnectionPool[Any] = self._open_pool(pool_module, False)
+        """Reads, and the writes that need no flush (attempts; keys under "os")."""
+        try:
+            # No connection until the first flushed write: a reader never opens one.
+            self._flushed_pool: psycopg_pool.ConnectionPool[Any] = self._open_pool(
+                pool_module, True
+            )
+            """Keys under "fsync", leases, statuses, verdicts: commits wait for the flush."""
+        except BaseException:
+            self._pool.close()
+            raise
 
-    # -- opening ---------------------------------------------------------------------
+    def _open_pool(self, pool_module: Any, synchronous: bool) -> psycopg_pool.ConnectionPool[Any]:
+        setting = "on" if synchronous else "off"
+
+        def configure(conn: psycopg.Connection[Any]) -> None:
+            self._configure(conn)
+            # Session-wide, set once: nothing here ever changes it (a batch or prune
+            # picks the pool with the setting it needs), and a rollback cannot undo it.
+            conn.execute(f"SET synchronous_commit = {setting}".encode())
+
+        return cast(
+            "psycopg_pool.ConnectionPool[Any]",
+            pool_module.ConnectionPool(
+                self._url,
+                kwargs=self._connect_options,
+                min_size=0 if synchronous else 1,
+                max_size=_POOL_MAX,
+                configure=configure,
+                timeout=max(self._busy_timeout, 0.001),
+                name=f"idempotently-{setting}",
+                open=True,
+            ),
+        )
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         for statement in self._settings:
@@ -515,9 +593,10 @@ class PostgresStore:
         return kind(f"{doing} {self.path}: {reason}; {_ADVICE[_problem(error)]}")
 
     def close(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.close()
+        for name in ("_pool", "_flushed_pool"):
+            pool = getattr(self, name, None)
+            if pool is not None:
+                pool.close()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.path!r})"
@@ -552,37 +631,40 @@ class PostgresStore:
         except psycopg.Error as error:
             raise self._error(doing, error, kind) from None
 
+    def _pool_for(self, synchronous: bool) -> psycopg_pool.ConnectionPool[Any]:
+        """The pool whose connections' commits wait for the WAL flush (or do not)."""
+        return self._flushed_pool if synchronous else self._pool
+
     @contextmanager
     def _transaction(self, *, synchronous: bool) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """One short write transaction; ``synchronous`` makes the commit wait for the WAL flush."""
         self._check_writable()
-        setting = "on" if synchronous else "off"
-        # BEGIN and the setting in one round trip (a parameterless simple query).
-        with self._block(f"BEGIN; SET LOCAL synchronous_commit = {setting}", writing=True) as conn:
+        with self._block(b"BEGIN", writing=True, synchronous=synchronous) as conn:
             yield conn
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """Several reads as one consistent view (a repeatable-read, read-only transaction)."""
-        with self._block("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", writing=False) as conn:
+        begin = b"BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+        with self._block(begin, writing=False) as conn:
             yield conn
 
     @contextmanager
-    def _block(self, begin: str, *, writing: bool) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _block(
+        self, begin: bytes, *, writing: bool, synchronous: bool = False
+    ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """A pooled connection inside a transaction opened by ``begin``; committed at the end."""
         doing, kind = (
             ("cannot write the journal", JournalWriteError)
             if writing
             else ("cannot read the journal", JournalError)
         )
-        with self._errors(doing, kind), self._pool.connection() as conn:
-            conn.execute(begin.encode())
+        with self._errors(doing, kind), self._pool_for(synchronous).connection() as conn:
+            conn.execute(begin)
             try:
                 yield conn
             except BaseException:
-                if not conn.closed:
-                    with suppress(Exception):
-                        conn.execute(b"ROLLBACK")
+                _roll_back(conn)
                 raise
             conn.execute(b"COMMIT")
 
@@ -600,12 +682,16 @@ class PostgresStore:
             self._check_row(row)
         return rows
 
-    def _check_row(self, row: dict[str, Any]) -> None:
-        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
+    def _check_row(self, row: dict[str, Any], operation: dict[str, Any] | None = None) -> None:
+        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded.
+
+        ``operation`` is the row of the operation an attempt's ``row`` belongs to.
+        """
         for column, value in row.items():
             problem = column_problem(column, value)
             if problem is not None:
-                operation_id, key = row.get("operation_id"), row.get("key")
+                named = row if operation is None else operation
+                operation_id, key = named.get("operation_id"), named.get("key")
                 raise JournalCorruptError(
                     f"{self.path} holds a damaged operation: {problem}; repair that row "
                     f"(psql, table {SCHEMA}.operations or {SCHEMA}.attempts) or restore a "
@@ -621,42 +707,115 @@ class PostgresStore:
         """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
 
         ``durable`` makes the commit wait for the WAL flush (``synchronous_commit =
-        on``). With several writes each runs in a savepoint: one that fails fails
-        alone and the others commit. Raises if the transaction itself cannot begin
-        or commit: then none was written.
+        on``). A lone write is one autocommitted statement: one round trip. Several run
+        in one transaction, each in a savepoint, sent as one pipeline: one round trip,
+        plus one per write that fails (it fails alone, the others commit). Raises if
+        the transaction itself cannot begin or commit: then none was written.
         """
-        import psycopg
-
-        results: list[Any] = []
+        self._check_writable()
+        if not writes:
+            return []
         # A fleet's leases and statuses wait for the flush too (a database server that
         # restarts must not hand a live lease to another host); attempts need not.
         synchronous = durable or not all(isinstance(write, (Insert, Record)) for write in writes)
-        with self._transaction(synchronous=synchronous) as conn:
+        with (
+            self._errors("cannot write the journal", JournalWriteError),
+            self._pool_for(synchronous).connection() as conn,
+        ):
             if len(writes) == 1:
-                return [self._apply(conn, writes[0])]
-            for write in writes:
-                try:
-                    with conn.transaction():  # a savepoint inside the open transaction
-                        results.append(self._apply(conn, write))
-                except (psycopg.DataError, psycopg.IntegrityError) as error:
-                    results.append(Failed(self._error("cannot write the journal", error)))
-                except JournalError as error:
-                    # A damaged row a claim read: its savepoint is rolled back, the
-                    # batch's other writes stand (as on SQLite).
-                    results.append(Failed(error))
-        return results
+                # Autocommit: the statement is its own transaction (Record's update and
+                # insert are one statement), committed as the connection's setting says.
+                return [self._result(writes[0], self._send(conn, writes[0]))]
+            try:
+                return self._commit_batch(conn, writes)
+            except BaseException:
+                _roll_back(conn)
+                raise
 
-    def _apply(self, conn: psycopg.Connection[dict[str, Any]], write: Write) -> Any:
-        """One write, inside the batch's transaction."""
+    def _commit_batch(
+        self, conn: psycopg.Connection[dict[str, Any]], writes: Sequence[Write]
+    ) -> list[Any]:
+        """``writes`` in one transaction, each in a savepoint, pipelined.
+
+        The server skips what follows a failed statement until the pipeline's end, so a
+        write that fails ends the round: the writes before it stand, its savepoint
+        undoes it, and the ones after it go again in the next round, in the same
+        transaction.
+        """
+        import psycopg
+
+        results: list[Any] = [None] * len(writes)
+        start, first = 0, True
+        while True:
+            sent: list[psycopg.Cursor[dict[str, Any]] | None] = []
+            refused: tuple[int, Exception] | None = None
+            try:
+                with conn.pipeline():
+                    conn.execute(b"BEGIN" if first else b"ROLLBACK TO SAVEPOINT write")
+                    for index, write in enumerate(writes[start:]):
+                        conn.execute(b"SAVEPOINT write")
+                        try:
+                            sent.append(self._send(conn, write))
+                        except (psycopg.DataError, psycopg.IntegrityError) as unsendable:
+                            # A value psycopg cannot send (a NUL in text): nothing of it
+                            # left; the round ends here, as after a server's refusal.
+                            refused = (index, unsendable)
+                            break
+                        conn.execute(b"RELEASE SAVEPOINT write")
+                    else:
+                        conn.execute(b"COMMIT")
+            except psycopg.Error as raised:
+                # The server refused a write: the first without a result.
+                failed = next(
+                    (
+                        index
+                        for index, cursor in enumerate(sent)
+                        if cursor is not None and cursor.pgresult is None
+                    ),
+                    None,
+                )
+                refusal = _first_error(raised)
+                if failed is None or not isinstance(
+                    refusal, (psycopg.DataError, psycopg.IntegrityError)
+                ):
+                    raise refusal from None
+            else:
+                if refused is None:
+                    for index, cursor in enumerate(sent):
+                        results[start + index] = self._result_or_failed(
+                            writes[start + index], cursor
+                        )
+                    return results
+                failed, refusal = refused
+            for index in range(failed):
+                results[start + index] = self._result_or_failed(writes[start + index], sent[index])
+            results[start + failed] = Failed(self._error("cannot write the journal", refusal))
+            start, first = start + failed + 1, False
+
+    def _result_or_failed(self, write: Write, cursor: psycopg.Cursor[dict[str, Any]] | None) -> Any:
+        """A write's result, or a Failed for one whose rows cannot be decoded (a claim
+        that met a damaged row): it fails alone, as in its savepoint on SQLite; what it
+        leased runs out with its lease, and nothing of it is sent."""
+        try:
+            return self._result(write, cursor)
+        except JournalError as error:
+            return Failed(error)
+
+    def _send(
+        self, conn: psycopg.Connection[dict[str, Any]], write: Write
+    ) -> psycopg.Cursor[dict[str, Any]] | None:
+        """Send ``write``'s one statement; its cursor (None if there is nothing to send).
+
+        In a pipeline the cursor's results arrive later: :meth:`_result` reads them.
+        """
         if isinstance(write, Insert):
-            cursor = conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
-            return cursor.rowcount == 1
+            return conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
         if isinstance(write, Record):
             record = write.record
             response_headers = (
                 None if record.response_headers is None else headers_json(record.response_headers)
             )
-            conn.execute(
+            return conn.execute(
                 _RECORD_ATTEMPT,
                 {
                     "operation_id": write.operation_id,
@@ -678,9 +837,8 @@ class PostgresStore:
                     "wait": record.wait,
                 },
             )
-            return None
         if isinstance(write, SetStatus):
-            cursor = conn.execute(
+            return conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
                     lease_owner = NULL, lease_until = 0
@@ -688,10 +846,9 @@ class PostgresStore:
                 """,
                 (write.status, write.reason, write.now, write.operation_id, write.expect),
             )
-            return cursor.rowcount == 1
         if isinstance(write, TakeLease):
             operation = write.operation
-            cursor = conn.execute(
+            return conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations SET lease_owner = %s, lease_until = %s, updated_at = %s
                 WHERE operation_id = %s AND status = 'pending'
@@ -706,16 +863,14 @@ class PostgresStore:
                     operation.lease_owner,
                 ),
             )
-            return cursor.rowcount == 1
         if isinstance(write, RenewLease):
-            cursor = conn.execute(
+            return conn.execute(
                 f"UPDATE {SCHEMA}.operations SET lease_until = %s WHERE operation_id = %s "
                 "AND lease_owner = %s AND status = 'pending'",
                 (write.lease_until, write.operation_id, write.owner),
             )
-            return cursor.rowcount == 1
         if isinstance(write, Settle):
-            cursor = conn.execute(
+            return conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
                     response_status = %s, response_headers = %s, response_body = %s,
@@ -734,18 +889,28 @@ class PostgresStore:
                     write.operation_id,
                 ),
             )
-            return cursor.rowcount == 1
         if isinstance(write, Release):
-            conn.execute(
+            return conn.execute(
                 f"UPDATE {SCHEMA}.operations SET lease_owner = NULL, lease_until = 0 "
                 "WHERE operation_id = %s AND lease_owner = %s",
                 (write.operation_id, write.owner),
             )
-            return None
         if isinstance(write, ClaimDue):
-            return self._claim(conn, write)
+            # FOR NO KEY UPDATE SKIP LOCKED: workers claiming at once never get one
+            # operation twice, and never wait for each other.
+            if write.limit <= 0:
+                return None
+            return conn.execute(
+                _CLAIM_DUE,
+                {
+                    "owner": write.owner,
+                    "now": write.now,
+                    "lease_until": write.lease_until,
+                    "limit": write.limit,
+                },
+            )
         if isinstance(write, ExtendLeases):
-            cursor = conn.execute(
+            return conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations AS o
                 SET lease_until = greatest(o.lease_until, %s)
@@ -759,92 +924,60 @@ class PostgresStore:
                     [owner for _, owner in write.leases],
                 ),
             )
-            return cursor.rowcount
         raise TypeError(f"not a journal write: {write!r}")
 
-    def _claim(self, conn: psycopg.Connection[dict[str, Any]], write: ClaimDue) -> list[Operation]:
-        """Lease up to ``limit`` due pending operations, oldest first, in one statement.
-
-        ``FOR NO KEY UPDATE SKIP LOCKED``: workers claiming at once never get
-        one operation twice, and never wait for each other.
-        """
-        if write.limit <= 0:
-            return []
-        rows = self._rows(
-            conn,
-            _CLAIM_DUE,
-            {
-                "owner": write.owner,
-                "now": write.now,
-                "lease_until": write.lease_until,
-                "limit": write.limit,
-            },
-        )
-        rows.sort(key=lambda row: (row["created_at"], row["_seq"]))
-        attempts = self._attempts_of(conn, [row["operation_id"] for row in rows])
-        return [
-            Operation._from_row(
-                {name: value for name, value in row.items() if name != "_seq"},
-                attempts.get(row["operation_id"], ()),
-            )
-            for row in rows
-        ]
+    def _result(self, write: Write, cursor: psycopg.Cursor[dict[str, Any]] | None) -> Any:
+        """What ``write`` returns, read from the cursor :meth:`_send` gave."""
+        if isinstance(write, (Record, Release)):
+            return None
+        if isinstance(write, ClaimDue):
+            return [] if cursor is None else self._with_attempts(cursor.fetchall())
+        assert cursor is not None
+        if isinstance(write, ExtendLeases):
+            return cursor.rowcount
+        return cursor.rowcount == 1
 
     # -- reading ------------------------------------------------------------------------
 
-    def _attempts_of(
-        self, conn: psycopg.Connection[dict[str, Any]], operation_ids: Sequence[str]
-    ) -> dict[str, tuple[Attempt, ...]]:
-        found: dict[str, list[Attempt]] = {}
-        if not operation_ids:
-            return {}
-        for attempt in self._rows(
-            conn,
-            f"SELECT * FROM {SCHEMA}.attempts WHERE operation_id = ANY(%s) "
-            "ORDER BY operation_id, number",
-            (list(operation_ids),),
-        ):
-            found.setdefault(attempt["operation_id"], []).append(
-                Attempt(
-                    number=attempt["number"],
-                    started_at=attempt["started_at"],
-                    elapsed=attempt["elapsed"],
-                    outcome=attempt["outcome"],
-                    status_code=attempt["status_code"],
-                    replayed=bool(attempt["replayed"]),
-                    error=attempt["error"],
-                    wait=attempt["wait"],
-                )
-            )
-        return {operation_id: tuple(items) for operation_id, items in found.items()}
+    def _with_attempts(self, rows: Sequence[dict[str, Any]]) -> list[Operation]:
+        """Operations from rows of an operation joined with its attempts (_WITH_ATTEMPTS).
 
-    def _one(self, column: str, value: str) -> Operation | None:
-        # Two statements, no snapshot: as the SQLite journal reads it, in fewer round trips.
-        with self._connection() as conn:
-            rows = self._rows(
-                conn,
-                f"SELECT {_SELECT_OPERATION} FROM {SCHEMA}.operations WHERE {column} = %s",
-                (value,),
-            )
-            if not rows:
-                return None
-            attempts = self._attempts_of(conn, [rows[0]["operation_id"]])
-        return Operation._from_row(rows[0], attempts.get(rows[0]["operation_id"], ()))
+        Each operation's columns are checked once, each attempt's as it comes; an
+        operation without attempts is one row whose attempt columns are NULL.
+        """
+        found: dict[str, tuple[dict[str, Any], list[Attempt]]] = {}
+        for row in rows:
+            entry = found.get(row["operation_id"])
+            if entry is None:
+                operation = {column: row[column] for column in _OPERATION_COLUMNS}
+                self._check_row(operation)
+                entry = found[row["operation_id"]] = (operation, [])
+            if row["number"] is None:
+                continue
+            attempt = {column: row[column] for column in _ATTEMPT_COLUMNS}
+            self._check_row(attempt, entry[0])
+            attempt["replayed"] = bool(attempt["replayed"])
+            entry[1].append(Attempt(**attempt))
+        return [
+            Operation._from_row(operation, tuple(attempts))
+            for operation, attempts in found.values()
+        ]
 
     def operation(self, operation_id_or_key: str) -> Operation | None:
         """One operation with all its attempts, by operation id or by key."""
-        return self._one("operation_id", operation_id_or_key) or self._one(
-            "key", operation_id_or_key
-        )
+        return self.find(operation_id_or_key, operation_id_or_key)
 
     def find(self, operation_id: str | None, key: str | None) -> Operation | None:
-        """The operation with this id, else the one with this key, with its attempts."""
-        for column, value in (("operation_id", operation_id), ("key", key)):
-            if value is not None:
-                found = self._one(column, value)
-                if found is not None:
-                    return found
-        return None
+        """The operation with this id, else the one with this key, with its attempts.
+
+        One statement, one round trip: the operation and its attempts, joined.
+        """
+        if operation_id is None and key is None:
+            return None
+        with self._connection() as conn:
+            rows = conn.execute(_FIND, {"operation_id": operation_id, "key": key}).fetchall()
+        found = self._with_attempts(rows)
+        return found[0] if found else None
 
     def operations(
         self,
