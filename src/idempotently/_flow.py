@@ -67,14 +67,19 @@ from idempotently._exceptions import (
     RetryLaterError,
 )
 from idempotently._keys import (
+    DIGEST_PREFIX,
     fingerprint,
+    header_value,
     journaled_request_headers,
     journaled_response_headers,
     journaled_url,
     new_key,
     new_operation_id,
     redaction_set,
+    request_digest,
+    same_body,
     secret_values,
+    stored_header,
 )
 from idempotently._policy import (
     Answer,
@@ -471,8 +476,8 @@ class Engine:
         """
         started = self.clock()
         request = call.request
-        print_ = fingerprint(
-            request.method, request.url, request.content, request.headers, self.fingerprint_headers
+        print_ = request_digest(
+            request.method, request.url, request.headers, self.fingerprint_headers
         )
         secrets = secret_values(request.headers, self.redact_headers, request.url)
         named = call.operation_id is not None or call.key is not None
@@ -592,13 +597,33 @@ class Engine:
                 "pass the same idempotency_key, or none",
                 **ids,
             )
-        if operation.fingerprint != print_:
+        if not self._same_request(operation, call.request, print_):
             raise KeyReuseError(
                 f"operation {operation.operation_id!r} was first sent as "
                 f"{operation.method} {operation.url} with another payload; nothing was sent. "
                 "Use a new operation_id for a different request",
                 **ids,
             )
+
+    def _same_request(self, operation: Operation, request: httpx.Request, digest: str) -> bool:
+        """Whether ``request`` is the journaled operation's request again (DESIGN §3.1):
+        its :func:`request_digest` agrees, and its body has the journaled bytes or, only
+        when the bytes differ, means the same (canonical JSON, multipart boundary)."""
+        if not operation.fingerprint.startswith(DIGEST_PREFIX):
+            # Journaled by an earlier version: a canonical fingerprint of the whole request.
+            return operation.fingerprint == fingerprint(
+                request.method,
+                request.url,
+                request.content,
+                request.headers,
+                self.fingerprint_headers,
+            )
+        return operation.fingerprint == digest and same_body(
+            operation.request_body,
+            stored_header(operation.request_headers, "content-type"),
+            request.content,
+            header_value(request.headers, b"content-type"),
+        )
 
     def _finish(self, end: End) -> httpx.Response:
         """The final answer of a call, or the error its end means."""

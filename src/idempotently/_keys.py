@@ -128,10 +128,65 @@ def fingerprint(
         digest.update(part.encode())
         digest.update(b"\0")
     digest.update(canonical_body(body, header_value(headers, b"content-type")))
+    _update_with_headers(digest, headers, fingerprint_headers)
+    return digest.hexdigest()
+
+
+def _update_with_headers(
+    digest: hashlib._Hash, headers: httpx.Headers, fingerprint_headers: Iterable[str]
+) -> None:
     for name in sorted({name.lower() for name in fingerprint_headers}):
         values = [value for key, value in headers.raw if key.lower() == name.encode("latin-1")]
         digest.update(b"\0" + name.encode("latin-1") + b"=" + b",".join(values))
-    return digest.hexdigest()
+
+
+DIGEST_PREFIX = "raw:"
+"""Marks a journaled ``fingerprint`` that is a :func:`request_digest`; a value without
+it was written by an earlier version and is a canonical :func:`fingerprint`."""
+
+
+def request_digest(
+    method: str,
+    url: httpx.URL,
+    headers: httpx.Headers,
+    fingerprint_headers: Iterable[str] = (),
+) -> str:
+    """What the journal stores to recognise a request again, cheaply: a SHA-256 over the
+    parts of the fingerprint that are compared exactly (method, normalised URL,
+    fingerprinted headers), not the body.
+
+    The body is journaled as it is, so a later call compares its bytes with the
+    journaled ones, and canonicalises both (:func:`same_body`) only when they differ:
+    parsing and re-encoding every JSON body costs more than the rest of this per call,
+    and is needed only when an ``operation_id`` is reused.
+    """
+    digest = hashlib.sha256()
+    for part in (method.upper(), normalised_url(url)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    _update_with_headers(digest, headers, fingerprint_headers)
+    return DIGEST_PREFIX + digest.hexdigest()
+
+
+def same_body(
+    journaled: bytes,
+    journaled_content_type: str | None,
+    live: bytes,
+    live_content_type: str | None,
+) -> bool:
+    """Whether two bodies identify the same request: the same bytes, or the same
+    canonical rendering (JSON that means the same, one upload under two boundaries)."""
+    return journaled == live or canonical_body(journaled, journaled_content_type) == (
+        canonical_body(live, live_content_type)
+    )
+
+
+def stored_header(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of a journaled header (``name`` lowercase)."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
 
 
 def journaled_url(url: httpx.URL) -> str:
