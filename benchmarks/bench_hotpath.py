@@ -26,7 +26,9 @@ import httpx
 PAYLOAD = {"amount": 1000, "currency": "usd", "customer": "cus_42"}
 WARM_UP = 20
 URL = "https://api.example.test/v1/charges"
-CLIENTS = ("bare", "session-os", "session-fsync", "bare-async16", "async16-os")
+CLIENTS = ("bare", "session-os", "session-fsync", "bare-async16", "async16-os", "flow-only")
+"""``flow-only``: a Session whose journal commands are answered by a stub (no SQLite),
+to tell the flow's own Python from the journal's."""
 
 
 def _answer(request: httpx.Request) -> httpx.Response:
@@ -43,11 +45,26 @@ def _run_sync(client_name: str, ops: int) -> None:
         return
     durability = client_name.rpartition("-")[2]
     with tempfile.TemporaryDirectory() as directory:
-        journal = idempotently.Journal(Path(directory, "ops.db"), durability=durability)
+        journal = idempotently.Journal(
+            Path(directory, "ops.db"), durability="os" if durability == "only" else durability
+        )
+        if client_name == "flow-only":
+            _stub_commands(journal)
         with idempotently.Session(journal, client=client) as session:
             for i in range(WARM_UP + ops):
                 session.post(URL, json=PAYLOAD, operation_id=f"o-{i}")
         journal.close()
+
+
+def _stub_commands(journal: object) -> None:
+    from idempotently._commands import Find, Insert
+
+    def execute(command: object) -> object:
+        if isinstance(command, Find):
+            return None
+        return True if isinstance(command, Insert) else None
+
+    journal._execute = execute  # type: ignore[attr-defined]
 
 
 def _run_async(client_name: str, ops: int, concurrency: int = 16) -> None:

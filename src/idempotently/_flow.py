@@ -68,13 +68,16 @@ from idempotently._exceptions import (
 )
 from idempotently._keys import (
     DIGEST_PREFIX,
+    RequestHeaders,
     fingerprint,
     header_value,
+    is_journaled,
     journaled_request_headers,
     journaled_response_headers,
     journaled_url,
     new_key,
     new_operation_id,
+    read_request_headers,
     redaction_set,
     request_digest,
     same_body,
@@ -476,10 +479,15 @@ class Engine:
         """
         started = self.clock()
         request = call.request
-        print_ = request_digest(
-            request.method, request.url, request.headers, self.fingerprint_headers
+        headers = read_request_headers(
+            request.headers,
+            self.redact_headers,
+            request.url,
+            self.fingerprint_headers,
+            self.profile.key_header,
         )
-        secrets = secret_values(request.headers, self.redact_headers, request.url)
+        print_ = request_digest(request.method, request.url, headers.fingerprinted)
+        secrets = headers.secrets
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
@@ -494,7 +502,7 @@ class Engine:
                         f"operation {call.operation_id!r}: nothing was journaled or sent; "
                         "give a deadline in the future, or none"
                     )
-                new, owner = self._new_operation(call, print_, now)
+                new, owner = self._new_operation(call, print_, headers, now)
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
@@ -548,17 +556,29 @@ class Engine:
             )
             return self._finish(end)
 
-    def _new_operation(self, call: Call, print_: str, now: float) -> tuple[NewOperation, str]:
+    def _new_operation(
+        self, call: Call, print_: str, headers: RequestHeaders, now: float
+    ) -> tuple[NewOperation, str]:
         request = call.request
         key = call.key or self.key_for(call.operation_id)
-        request.headers[self.profile.key_header] = self.profile.render_key(key)
+        key_header = self.profile.key_header
+        rendered = self.profile.render_key(key)
+        request.headers[key_header] = rendered
+        if headers.has_key_header:
+            # Replaced where it stood (httpx's __setitem__): read the headers again.
+            journaled = journaled_request_headers(request.headers, self.redact_headers)
+        else:
+            # Appended: what the one pass read, and the key header last.
+            journaled = list(headers.journaled)
+            if is_journaled(key_header, self.redact_headers):
+                journaled.append((key_header, rendered))
         new = NewOperation(
             operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
             key=key,
             delivery=call.delivery,
             method=request.method,
             url=journaled_url(request.url),
-            request_headers=journaled_request_headers(request.headers, self.redact_headers),
+            request_headers=journaled,
             request_body=request.content,
             fingerprint=print_,
             profile=self.profile.name,

@@ -8,6 +8,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import httpx
 
@@ -48,6 +49,64 @@ def journaled_request_headers(
         if lowered not in redacted and lowered not in _DERIVED_HEADERS:
             stored.append((name, raw_value.decode("latin-1")))
     return stored
+
+
+class RequestHeaders(NamedTuple):
+    """What the hot path needs from a request's headers, read in one pass
+    (:func:`read_request_headers`)."""
+
+    journaled: list[tuple[str, str]]
+    """What :func:`journaled_request_headers` returns, before the key header is set."""
+    secrets: list[str]
+    """What :func:`secret_values` returns."""
+    fingerprinted: bytes
+    """The fingerprinted headers' part of a :func:`request_digest`."""
+    has_key_header: bool
+    """Whether the request already carries the profile's key header."""
+
+
+def read_request_headers(
+    headers: httpx.Headers,
+    redacted: frozenset[str],
+    url: httpx.URL,
+    fingerprint_headers: Iterable[str],
+    key_header: str,
+) -> RequestHeaders:
+    """The journaled headers, the secret values, the fingerprinted headers and whether
+    the key header is set, in one pass over the raw header list instead of four."""
+    journaled = []
+    secrets = []
+    key_header = key_header.lower()
+    has_key_header = False
+    for raw_name, raw_value in headers.raw:
+        name = raw_name.decode("latin-1")
+        lowered = name.lower()
+        if lowered in redacted:
+            secrets.append(raw_value.decode("latin-1"))
+        elif lowered not in _DERIVED_HEADERS:
+            journaled.append((name, raw_value.decode("latin-1")))
+        if lowered == key_header:
+            has_key_header = True
+    if url.userinfo or url.query:
+        _add_url_secrets(secrets, url)
+    fingerprinted = b""
+    if fingerprint_headers:  # rarely: a second look at the few headers named
+        parts = []
+        for wanted in sorted({name.lower() for name in fingerprint_headers}):
+            values = [
+                value for key, value in headers.raw if key.decode("latin-1").lower() == wanted
+            ]
+            parts.append(
+                b"\0" + wanted.encode("utf-8", "backslashreplace") + b"=" + b",".join(values)
+            )
+        fingerprinted = b"".join(parts)
+    return RequestHeaders(journaled, secrets, fingerprinted, has_key_header)
+
+
+def is_journaled(name: str, redacted: frozenset[str]) -> bool:
+    """Whether a request header of this name is stored (:func:`journaled_request_headers`)."""
+    lowered = name.lower()
+    return lowered not in redacted and lowered not in _DERIVED_HEADERS
 
 
 def journaled_response_headers(
@@ -128,16 +187,10 @@ def fingerprint(
         digest.update(part.encode())
         digest.update(b"\0")
     digest.update(canonical_body(body, header_value(headers, b"content-type")))
-    _update_with_headers(digest, headers, fingerprint_headers)
-    return digest.hexdigest()
-
-
-def _update_with_headers(
-    digest: hashlib._Hash, headers: httpx.Headers, fingerprint_headers: Iterable[str]
-) -> None:
     for name in sorted({name.lower() for name in fingerprint_headers}):
         values = [value for key, value in headers.raw if key.lower() == name.encode("latin-1")]
         digest.update(b"\0" + name.encode("latin-1") + b"=" + b",".join(values))
+    return digest.hexdigest()
 
 
 DIGEST_PREFIX = "raw:"
@@ -145,12 +198,7 @@ DIGEST_PREFIX = "raw:"
 it was written by an earlier version and is a canonical :func:`fingerprint`."""
 
 
-def request_digest(
-    method: str,
-    url: httpx.URL,
-    headers: httpx.Headers,
-    fingerprint_headers: Iterable[str] = (),
-) -> str:
+def request_digest(method: str, url: httpx.URL, fingerprinted: bytes) -> str:
     """What the journal stores to recognise a request again, cheaply: a SHA-256 over the
     parts of the fingerprint that are compared exactly (method, normalised URL,
     fingerprinted headers), not the body.
@@ -164,7 +212,7 @@ def request_digest(
     for part in (method.upper(), normalised_url(url)):
         digest.update(part.encode())
         digest.update(b"\0")
-    _update_with_headers(digest, headers, fingerprint_headers)
+    digest.update(fingerprinted)  # RequestHeaders.fingerprinted
     return DIGEST_PREFIX + digest.hexdigest()
 
 
@@ -206,10 +254,15 @@ def secret_values(
         for raw_name, raw_value in headers.raw
         if raw_name.decode("latin-1").lower() in redacted
     ]
-    if url is not None and url.userinfo:
+    if url is not None:
+        _add_url_secrets(values, url)
+    return values
+
+
+def _add_url_secrets(values: list[str], url: httpx.URL) -> None:
+    if url.userinfo:
         values.extend(part for part in (url.password, url.userinfo.decode("latin-1")) if part)
-    if url is not None and url.query:
+    if url.query:
         # An API key in the query (?api_key=...): an error that quotes the URL (httpx's
         # raise_for_status does) must not carry it into events, logs and the journal.
         values.append(url.query.decode("ascii", "replace"))
-    return values
