@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any
 
 import attrs
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from idempotently import IdempotentlyError, InvalidKeyError
 from idempotently._keys import (
     SENSITIVE_HEADERS,
+    derived_key,
     fingerprint,
     journaled_request_headers,
     journaled_response_headers,
@@ -402,6 +404,12 @@ def test_journaled_request_headers_keep_what_a_resend_needs() -> None:
         ("x-custom", "a"),
         ("x-custom", "b"),
     ] == [(name.lower(), value) for name, value in stored]
+
+
+@given(namespace=st.uuids(), name=st.text(alphabet=st.characters(blacklist_categories=["Cs"])))
+def test_a_derived_key_is_the_uuid5_of_the_operation_id(namespace: uuid.UUID, name: str) -> None:
+    """The key of a named operation is UUIDv5(the journal's namespace, operation_id)."""
+    assert str(uuid.uuid5(namespace, name)) == derived_key(namespace, name)
 
 
 header_names = st.sampled_from(

@@ -69,6 +69,7 @@ from idempotently._exceptions import (
 from idempotently._keys import (
     DIGEST_PREFIX,
     RequestHeaders,
+    derived_key,
     fingerprint,
     header_value,
     is_journaled,
@@ -598,7 +599,7 @@ class Engine:
         replays instead of acting twice.
         """
         if operation_id is not None and self.namespace is not None:
-            return str(uuid.uuid5(self.namespace, operation_id))
+            return derived_key(self.namespace, operation_id)
         return new_key()
 
     def _check_same(self, operation: Operation, call: Call, print_: str) -> None:

@@ -26,6 +26,16 @@ def new_key() -> str:
     return str(uuid.uuid4())
 
 
+def derived_key(namespace: uuid.UUID, name: str) -> str:
+    """``str(uuid.uuid5(namespace, name))``, without building a UUID object on the way
+    (one per named call: the ``UUID`` constructor costs more than the SHA-1)."""
+    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode("utf-8")).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
 def new_operation_id() -> str:
     return f"op_{os.urandom(16).hex()}"
 
