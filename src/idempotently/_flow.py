@@ -251,9 +251,11 @@ class Held:
     """(operation_id, owner)"""
     owners: list[str] = attrs.Factory(list)
     """The lease owners this flow made: in flight until the driver calls :meth:`end`."""
-    interrupted: Record | None = None
-    """While an attempt is being sent: the attempt to journal if it never returns
-    (it may have been delivered), which also releases the lease."""
+    interrupted: tuple[str, str, str | None, float, Delivery] | None = None
+    """While an attempt is being sent: (operation_id, key, owner, started_at, delivery)
+    of the attempt to journal if it never returns (it may have been delivered), which
+    also releases the lease; the record itself (:func:`interrupted_attempt`) is built
+    only then, not before every send."""
     lease_until: float = 0.0
     """When the lease this flow last wrote runs out (by the engine's clock)."""
 
@@ -280,10 +282,35 @@ class Held:
     def cleanup(self) -> Record | Release | None:
         """The journal command that leaves things right after an early end."""
         if self.interrupted is not None:
-            return self.interrupted
+            return interrupted_attempt(*self.interrupted)
         if self.lease is not None:
             return Release(*self.lease)
         return None
+
+
+def interrupted_attempt(
+    operation_id: str, key: str, owner: str | None, started: float, delivery: Delivery
+) -> Record:
+    """The record of an attempt whose send never returned (cancelled, interrupted)."""
+    return Record(
+        operation_id,
+        AttemptRecord(
+            started_at=started,
+            elapsed=0.0,
+            outcome="maybe_delivered",
+            error="interrupted while sending: it may have been delivered",
+            status="abandoned" if delivery == "at_most_once" else "pending",
+            reason=(
+                "interrupted while sending an at-most-once operation: it may have been "
+                "delivered, so it is never resent"
+                if delivery == "at_most_once"
+                else "interrupted while sending; the key makes a resend safe"
+            ),
+        ),
+        started,
+        owner,
+        key,
+    )
 
 
 @attrs.frozen
@@ -355,6 +382,9 @@ def check_call_arguments(
                 f"deadline_at must be seconds since the epoch (e.g. time.time() + 3600), "
                 f"not {deadline_at!r}"
             )
+
+
+_INFINITY = float("inf")
 
 
 def check_timeouts(request: httpx.Request) -> None:
@@ -703,6 +733,7 @@ class Engine:
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
+        lease = None if owner is None else self.lease(operation_id, owner)  # one per call
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
@@ -720,25 +751,7 @@ class Engine:
             )
         while True:
             started = self.clock()
-            held.interrupted = Record(
-                operation_id,
-                AttemptRecord(
-                    started_at=started,
-                    elapsed=0.0,
-                    outcome="maybe_delivered",
-                    error="interrupted while sending: it may have been delivered",
-                    status="abandoned" if state.delivery == "at_most_once" else "pending",
-                    reason=(
-                        "interrupted while sending an at-most-once operation: it may have been "
-                        "delivered, so it is never resent"
-                        if state.delivery == "at_most_once"
-                        else "interrupted while sending; the key makes a resend safe"
-                    ),
-                ),
-                started,
-                owner,
-                key,
-            )
+            held.interrupted = (operation_id, key, owner, started, state.delivery)
             if owner is not None and started > held.lease_until - self.lease_duration / 2:
                 # Half the lease gone before the bytes leave (a slow hook, a long wait):
                 # another caller may have found it expired and taken it. Renew it by a
@@ -754,7 +767,7 @@ class Engine:
                         operation_id=operation_id,
                         key=key,
                     )
-            reply = yield Send(request, None if owner is None else self.lease(operation_id, owner))
+            reply = yield Send(request, lease)
             now = self.clock()
             attempts += 1
             response = reply if isinstance(reply, httpx.Response) else None
