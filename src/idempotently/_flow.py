@@ -394,12 +394,14 @@ def check_timeouts(request: httpx.Request) -> None:
     for phase, value in timeouts.items():
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if type(value) is not float and (  # a float (the usual case) needs no more looks
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
             raise TypeError(
                 f"timeout must be seconds (a number), None or an httpx.Timeout; its {phase} "
                 f"timeout is a {type(value).__name__}"
             )
-        if not (0 <= value < float("inf")):
+        if not (0 <= value < _INFINITY):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
 
 
