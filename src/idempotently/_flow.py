@@ -659,7 +659,7 @@ class Engine:
             )
 
     def _same_request(self, operation: Operation, request: httpx.Request, digest: str) -> bool:
-        """Whether ``request`` is the journaled operation's request again (DESIGN §3.1):
+        """Whether ``request`` is the journaled operation's request again:
         its :func:`request_digest` agrees, and its body has the journaled bytes or, only
         when the bytes differ, means the same (canonical JSON, multipart boundary)."""
         if not operation.fingerprint.startswith(DIGEST_PREFIX):
