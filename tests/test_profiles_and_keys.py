@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any
 
 import attrs
@@ -15,12 +16,15 @@ from hypothesis import strategies as st
 from idempotently import IdempotentlyError, InvalidKeyError
 from idempotently._keys import (
     SENSITIVE_HEADERS,
+    derived_key,
     fingerprint,
     journaled_request_headers,
     journaled_response_headers,
     new_key,
     new_operation_id,
+    read_request_headers,
     redaction_set,
+    secret_values,
 )
 from idempotently._profiles import (
     BUILTIN_PROFILES,
@@ -400,6 +404,70 @@ def test_journaled_request_headers_keep_what_a_resend_needs() -> None:
         ("x-custom", "a"),
         ("x-custom", "b"),
     ] == [(name.lower(), value) for name, value in stored]
+
+
+@given(namespace=st.uuids(), name=st.text(alphabet=st.characters(blacklist_categories=["Cs"])))
+def test_a_derived_key_is_the_uuid5_of_the_operation_id(namespace: uuid.UUID, name: str) -> None:
+    """The key of a named operation is UUIDv5(the journal's namespace, operation_id)."""
+    assert str(uuid.uuid5(namespace, name)) == derived_key(namespace, name)
+
+
+header_names = st.sampled_from(
+    [
+        "Authorization",
+        "Cookie",
+        "Content-Type",
+        "Content-Length",
+        "Host",
+        "X-Tenant",
+        "X-Tenant-Secret",
+        "X-Custom",
+        "Idempotency-Key",
+    ]
+).flatmap(any_case)
+header_values = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=8)
+
+
+@given(
+    headers=st.lists(st.tuples(header_names, header_values), max_size=8),
+    url=st.sampled_from(
+        ["https://api.example.com/v1/x", "https://u:p@api.example.com/x?api_key=1&b=2"]
+    ),
+    fingerprinted=st.sampled_from([(), ("X-Tenant",), ("x-custom", "Authorization")]),
+)
+def test_one_pass_over_the_headers_reads_what_the_separate_reads_do(
+    headers: list[tuple[str, str]], url: str, fingerprinted: tuple[str, ...]
+) -> None:
+    """read_request_headers gives the journaled headers (the key header set afterwards
+    last, or where it stood), the secret values and the fingerprinted headers that the
+    separate functions give."""
+    request = httpx.Request(
+        "POST", url, headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    )
+    redacted = redaction_set(["X-Tenant-Secret"])
+
+    read = read_request_headers(
+        request.headers, redacted, request.url, fingerprinted, "Idempotency-Key"
+    )
+    with_key = httpx.Request("POST", url, headers=request.headers)
+    with_key.headers["Idempotency-Key"] = "key-1"
+    expected = journaled_request_headers(with_key.headers, redacted)
+
+    assert secret_values(request.headers, redacted, request.url) == read.secrets
+    assert (any(name.lower() == "idempotency-key" for name, _ in headers)) == read.has_key_header
+    if not read.has_key_header:
+        assert expected == [*read.journaled, ("Idempotency-Key", "key-1")]
+    names = sorted({name.lower() for name in fingerprinted})
+    assert (
+        b"".join(
+            b"\0"
+            + name.encode()
+            + b"="
+            + b",".join(v.encode("latin-1") for n, v in headers if n.lower() == name)
+            for name in names
+        )
+        == read.fingerprinted
+    )
 
 
 def test_journaled_response_headers_drop_cookies_and_encodings() -> None:

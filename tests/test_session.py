@@ -14,6 +14,7 @@ import idempotently
 from idempotently import profiles
 from idempotently._commands import Record, Send
 from idempotently._flow import Call, Held
+from idempotently._keys import fingerprint
 from tests.faults import around_commit
 from tests.support import URL, FakeTime, make_session
 
@@ -207,6 +208,63 @@ def test_same_operation_id_with_another_payload_raises_before_sending(
             s.post(URL, json={"amount": 100000}, operation_id="op")
     assert 1 == route.call_count
     assert "op" == caught.value.operation_id
+
+
+def test_an_operation_journaled_with_a_canonical_fingerprint_is_still_checked(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """A row from an earlier version holds the canonical fingerprint, not a raw digest:
+    the same JSON in another key order continues it, another payload is KeyReuseError."""
+    route = router.post(URL).mock(return_value=httpx.Response(503))
+    with make_session(tmp_path, fake_time, policy=idempotently.RetryPolicy(max_attempts=1)) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={"amount": 100, "currency": "usd"}, operation_id="op")
+        request = route.calls[0].request
+        legacy = fingerprint("POST", request.url, request.content, request.headers)
+        assert s.journal.operation("op").fingerprint.startswith("raw:")  # type: ignore[union-attr]
+        with sqlite3.connect(s.journal.path) as db:
+            db.execute("UPDATE operations SET fingerprint = ?", (legacy,))
+        route.mock(return_value=httpx.Response(201))
+        reordered = s.post(
+            URL,
+            content=b'{"currency":"usd","amount":100}',
+            operation_id="op",
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(idempotently.KeyReuseError):
+            s.post(URL, json={"amount": 100000, "currency": "usd"}, operation_id="op")
+    assert 201 == reordered.status_code
+    assert 2 == route.call_count
+
+
+def test_a_fingerprinted_secret_header_is_compared_though_never_journaled(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """Authorization named in fingerprint_headers is part of the request's identity: the
+    same JSON reordered under the same token continues the operation, another token is
+    KeyReuseError, though the journal never holds the token."""
+    route = router.post(URL).mock(side_effect=[httpx.Response(503), httpx.Response(201)])
+    with make_session(
+        tmp_path,
+        fake_time,
+        policy=idempotently.RetryPolicy(max_attempts=1),
+        fingerprint_headers=["Authorization"],
+    ) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={"amount": 100, "currency": "usd"}, operation_id="op")
+        with pytest.raises(idempotently.KeyReuseError):
+            s.post(
+                URL,
+                json={"amount": 100, "currency": "usd"},
+                operation_id="op",
+                headers={"Authorization": "Bearer sk_other"},
+            )
+        response = s.post(URL, json={"currency": "usd", "amount": 100}, operation_id="op")
+        operation = s.journal.operation("op")
+    assert 201 == response.status_code
+    assert 2 == route.call_count
+    assert operation is not None
+    assert "sk_test" not in repr(operation) and "sk_other" not in repr(operation)
 
 
 def test_explicit_key_is_sent_verbatim_and_owned_by_one_operation(

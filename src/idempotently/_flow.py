@@ -68,14 +68,23 @@ from idempotently._exceptions import (
     RetryLaterError,
 )
 from idempotently._keys import (
+    DIGEST_PREFIX,
+    RequestHeaders,
+    derived_key,
     fingerprint,
+    header_value,
+    is_journaled,
     journaled_request_headers,
     journaled_response_headers,
     journaled_url,
     new_key,
     new_operation_id,
+    read_request_headers,
     redaction_set,
+    request_digest,
+    same_body,
     secret_values,
+    stored_header,
 )
 from idempotently._policy import (
     Answer,
@@ -244,9 +253,11 @@ class Held:
     """(operation_id, owner)"""
     owners: list[str] = attrs.Factory(list)
     """The lease owners this flow made: in flight until the driver calls :meth:`end`."""
-    interrupted: Record | None = None
-    """While an attempt is being sent: the attempt to journal if it never returns
-    (it may have been delivered), which also releases the lease."""
+    interrupted: tuple[str, str, str | None, float, Delivery] | None = None
+    """While an attempt is being sent: (operation_id, key, owner, started_at, delivery)
+    of the attempt to journal if it never returns (it may have been delivered), which
+    also releases the lease; the record itself (:func:`interrupted_attempt`) is built
+    only then, not before every send."""
     lease_until: float = 0.0
     """When the lease this flow last wrote runs out (by the engine's clock)."""
 
@@ -273,10 +284,35 @@ class Held:
     def cleanup(self) -> Record | Release | None:
         """The journal command that leaves things right after an early end."""
         if self.interrupted is not None:
-            return self.interrupted
+            return interrupted_attempt(*self.interrupted)
         if self.lease is not None:
             return Release(*self.lease)
         return None
+
+
+def interrupted_attempt(
+    operation_id: str, key: str, owner: str | None, started: float, delivery: Delivery
+) -> Record:
+    """The record of an attempt whose send never returned (cancelled, interrupted)."""
+    return Record(
+        operation_id,
+        AttemptRecord(
+            started_at=started,
+            elapsed=0.0,
+            outcome="maybe_delivered",
+            error="interrupted while sending: it may have been delivered",
+            status="abandoned" if delivery == "at_most_once" else "pending",
+            reason=(
+                "interrupted while sending an at-most-once operation: it may have been "
+                "delivered, so it is never resent"
+                if delivery == "at_most_once"
+                else "interrupted while sending; the key makes a resend safe"
+            ),
+        ),
+        started,
+        owner,
+        key,
+    )
 
 
 @attrs.frozen
@@ -350,6 +386,9 @@ def check_call_arguments(
             )
 
 
+_INFINITY = float("inf")
+
+
 def check_timeouts(request: httpx.Request) -> None:
     """The request's timeouts (from ``timeout=``) are seconds or None, before anything is
     journaled: httpx would only fail on them at the socket."""
@@ -357,12 +396,14 @@ def check_timeouts(request: httpx.Request) -> None:
     for phase, value in timeouts.items():
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if type(value) is not float and (  # a float (the usual case) needs no more looks
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
             raise TypeError(
                 f"timeout must be seconds (a number), None or an httpx.Timeout; its {phase} "
                 f"timeout is a {type(value).__name__}"
             )
-        if not (0 <= value < float("inf")):
+        if not (0 <= value < _INFINITY):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
 
 
@@ -473,10 +514,15 @@ class Engine:
         """
         started = self.clock()
         request = call.request
-        print_ = fingerprint(
-            request.method, request.url, request.content, request.headers, self.fingerprint_headers
+        headers = read_request_headers(
+            request.headers,
+            self.redact_headers,
+            request.url,
+            self.fingerprint_headers,
+            self.profile.key_header,
         )
-        secrets = secret_values(request.headers, self.redact_headers, request.url)
+        print_ = request_digest(request.method, request.url, headers.fingerprinted)
+        secrets = headers.secrets
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
@@ -491,7 +537,7 @@ class Engine:
                         f"operation {call.operation_id!r}: nothing was journaled or sent; "
                         "give a deadline in the future, or none"
                     )
-                new, owner = self._new_operation(call, print_, now)
+                new, owner = self._new_operation(call, print_, headers, now)
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
@@ -545,17 +591,29 @@ class Engine:
             )
             return self._finish(end)
 
-    def _new_operation(self, call: Call, print_: str, now: float) -> tuple[NewOperation, str]:
+    def _new_operation(
+        self, call: Call, print_: str, headers: RequestHeaders, now: float
+    ) -> tuple[NewOperation, str]:
         request = call.request
         key = call.key or self.key_for(call.operation_id)
-        request.headers[self.profile.key_header] = self.profile.render_key(key)
+        key_header = self.profile.key_header
+        rendered = self.profile.render_key(key)
+        request.headers[key_header] = rendered
+        if headers.has_key_header:
+            # Replaced where it stood (httpx's __setitem__): read the headers again.
+            journaled = journaled_request_headers(request.headers, self.redact_headers)
+        else:
+            # Appended: what the one pass read, and the key header last.
+            journaled = list(headers.journaled)
+            if is_journaled(key_header, self.redact_headers):
+                journaled.append((key_header, rendered))
         new = NewOperation(
             operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
             key=key,
             delivery=call.delivery,
             method=request.method,
             url=journaled_url(request.url),
-            request_headers=journaled_request_headers(request.headers, self.redact_headers),
+            request_headers=journaled,
             request_body=request.content,
             fingerprint=print_,
             profile=self.profile.name,
@@ -575,7 +633,7 @@ class Engine:
         replays instead of acting twice.
         """
         if operation_id is not None and self.namespace is not None:
-            return str(uuid.uuid5(self.namespace, operation_id))
+            return derived_key(self.namespace, operation_id)
         return new_key()
 
     def _check_same(self, operation: Operation, call: Call, print_: str) -> None:
@@ -594,8 +652,8 @@ class Engine:
                 "pass the same idempotency_key, or none",
                 **ids,
             )
-        if operation.fingerprint != print_:
-            # Off the hot path: worked out only once the fingerprints disagree.
+        if not self._same_request(operation, call.request, print_):
+            # Off the hot path: worked out only once the requests disagree.
             difference = first_difference(
                 method=operation.method,
                 url=operation.url,
@@ -611,6 +669,26 @@ class Engine:
                 "was sent. Use a new operation_id for a different request",
                 **ids,
             )
+
+    def _same_request(self, operation: Operation, request: httpx.Request, digest: str) -> bool:
+        """Whether ``request`` is the journaled operation's request again:
+        its :func:`request_digest` agrees, and its body has the journaled bytes or, only
+        when the bytes differ, means the same (canonical JSON, multipart boundary)."""
+        if not operation.fingerprint.startswith(DIGEST_PREFIX):
+            # Journaled by an earlier version: a canonical fingerprint of the whole request.
+            return operation.fingerprint == fingerprint(
+                request.method,
+                request.url,
+                request.content,
+                request.headers,
+                self.fingerprint_headers,
+            )
+        return operation.fingerprint == digest and same_body(
+            operation.request_body,
+            stored_header(operation.request_headers, "content-type"),
+            request.content,
+            header_value(request.headers, b"content-type"),
+        )
 
     def _finish(self, end: End) -> httpx.Response:
         """The final answer of a call, or the error its end means."""
@@ -669,6 +747,7 @@ class Engine:
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
+        lease = None if owner is None else self.lease(operation_id, owner)  # one per call
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
@@ -686,25 +765,7 @@ class Engine:
             )
         while True:
             started = self.clock()
-            held.interrupted = Record(
-                operation_id,
-                AttemptRecord(
-                    started_at=started,
-                    elapsed=0.0,
-                    outcome="maybe_delivered",
-                    error="interrupted while sending: it may have been delivered",
-                    status="abandoned" if state.delivery == "at_most_once" else "pending",
-                    reason=(
-                        "interrupted while sending an at-most-once operation: it may have been "
-                        "delivered, so it is never resent"
-                        if state.delivery == "at_most_once"
-                        else "interrupted while sending; the key makes a resend safe"
-                    ),
-                ),
-                started,
-                owner,
-                key,
-            )
+            held.interrupted = (operation_id, key, owner, started, state.delivery)
             if owner is not None and started > held.lease_until - self.lease_duration / 2:
                 # Half the lease gone before the bytes leave (a slow hook, a long wait):
                 # another caller may have found it expired and taken it. Renew it by a
@@ -720,7 +781,7 @@ class Engine:
                         operation_id=operation_id,
                         key=key,
                     )
-            reply = yield Send(request, None if owner is None else self.lease(operation_id, owner))
+            reply = yield Send(request, lease)
             now = self.clock()
             attempts += 1
             response = reply if isinstance(reply, httpx.Response) else None

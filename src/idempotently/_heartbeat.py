@@ -186,6 +186,9 @@ _REGISTRY_LOCK = threading.Lock()
 
 def heartbeat_for(store: Store) -> Heartbeat:
     """The one heartbeat of ``store`` in this process."""
+    heartbeat = _HEARTBEATS.get(store)  # every send asks: no lock once it exists
+    if heartbeat is not None:
+        return heartbeat
     with _REGISTRY_LOCK:
         heartbeat = _HEARTBEATS.get(store)
         if heartbeat is None:

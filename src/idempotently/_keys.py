@@ -8,6 +8,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import httpx
 
@@ -23,6 +24,16 @@ _ENCODING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-e
 
 def new_key() -> str:
     return str(uuid.uuid4())
+
+
+def derived_key(namespace: uuid.UUID, name: str) -> str:
+    """``str(uuid.uuid5(namespace, name))``, without building a UUID object on the way
+    (one per named call: the ``UUID`` constructor costs more than the SHA-1)."""
+    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode("utf-8")).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def new_operation_id() -> str:
@@ -48,6 +59,64 @@ def journaled_request_headers(
         if lowered not in redacted and lowered not in _DERIVED_HEADERS:
             stored.append((name, raw_value.decode("latin-1")))
     return stored
+
+
+class RequestHeaders(NamedTuple):
+    """What the hot path needs from a request's headers, read in one pass
+    (:func:`read_request_headers`)."""
+
+    journaled: list[tuple[str, str]]
+    """What :func:`journaled_request_headers` returns, before the key header is set."""
+    secrets: list[str]
+    """What :func:`secret_values` returns."""
+    fingerprinted: bytes
+    """The fingerprinted headers' part of a :func:`request_digest`."""
+    has_key_header: bool
+    """Whether the request already carries the profile's key header."""
+
+
+def read_request_headers(
+    headers: httpx.Headers,
+    redacted: frozenset[str],
+    url: httpx.URL,
+    fingerprint_headers: Iterable[str],
+    key_header: str,
+) -> RequestHeaders:
+    """The journaled headers, the secret values, the fingerprinted headers and whether
+    the key header is set, in one pass over the raw header list instead of four."""
+    journaled = []
+    secrets = []
+    key_header = key_header.lower()
+    has_key_header = False
+    for raw_name, raw_value in headers.raw:
+        name = raw_name.decode("latin-1")
+        lowered = name.lower()
+        if lowered in redacted:
+            secrets.append(raw_value.decode("latin-1"))
+        elif lowered not in _DERIVED_HEADERS:
+            journaled.append((name, raw_value.decode("latin-1")))
+        if lowered == key_header:
+            has_key_header = True
+    if url.userinfo or url.query:
+        _add_url_secrets(secrets, url)
+    fingerprinted = b""
+    if fingerprint_headers:  # rarely: a second look at the few headers named
+        parts = []
+        for wanted in sorted({name.lower() for name in fingerprint_headers}):
+            values = [
+                value for key, value in headers.raw if key.decode("latin-1").lower() == wanted
+            ]
+            parts.append(
+                b"\0" + wanted.encode("utf-8", "backslashreplace") + b"=" + b",".join(values)
+            )
+        fingerprinted = b"".join(parts)
+    return RequestHeaders(journaled, secrets, fingerprinted, has_key_header)
+
+
+def is_journaled(name: str, redacted: frozenset[str]) -> bool:
+    """Whether a request header of this name is stored (:func:`journaled_request_headers`)."""
+    lowered = name.lower()
+    return lowered not in redacted and lowered not in _DERIVED_HEADERS
 
 
 def journaled_response_headers(
@@ -134,6 +203,50 @@ def fingerprint(
     return digest.hexdigest()
 
 
+DIGEST_PREFIX = "raw:"
+"""Marks a journaled ``fingerprint`` that is a :func:`request_digest`; a value without
+it was written by an earlier version and is a canonical :func:`fingerprint`."""
+
+
+def request_digest(method: str, url: httpx.URL, fingerprinted: bytes) -> str:
+    """What the journal stores to recognise a request again, cheaply: a SHA-256 over the
+    parts of the fingerprint that are compared exactly (method, normalised URL,
+    fingerprinted headers), not the body.
+
+    The body is journaled as it is, so a later call compares its bytes with the
+    journaled ones, and canonicalises both (:func:`same_body`) only when they differ:
+    parsing and re-encoding every JSON body costs more than the rest of this per call,
+    and is needed only when an ``operation_id`` is reused.
+    """
+    digest = hashlib.sha256()
+    for part in (method.upper(), normalised_url(url)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(fingerprinted)  # RequestHeaders.fingerprinted
+    return DIGEST_PREFIX + digest.hexdigest()
+
+
+def same_body(
+    journaled: bytes,
+    journaled_content_type: str | None,
+    live: bytes,
+    live_content_type: str | None,
+) -> bool:
+    """Whether two bodies identify the same request: the same bytes, or the same
+    canonical rendering (JSON that means the same, one upload under two boundaries)."""
+    return journaled == live or canonical_body(journaled, journaled_content_type) == (
+        canonical_body(live, live_content_type)
+    )
+
+
+def stored_header(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of a journaled header (``name`` lowercase)."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
 def journaled_url(url: httpx.URL) -> str:
     """The URL as stored: never with its userinfo (``https://user:pass@host``)."""
     if url.userinfo:
@@ -151,10 +264,15 @@ def secret_values(
         for raw_name, raw_value in headers.raw
         if raw_name.decode("latin-1").lower() in redacted
     ]
-    if url is not None and url.userinfo:
+    if url is not None:
+        _add_url_secrets(values, url)
+    return values
+
+
+def _add_url_secrets(values: list[str], url: httpx.URL) -> None:
+    if url.userinfo:
         values.extend(part for part in (url.password, url.userinfo.decode("latin-1")) if part)
-    if url is not None and url.query:
+    if url.query:
         # An API key in the query (?api_key=...): an error that quotes the URL (httpx's
         # raise_for_status does) must not carry it into events, logs and the journal.
         values.append(url.query.decode("ascii", "replace"))
-    return values

@@ -291,7 +291,13 @@ def adopted_key(
 
     Validated against the profile; a header that disagrees with the argument is an error.
     """
-    raw = request.headers.get(profile.key_header)
+    name = profile.key_header.lower().encode("latin-1")
+    values = [value for key, value in request.headers.raw if key.lower() == name]
+    raw = None
+    if len(values) == 1 and values[0].isascii():
+        raw = values[0].decode("ascii")
+    elif values:
+        raw = request.headers.get(profile.key_header)  # joined and decoded as httpx does
     header_key = None if raw is None else profile.parse_key(raw)
     if idempotency_key is not None and header_key is not None and header_key != idempotency_key:
         raise ValueError(
