@@ -527,11 +527,22 @@ class Engine:
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
         taken_key: str | None = None  # a key our insert found already journaled
+        # Insert first, then read (the claim that cannot race): a new operation, the
+        # common case, costs one statement; only an insert that finds the id or the key
+        # taken looks the operation up.
+        insert_first = True
         while True:
-            operation = (yield Find(call.operation_id, call.key or taken_key)) if named else None
+            operation = (
+                (yield Find(call.operation_id, call.key or taken_key))
+                if named and not insert_first
+                else None
+            )
             if operation is None:
                 now = self.clock()
                 if call.deadline_at is not None and call.deadline_at <= now:
+                    if named and insert_first:
+                        insert_first = False  # a settled operation is still answered
+                        continue
                     raise ValueError(
                         f"deadline_at ({_iso(call.deadline_at)}) has already passed for "
                         f"operation {call.operation_id!r}: nothing was journaled or sent; "
@@ -551,9 +562,11 @@ class Engine:
                     )
                     return self._finish(end)
                 held.lease = None
-                # Another caller created it first (find theirs), or the key is taken by
-                # another operation (the next Find returns that one: a KeyReuseError).
+                # Journaled already (a call again, or another caller first: find it), or
+                # the key is taken by another operation (the Find returns that one: a
+                # KeyReuseError).
                 taken_key = new.key
+                insert_first = False
                 continue
             self._check_same(operation, call, print_)
             if operation.status != "pending":
