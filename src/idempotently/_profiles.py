@@ -454,6 +454,17 @@ def stored_profile(
     )
 
 
+def profile_label(text: str) -> str:
+    """A journaled profile as a person reads it: its name, ``(custom)`` for a spec."""
+    if not text.startswith("{"):
+        return text
+    try:
+        name = json.loads(text).get("name")
+    except (ValueError, AttributeError):
+        name = None
+    return f"{name if isinstance(name, str) else '?'} (custom)"
+
+
 def _is_legacy(text: str) -> bool:
     return not text.startswith("{") and text not in BUILTIN_PROFILES
 
@@ -461,11 +472,8 @@ def _is_legacy(text: str) -> bool:
 def _described(text: str) -> str:
     if not text.startswith("{"):
         return repr(text) + (" (journaled before profiles were stored)" if _is_legacy(text) else "")
-    try:
-        name = json.loads(text).get("name")
-    except (ValueError, AttributeError):
-        name = None
-    return f"{name!r} (custom)"
+    name, _, custom = profile_label(text).rpartition(" ")
+    return f"{name!r} {custom}"
 
 
 def _differences(text: str, given: ServerProfile) -> str:
