@@ -28,7 +28,7 @@ opened), and survives a pickle round trip (to a worker process and back).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
     import httpx
@@ -180,7 +180,7 @@ class StoredProfileError(IdempotentlyError):
         self,
         message: str,
         *,
-        kind: str,
+        kind: Literal["unavailable", "disagrees", "legacy"] = "unavailable",
         operation_id: str | None = None,
         key: str | None = None,
     ) -> None:
