@@ -146,14 +146,15 @@ def test_mismatch_matcher_is_replaceable(
     assert 1 == route.call_count
 
 
+def broken(response: httpx.Response) -> bool:
+    """A user's matcher that raises (importable by name, so it can be journaled)."""
+    raise KeyError("oops")
+
+
 def test_a_mismatch_matcher_that_raises_is_no_match(
     tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
 ) -> None:
     """A broken user matcher never turns an answer into a crash: the 409 is 'in progress'."""
-
-    def broken(response: httpx.Response) -> bool:
-        raise KeyError("oops")
-
     profile = attrs.evolve(profiles.GENERIC, name="broken", mismatch_matcher=broken)
     route = router.post(URL).mock(side_effect=[httpx.Response(409), httpx.Response(201)])
     with make_session(tmp_path, fake_time, profile=profile) as s:

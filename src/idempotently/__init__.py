@@ -32,6 +32,7 @@ from idempotently._exceptions import (
     OperationPendingError,
     RequestNotSentError,
     RetryLaterError,
+    StoredProfileError,
 )
 from idempotently._flow import Receipt, ResumeResult, Settlement
 from idempotently._journal import Attempt, Journal, JournalStats, Operation
@@ -75,6 +76,7 @@ __all__ = [
     "ServerProfile",
     "Session",
     "Settlement",
+    "StoredProfileError",
     "Transport",
     "profiles",
 ]

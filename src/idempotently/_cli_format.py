@@ -21,6 +21,7 @@ import wcwidth
 from idempotently._cli_durations import format_age, format_duration
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered
+from idempotently._profiles import profile_label
 from idempotently._rows import Attempt, JournalStats, Operation
 
 # The journal never stores these; a CLI that prints headers still refuses to,
@@ -197,7 +198,7 @@ def operation_lines(op: Operation, now: float) -> list[str]:
     status = op.status + (f" ({op.reason})" if op.reason else "")
     fields = [
         ("operation", op.operation_id),
-        ("key", f"{op.key}  ({op.key_header}, profile {op.profile})"),
+        ("key", f"{op.key}  ({op.key_header}, profile {profile_label(op.profile)})"),
         ("status", status),
         ("delivery", op.delivery),
         ("request", f"{op.method} {op.url}"),

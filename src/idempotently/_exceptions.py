@@ -14,6 +14,7 @@
     ├── OperationPendingError         retries ran out, outcome unknown
     │   └── RetryLaterError           the server asked us to come back later
     ├── NeedsReconcileError           only a human or a reconciler can decide
+    ├── StoredProfileError            the profile it was journaled under cannot be used
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
 
 Transport errors from httpx come through as the ``__cause__`` of an
@@ -27,7 +28,7 @@ opened), and survives a pickle round trip (to a worker process and back).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
     import httpx
@@ -164,3 +165,24 @@ class NeedsReconcileError(IdempotentlyError):
 
 class OperationAbandonedError(IdempotentlyError):
     """An at-most-once operation may have been delivered; it is never resent."""
+
+
+class StoredProfileError(IdempotentlyError):
+    """The profile the operation was journaled under cannot be used: nothing is sent
+    and the operation stays pending.
+
+    ``kind``: ``unavailable`` (its matcher cannot be imported: module gone or
+    renamed), ``disagrees`` (an explicit profile differs from the stored one) or
+    ``legacy`` (journaled before profiles were stored: it needs an explicit one).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: Literal["unavailable", "disagrees", "legacy"] = "unavailable",
+        operation_id: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, key=key)
+        self.kind = kind

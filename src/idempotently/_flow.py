@@ -66,6 +66,7 @@ from idempotently._exceptions import (
     OperationPendingError,
     RequestNotSentError,
     RetryLaterError,
+    StoredProfileError,
 )
 from idempotently._keys import (
     DIGEST_PREFIX,
@@ -96,7 +97,13 @@ from idempotently._policy import (
     decide,
     may_have_been_delivered,
 )
-from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
+from idempotently._profiles import (
+    GENERIC,
+    ProfileRule,
+    ServerProfile,
+    journaled_profile,
+    stored_profile,
+)
 from idempotently._rows import AttemptRecord, NewOperation, Operation
 from idempotently._text import storable, storable_text
 from idempotently._vocabulary import (
@@ -481,6 +488,8 @@ class Engine:
 
     policy: RetryPolicy = attrs.field(factory=RetryPolicy)
     profile: ServerProfile = GENERIC
+    profile_rule: ProfileRule = "stored"
+    """How operations' journaled profiles are read (``_profiles.ProfileRule``)."""
     clock: Callable[[], float] = time.time
     rand: Callable[[], float] = random.random
     redact_headers: frozenset[str] = attrs.field(factory=redaction_set)
@@ -571,6 +580,7 @@ class Engine:
             self._check_same(operation, call, print_)
             if operation.status != "pending":
                 return self.stored_response(operation, build)
+            self.profile_for(operation)  # one that cannot be read is an error: nothing sent
             blocker = self.blocker(operation)
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
@@ -629,7 +639,7 @@ class Engine:
             request_headers=journaled,
             request_body=request.content,
             fingerprint=print_,
-            profile=self.profile.name,
+            profile=journaled_profile(self.profile),
             key_header=self.profile.key_header,
             created_at=now,
             key_expires_at=now + self.profile.key_lifetime,
@@ -979,12 +989,17 @@ class Engine:
     def profile_for(self, operation: Operation) -> ServerProfile:
         """The profile an operation was journaled under, to read its answers with.
 
-        The session's own when the names match (it may be a custom variant),
-        else the built-in of that name, else the session's.
-        """
-        if operation.profile == self.profile.name:
-            return self.profile
-        return BUILTIN_PROFILES.get(operation.profile, self.profile)
+        Its journaled spec (or the built-in it named), read as ``profile_rule`` says;
+        a row written before profiles were stored (a bare name that is no built-in) is
+        read with the session's profile (the legacy rule). Raises
+        :class:`StoredProfileError` rather than guess."""
+        return stored_profile(
+            operation.profile,
+            self.profile,
+            self.profile_rule,
+            operation_id=operation.operation_id,
+            key=operation.key,
+        )
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -1058,6 +1073,10 @@ class Engine:
             return ResumeResult.of(operation, operation.status, "would_reconcile", operation.reason)
         blocked = self.blocker(operation, resuming=True)
         if blocked is None:
+            try:
+                self.profile_for(operation)
+            except StoredProfileError as error:
+                return ResumeResult.of(operation, "pending", "not_sent", error.message)
             return ResumeResult.of(operation, "pending", "would_send", "would resend its key")
         kind, reason = blocked
         return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
@@ -1081,6 +1100,10 @@ class Engine:
             kind, reason = blocked
             status = yield from self._apply_blocker(operation, kind, reason)
             return ResumeResult.of(operation, status, RESUME_ACTION_OF_BLOCKER[kind][0], reason)
+        try:
+            profile = self.profile_for(operation)
+        except StoredProfileError as error:
+            return ResumeResult.of(operation, "pending", "not_sent", error.message)
         try:
             request = self.rebuild(operation, build, base_url=base_url)
         except (httpx.HTTPError, ValueError, TypeError) as error:
@@ -1107,7 +1130,7 @@ class Engine:
             operation.key,
             request,
             self._state_of(operation, now, resuming=True),
-            self.profile_for(operation),
+            profile,
             operation.attempt_count,
             held,
             secret_values(request.headers, self.redact_headers, request.url),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import re
 from collections.abc import Callable, Collection
@@ -10,7 +12,7 @@ from typing import Any, Literal
 import attrs
 import httpx
 
-from idempotently._exceptions import InvalidKeyError
+from idempotently._exceptions import InvalidKeyError, StoredProfileError
 
 KeyFormat = Literal["token", "sf-string"]
 
@@ -33,31 +35,44 @@ MismatchMatcher = Callable[[httpx.Response], bool]
 """Says whether an answer means "this key was used with another payload"."""
 
 
-def body_mentions(*words: str, statuses: Collection[int] = frozenset({409})) -> MismatchMatcher:
-    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``."""
-    lowered = tuple(word.lower() for word in words)
-    wanted = frozenset(statuses)
+@attrs.frozen
+class BodyMentions:
+    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``.
 
-    def matches(response: httpx.Response) -> bool:
-        if response.status_code not in wanted:
+    A value (equal by its words and statuses), so a profile using it is journaled as
+    its fields and read back the same at resume."""
+
+    words: tuple[str, ...]
+    statuses: frozenset[int]
+
+    def __call__(self, response: httpx.Response) -> bool:
+        if response.status_code not in self.statuses:
             return False
         body = _body_text(response).lower()
-        return any(word in body for word in lowered)
+        return any(word in body for word in self.words)
 
-    return matches
+
+@attrs.frozen
+class ErrorType:
+    """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style)."""
+
+    types: frozenset[str]
+    statuses: frozenset[int]
+
+    def __call__(self, response: httpx.Response) -> bool:
+        if response.status_code not in self.statuses:
+            return False
+        return _error_type(_body_text(response)) in self.types
+
+
+def body_mentions(*words: str, statuses: Collection[int] = frozenset({409})) -> MismatchMatcher:
+    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``."""
+    return BodyMentions(tuple(word.lower() for word in words), frozenset(statuses))
 
 
 def error_type(*types: str, statuses: Collection[int] = frozenset({400})) -> MismatchMatcher:
     """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style)."""
-    wanted_types = frozenset(types)
-    wanted = frozenset(statuses)
-
-    def matches(response: httpx.Response) -> bool:
-        if response.status_code not in wanted:
-            return False
-        return _error_type(_body_text(response)) in wanted_types
-
-    return matches
+    return ErrorType(frozenset(types), frozenset(statuses))
 
 
 def never(response: httpx.Response) -> bool:
@@ -284,3 +299,270 @@ IETF = ServerProfile(name="ietf", key_format="sf-string")
 """draft-ietf-httpapi-idempotency-key-header: the key is an RFC 8941 quoted string."""
 
 BUILTIN_PROFILES = {profile.name: profile for profile in (GENERIC, STRIPE, IETF)}
+
+
+# -- the profile an operation was made under, as the journal holds it ---------------------
+
+_CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
+"""Fields holding a callable: journaled as a library matcher's own JSON, or as the
+``module:qualname`` resume imports."""
+
+
+class ProfileSpecError(ValueError):
+    """A journaled profile spec that cannot be read back (a callable that cannot be
+    imported, a field this version does not know)."""
+
+
+def profile_spec(profile: ServerProfile) -> str:
+    """The profile as canonical JSON: every field, frozensets as sorted lists, a
+    callable as its own JSON (``body_mentions``, ``error_type``, ``never``) or as the
+    ``module:qualname`` it is importable by.
+
+    Raises ValueError for a callable that cannot be imported by name (a lambda, a
+    nested function, a bound method, an object without a qualified name)."""
+    fields: dict[str, Any] = {}
+    for field in attrs.fields(ServerProfile):
+        if not field.init:
+            continue
+        value = getattr(profile, field.name)
+        if field.name in _CALLABLE_FIELDS:
+            fields[field.name] = (
+                None if value is None else _callable_spec(profile, field.name, value)
+            )
+        elif isinstance(value, (frozenset, set)):
+            fields[field.name] = sorted(value)
+        elif isinstance(value, (tuple, list)):
+            fields[field.name] = list(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and _is_float(field):
+            fields[field.name] = float(value)
+        elif value is None or isinstance(value, (str, int, float)):
+            fields[field.name] = value
+        else:  # a field added without teaching the journal how to write it
+            raise TypeError(f"ServerProfile.{field.name} ({type(value).__name__}) has no spec")
+    return json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def profile_from_spec(text: str) -> ServerProfile:
+    """The profile :func:`profile_spec` wrote; ProfileSpecError if it cannot be read
+    back exactly (never a guess)."""
+    try:
+        parsed = json.loads(text)
+    except ValueError as error:
+        raise ProfileSpecError(f"the journaled profile is not JSON ({error})") from None
+    if not isinstance(parsed, dict):
+        raise ProfileSpecError("the journaled profile is not a JSON object")
+    known = {field.name: field for field in attrs.fields(ServerProfile) if field.init}
+    unknown = sorted(set(parsed) - set(known))
+    if unknown:
+        raise ProfileSpecError(
+            f"the journaled profile has fields this version does not know ({', '.join(unknown)}):"
+            " was it written by a newer idempotently?"
+        )
+    arguments: dict[str, Any] = {}
+    for name, value in parsed.items():
+        if name in _CALLABLE_FIELDS:
+            arguments[name] = None if value is None else _callable_from_spec(name, value)
+        elif isinstance(value, list):
+            arguments[name] = frozenset(value) if "frozenset" in str(known[name].type) else value
+        else:
+            arguments[name] = value
+    try:
+        return ServerProfile(**arguments)
+    except (TypeError, ValueError) as error:
+        raise ProfileSpecError(f"the journaled profile is not valid ({error})") from None
+
+
+def journaled_profile(profile: ServerProfile) -> str:
+    """What the journal's ``profile`` column holds for an operation made under
+    ``profile``: the name of a built-in it equals field for field, else its spec."""
+    try:
+        return _journaled_profile(profile)
+    except TypeError:  # a matcher that cannot be hashed: not cached
+        return _journaled_profile.__wrapped__(profile)
+
+
+@functools.lru_cache(maxsize=64)
+def _journaled_profile(profile: ServerProfile) -> str:
+    if BUILTIN_PROFILES.get(profile.name) == profile:
+        return profile.name
+    return profile_spec(profile)
+
+
+@functools.lru_cache(maxsize=256)
+def cached_profile(text: str) -> ServerProfile:
+    """:func:`profile_from_spec`, once per distinct text (a failure is not cached)."""
+    return profile_from_spec(text)
+
+
+ProfileRule = Literal["stored", "stored_only", "checked", "forced"]
+"""How an engine reads the profile journaled with an operation:
+
+- ``stored`` (the library): the stored profile; a legacy row (a bare name that is no
+  built-in, written before profiles were stored) is read with the session's profile;
+- ``stored_only`` (``idempotently resume`` without ``--profile``): the stored profile;
+  a legacy row is refused (it needs an explicit profile);
+- ``checked`` (``--profile``): the given profile, refused where it disagrees with
+  the stored one (a legacy row: where the names differ);
+- ``forced`` (``--profile`` with ``--force-profile``): the given profile, always."""
+
+
+def stored_profile(
+    text: str, given: ServerProfile, rule: ProfileRule, *, operation_id: str, key: str
+) -> ServerProfile:
+    """The profile to read an operation's answers with, from its journaled ``text``.
+
+    Raises :class:`StoredProfileError` rather than guess: nothing is to be sent."""
+    ids = {"operation_id": operation_id, "key": key}
+    if rule == "forced":
+        return given
+    if rule == "checked":
+        if journaled_profile(given) == text or (_is_legacy(text) and text == given.name):
+            return given
+        raise StoredProfileError(
+            f"it was journaled under profile {_described(text)} and the profile given is "
+            f"{_described(journaled_profile(given))}{_differences(text, given)}; nothing was "
+            "sent (leave out --profile to use the stored one, or add --force-profile to read "
+            "it with the one given)",
+            kind="disagrees",
+            **ids,
+        )
+    if text.startswith("{"):
+        try:
+            return cached_profile(text)
+        except ProfileSpecError as error:
+            raise StoredProfileError(
+                f"the profile it was journaled under cannot be read back: {error}; nothing "
+                "was sent and it stays pending (make that code importable again, or resume "
+                "it with an explicit profile: `idempotently resume --profile module:NAME "
+                "--force-profile`)",
+                kind="unavailable",
+                **ids,
+            ) from None
+    builtin = BUILTIN_PROFILES.get(text)
+    if builtin is not None:
+        return given if given == builtin else builtin
+    if rule == "stored":
+        return given  # the legacy rule: rows written before profiles were stored
+    raise StoredProfileError(
+        f"it was journaled before profiles were stored, under the name {text!r} (not a "
+        "built-in profile); nothing was sent: give the profile it was made under with "
+        "--profile module:NAME",
+        kind="legacy",
+        **ids,
+    )
+
+
+def profile_label(text: str) -> str:
+    """A journaled profile as a person reads it: its name, ``(custom)`` for a spec."""
+    if not text.startswith("{"):
+        return text
+    try:
+        name = json.loads(text).get("name")
+    except (ValueError, AttributeError):
+        name = None
+    return f"{name if isinstance(name, str) else '?'} (custom)"
+
+
+def _is_legacy(text: str) -> bool:
+    return not text.startswith("{") and text not in BUILTIN_PROFILES
+
+
+def _described(text: str) -> str:
+    if not text.startswith("{"):
+        return repr(text) + (" (journaled before profiles were stored)" if _is_legacy(text) else "")
+    name, _, custom = profile_label(text).rpartition(" ")
+    return f"{name!r} {custom}"
+
+
+def _differences(text: str, given: ServerProfile) -> str:
+    """``: they differ in FIELD, ...`` when both sides have fields to compare."""
+    if _is_legacy(text):
+        return ""
+    try:
+        stored = json.loads(
+            profile_spec(BUILTIN_PROFILES[text]) if text in BUILTIN_PROFILES else text
+        )
+        mine = json.loads(profile_spec(given))
+    except (ValueError, TypeError):
+        return ""
+    if not isinstance(stored, dict):
+        return ""
+    fields = sorted(name for name in set(stored) | set(mine) if stored.get(name) != mine.get(name))
+    return f": they differ in {', '.join(fields)}" if fields else ""
+
+
+def _is_float(field: attrs.Attribute[Any]) -> bool:
+    return str(field.type).startswith("float")
+
+
+def _callable_spec(profile: ServerProfile, field: str, value: Any) -> Any:
+    if isinstance(value, BodyMentions):
+        return {
+            "type": "body_mentions",
+            "words": list(value.words),
+            "statuses": sorted(value.statuses),
+        }
+    if isinstance(value, ErrorType):
+        return {
+            "type": "error_type",
+            "types": sorted(value.types),
+            "statuses": sorted(value.statuses),
+        }
+    if value is never:
+        return {"type": "never"}
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    reference = f"{module}:{qualname}"
+    if (
+        not isinstance(module, str)
+        or not isinstance(qualname, str)
+        or module == "__main__"
+        or _imported(reference) is not value
+    ):
+        raise ValueError(
+            f"ServerProfile {profile.name!r}: {field} {value!r} cannot be journaled by name "
+            "(a lambda, a nested function, a bound method or a function of __main__ cannot "
+            "be imported when the operation is resumed); pass a function defined at the top "
+            "of an importable module, or profiles.body_mentions(...) / profiles.error_type(...)"
+        )
+    return reference
+
+
+def _callable_from_spec(field: str, value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            found = _imported(value, strict=True)
+        except Exception as error:  # whatever importing the user's module raises
+            raise ProfileSpecError(
+                f"its {field} {value!r} cannot be imported ({type(error).__name__}: {error})"
+            ) from None
+        if not callable(found):
+            raise ProfileSpecError(f"its {field} {value!r} is not callable")
+        return found
+    kind = value.get("type") if isinstance(value, dict) else None
+    try:
+        if kind == "body_mentions":
+            return BodyMentions(tuple(value["words"]), frozenset(value["statuses"]))
+        if kind == "error_type":
+            return ErrorType(frozenset(value["types"]), frozenset(value["statuses"]))
+    except (KeyError, TypeError) as error:
+        raise ProfileSpecError(f"its {field} {value!r} is damaged ({error})") from None
+    if kind == "never":
+        return never
+    raise ProfileSpecError(f"its {field} {value!r} is of a kind this version does not know")
+
+
+def _imported(reference: str, *, strict: bool = False) -> Any:
+    """The object ``module:qualname`` names; None if it cannot be found (``strict``: raise)."""
+    module_name, _, qualname = reference.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:
+        if strict:
+            raise
+        return None
+    return found

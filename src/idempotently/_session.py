@@ -51,7 +51,7 @@ from idempotently._flow import (
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
-from idempotently._profiles import GENERIC, ServerProfile
+from idempotently._profiles import GENERIC, ServerProfile, journaled_profile
 from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
@@ -95,6 +95,9 @@ def check_engine_options(
             "profile must be an idempotently.ServerProfile (e.g. "
             f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
         )
+    # Every operation journals the profile it was made under: one whose matcher could
+    # not be imported at resume is refused here, before anything is opened or sent.
+    journaled_profile(profile)
     for name, names in (
         ("redact_headers", redact_headers),
         ("fingerprint_headers", fingerprint_headers),

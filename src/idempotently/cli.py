@@ -41,7 +41,7 @@ from idempotently._cli_format import (
     stats_prometheus,
 )
 from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
-from idempotently._exceptions import JournalError
+from idempotently._exceptions import JournalError, StoredProfileError
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -51,7 +51,7 @@ from idempotently._flow import (
 )
 from idempotently._journal import MAX_LIMIT, Journal
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
-from idempotently._profiles import BUILTIN_PROFILES, ServerProfile
+from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._session import (
     MAX_LEASE_DURATION,
     MAX_RESUME_CONCURRENCY,
@@ -439,8 +439,13 @@ def checked_base_url(ctx: click.Context, param: click.Parameter, value: str | No
     return value
 
 
-def profile_option(ctx: click.Context, param: click.Parameter, value: str) -> ServerProfile:
-    """A built-in profile by name, or ``package.module:NAME`` for one of the user's."""
+def profile_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> ServerProfile | None:
+    """A built-in profile by name, or ``package.module:NAME`` for one of the user's;
+    None when not given (each operation's stored profile)."""
+    if value is None:
+        return None
     if value in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[value]
     module_name, sep, attribute = value.partition(":")
@@ -503,11 +508,16 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     "--profile",
     "profile",
     callback=profile_option,
-    default="generic",
-    show_default=True,
     metavar="NAME",
-    help="How the server spells replays and keys in progress: generic, stripe, ietf, or "
-    "module:NAME for a ServerProfile of your own.",
+    help="Read answers with this profile: generic, stripe, ietf, or module:NAME for a "
+    "ServerProfile of your own (default: the one each operation was journaled under; an "
+    "operation whose stored profile differs is refused unless --force-profile).",
+)
+@click.option(
+    "--force-profile",
+    is_flag=True,
+    help="With --profile: read every operation with it, even where it differs from the "
+    "profile the operation was journaled under.",
 )
 @click.option(
     "--concurrency",
@@ -566,7 +576,8 @@ def resume_command(
     dry_run: bool,
     base_url: str | None,
     headers: dict[str, str],
-    profile: ServerProfile,
+    profile: ServerProfile | None,
+    force_profile: bool,
     concurrency: int,
     max_attempts: int | None,
     deadline: float | None,
@@ -593,6 +604,8 @@ def resume_command(
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
     if watch and dry_run:
         raise click.UsageError("--watch and --dry-run do not go together: a watch sends")
+    if force_profile and profile is None:
+        raise click.UsageError("--force-profile needs --profile NAME: the profile to force")
     if interval <= 0:
         raise click.BadParameter("must be more than 0s", param_hint="'--interval'")
     if not 0 < lease_duration <= MAX_LEASE_DURATION:
@@ -612,13 +625,17 @@ def resume_command(
         headers=headers,
         # Whatever came from the environment is a credential: never journaled or printed.
         redact_headers=list(headers),
-        profile=profile,
+        profile=profile or GENERIC,
         policy=policy,
         timeout=timeout,
         host_id=host_id,
         lease_duration=lease_duration,
     )
+    session._engine.profile_rule = (
+        "stored_only" if profile is None else "forced" if force_profile else "checked"
+    )
     with session:
+        refuse_disagreeing_profiles(session, journal)
         if watch:
             run_watch(
                 session,
@@ -649,6 +666,21 @@ def resume_command(
             f"{left['needs_reconcile']} needs_reconcile "
             "(`idempotently list --status pending --status needs_reconcile`)"
         )
+
+
+def refuse_disagreeing_profiles(session: Session, journal: Journal) -> None:
+    """Exit 2, before anything is sent, if a pending operation's stored profile disagrees
+    with ``--profile`` (or needs one: journaled before profiles were stored).
+
+    A stored profile that cannot be read back (its matcher's module is gone) is no
+    refusal: that operation is reported not_sent and stays pending; the others go on."""
+    for operation in journal.operations(status="pending", newest_first=False):
+        try:
+            session._engine.profile_for(operation)
+        except StoredProfileError as error:
+            if error.kind != "unavailable":
+                click.echo(f"idempotently: {printable(str(error))}", err=True)
+                raise click.exceptions.Exit(2) from None
 
 
 def resume_printing(
