@@ -246,6 +246,15 @@ def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_locatio
         seed(journal_location, server.url, 1)
         with fleet(tmp_path, journal_location, ["host-a"]) as [worker]:
             worker.wait_for(lambda event: event["event"] == "claimed")
+            # The attempt is in flight (the server has it: 20 s to answer), not merely
+            # claimed: a worker stopped before sending ends cleanly at once.
+            deadline = time.monotonic() + 30
+            while (
+                not server.app.keys.count_by_status().get("in_progress")
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.01)
+            assert server.app.keys.count_by_status().get("in_progress"), worker.diagnosis()
             worker.proc.send_signal(signal.SIGTERM)
             worker.wait_for(lambda event: event["event"] == "watch_stopping")
             started = time.monotonic()
