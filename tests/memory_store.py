@@ -14,7 +14,9 @@ import attrs
 from idempotently._commands import (
     ClaimDue,
     ExtendLeases,
+    Find,
     Insert,
+    Queue,
     Record,
     Release,
     RenewLease,
@@ -234,6 +236,17 @@ class MemoryStore:
             lease_until=record.lease_until,
             lease_owner=row.lease_owner if record.lease_until > 0 else None,
         )
+
+    def _execute(self, command: Any) -> Any:
+        """What ``Journal._execute`` does: a read here, a write as a batch of one."""
+        if isinstance(command, Find):
+            return self.find(command.operation_id, command.key)
+        if isinstance(command, Queue):
+            return self.operations(status=list(command.statuses), newest_first=False)
+        (outcome,) = self.commit([command], False)
+        if isinstance(outcome, Failed):
+            raise outcome.error
+        return outcome
 
     # -- reads -----------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ for every driver, since the drivers only carry the commands out.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -20,22 +19,18 @@ import idempotently
 from idempotently import profiles
 from idempotently._commands import (
     Command,
-    Find,
     Insert,
-    Queue,
     Record,
     Release,
-    RenewLease,
     Report,
     Send,
-    SetStatus,
     Sleep,
-    TakeLease,
 )
 from idempotently._flow import _FIRST_POLL, _MAX_POLL, Call, Engine, Flow, Held, ResumeResult
-from idempotently._journal import Attempt, AttemptRecord, NewOperation, Operation
+from idempotently._journal import Operation
 from idempotently._vocabulary import Status
 from tests.drivers import Step, answer, fail
+from tests.memory_store import MemoryStore
 from tests.support import URL, FakeTime
 
 CHARGE = {"amount": 1000, "currency": "usd"}
@@ -43,183 +38,6 @@ LEASE = 60.0
 # rand() = 0.5 and an initial backoff of 1 s: the first retry waits 0.5 s, the second 1 s.
 POLICY = idempotently.RetryPolicy(initial_backoff=1.0, max_backoff=8.0)
 ELSEWHERE = "another-host.example:4242:0123456789ab"
-
-
-@attrs.define
-class MemoryStore:
-    """The journal as a dict: the ``Store`` protocol, with the SQLite journal's semantics."""
-
-    rows: dict[str, Operation] = attrs.field(factory=dict)
-
-    def _check_still_there(self) -> None:
-        pass
-
-    def _execute(self, command: Any) -> Any:
-        """What Journal._execute does, by the command's kind (reads and writes alike)."""
-        if isinstance(command, Find):
-            return self._find(command.operation_id, command.key)
-        if isinstance(command, Insert):
-            return self._insert_operation(
-                command.new, owner=command.owner, lease_until=command.lease_until
-            )
-        if isinstance(command, Record):
-            return self._record_attempt(
-                command.operation_id, command.record, now=command.now, owner=command.owner
-            )
-        if isinstance(command, TakeLease):
-            return self._take_lease(
-                command.operation,
-                owner=command.owner,
-                lease_until=command.lease_until,
-                now=command.now,
-            )
-        if isinstance(command, SetStatus):
-            return self._set_status(
-                command.operation_id, command.status, reason=command.reason, now=command.now
-            )
-        if isinstance(command, Release):
-            return self._release_lease(command.operation_id, owner=command.owner)
-        if isinstance(command, Queue):
-            return self.operations(status=list(command.statuses), newest_first=False)
-        if isinstance(command, RenewLease):
-            row = self.rows[command.operation_id]
-            if row.lease_owner != command.owner or row.status != "pending":
-                return False
-            self.rows[command.operation_id] = attrs.evolve(row, lease_until=command.lease_until)
-            return True
-        raise NotImplementedError(command)
-
-    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
-        if operation_id is not None and operation_id in self.rows:
-            return self.rows[operation_id]
-        return next((row for row in self.rows.values() if key and row.key == key), None)
-
-    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
-        if self._find(new.operation_id, new.key) is not None:
-            return False
-        self.rows[new.operation_id] = Operation(
-            operation_id=new.operation_id,
-            key=new.key,
-            status="pending",
-            delivery=new.delivery,
-            method=new.method,
-            url=new.url,
-            request_headers=tuple(new.request_headers),
-            request_body=new.request_body,
-            fingerprint=new.fingerprint,
-            profile=new.profile,
-            key_header=new.key_header,
-            created_at=new.created_at,
-            updated_at=new.created_at,
-            key_expires_at=new.key_expires_at,
-            deadline_at=new.deadline_at,
-            not_before=None,
-            lease_owner=owner,
-            lease_until=lease_until,
-            attempt_count=0,
-            last_status_code=None,
-            response_status=None,
-            response_headers=None,
-            response_body=None,
-            reason=None,
-        )
-        return True
-
-    def _take_lease(
-        self, operation: Operation, *, owner: str, lease_until: float, now: float
-    ) -> bool:
-        row = self.rows[operation.operation_id]
-        if row.status != "pending" or (row.lease_owner, row.lease_until) != (
-            operation.lease_owner,
-            operation.lease_until,
-        ):
-            return False
-        self.rows[row.operation_id] = attrs.evolve(
-            row, lease_owner=owner, lease_until=lease_until, updated_at=now
-        )
-        return True
-
-    def _record_attempt(
-        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
-    ) -> None:
-        row = self.rows[operation_id]
-        attempt = Attempt(
-            number=row.attempt_count + 1,
-            started_at=record.started_at,
-            elapsed=record.elapsed,
-            outcome=record.outcome,
-            status_code=record.status_code,
-            replayed=record.replayed,
-            error=record.error,
-            wait=record.wait,
-        )
-        if owner is not None and (row.status != "pending" or row.lease_owner != owner):
-            # Not ours any more: the attempt joins the history, nothing else changes.
-            self.rows[operation_id] = attrs.evolve(
-                row,
-                attempt_count=row.attempt_count + 1,
-                updated_at=now,
-                attempts=(*row.attempts, attempt),
-            )
-            return
-        self.rows[operation_id] = attrs.evolve(
-            row,
-            status=record.status,
-            reason=record.reason,
-            not_before=record.not_before,
-            updated_at=now,
-            attempt_count=row.attempt_count + 1,
-            last_status_code=record.status_code or row.last_status_code,
-            response_status=record.response_status,
-            response_headers=None
-            if record.response_headers is None
-            else tuple(record.response_headers),
-            response_body=record.response_body,
-            lease_until=record.lease_until,
-            lease_owner=row.lease_owner if record.lease_until > 0 else None,
-            attempts=(*row.attempts, attempt),
-        )
-
-    def _set_status(
-        self, operation_id: str, status: Status, *, reason: str | None, now: float
-    ) -> bool:
-        row = self.rows[operation_id]
-        if row.status != "pending":
-            return False
-        self.rows[operation_id] = attrs.evolve(
-            row, status=status, reason=reason, updated_at=now, lease_owner=None, lease_until=0.0
-        )
-        return True
-
-    def _release_lease(self, operation_id: str, *, owner: str) -> None:
-        row = self.rows[operation_id]
-        if row.lease_owner == owner:
-            self.rows[operation_id] = attrs.evolve(row, lease_owner=None, lease_until=0.0)
-
-    def _settle(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str,
-        now: float,
-        response_status: int | None = None,
-        response_headers: Sequence[tuple[str, str]] | None = None,
-        response_body: bytes | None = None,
-    ) -> bool:
-        raise AssertionError("no test here reconciles")
-
-    def operations(
-        self,
-        *,
-        status: Status | Sequence[Status] | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-        newest_first: bool = True,
-    ) -> list[Operation]:
-        statuses = [status] if isinstance(status, str) else status
-        rows = [row for row in self.rows.values() if statuses is None or row.status in statuses]
-        return rows[::-1] if newest_first else rows
 
 
 @attrs.define
@@ -302,7 +120,7 @@ def test_the_key_is_journaled_before_the_first_byte(
     journaled: list[Operation | None] = []
 
     def server(request: httpx.Request) -> httpx.Response:
-        journaled.append(store._find(None, request.headers["Idempotency-Key"]))
+        journaled.append(store.find(None, request.headers["Idempotency-Key"]))
         return httpx.Response(201)
 
     run = Run(store, fake_time, [server])
