@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -128,8 +129,11 @@ async def test_a_call_cancelled_after_its_answer_is_journaled_keeps_it(
     journal = idempotently.Journal(tmp_path / "journal.db")
     scopes: list[anyio.CancelScope] = []
 
+    loop = anyio.lowlevel.current_token()
+
     def cancel(write: object) -> None:
-        anyio.from_thread.run_sync(scopes[0].cancel)  # e.g. a timeout firing now
+        # In the journal's worker thread: e.g. a timeout firing now.
+        anyio.from_thread.run_sync(scopes[0].cancel, token=loop)
 
     async with idempotently.AsyncSession(
         journal,

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 import idempotently
+from idempotently import _drivers
 from idempotently._commands import Insert, Record
 from tests.faults import around_commit
 from tests.support import URL, recording_transport
@@ -260,13 +261,13 @@ async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
     """16 tasks posting at once: their journal commands go to worker threads in batches
     (fewer hops than commands), their keys commit together, and each gets its own answer."""
     hops: list[int] = []
-    run_sync = anyio.to_thread.run_sync
+    put = _drivers._Worker.put
 
-    async def counted_hop(func: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(len(args[0]) if args and isinstance(args[0], list) else 1)
-        return await run_sync(func, *args, **kwargs)
+    def counted_hop(worker: Any, journal: Any, commands: list[Any], *rest: Any) -> None:
+        hops.append(len(commands))
+        put(worker, journal, commands, *rest)
 
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counted_hop)
+    monkeypatch.setattr(_drivers._Worker, "put", counted_hop)
     journal = idempotently.Journal(tmp_path / "journal.db")
     inserts: list[int] = []
     completions: list[int] = []
@@ -435,15 +436,15 @@ async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_c
 
 
 def counting_hops(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Every call to anyio.to_thread.run_sync from now on: the function it runs."""
+    """Every batch of journal commands handed to the journal's worker thread from now on."""
     hops: list[object] = []
-    run_sync = anyio.to_thread.run_sync
+    put = _drivers._Worker.put
 
-    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(func)
-        return await run_sync(func, *args, **kwargs)
+    def counted(worker: Any, journal: Any, commands: list[Any], *rest: Any) -> None:
+        hops.append(commands)
+        put(worker, journal, commands, *rest)
 
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    monkeypatch.setattr(_drivers._Worker, "put", counted)
     return hops
 
 
