@@ -442,3 +442,52 @@ def test_a_call_whose_lease_ran_out_before_its_send_never_sends_a_second_time(
     assert [operation.key] == sent  # one send, whoever made it
     expected = ("pending", "another-host:4242:0123456789ab") if taken_over else ("succeeded", None)
     assert expected == (operation.status, operation.lease_owner)
+
+
+@pytest.mark.anyio
+async def test_an_async_call_whose_lease_ran_out_before_its_send_never_sends_twice(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """The same on asyncio and trio: a hook outlives the lease, another process takes it
+    over and sends; this call sends nothing and raises OperationInProgressError."""
+    fake_time = FakeTime(now=NOW)
+    sent: list[str] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["Idempotency-Key"])
+        return httpx.Response(201)
+
+    journal = idempotently.Journal(tmp_path / "journal.db")
+
+    def slow_hook(event: object) -> None:
+        if type(event).__name__ != "OperationStarted":
+            return
+        fake_time.now += 11.0  # the hook outlived the 10 s lease
+        operation = journal.operation("order-1")
+        assert operation is not None
+        assert journal._take_lease(
+            operation,
+            owner="another-host:4242:0123456789ab",
+            lease_until=fake_time.now + 10.0,
+            now=fake_time.now,
+        )
+        sent.append(operation.key)  # the other process sends it
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(
+            journal,
+            client=client,
+            hooks=[slow_hook],
+            clock=fake_time.clock,
+            sleep=fake_time.async_sleep,
+            lease_duration=10.0,
+        ) as session,
+    ):
+        with pytest.raises(idempotently.OperationInProgressError) as caught:
+            await session.post(URL, json={"amount": 1}, operation_id="order-1")
+        operation = journal.operation("order-1")
+    journal.close()
+    assert operation is not None
+    assert [operation.key] == sent  # one send: the other process's
+    assert ("order-1", operation.key) == (caught.value.operation_id, caught.value.key)
