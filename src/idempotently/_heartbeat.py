@@ -29,7 +29,7 @@ import attrs
 from idempotently._commands import ExtendLeases, Lease
 
 if TYPE_CHECKING:
-    from idempotently._journal import Journal as Store
+    from idempotently._journal import Journal
 
 logger = logging.getLogger("idempotently")
 
@@ -51,7 +51,7 @@ class _Entry:
 class Heartbeat:
     """The leases of one store kept alive by one background thread."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Journal) -> None:
         self._store = weakref.ref(store)
         self._cond = threading.Condition()
         self._entries: dict[tuple[str, str], _Entry] = {}
@@ -180,11 +180,11 @@ def _interval(lease: Lease) -> float:
     return max(MIN_INTERVAL, lease.duration / 3)
 
 
-_HEARTBEATS: weakref.WeakKeyDictionary[Store, Heartbeat] = weakref.WeakKeyDictionary()
+_HEARTBEATS: weakref.WeakKeyDictionary[Journal, Heartbeat] = weakref.WeakKeyDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
 
-def heartbeat_for(store: Store) -> Heartbeat:
+def heartbeat_for(store: Journal) -> Heartbeat:
     """The one heartbeat of ``store`` in this process."""
     heartbeat = _HEARTBEATS.get(store)  # every send asks: no lock once it exists
     if heartbeat is not None:

@@ -42,7 +42,7 @@ from idempotently._flow import (
     unmark_in_flight,
 )
 from idempotently._heartbeat import heartbeat_for
-from idempotently._journal import Journal as Store
+from idempotently._journal import Journal
 from idempotently._rows import Operation
 
 logger = logging.getLogger("idempotently.watch")
@@ -84,7 +84,7 @@ class WatchSummary:
 
 def watch(
     engine: Engine,
-    store: Store,
+    store: Journal,
     build: BuildRequest,
     *,
     send: Callable[[httpx.Request], httpx.Response],
@@ -223,7 +223,7 @@ def watch(
 
 def _run_batch(
     engine: Engine,
-    store: Store,
+    store: Journal,
     build: BuildRequest,
     claimed: list[Operation],
     *,
@@ -312,7 +312,7 @@ def _run_batch(
     return results
 
 
-def _park(engine: Engine, store: Store, result: ResumeResult, owner: str, seconds: float) -> bool:
+def _park(engine: Engine, store: Journal, result: ResumeResult, owner: str, seconds: float) -> bool:
     """Hold a lease on an operation left pending, so it is tried again in ``seconds``."""
     operation = store._find(result.operation_id, None)
     if operation is None or operation.status != "pending" or operation.lease_owner is not None:

@@ -329,9 +329,6 @@ class Journal:
     ) -> bool:
         return bool(self._execute(TakeLease(operation, owner, lease_until, now)))
 
-    def _renew_lease(self, operation_id: str, *, owner: str, lease_until: float) -> bool:
-        return bool(self._execute(RenewLease(operation_id, owner, lease_until)))
-
     def _set_status(
         self,
         operation_id: str,
