@@ -775,8 +775,11 @@ class PostgresStore:
                     None,
                 )
                 refusal = _first_error(raised)
+                # A "pipeline aborted" with no first error attached (psycopg may report the
+                # refusal that way): still that one write's refusal, not the batch's.
                 if failed is None or not isinstance(
-                    refusal, (psycopg.DataError, psycopg.IntegrityError)
+                    refusal,
+                    (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.PipelineAborted),
                 ):
                     raise refusal from None
             else:
