@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Find,
     Insert,
@@ -241,7 +242,7 @@ class Journal:
     def _durable(self, write: Any) -> bool:
         """Whether a write must be flushed before its caller goes on: a new key, with
         durability "fsync"."""
-        return self._fsync_keys and isinstance(write, Insert)
+        return self._fsync_keys and isinstance(write, (Insert, Enqueue))
 
     def _check_usable(self, command: Any = None) -> None:
         refusal = self._refusal(command)
@@ -270,11 +271,40 @@ class Journal:
         """Run one journal command: a read against the store, a write through the writer."""
         try:
             self._check_usable(command)
+            if getattr(command, "connection", None) is not None:
+                return self._on_connection(command)
             if isinstance(command, Find):
                 return self._store.find(command.operation_id, command.key)
             if isinstance(command, Queue):
                 return self._store.operations(status=list(command.statuses), newest_first=False)
             return self._writer.write(command)
+        except IdempotentlyError as error:
+            raise _with_ids(error, command) from error.__cause__
+
+    # -- the outbox: commands on the application's own connection ------------------------
+
+    def _on_connection(self, command: JournalCommand) -> Any:
+        """An :class:`Enqueue` (or the :class:`Find` after one) on the application's
+        connection, in its transaction: the one write that bypasses the writer."""
+        if isinstance(command, Enqueue):
+            return self._store.enqueue_on(command.connection, command.new)
+        if isinstance(command, Find):
+            return self._store.find_on(command.connection, command.operation_id, command.key)
+        raise TypeError(f"not a command for an application's connection: {command!r}")
+
+    async def _aexecute(self, command: JournalCommand) -> Any:
+        """:meth:`_on_connection` for an async session: awaited on the event loop for an
+        async connection (psycopg's AsyncConnection); a sqlite3 connection is used where
+        the application uses it, on the loop's thread."""
+        try:
+            self._check_usable(command)
+            if isinstance(command, Enqueue):
+                return await self._store.aenqueue_on(command.connection, command.new)
+            if isinstance(command, Find):
+                return await self._store.afind_on(
+                    command.connection, command.operation_id, command.key
+                )
+            raise TypeError(f"not a command for an application's connection: {command!r}")
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
 
