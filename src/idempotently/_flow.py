@@ -1011,10 +1011,16 @@ class Engine:
         # An enqueued operation not sent yet has a key no server has seen, so none can
         # have forgotten it: its lifetime starts when the lease to send it is taken.
         if not never_sent(operation) and now > operation.key_expires_at - self.key_expiry_margin:
+            # An enqueued operation's key lived from its first send, not its creation.
+            born = (
+                operation.first_send_at
+                if operation.enqueued_at is not None and operation.first_send_at is not None
+                else operation.created_at
+            )
             return "expired", (
-                f"the key was created at {_iso(operation.created_at)} and the server may have "
-                f"forgotten it (key lifetime "
-                f"{operation.key_expires_at - operation.created_at:g}s, safety margin "
+                f"the key was {'first sent' if born != operation.created_at else 'created'} at "
+                f"{_iso(born)} and the server may have forgotten it (key lifetime "
+                f"{operation.key_expires_at - born:g}s, safety margin "
                 f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
                 "up and settle it"
             )

@@ -32,7 +32,7 @@ from idempotently._commands import (
     Settle,
     TakeLease,
 )
-from idempotently._exceptions import IdempotentlyError, JournalError
+from idempotently._exceptions import IdempotentlyError, JournalError, JournalMissingError
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
@@ -427,6 +427,25 @@ class Journal:
     @property
     def _version(self) -> int:
         return int(getattr(self._store, "_version", 0))
+
+
+def migration_sql(path: str | os.PathLike[str]) -> str:
+    """The statements that would create the journal at ``path`` (a file or a PostgreSQL
+    URL) or bring it to this version, changing nothing: the journal is read, if there is
+    one, only for its schema version."""
+    postgres = isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
+    try:
+        with Journal(path, create=False, readonly=True) as journal:
+            version = journal._version
+    except JournalMissingError:
+        version = 0
+    if postgres:
+        from idempotently._journal import _postgres
+
+        return _postgres.migration_sql(version)
+    from idempotently._journal import _sqlite
+
+    return _sqlite.migration_sql(version)
 
 
 def _ids_of(command: Any) -> tuple[str | None, str | None]:

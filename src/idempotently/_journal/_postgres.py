@@ -248,6 +248,47 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
+_NAMESPACE_INSERT: Final = (
+    f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)"
+)
+"""The journal's random key namespace: a uuid4 bound by the store, drawn by the server
+(gen_random_uuid) in the script ``migrate --sql`` prints."""
+
+
+def upgrade_statements(version: int) -> list[str]:
+    """Every statement from schema ``version`` (0: no journal) to SCHEMA_VERSION, in order:
+    what opening the journal to write runs, in one transaction under the advisory lock."""
+    statements = list(_MIGRATIONS[version:])
+    if version == 0:
+        statements.append(_NAMESPACE_INSERT)
+    statements.append(
+        f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
+        f"VALUES ('schema_version', '{SCHEMA_VERSION}') "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+    )
+    return statements
+
+
+def migration_sql(version: int) -> str:
+    """The script that brings a PostgreSQL journal from ``version`` (0: a database without
+    one) to this version, for applications that run their own migrations: one
+    transaction, under the advisory lock every opener takes."""
+    if version >= SCHEMA_VERSION:
+        return f"-- The journal is at schema version {version}: nothing to do.\n"
+    lines = [
+        f"-- idempotently journal (PostgreSQL, schema {SCHEMA}): version {version} to "
+        f"{SCHEMA_VERSION}.",
+        "BEGIN;",
+        f"SELECT pg_advisory_xact_lock({_ADVISORY_LOCK});",
+    ]
+    for statement in upgrade_statements(version):
+        if statement == _NAMESPACE_INSERT:
+            statement = statement.replace("%s", "gen_random_uuid()::text")
+        lines.append(re.sub(r"(?m)^    ", "", statement).strip().rstrip(";") + ";")
+    lines.append("COMMIT;")
+    return "\n".join(lines) + "\n"
+
+
 _OPERATION_COLUMNS: Final = tuple(
     field.name for field in attrs.fields(Operation) if field.name != "attempts"
 )
@@ -585,19 +626,9 @@ class PostgresStore:
                 version = self._read_version(conn) or 0
                 if version > SCHEMA_VERSION:
                     raise self._newer(version)
-                for migration in _MIGRATIONS[version:]:
-                    conn.execute(migration)
-                if version == 0:
-                    conn.execute(
-                        f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)",
-                        (str(uuid.uuid4()),),
-                    )
-                conn.execute(
-                    f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
-                    "VALUES ('schema_version', %s) "
-                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                    (str(SCHEMA_VERSION),),
-                )
+                for statement in upgrade_statements(version):
+                    params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else None
+                    conn.execute(statement, params)
                 version = SCHEMA_VERSION
         if version is None:
             raise JournalMissingError(f"no journal in {self.path}")

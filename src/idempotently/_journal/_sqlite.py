@@ -358,6 +358,53 @@ INSERT OR REPLACE INTO journal_counts SELECT 1,
 FROM attempts
 """
 
+_NAMESPACE_INSERT: Final = "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)"
+"""The journal's random key namespace: a uuid4 bound by the store, drawn by SQLite in
+the script ``migrate --sql`` prints (so one script applied to two files gives two)."""
+_RANDOM_UUID_SQL: Final = (
+    "(SELECT substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-4' || substr(h, 14, 3) || '-' "
+    "|| substr('89ab', 1 + (abs(random()) % 4), 1) || substr(h, 18, 3) || '-' "
+    "|| substr(h, 21, 12) FROM (SELECT lower(hex(randomblob(16))) AS h))"
+)
+
+
+def upgrade_statements(version: int) -> list[str]:
+    """Every statement from schema ``version`` (0: an empty file) to SCHEMA_VERSION, in
+    order: what opening the journal to write runs in one transaction."""
+    statements: list[str] = []
+    if version < 1:
+        statements += _split_statements(_SCHEMA)
+        statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
+    if version < 2:
+        statements += _split_statements(_SCHEMA_V2)
+        statements += [_RECOUNT.strip(), _NAMESPACE_INSERT]
+    if version < 3:
+        statements += _split_statements(_SCHEMA_V3)
+    if version < 4:
+        statements += _split_statements(_SCHEMA_V4)
+    statements.append(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return statements
+
+
+def migration_sql(version: int) -> str:
+    """The script that brings a SQLite journal from ``version`` (0: a new file) to this
+    version, for applications that run their own migrations: the statements opening it
+    runs, in one transaction, after the switch to WAL mode."""
+    if version >= SCHEMA_VERSION:
+        return f"-- The journal is at schema version {version}: nothing to do.\n"
+    lines = [
+        f"-- idempotently journal (SQLite): schema version {version} to {SCHEMA_VERSION}.",
+        "PRAGMA journal_mode = WAL;",
+        "BEGIN IMMEDIATE;",
+    ]
+    for statement in upgrade_statements(version):
+        if statement == _NAMESPACE_INSERT:
+            statement = statement.replace("?", _RANDOM_UUID_SQL)
+        lines.append(statement.rstrip().rstrip(";") + ";")
+    lines.append("COMMIT;")
+    return "\n".join(lines) + "\n"
+
+
 _COUNTERS: Final = (
     *STATUSES,
     "unknown_status",
@@ -674,25 +721,11 @@ class SqliteStore:
             self._upgrade(int(self._conn.execute("PRAGMA user_version").fetchone()[0]))
 
     def _upgrade(self, version: int) -> None:
-        """Every step from ``version`` to SCHEMA_VERSION, inside the caller's transaction."""
-        if version < 2:
-            self._create_v2_schema()
-        if version < 3:
-            for statement in _split_statements(_SCHEMA_V3):
-                self._conn.execute(statement)
-        if version < 4:
-            for statement in _split_statements(_SCHEMA_V4):
-                self._conn.execute(statement)
-        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _create_v2_schema(self) -> None:
-        for statement in _split_statements(_SCHEMA_V2):
-            self._conn.execute(statement)
-        self._conn.execute(_RECOUNT)
-        self._conn.execute(
-            "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)",
-            (str(uuid.uuid4()),),
-        )
+        """Every step from ``version`` (0: an empty file) to SCHEMA_VERSION, inside the
+        caller's transaction: the statements ``idempotently migrate --sql`` prints."""
+        for statement in upgrade_statements(version):
+            params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else ()
+            self._conn.execute(statement, params)
 
     def _read_namespace(self) -> uuid.UUID:
         with self._lock:
@@ -759,10 +792,7 @@ class SqliteStore:
                 if version < SCHEMA_VERSION:
                     self._upgrade(version)
                 return
-            for statement in _split_statements(_SCHEMA):
-                self._conn.execute(statement)
-            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self._upgrade(1)
+            self._upgrade(0)
 
     def close(self) -> None:
         """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
