@@ -26,6 +26,7 @@ import idempotently
 from idempotently._journal import migration_sql
 from idempotently._keys import derived_key
 from idempotently._policy import may_have_been_delivered
+from idempotently._watch import Batch, watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer, serve
 
@@ -158,6 +159,40 @@ def test_enqueue_sends_nothing_and_resume_sends_it_once(
     assert 1 == len(api.charges(user))
     assert [operation.key] == [request.key for request in requests_of(api, user)]
     assert stored is not None and stored.first_send_at is not None
+
+
+def test_the_resume_worker_relays_enqueued_operations_once(
+    journal_target: str, api: MockServer, user: str
+) -> None:
+    """`resume --watch`'s worker claims what was enqueued and sends each operation once;
+    its next round finds nothing to claim."""
+    with session(journal_target, api, user) as s:
+        for n in range(3):
+            s.enqueue("POST", "/v1/charges", json=charge(f"w-{n}"), operation_id=f"w-{n}:charge")
+        stop = threading.Event()
+        batches: list[Batch] = []
+
+        def after(batch: Batch) -> None:
+            batches.append(batch)
+            stop.set()
+
+        results: list[idempotently.ResumeResult] = []
+        watch(
+            s._engine,
+            s.journal,
+            s._build,
+            send=s.client.send,
+            stop=stop,
+            interval=0.01,
+            concurrency=2,
+            on_result=results.append,
+            on_batch=after,
+        )
+        left = s.journal.operations(status="pending")
+    assert [3] == [batch.claimed for batch in batches]
+    assert ["succeeded"] * 3 == [result.action for result in results]
+    assert [] == left
+    assert ["w-0", "w-1", "w-2"] == sorted(str(c.order_id) for c in api.charges(user))
 
 
 def test_enqueue_again_returns_the_journaled_operation(
@@ -466,7 +501,7 @@ def test_a_call_waits_for_the_applications_open_sqlite_transaction(
         s.enqueue(
             "POST", "/v1/charges", json=charge("o-13"), operation_id="o-13:charge", connection=conn
         )
-        with pytest.raises(idempotently.JournalWriteError, match="busy timeout|locked"):
+        with pytest.raises(idempotently.JournalWriteError, match=r"busy timeout|locked"):
             s.post("/v1/charges", json=charge("o-14"), operation_id="o-14:charge")
         assert [] == requests_of(api, user)
         conn.commit()

@@ -109,11 +109,13 @@ async def test_async_enqueue_refuses_a_sync_psycopg_connection(
     import psycopg
 
     async with async_session(postgres_url, api, user) as s:
-        with psycopg.connect(postgres_url) as conn:
-            with pytest.raises(TypeError, match="goes to Session.enqueue"):
-                await s.enqueue(
-                    "POST", "/v1/charges", json=charge("a-4"), operation_id="a-4", connection=conn
-                )
+        with (
+            psycopg.connect(postgres_url) as conn,
+            pytest.raises(TypeError, match=r"goes to Session\.enqueue"),
+        ):
+            await s.enqueue(
+                "POST", "/v1/charges", json=charge("a-4"), operation_id="a-4", connection=conn
+            )
         assert s.journal.operation("a-4") is None
 
 
@@ -126,11 +128,13 @@ async def test_sync_enqueue_refuses_a_psycopg_async_connection(
 
     conn = await psycopg.AsyncConnection.connect(postgres_url)
     try:
-        with idempotently.Session(postgres_url, base_url=api.url) as s:
-            with pytest.raises(TypeError, match="goes to AsyncSession.enqueue"):
-                s.enqueue(
-                    "POST", "/v1/charges", json=charge("a-5"), operation_id="a-5", connection=conn
-                )
+        with (
+            idempotently.Session(postgres_url, base_url=api.url) as s,
+            pytest.raises(TypeError, match=r"goes to AsyncSession\.enqueue"),
+        ):
+            s.enqueue(
+                "POST", "/v1/charges", json=charge("a-5"), operation_id="a-5", connection=conn
+            )
     finally:
         await conn.close()
 

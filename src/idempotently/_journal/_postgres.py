@@ -1144,8 +1144,7 @@ class PostgresStore:
             )
         elif status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
             problem = (
-                "it is busy (a query or pipeline in progress) or its link to the server is "
-                "broken"
+                "it is busy (a query or pipeline in progress) or its link to the server is broken"
             )
         if problem is not None:
             raise JournalError(
