@@ -1257,7 +1257,12 @@ class SqliteStore:
                 "nothing was journaled",
                 **ids,
             )
-        if not connection.in_transaction and connection.isolation_level is None:
+        # Python 3.12's autocommit=True, or the legacy isolation_level=None: no implicit
+        # transaction. (autocommit=False always has one open.)
+        autocommit = getattr(connection, "autocommit", -1) is True or (
+            connection.isolation_level is None and getattr(connection, "autocommit", -1) == -1
+        )
+        if not connection.in_transaction and autocommit:
             raise JournalError(
                 "the connection given to enqueue is in autocommit mode with no transaction "
                 "open, so the operation would commit on its own, not with your writes: "
