@@ -449,6 +449,22 @@ def test_a_final_4xx_on_the_first_send_of_an_enqueued_operation_is_failed(
     assert ("failed", 400) == (result.status, result.status_code)
 
 
+def test_a_call_with_the_id_of_an_enqueued_operation_sends_it_as_unsent(
+    journal_target: str, api: MockServer, user: str
+) -> None:
+    """A call made with an enqueued operation's id (instead of the relay) sends it, with
+    its key, as its first send: a final 4xx then settles it failed and is returned."""
+    with session(journal_target, api, user) as s:
+        queued = s.enqueue(
+            "POST", "/v1/charges", json=charge("o-15", amount=-5), operation_id="o-15:charge"
+        )
+        response = s.post("/v1/charges", json=charge("o-15", amount=-5), operation_id="o-15:charge")
+        settled = s.journal.operation("o-15:charge")
+    assert 400 == response.status_code
+    assert settled is not None and ("failed", 1) == (settled.status, settled.attempt_count)
+    assert [queued.key] == [request.key for request in requests_of(api, user)]
+
+
 def test_the_key_lifetime_starts_at_the_first_send(
     journal_target: str, api: MockServer, user: str
 ) -> None:
