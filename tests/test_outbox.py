@@ -83,6 +83,20 @@ def pg_app(url: str) -> Any:
     return conn
 
 
+def drop_app_tables(url: str) -> None:
+    """Drop the orders tables the shop made in the test database: it outlives one test,
+    and other tests look at its tables."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        names = conn.execute(
+            "SELECT tablename FROM pg_catalog.pg_tables "
+            "WHERE schemaname = 'public' AND tablename LIKE 'orders%'"
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f'DROP TABLE public."{name}"')
+
+
 @pytest.fixture
 def app_connection(journal_target: str, store: str) -> Iterator[Any]:
     """The journal (created) and the application's own connection to its database."""
@@ -92,6 +106,8 @@ def app_connection(journal_target: str, store: str) -> Iterator[Any]:
         yield conn
     finally:
         conn.close()
+        if store == "postgres":
+            drop_app_tables(journal_target)
 
 
 def order_rows(conn: Any, store: str) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 
 import idempotently
 from idempotently.testing import MockServer, serve
-from tests.test_outbox import charge, sqlite_app
+from tests.test_outbox import charge, drop_app_tables, sqlite_app
 
 pytestmark = pytest.mark.anyio
 
@@ -98,6 +98,7 @@ async def test_async_enqueue_in_a_psycopg_async_transaction(
             results = await s.resume()
         finally:
             await conn.close()
+            drop_app_tables(postgres_url)
     assert ["a-2:charge"] == [r.operation_id for r in results]
     assert ["a-2"] == [c.order_id for c in api.charges(user)]
 

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,20 @@ import pytest
 import idempotently
 from idempotently.testing import MockServer, MockServerConfig, serve
 from tests.support import JsonLinesProcess
+from tests.test_outbox import drop_app_tables
 
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("outbox_child.py")
 REPO = Path(__file__).parent.parent
 WAIT = 60.0
+
+
+@pytest.fixture(autouse=True)
+def _drop_the_shops_tables(journal_target: str) -> Iterator[None]:
+    yield
+    if "://" in journal_target:
+        drop_app_tables(journal_target)
 
 
 class Child(JsonLinesProcess):
