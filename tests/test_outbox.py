@@ -29,6 +29,7 @@ from idempotently._policy import may_have_been_delivered
 from idempotently._watch import Batch, watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer, serve
+from tests.memory_store import MemoryStore
 
 ORDERS_TABLE = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, amount INTEGER)"
 
@@ -209,6 +210,19 @@ def test_the_resume_worker_relays_enqueued_operations_once(
     assert ["succeeded"] * 3 == [result.action for result in results]
     assert [] == left
     assert ["w-0", "w-1", "w-2"] == sorted(str(c.order_id) for c in api.charges(user))
+
+
+def test_without_a_connection_the_enqueue_is_its_own_durable_write(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """Through the journal's one writer, flushed as a call's key is (durability "fsync")."""
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    memory = MemoryStore()
+    journal._store = memory
+    with session(journal, api, user) as s:
+        s.enqueue("POST", "/v1/charges", json=charge("d-1"), operation_id="d-1:charge")
+    assert [(1, True)] == memory.commits
+    journal.close()
 
 
 def test_enqueue_again_returns_the_journaled_operation(
@@ -410,7 +424,8 @@ def test_postgres_wrong_connections_are_refused_and_leave_the_transaction_usable
             bare.commit()
         idempotently.Journal(other_url).close()
         with psycopg.connect(other_url) as another:
-            refused(s, another, idempotently.JournalError, "another journal's database")
+            error = refused(s, another, idempotently.JournalError, "another journal's database")
+            assert ("bad:charge", True) == (error.operation_id, bool(error.key))  # type: ignore[attr-defined]
         with psycopg.connect(postgres_url, autocommit=True) as autocommit:
             refused(s, autocommit, idempotently.JournalError, "autocommit mode")
             with autocommit.transaction():
