@@ -7,7 +7,8 @@ commits. With ``--kill-after-commit K`` it SIGKILLs itself right after order
 K's commit returns, before anything else happens.
 
 ``relay`` runs ``Session.resume()``, printing one line per result as soon as
-it is known (the test SIGKILLs it mid-batch).
+it is known (the test SIGKILLs it mid-batch). ``--backend asyncio|trio`` does
+either through AsyncSession instead.
 
 Every line is flushed as it is written, so a test waits on lines, never on sleeps.
 """
@@ -20,6 +21,8 @@ import os
 import signal
 import sqlite3
 from typing import Any
+
+import anyio
 
 import idempotently
 
@@ -75,6 +78,69 @@ def shop(
     emit("done")
 
 
+async def ashop(
+    session: idempotently.AsyncSession,
+    journal: str,
+    user: str,
+    orders: int,
+    kill_after: int | None,
+) -> None:
+    """``shop`` through AsyncSession.enqueue: psycopg's AsyncConnection on PostgreSQL,
+    the application's sqlite3 connection on SQLite."""
+    postgres = journal.startswith("postgresql://")
+    table, marker = (f"public.orders_{user}", "%s") if postgres else ("orders", "?")
+    if postgres:
+        import psycopg
+
+        conn: Any = await psycopg.AsyncConnection.connect(journal)
+        await conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY)")
+        await conn.commit()
+    else:
+        conn = connect(journal, table)
+    for order in range(orders):
+        inserted = conn.execute(f"INSERT INTO {table} VALUES ({marker})", (f"order-{order}",))
+        if postgres:
+            await inserted
+        operation = await session.enqueue(
+            "POST",
+            "/v1/charges",
+            json=charge_body(order),
+            operation_id=f"order-{order}:charge",
+            connection=conn,
+        )
+        if postgres:
+            await conn.commit()
+        else:
+            conn.commit()
+        if order == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        emit("committed", order=order, operation_id=operation.operation_id, key=operation.key)
+    emit("done")
+
+
+async def arelay(session: idempotently.AsyncSession) -> None:
+    emit("relaying")
+    await session.resume(
+        on_result=lambda result: emit(
+            "result", operation_id=result.operation_id, action=result.action
+        )
+    )
+    emit("done")
+
+
+async def amain(args: argparse.Namespace) -> None:
+    async with idempotently.AsyncSession(
+        args.journal,
+        base_url=args.base_url,
+        headers={"Authorization": f"Bearer {args.user}"},
+        timeout=60.0,
+    ) as session:
+        if args.mode == "shop":
+            await ashop(session, args.journal, args.user, args.orders, args.kill_after_commit)
+        else:
+            await arelay(session)
+
+
 def relay(session: idempotently.Session) -> None:
     emit("relaying")
     session.resume(
@@ -93,7 +159,11 @@ def main() -> None:
     parser.add_argument("--user", required=True)
     parser.add_argument("--orders", type=int, default=3)
     parser.add_argument("--kill-after-commit", type=int, default=None)
+    parser.add_argument("--backend", choices=("sync", "asyncio", "trio"), default="sync")
     args = parser.parse_args()
+    if args.backend != "sync":
+        anyio.run(amain, args, backend=args.backend)
+        return
     with idempotently.Session(
         args.journal,
         base_url=args.base_url,

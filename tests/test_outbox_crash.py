@@ -1,7 +1,7 @@
 """The outbox survives SIGKILL: a shop killed right after its commit, a relay killed
 mid-batch. Real processes, a real journal (SQLite file and PostgreSQL), the mock
-server on 127.0.0.1; the server's ledger must hold exactly one charge per
-committed order, and the journal lose none.
+server on 127.0.0.1, a Session or an AsyncSession (asyncio, trio); the server's
+ledger must hold exactly one charge per committed order, and the journal lose none.
 """
 
 from __future__ import annotations
@@ -104,15 +104,26 @@ def relay(journal: str, api: MockServer, user: str) -> list[idempotently.ResumeR
         return session.resume()
 
 
+BACKENDS = ("sync", "asyncio", "trio")
+
+
+def skip_unsupported(backend: str, journal_target: str) -> None:
+    if backend == "trio" and "://" in journal_target:
+        pytest.skip("psycopg's AsyncConnection runs on asyncio only")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_shop_killed_right_after_its_commit_loses_nothing(
-    journal_target: str, tmp_path: Path
+    journal_target: str, tmp_path: Path, backend: str
 ) -> None:
     """SIGKILL the moment the second order's commit returns: both committed orders'
     charges are in the journal, unsent, and resume sends each exactly once; the order
     that was never taken has nothing."""
+    skip_unsupported(backend, journal_target)
     user = f"shop_{uuid.uuid4().hex[:8]}"
     with serve() as api:
         common = ["--journal", journal_target, "--base-url", api.url, "--user", user]
+        common += ["--backend", backend]
         code, events, child = run_child(
             tmp_path, "shop", *common, "--orders", "3", "--kill-after-commit", "1"
         )
@@ -128,8 +139,9 @@ def test_a_shop_killed_right_after_its_commit_loses_nothing(
         assert Counter({"order-0": 1, "order-1": 1}) == charges_per_order(api, user)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_relay_killed_mid_batch_sends_nothing_twice_and_loses_nothing(
-    journal_target: str, tmp_path: Path
+    journal_target: str, tmp_path: Path, backend: str
 ) -> None:
     """Eight enqueued charges; the relay is SIGKILLed after its third result, while the
     next charge is in flight at a slow server (its send begun, no answer); a second relay
@@ -139,7 +151,7 @@ def test_a_relay_killed_mid_batch_sends_nothing_twice_and_loses_nothing(
         common = ["--journal", journal_target, "--base-url", api.url, "--user", user]
         code, _, child = run_child(tmp_path, "shop", *common, "--orders", "8")
         assert 0 == code, child.diagnosis()
-        doomed = Child(tmp_path, "relay", *common)
+        doomed = Child(tmp_path, "relay", *common, "--backend", backend)
         try:
             results = 0
             while results < 3:
