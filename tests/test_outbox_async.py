@@ -10,15 +10,18 @@ write does.
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import idempotently
 from idempotently.testing import MockServer, serve
+from tests.test_loop_never_blocks import LOCK_HELD, MAX_GAP, TICK, heartbeat, write_lock_held
 from tests.test_outbox import charge, drop_app_tables, sqlite_app
 
 pytestmark = pytest.mark.anyio
@@ -163,3 +166,28 @@ async def test_async_enqueue_on_the_applications_sqlite_connection(
     assert ["a-6"] == [r.operation_id for r in results]
     assert ["a-6"] == [c.order_id for c in api.charges(user)]
     assert [("a-6",)] == sqlite3.connect(path).execute("SELECT id FROM orders").fetchall()
+
+
+async def test_async_enqueue_without_a_connection_never_stalls_the_loop(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """Its own write waits ~1 s for another process's write lock off the loop: a task on
+    the loop keeps ticking."""
+    path = tmp_path / "journal.db"
+    idempotently.Journal(path).close()
+    gaps: list[float] = []
+    journal = idempotently.Journal(path, busy_timeout=5)
+    async with (
+        idempotently.AsyncSession(journal, base_url="http://shop.invalid") as s,
+        write_lock_held(path),
+        anyio.create_task_group() as group,
+    ):
+        await group.start(heartbeat, gaps)
+        started = time.monotonic()
+        await s.enqueue("POST", "/v1/charges", json=charge("a-8"), operation_id="a-8")
+        waited = time.monotonic() - started
+        await anyio.sleep(3 * TICK)  # a stalled heartbeat wakes and records its stall
+        group.cancel_scope.cancel()
+    journal.close()
+    assert waited > LOCK_HELD / 2, "the enqueue never waited for the lock: nothing was measured"
+    assert max(gaps) < MAX_GAP
