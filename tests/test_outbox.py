@@ -338,6 +338,26 @@ def test_enqueue_in_the_same_transaction_twice_finds_the_first(
     assert first.key == again.key
 
 
+def test_the_applications_row_factory_does_not_matter(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """A connection with sqlite3.Row (or a dict factory) rows: enqueued and found again."""
+    path = str(tmp_path / "journal.db")
+    with session(path, api, user) as s:
+        conn = sqlite_app(path)
+        conn.row_factory = lambda cursor, row: dict(
+            zip([c[0] for c in cursor.description], row, strict=True)
+        )
+        first = s.enqueue(
+            "POST", "/v1/charges", json=charge("r"), operation_id="r", connection=conn
+        )
+        again = s.enqueue(
+            "POST", "/v1/charges", json=charge("r"), operation_id="r", connection=conn
+        )
+        conn.commit()
+    assert first.key == again.key
+
+
 def test_sqlite_utils_database_wrapping_the_connection(
     tmp_path: Path, api: MockServer, user: str
 ) -> None:

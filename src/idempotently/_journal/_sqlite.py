@@ -1233,7 +1233,9 @@ class SqliteStore:
                 **ids,
             )
         try:
-            rows = connection.execute("PRAGMA database_list").fetchall()
+            cursor = connection.cursor()
+            cursor.row_factory = None  # tuples, whatever the application's row_factory
+            rows = cursor.execute("PRAGMA database_list").fetchall()
         except sqlite3.ProgrammingError as error:
             raise JournalError(
                 f"cannot use the connection given to enqueue ({error}): it must be open, and "
