@@ -1181,6 +1181,7 @@ class PostgresStore:
 
     async def _arun_on(self, conn: Any, steps: _Steps, new: NewOperation | None = None) -> Any:
         """:meth:`_run_on` on the application's AsyncConnection."""
+        import anyio
         import psycopg
         from psycopg.rows import dict_row
 
@@ -1199,7 +1200,8 @@ class PostgresStore:
                     rows = await cursor.fetchall() if cursor.description else []
                     reply = (rows, cursor.rowcount)
             except BaseException:
-                with suppress(psycopg.Error):
+                # Shielded: a cancelled enqueue still leaves the transaction as it was.
+                with anyio.CancelScope(shield=True), suppress(psycopg.Error):
                     await conn.execute(b"ROLLBACK TO SAVEPOINT idempotently_enqueue")
                     await conn.execute(b"RELEASE SAVEPOINT idempotently_enqueue")
                 raise
