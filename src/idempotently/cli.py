@@ -781,6 +781,14 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, output_for
     help="Print the statements instead (for your own migrations); change nothing.",
 )
 @click.option(
+    "--from-version",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="With --sql: print the statements from schema version N (0: no journal yet) "
+    "without reading the journal; only its kind (file or URL) is taken from --journal.",
+)
+@click.option(
     "--journal",
     "journal_path",
     type=click.Path(dir_okay=False),
@@ -789,7 +797,9 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, output_for
     help="The journal (same as the global --journal, given after the command).",
 )
 @click.pass_context
-def migrate_command(ctx: click.Context, journal_path: str | None, print_sql: bool) -> None:
+def migrate_command(
+    ctx: click.Context, journal_path: str | None, print_sql: bool, from_version: int | None
+) -> None:
     """Create the journal's tables, or upgrade them to this version.
 
     For a postgresql:// URL, in that database (its own schema, idempotently),
@@ -799,10 +809,16 @@ def migrate_command(ctx: click.Context, journal_path: str | None, print_sql: boo
     for applications that keep their own migrations.
     """
     path = journal_path or ctx.find_root().params["journal_path"]
+    if from_version is not None and not print_sql:
+        raise click.UsageError("--from-version goes with --sql (it prints; it changes nothing)")
     with journal_errors():
         refuse_special_file(path)
         if print_sql:
-            click.echo(migration_sql(path), nl=False)
+            try:
+                script = migration_sql(path, from_version)
+            except ValueError as error:
+                raise click.BadParameter(str(error), param_hint="--from-version") from None
+            click.echo(script, nl=False)
             return
         before = 0
         with suppress(JournalMissingError), Journal(path, create=False, readonly=True) as found:

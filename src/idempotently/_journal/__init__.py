@@ -429,23 +429,29 @@ class Journal:
         return int(getattr(self._store, "_version", 0))
 
 
-def migration_sql(path: str | os.PathLike[str]) -> str:
+def migration_sql(path: str | os.PathLike[str], from_version: int | None = None) -> str:
     """The statements that would create the journal at ``path`` (a file or a PostgreSQL
     URL) or bring it to this version, changing nothing: the journal is read, if there is
-    one, only for its schema version."""
+    one, only for its schema version; with ``from_version`` (0: no journal yet) it is not
+    read at all, only the kind of store is taken from ``path``."""
     postgres = isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
+    from idempotently._journal import _postgres, _sqlite
+
+    script_from = _postgres.migration_sql if postgres else _sqlite.migration_sql
+    if from_version is not None:
+        latest = _postgres.SCHEMA_VERSION if postgres else _sqlite.SCHEMA_VERSION
+        if not 0 <= from_version <= latest:
+            raise ValueError(
+                f"from_version must be 0 (no journal yet) to {latest} for a "
+                f"{'PostgreSQL' if postgres else 'SQLite'} journal, not {from_version}"
+            )
+        return script_from(from_version)
     try:
         with Journal(path, create=False, readonly=True) as journal:
             version = journal._version
     except JournalMissingError:
         version = 0
-    if postgres:
-        from idempotently._journal import _postgres
-
-        return _postgres.migration_sql(version)
-    from idempotently._journal import _sqlite
-
-    return _sqlite.migration_sql(version)
+    return script_from(version)
 
 
 def _ids_of(command: Any) -> tuple[str | None, str | None]:
