@@ -191,6 +191,15 @@ class ServerProfile:
         default=RETRY_HINT_HEADERS, converter=tuple, validator=_header_names
     )
     """Response headers saying true/false to "should this be retried"."""
+    key_bound_to_credentials: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
+    """Whether the server stores a key per credentials (the key of one API token is
+    another key under another token). When True, each operation journals a salted,
+    slow digest of its credentials (Authorization, Proxy-Authorization, X-Api-Key,
+    the redacted headers, secret query parameters; never their values), and is never
+    resent under credentials that digest differently: it stays pending until the
+    original ones are given."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 

@@ -119,6 +119,8 @@ class _TransportBase:
             host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            codec=self.journal.codec,
+            secret_params=self.journal.secret_params,
             hooks=checked_hooks,
         )
 

@@ -242,7 +242,9 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 _OPERATION_COLUMNS: Final = tuple(
-    field.name for field in attrs.fields(Operation) if field.name != "attempts"
+    field.name
+    for field in attrs.fields(Operation)
+    if field.name != "attempts" and field.metadata.get("column", True)
 )
 _SELECT_OPERATION: Final = ", ".join(_OPERATION_COLUMNS)
 _ADDED_IN_V2: Final = frozenset(
@@ -261,8 +263,10 @@ _INSERT_OPERATION: Final = f"""
 INSERT INTO {SCHEMA}.operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-    lease_owner, lease_until
-) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    lease_owner, lease_until,
+    codec, secret_params, credentials_digest
+) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+    %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
 
