@@ -80,7 +80,7 @@ def test_what_stays_in_clear_is_the_url_headers_statuses_ids_and_keys(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
     """A codec encodes bodies only: the audit (list, stats) works without it."""
-    app, url = scripted
+    _app, url = scripted
     path = str(tmp_path / "j.db")
     with idempotently.Session(
         idempotently.Journal(path, codec=CODEC), base_url=url, headers={"X-Tenant": "acme"}

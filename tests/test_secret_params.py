@@ -79,7 +79,7 @@ def test_a_url_without_secret_parameters_is_journaled_as_it_is(
     journal_target: str, scripted: tuple[ScriptedApp, str]
 ) -> None:
     """Nothing to redact: the URL is stored whole and secret_params stays NULL."""
-    app, url = scripted
+    _app, url = scripted
     with idempotently.Session(journal_target, base_url=url) as session:
         session.post("/v1/charges", json=CHARGE, params={"currency": "usd"}, operation_id="op")
     stored = operation(journal_target)
@@ -91,7 +91,7 @@ def test_journal_redact_query_adds_names_and_key_is_not_redacted_by_default(
 ) -> None:
     """Journal(redact_query=[...]) adds the user's names (any case); ``key`` is a resource's
     own key at many APIs, so it stays unless named."""
-    app, url = scripted
+    _app, url = scripted
     journal = idempotently.Journal(journal_target, redact_query=["Session_Key"])
     with idempotently.Session(journal, base_url=url) as session:
         session.post(
