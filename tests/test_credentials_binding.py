@@ -57,7 +57,7 @@ def test_a_bound_key_journals_a_digest_of_the_credentials_never_their_value(
 ) -> None:
     """The row names what was digested and holds the scrypt digest; the token is nowhere
     in the store. A profile that does not bind keys journals no digest."""
-    app, url = scripted
+    _app, url = scripted
     with idempotently.Session(
         journal_target, base_url=url, headers={"Authorization": TOKEN}, profile=BOUND
     ) as session:
@@ -180,7 +180,7 @@ def test_the_digest_is_computed_once_per_credential_value(
 ) -> None:
     """scrypt is slow by design: many calls and a resume under one token compute it once
     (kept in memory); another token is one more."""
-    app, url = scripted
+    _app, url = scripted
     calls: list[bytes] = []
     real = hashlib.scrypt
 
