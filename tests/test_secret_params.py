@@ -282,9 +282,7 @@ def test_a_param_env_value_is_never_printed_and_only_fills_redacted_parameters(
         for operation_id, params in (("with", {"api_key": SECRET}), ("without", {"n": "1"})):
             with pytest.raises(idempotently.OperationPendingError):
                 session.post("/v1/charges", json=CHARGE, params=params, operation_id=operation_id)
-    result = run(
-        "--journal", target, "resume", "--param-env", "api_key=KEY", env={"KEY": SECRET}
-    )
+    result = run("--journal", target, "resume", "--param-env", "api_key=KEY", env={"KEY": SECRET})
     assert 0 == result.exit_code, result.output
     assert SECRET not in result.output
     assert [f"api_key={SECRET}".encode(), b"n=1"] == [arrival.query for arrival in app.arrivals[2:]]
