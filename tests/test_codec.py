@@ -318,3 +318,62 @@ def test_cli_a_bad_codec_is_a_usage_error(tmp_path: Path, value: str) -> None:
     result = run("--journal", str(path), "show", "op", "--codec", value)
     assert (2, True) == (result.exit_code, "--codec" in result.output), result.output
     assert "Traceback" not in result.output
+
+
+# -- a process killed mid-send ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["after_charge", "before_journal_update"])
+def test_a_worker_killed_after_the_server_charged_is_resumed_once_with_the_codec(
+    tmp_path: Path, phase: str
+) -> None:
+    """SIGKILLed after the server charged an encoded operation: a resume without the codec
+    sends nothing; `resume --codec` sends it once (a replay); every order is charged once."""
+    import signal
+
+    from idempotently.testing import serve
+    from tests.crash_child import USER, operation_id
+    from tests.fixed_codec import CODEC as FIXED
+    from tests.test_crash_safety import DOOMED, ORDERS, charge_args, run_worker
+
+    journal = tmp_path / "journal.db"
+    codec = ("--codec", "tests.fixed_codec:CODEC")
+    child_codec = ("--codec", "fixed_codec:CODEC")  # the child runs with tests/ on its path
+    with serve() as server:
+        killed_args = ("--kill-at", phase, "--kill-on-order", str(DOOMED), *child_codec)
+        code, killed = run_worker(tmp_path, *charge_args(journal, server.url, *killed_args))
+        assert -signal.SIGKILL == code, killed.diagnosis()
+        assert b'"order-' not in stored_bytes(str(journal))  # bodies encoded at rest
+        requests = server.stats().requests
+        without = run("--journal", str(journal), "resume", "--json")
+        assert (1, requests) == (without.exit_code, server.stats().requests), without.output
+        assert [operation_id(DOOMED)] == [r["operation_id"] for r in json.loads(without.stdout)]
+        resumed = CliRunner().invoke(
+            cli,
+            [
+                "--journal",
+                str(journal),
+                "resume",
+                "--json",
+                "--header-env",
+                "Authorization=SHOP",
+                *codec,
+            ],
+            env={"SHOP": f"Bearer {USER}"},
+        )
+        assert 0 == resumed.exit_code, resumed.output
+        (result,) = json.loads(resumed.stdout)
+        assert ("succeeded", True) == (result["action"], result["replayed"])
+        code, rerun = run_worker(tmp_path, *charge_args(journal, server.url, *child_codec))
+        assert 0 == code, rerun.diagnosis()
+        assert {} == server.ledger.duplicates()
+        assert {(USER, f"order-{i}"): 1 for i in range(ORDERS)} == server.charge_count_by_order()
+        charges = {charge.order_id: charge for charge in server.charges()}
+        with idempotently.Journal(journal, create=False, codec=FIXED) as journaled:
+            assert {"succeeded": ORDERS} == {n: c for n, c in journaled.counts().items() if c}
+            for i in range(ORDERS):
+                operation = journaled.operation(operation_id(i))
+                assert operation is not None and operation.response_body is not None
+                assert charges[f"order-{i}"].key == operation.key
+                assert charges[f"order-{i}"].id == json.loads(operation.response_body)["id"]
