@@ -377,3 +377,21 @@ def test_a_worker_killed_after_the_server_charged_is_resumed_once_with_the_codec
                 assert operation is not None and operation.response_body is not None
                 assert charges[f"order-{i}"].key == operation.key
                 assert charges[f"order-{i}"].id == json.loads(operation.response_body)["id"]
+
+
+def test_a_transport_encodes_bodies_too(tmp_path: Path, scripted: tuple[ScriptedApp, str]) -> None:
+    """Under an SDK's own client (Transport over Journal(codec=...)): encoded at rest, and a
+    settled key answers from the journal with the clear answer."""
+    import httpx
+
+    app, url = scripted
+    app.answer(Answer(201, body=ANSWER))
+    path = str(tmp_path / "j.db")
+    journal = idempotently.Journal(path, codec=CODEC)
+    with httpx.Client(transport=idempotently.Transport(journal), base_url=url) as sdk:
+        headers = {"Idempotency-Key": "sdk-key-1"}
+        first = sdk.post("/v1/charges", json=charge(), headers=headers)
+        again = sdk.post("/v1/charges", json=charge(), headers=headers)
+    journal.close()
+    assert (ANSWER, ANSWER, 1) == (first.content, again.content, len(app.arrivals))
+    assert CARD.encode() not in stored_bytes(path) and b"Ada Lovelace" not in stored_bytes(path)

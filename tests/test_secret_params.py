@@ -303,3 +303,27 @@ def test_an_answer_for_a_redacted_url_is_returned_from_the_journal(
     assert again.extensions["idempotently"].replayed_locally
     assert 1 == len(app.arrivals)
     assert isinstance(again.request, httpx.Request)
+
+
+@pytest.mark.anyio
+async def test_an_async_transport_journals_secret_parameters_redacted(
+    tmp_path: Any, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Under an SDK's own client (AsyncTransport), the same: sent whole, journaled redacted,
+    and the SDK's call again (its URL carries the value) continues with the same bytes."""
+    app, url = scripted
+    app.answer(RESET)
+    path = str(tmp_path / "j.db")
+    transport = idempotently.AsyncTransport(path, policy=ONE_TRY)
+    async with httpx.AsyncClient(transport=transport, base_url=url) as sdk:
+        headers = {"Idempotency-Key": "sdk-key-1"}
+        with pytest.raises(idempotently.OperationPendingError):
+            await sdk.post("/v1/charges", params={"token": SECRET}, json=CHARGE, headers=headers)
+        again = await sdk.post(
+            "/v1/charges", params={"token": SECRET}, json=CHARGE, headers=headers
+        )
+    await transport.aclose()
+    assert 201 == again.status_code
+    first, second = app.arrivals
+    assert (f"token={SECRET}".encode(), first.key) == (second.query, second.key)
+    assert SECRET.encode() not in await anyio.to_thread.run_sync(stored_bytes, path)
