@@ -395,3 +395,61 @@ def test_a_transport_encodes_bodies_too(tmp_path: Path, scripted: tuple[Scripted
     journal.close()
     assert (ANSWER, ANSWER, 1) == (first.content, again.content, len(app.arrivals))
     assert CARD.encode() not in stored_bytes(path) and b"Ada Lovelace" not in stored_bytes(path)
+
+
+def test_a_watch_worker_resends_encoded_operations_only_with_the_codec(tmp_path: Path) -> None:
+    """`resume --watch`'s worker claims encoded operations like any: without the codec it
+    sends none of them (not_sent); with it, each one's clear bytes once."""
+    import threading
+
+    import httpx
+
+    from tests.support import FakeTime
+    from tests.test_watch import NOW, refuse, run_worker
+
+    path = tmp_path / "journal.db"
+    fake = FakeTime(now=NOW - 60)
+    with idempotently.Session(
+        idempotently.Journal(path, codec=CODEC, durability="os"),
+        transport=httpx.MockTransport(refuse),
+        policy=ONE_TRY,
+        clock=fake.clock,
+        sleep=fake.sleep,
+    ) as session:
+        for number in range(3):
+            with pytest.raises(idempotently.IdempotentlyError):
+                session.post(
+                    "https://api.example.test/v1/charges",
+                    json={**charge(), "n": number},
+                    operation_id=f"op-{number}",
+                )
+    for codec, expected in ((None, "not_sent"), (CODEC, "succeeded")):
+        sent: list[bytes] = []
+        results: list[idempotently.ResumeResult] = []
+        stop = threading.Event()
+
+        def server(request: httpx.Request, sent: list[bytes] = sent) -> httpx.Response:
+            sent.append(request.content)
+            return httpx.Response(201)
+
+        def on_batch(batch: Any, results: list[Any] = results, stop: Any = stop) -> None:
+            stop.set()
+
+        worker_time = FakeTime(now=NOW)
+        with idempotently.Session(
+            idempotently.Journal(path, codec=codec),
+            host_id="worker-1",
+            transport=httpx.MockTransport(server),
+            policy=ONE_TRY,
+            clock=worker_time.clock,
+            sleep=worker_time.sleep,
+        ) as worker:
+            run_worker(worker, stop, on_batch=on_batch, results=results)
+            worker.journal.close()
+        assert {expected} == {result.action for result in results}
+        assert 3 == len(results)
+        if codec is None:
+            assert [] == sent
+        else:
+            assert sorted(json.loads(body)["n"] for body in sent) == [0, 1, 2]
+            assert all(CARD.encode() in body for body in sent)
