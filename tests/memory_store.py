@@ -101,6 +101,9 @@ class MemoryStore:
                 response_headers=None,
                 response_body=None,
                 reason=None,
+                codec=new.codec,
+                secret_params=new.secret_params,
+                credentials_digest=new.credentials_digest,
             )
             return True
         if isinstance(write, Record):
