@@ -140,13 +140,14 @@ def test_without_the_right_codec_nothing_is_sent_and_no_ciphertext_is_shown(
     journal = idempotently.Journal(journal_target, codec=codec)
     with idempotently.Session(journal, base_url=url) as session:
         stored = journal.operation("op")
+        (planned,) = session.resume(dry_run=True)
         (result,) = session.resume()
         with pytest.raises(idempotently.CodecError) as caught:
             session.post("/v1/charges", json=charge(), operation_id="op")
     journal.close()
     assert stored is not None and stored.unreadable is not None
     assert (b"", "fernet") == (stored.request_body, stored.codec)
-    assert ("not_sent", "pending") == (result.action, result.status)
+    assert ("not_sent", "not_sent", "pending") == (planned.action, result.action, result.status)
     assert "codec 'fernet'" in result.detail and "nothing was sent" in result.detail
     assert "op" == caught.value.operation_id and "nothing was sent" in str(caught.value)
     assert 1 == len(app.arrivals)
