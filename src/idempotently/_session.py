@@ -232,7 +232,7 @@ class _SessionBase(Generic[ClientT]):
             namespace=self.journal._namespace,
             hooks=checked_hooks,
             codec=self.journal.codec,
-            secret_params=self.journal.secret_params,
+            secret_params=self.journal.redact_query,
             param_values=self._param_values,
         )
 

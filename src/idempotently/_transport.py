@@ -120,7 +120,7 @@ class _TransportBase:
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
             codec=self.journal.codec,
-            secret_params=self.journal.secret_params,
+            secret_params=self.journal.redact_query,
             hooks=checked_hooks,
         )
 

@@ -173,8 +173,9 @@ class Journal:
         return self._codec
 
     @property
-    def secret_params(self) -> frozenset[str]:
-        """The query parameters (lowercase) whose values are journaled redacted."""
+    def redact_query(self) -> frozenset[str]:
+        """The query parameters (lowercase) whose values are journaled redacted: the
+        built-in list and ``redact_query=``."""
         return self._secret_params
 
     @property
