@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import attrs
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -260,3 +261,15 @@ def test_cli_resume_sends_only_with_the_original_credentials(
     sent = runner.invoke(cli, args, env={"API_TOKEN": TOKEN})
     assert (0, 2) == (sent.exit_code, len(app.arrivals)), sent.output
     assert app.arrivals[0].key == app.arrivals[1].key
+
+
+def test_a_session_with_httpx_auth_cannot_bind_keys_to_credentials(tmp_path: Path) -> None:
+    """httpx's auth= adds the credentials while sending, after the journal has digested the
+    request: such a Session is refused, before the journal file exists."""
+    with pytest.raises(ValueError, match="auth="):
+        idempotently.Session(tmp_path / "j.db", profile=BOUND, auth=("user", "password"))
+    client = httpx.Client(auth=("user", "password"))
+    with pytest.raises(ValueError, match="headers"):
+        idempotently.Session(tmp_path / "j.db", profile=BOUND, client=client)
+    client.close()
+    assert not (tmp_path / "j.db").exists()

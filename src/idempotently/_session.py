@@ -209,6 +209,17 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        if profile.key_bound_to_credentials and (
+            client_options.get("auth") is not None
+            or (client is not None and getattr(client, "auth", None) is not None)
+        ):
+            # httpx applies auth= while sending, after the journal digested the request:
+            # the key would be bound to no credentials at all.
+            raise ValueError(
+                f"profile {profile.name!r} binds keys to credentials, and an httpx auth= "
+                "adds them only while sending, unseen by the journal: give them as headers "
+                "instead (headers={'Authorization': ...})"
+            )
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
