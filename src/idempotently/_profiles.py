@@ -427,7 +427,11 @@ def stored_profile(
     if rule == "forced":
         return given
     if rule == "checked":
-        if journaled_profile(given) == text or (_is_legacy(text) and text == given.name):
+        if (
+            journaled_profile(given) == text
+            or (_is_legacy(text) and text == given.name)
+            or _same_fields(text, given)
+        ):
             return given
         raise StoredProfileError(
             f"it was journaled under profile {_described(text)} and the profile given is "
@@ -472,6 +476,17 @@ def profile_label(text: str) -> str:
     except (ValueError, AttributeError):
         name = None
     return f"{name if isinstance(name, str) else '?'} (custom)"
+
+
+def _same_fields(text: str, given: ServerProfile) -> bool:
+    """Whether a journaled spec reads back as ``given``: a spec written before a field was
+    added lacks it, and reads it as its default."""
+    if not text.startswith("{"):
+        return False
+    try:
+        return cached_profile(text) == given
+    except (ProfileSpecError, TypeError):
+        return False
 
 
 def _is_legacy(text: str) -> bool:
