@@ -428,8 +428,10 @@ _INSERT_OPERATION = """
 INSERT INTO operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-    lease_owner, lease_until, enqueued_at, first_send_at
-) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    lease_owner, lease_until, enqueued_at, first_send_at,
+    codec, secret_params, credentials_digest
+) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    ?, ?, ?)
 ON CONFLICT DO NOTHING
 """
 
