@@ -15,6 +15,7 @@
     │   └── RetryLaterError           the server asked us to come back later
     ├── NeedsReconcileError           only a human or a reconciler can decide
     ├── StoredProfileError            the profile it was journaled under cannot be used
+    ├── OperatorActionError (ValueError)  an operator action that makes no sense now
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
 
 Transport errors from httpx come through as the ``__cause__`` of an
@@ -186,3 +187,12 @@ class StoredProfileError(IdempotentlyError):
     ) -> None:
         super().__init__(message, operation_id=operation_id, key=key)
         self.kind = kind
+
+
+class OperatorActionError(IdempotentlyError, ValueError):
+    """An operator action (settle, abandon, retry, fork) refused: the operation does not
+    exist, its state makes the action senseless (settling a completed operation, forking
+    a pending one), or another operator changed it first. Nothing was written.
+
+    A live lease held by a caller sending it is an :class:`OperationInProgressError`.
+    """
