@@ -398,7 +398,5 @@ def test_prune_deletes_audit_entries_with_their_operation_and_never_breaks_a_lin
     assert store.find("op-1", None) is not None
     assert ["settle"] == [entry.action for entry in store.audit("op-1")]
     one(store, Record("op-1~fork1", answer(), NOW + 10, None))
-    assert 2 == store.prune(older_than=0, now=NOW + 100) + store.prune(
-        older_than=0, now=NOW + 100
-    )
+    assert 2 == store.prune(older_than=0, now=NOW + 100) + store.prune(older_than=0, now=NOW + 100)
     assert [] == store.operations()

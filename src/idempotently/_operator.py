@@ -192,7 +192,9 @@ def plan(
     def refuse(why: str) -> OperatorActionError:
         return OperatorActionError(f"cannot {action}: {why}; nothing was written", **ids)
 
-    def act(new_status: Status, reason: str | None, detail: dict[str, object], **more: object) -> Act:
+    def act(
+        new_status: Status, reason: str | None, detail: dict[str, object], **more: object
+    ) -> Act:
         notes = [
             AuditNote(
                 operation.operation_id,

@@ -7,6 +7,7 @@ values and check every column the same way (:func:`column_problem`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii as _json_str
@@ -365,10 +366,8 @@ class AuditEntry:
     def to_json(self) -> dict[str, Any]:
         detail: Any = self.detail
         if self.detail is not None:
-            try:
+            with contextlib.suppress(ValueError):  # else shown as the text it is
                 detail = json.loads(self.detail)
-            except ValueError:
-                pass  # shown as the text it is
         return {
             "seq": self.seq,
             "at": self.at,

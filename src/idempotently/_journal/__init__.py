@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import uuid
 import weakref
 from collections.abc import Sequence
-import time
 from typing import Any, Literal, cast
 
 from idempotently._commands import (

@@ -1138,10 +1138,13 @@ class SqliteStore:
         and the audit entries, inside the writer's ``BEGIN IMMEDIATE`` transaction."""
         self._require_v4("an operator action")
         fork = write.fork
-        if fork is not None and conn.execute(
-            "SELECT 1 FROM operations WHERE operation_id = ? OR key = ?",
-            (fork.operation_id, fork.key),
-        ).fetchone():
+        if (
+            fork is not None
+            and conn.execute(
+                "SELECT 1 FROM operations WHERE operation_id = ? OR key = ?",
+                (fork.operation_id, fork.key),
+            ).fetchone()
+        ):
             return False
         responds = write.response_status is not None
         cursor = conn.execute(
@@ -1576,8 +1579,8 @@ class SqliteStore:
                 "SELECT count(DISTINCT parent.operation_id) AS n "
                 "FROM operations AS fork INDEXED BY operations_forks "
                 "CROSS JOIN operations AS parent ON parent.operation_id = fork.forked_from "
-                f"WHERE fork.forked_from IS NOT NULL AND {_one_of('parent.status', FINISHED_STATUSES)} "
-                "AND parent.updated_at < ?",
+                "WHERE fork.forked_from IS NOT NULL AND "
+                f"{_one_of('parent.status', FINISHED_STATUSES)} AND parent.updated_at < ?",
                 (cutoff,),
             )[0]["n"]
         )
