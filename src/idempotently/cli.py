@@ -35,6 +35,8 @@ from idempotently._cli_format import (
     operation_json,
     operation_lines,
     operations_table,
+    operator_json,
+    operator_lines,
     plural,
     printable,
     stats_lines,
@@ -50,6 +52,7 @@ from idempotently._flow import (
     check_host_id,
 )
 from idempotently._journal import MAX_LIMIT, Journal
+from idempotently._operator import ActionName
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._session import (
@@ -301,10 +304,12 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
         raise click.ClickException(
             f"no operation or key '{printable(operation_id_or_key)}' in {journal.path}"
         )
+    entries = journal.audit(operation.operation_id)
     if output_format == "json":
-        echo_json(operation_detail_json(operation))
+        echo_json({**operation_detail_json(operation), **operator_json(operation, entries)})
         return
-    echo_lines(operation_lines(operation, time.time()))
+    now = time.time()
+    echo_lines([*operation_lines(operation, now), "", *operator_lines(operation, entries, now)])
 
 
 # -- stats -------------------------------------------------------------------------
@@ -767,6 +772,223 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, output_for
     click.echo(
         f"{verb} {plural(count, 'finished operation')} idle over "
         f"{format_duration(older_than)} from {journal.path}"
+    )
+
+
+# -- operator actions: settle, abandon, retry, fork -----------------------------------
+
+
+def operator_options(*, note_required: bool) -> Callable[[F], F]:
+    """``--note``, ``--actor``, ``--dry-run`` and ``--format``: what every action takes."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(
+            [
+                click.option(
+                    "--note",
+                    required=note_required,
+                    metavar="TEXT",
+                    help="Why (what you checked): kept in the operation's audit trail."
+                    + ("" if note_required else " Optional."),
+                ),
+                click.option(
+                    "--actor",
+                    metavar="NAME",
+                    help="Who acts, for the audit trail (default: user@host).",
+                ),
+                click.option(
+                    "--dry-run", is_flag=True, help="Check and say what it would do; write nothing."
+                ),
+                format_option("text", "json"),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def run_action(
+    journal: Journal,
+    action: ActionName,
+    operation_id: str,
+    *,
+    note: str | None,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+    status: str | None = None,
+) -> None:
+    """One operator action through the library; one line (or JSON) about what it did."""
+    from idempotently._exceptions import OperationInProgressError, OperatorActionError
+    from idempotently._operator import check_actor, fork_id_of
+
+    try:
+        who = check_actor(actor)
+    except (TypeError, ValueError) as error:
+        raise click.BadParameter(str(error), param_hint="'--actor'") from None
+    try:
+        before = journal.operation(operation_id)
+        if action == "settle":
+            after = journal.settle(
+                operation_id,
+                status,  # type: ignore[arg-type]  # the flags give succeeded or failed
+                note=note or "",
+                actor=who,
+                dry_run=dry_run,
+            )
+        elif action == "abandon":
+            after = journal.abandon(operation_id, note=note or "", actor=who, dry_run=dry_run)
+        elif action == "retry":
+            after = journal.retry_now(operation_id, note=note, actor=who, dry_run=dry_run)
+        else:
+            after = journal.fork(operation_id, note=note or "", actor=who, dry_run=dry_run)
+    except (OperatorActionError, OperationInProgressError) as error:
+        raise click.ClickException(printable(str(error))) from None
+    except ValueError as error:  # a note that is empty or too long
+        raise click.BadParameter(str(error), param_hint="'--note'") from None
+    assert before is not None  # the action found it
+    if action == "fork":
+        done = f"forked {before.operation_id} as {after.operation_id} (key {after.key})"
+        if before.status != "failed":
+            done += f"; {before.operation_id} settled failed (it was {before.status})"
+    elif action == "retry":
+        done = f"{after.operation_id} is due now: the next resume sends it with its key"
+    else:
+        done = f"{after.operation_id}: {before.status} -> {after.status}"
+    if dry_run:
+        done = f"dry run, nothing written: would have {done}"
+    if output_format == "json":
+        echo_json(
+            {
+                "action": action,
+                "dry_run": dry_run,
+                "actor": who,
+                "note": note,
+                "operation": operation_json(after),
+                **({"forked_from": before.operation_id} if action == "fork" else {}),
+                **({"fork_id": fork_id_of(before)} if action == "fork" and dry_run else {}),
+            }
+        )
+        return
+    click.echo(printable(done))
+
+
+@cli.command("settle")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@click.option("--succeeded", "status", flag_value="succeeded", help="It took effect.")
+@click.option("--failed", "status", flag_value="failed", help="It provably did not.")
+@operator_options(note_required=True)
+@with_journal(readonly_if="dry_run")
+def settle_command(
+    journal: Journal,
+    operation_id: str,
+    status: str | None,
+    note: str,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Record what really happened to an operation the journal cannot decide.
+
+    For a pending, needs_reconcile or abandoned operation, once you have looked
+    it up: --succeeded (it took effect) or --failed (it provably did not). The
+    audit trail keeps who, when and --note. Refused for a completed operation,
+    and while a live caller holds its lease.
+    """
+    if status is None:
+        raise click.UsageError("say what happened: --succeeded or --failed")
+    run_action(
+        journal,
+        "settle",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
+        status=status,
+    )
+
+
+@cli.command("abandon")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@operator_options(note_required=True)
+@with_journal(readonly_if="dry_run")
+def abandon_command(
+    journal: Journal,
+    operation_id: str,
+    note: str,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Give up a pending or needs_reconcile operation: it is never sent again."""
+    run_action(
+        journal,
+        "abandon",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
+    )
+
+
+@cli.command("retry")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@operator_options(note_required=False)
+@with_journal(readonly_if="dry_run")
+def retry_command(
+    journal: Journal,
+    operation_id: str,
+    note: str | None,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Make a pending operation due now (its wait and lookup backoff cleared).
+
+    The next resume sends it with its own key. Never revives a key past its
+    lifetime: fork such an operation instead.
+    """
+    run_action(
+        journal,
+        "retry",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
+    )
+
+
+@cli.command("fork")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@operator_options(note_required=True)
+@with_journal(readonly_if="dry_run")
+def fork_command(
+    journal: Journal,
+    operation_id: str,
+    note: str,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Send a failed, abandoned or needs_reconcile operation once more, under a new key.
+
+    Makes OPERATION_ID~fork<n>: a new pending operation with the same request
+    bytes and a new derived key, linked to this one; the next resume sends it.
+    Forking a needs_reconcile or abandoned operation settles it failed in the
+    same transaction, as your recorded word that it did not happen.
+    """
+    run_action(
+        journal,
+        "fork",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
     )
 
 
