@@ -64,9 +64,7 @@ def test_fork_and_retry_with_an_actor(journal_target: str) -> None:
     names the new operation."""
     with Journal(journal_target) as journal:
         make(journal, "op-1")
-    forked = run(
-        journal_target, "fork", "op-1", "--note", "resend", "--actor", "bob@ops", "--json"
-    )
+    forked = run(journal_target, "fork", "op-1", "--note", "resend", "--actor", "bob@ops", "--json")
     retried = run(journal_target, "retry", "op-1~fork1", "--actor", "bob@ops")
     document = json.loads(forked.output)
     assert ("op-1~fork1", "pending", "bob@ops") == (

@@ -40,6 +40,7 @@ def make(
     lease_until: float = 0.0,
     created_at: float | None = None,
     key_lifetime: float = 86400.0,
+    body: bytes = BODY,
 ) -> idempotently.Operation:
     """An operation journaled as a Session would (its key derived, the key header kept),
     then moved to ``status``."""
@@ -55,7 +56,7 @@ def make(
             ("content-type", "application/json"),
             ("Idempotency-Key", key),
         ),
-        request_body=BODY,
+        request_body=body,
         fingerprint="f",
         profile="generic",
         key_header="Idempotency-Key",

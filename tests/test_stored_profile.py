@@ -141,6 +141,7 @@ CHANGES: dict[str, Any] = {
     "stores_server_errors": False,
     "replay_headers": ("X-Replayed",),
     "retry_hint_headers": ("X-Retry",),
+    "operation_id_field": "metadata.operation_id",
 }
 
 

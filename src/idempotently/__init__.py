@@ -30,12 +30,14 @@ from idempotently._exceptions import (
     OperationAbandonedError,
     OperationInProgressError,
     OperationPendingError,
+    OperatorActionError,
     RequestNotSentError,
     RetryLaterError,
     StoredProfileError,
 )
 from idempotently._flow import Receipt, ResumeResult, Settlement
-from idempotently._journal import Attempt, Journal, JournalStats, Operation
+from idempotently._journal import Attempt, AuditEntry, Journal, JournalStats, Operation
+from idempotently._lookup import Lookup
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
@@ -48,6 +50,7 @@ __all__ = [
     "AsyncTransport",
     "Attempt",
     "AttemptFinished",
+    "AuditEntry",
     "Event",
     "IdempotentlyError",
     "InvalidKeyError",
@@ -60,6 +63,7 @@ __all__ = [
     "JournalVersionError",
     "JournalWriteError",
     "KeyReuseError",
+    "Lookup",
     "NeedsReconcileError",
     "Operation",
     "OperationAbandonedError",
@@ -67,6 +71,7 @@ __all__ = [
     "OperationInProgressError",
     "OperationPendingError",
     "OperationStarted",
+    "OperatorActionError",
     "Receipt",
     "RequestNotSentError",
     "ResumeResult",
