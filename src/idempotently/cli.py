@@ -52,6 +52,7 @@ from idempotently._flow import (
     check_host_id,
 )
 from idempotently._journal import MAX_LIMIT, Journal
+from idempotently._lookup import ABSENT_CHOICES, DEFAULT_ABSENT_AFTER, DEFAULT_BACKOFF, Lookup
 from idempotently._operator import ActionName
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
@@ -380,6 +381,124 @@ def stats_command(
 # -- resume ------------------------------------------------------------------------
 
 
+# The lookup reconciler's options (`reconcile`, `resume --reconcile-lookup`).
+
+
+def params_from_templates(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    """``NAME=TEMPLATE`` pairs: the lookup's query parameters."""
+    params: dict[str, str] = {}
+    for value in values:
+        name, sep, template = value.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(
+                f"{value!r} is not NAME=TEMPLATE (e.g. 'metadata[operation_id]={{operation_id}}')",
+                ctx,
+                param,
+            )
+        params[name] = template
+    return params
+
+
+def lookup_options(*, prefix: str = "") -> Callable[[F], F]:
+    """The lookup's options (``--param``, ``--absent``, ...), for ``reconcile`` and, with
+    ``prefix="reconcile-"``, for ``resume``."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(
+            [
+                click.option(
+                    f"--{prefix}param",
+                    "lookup_params",
+                    multiple=True,
+                    metavar="NAME=TEMPLATE",
+                    callback=params_from_templates,
+                    help="A query parameter of the lookup; {operation_id} and {key} are "
+                    "filled in, URL-encoded. Repeatable.",
+                ),
+                click.option(
+                    f"--{prefix}absent",
+                    "absent",
+                    type=click.Choice(ABSENT_CHOICES),
+                    default="keep",
+                    show_default=True,
+                    help="What a lookup that finds nothing does: keep it needs_reconcile, "
+                    "settle it failed, or settle it failed and fork it (resend under a new "
+                    "key). failed and resend need the request to carry the id and the "
+                    "consistency window to have passed.",
+                ),
+                click.option(
+                    f"--{prefix}absent-after",
+                    "absent_after",
+                    type=DURATION,
+                    default=format_duration(DEFAULT_ABSENT_AFTER),
+                    show_default=True,
+                    metavar="DURATION",
+                    help="The server's consistency window: absence proves nothing until the "
+                    "last attempt that may have been delivered is this old.",
+                ),
+                click.option(
+                    f"--{prefix}match",
+                    "match",
+                    metavar="PATH",
+                    help="Where the objects carry the operation id, a dotted path (default: "
+                    "the profile's operation_id_field, else metadata.operation_id).",
+                ),
+                click.option(
+                    f"--{prefix}backoff",
+                    "backoff",
+                    type=DURATION,
+                    default=format_duration(DEFAULT_BACKOFF),
+                    show_default=True,
+                    metavar="DURATION",
+                    help="An operation a lookup leaves unsettled is not looked up again "
+                    "before this long.",
+                ),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def make_lookup(
+    url: str | None,
+    params: dict[str, str],
+    absent: str,
+    absent_after: float,
+    match: str | None,
+    backoff: float,
+) -> Lookup | None:
+    """The Lookup the options describe (None without a URL), or a usage error."""
+    if url is None:
+        return None
+    if backoff < 1:
+        raise click.BadParameter("must be at least 1s", param_hint="'--backoff'")
+    try:
+        return Lookup(
+            url,
+            params=params or None,
+            absent=absent,  # type: ignore[arg-type]  # click.Choice checked it
+            absent_after=absent_after,
+            match=match,
+            backoff=backoff,
+        )
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(f"the lookup: {error}") from None
+
+
+class _ReconcilingSession:
+    """A session whose resume also reconciles with a Lookup (``resume --reconcile-lookup``)."""
+
+    def __init__(self, session: Session, lookup: Lookup) -> None:
+        self._session, self._lookup = session, lookup
+
+    def resume(self, **options: Any) -> list[ResumeResult]:
+        return self._session.resume(reconciler=self._lookup, **options)
+
+
 def headers_from_env(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, str]:
@@ -574,6 +693,14 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     metavar="DURATION",
     help="How long a lease outlives a worker that died (live ones renew theirs).",
 )
+@click.option(
+    "--reconcile-lookup",
+    "reconcile_lookup",
+    metavar="URL",
+    help="Also reconcile needs_reconcile operations by looking each one up at URL "
+    "(as `reconcile --lookup`); with --watch, as the worker goes.",
+)
+@lookup_options(prefix="reconcile-")
 @format_option("table", "json", json_flag_as_bool=True)
 @with_journal(readonly_if="dry_run")
 def resume_command(
@@ -590,6 +717,12 @@ def resume_command(
     interval: float,
     host_id: str | None,
     lease_duration: float,
+    reconcile_lookup: str | None,
+    lookup_params: dict[str, str],
+    absent: str,
+    absent_after: float,
+    match: str | None,
+    backoff: float,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and bytes.
@@ -609,6 +742,9 @@ def resume_command(
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
     if watch and dry_run:
         raise click.UsageError("--watch and --dry-run do not go together: a watch sends")
+    lookup = make_lookup(reconcile_lookup, lookup_params, absent, absent_after, match, backoff)
+    if lookup is not None and dry_run:
+        raise click.UsageError("--reconcile-lookup and --dry-run do not go together")
     if force_profile and profile is None:
         raise click.UsageError("--force-profile needs --profile NAME: the profile to force")
     if interval <= 0:
@@ -649,9 +785,12 @@ def resume_command(
                 base_url=base_url,
                 as_json=as_json,
                 terminal=stderr_is_terminal(),
+                reconciler=lookup,
             )
             return
-        results = resume_printing(session, journal, dry_run, base_url, concurrency, as_json)
+        results = resume_printing(
+            session, journal, dry_run, base_url, concurrency, as_json, reconciler=lookup
+        )
     if as_json:
         echo_json([result.to_json() for result in results])
     else:
@@ -695,12 +834,16 @@ def resume_printing(
     base_url: str | None,
     concurrency: int,
     as_json: bool,
+    reconciler: Lookup | None = None,
 ) -> list[ResumeResult]:
     """Resume, printing each result as soon as it is known (unless --json); a progress
     bar on a terminal only when there is work, never for a dry run."""
+    if reconciler is not None:
+        session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
         return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
-    total = journal.counts()["pending"]
+    counts = journal.counts()
+    total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
     header = [False]
 
     def printed(echo: Callable[[ResumeResult], None]) -> Callable[[ResumeResult], None]:
@@ -741,6 +884,99 @@ def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: boo
     summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
     verb = "planned" if dry_run else "resumed"
     click.echo(f"\n{verb} {plural(len(results), 'operation')}: {summary}")
+
+
+# -- reconcile: the lookup reconciler ----------------------------------------------
+
+
+@cli.command("reconcile")
+@click.option(
+    "--lookup",
+    "lookup_url",
+    required=True,
+    metavar="URL",
+    help="Where to look each operation up: an absolute URL, or a path on each operation's "
+    "own origin; {operation_id} and {key} are filled in, URL-encoded.",
+)
+@lookup_options()
+@click.option(
+    "--header-env",
+    "headers",
+    multiple=True,
+    metavar="NAME=ENVVAR",
+    callback=headers_from_env,
+    help="Send header NAME with the value of environment variable ENVVAR; repeatable.",
+)
+@format_option("table", "json", json_flag_as_bool=True)
+@with_journal()
+def reconcile_command(
+    journal: Journal,
+    lookup_url: str,
+    lookup_params: dict[str, str],
+    absent: str,
+    absent_after: float,
+    match: str | None,
+    backoff: float,
+    headers: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Settle needs_reconcile operations by looking each one up on the server.
+
+    One GET per operation (credentials from --header-env, nothing journaled).
+    Exactly one object carrying the operation's id settles it succeeded, the
+    object stored as its answer; several leave it (ambiguous); none is what
+    --absent says. Nothing pending is resent. Exit 0 when every operation
+    looked at was settled, 1 when any stays or a lookup failed, 2 on usage
+    errors.
+    """
+    lookup = make_lookup(lookup_url, lookup_params, absent, absent_after, match, backoff)
+    assert lookup is not None
+    session = Session(
+        journal,
+        headers=headers,
+        # Whatever came from the environment is a credential: never journaled or printed.
+        redact_headers=list(headers),
+        timeout=httpx.Timeout(10.0),
+    )
+    total = journal.counts()["needs_reconcile"]
+    header = [False]
+    echo = echo_result(False, clear_bar=stderr_is_terminal())
+
+    def on_result(result: ResumeResult) -> None:
+        if as_json:
+            return
+        if not header[0]:
+            header[0] = True
+            click.echo(result_row(RESULT_HEADERS, False))
+        echo(result)
+
+    with session:
+        if total and not as_json and stderr_is_terminal():
+            with click.progressbar(
+                length=total, label="reconciling", file=sys.stderr, show_pos=True
+            ) as bar:
+
+                def with_bar(result: ResumeResult) -> None:
+                    on_result(result)
+                    bar.update(1)
+
+                results = session.reconcile(lookup, on_result=with_bar)
+        else:
+            results = session.reconcile(lookup, on_result=on_result)
+    if as_json:
+        echo_json([result.to_json() for result in results])
+    elif not results:
+        click.echo(f"nothing needs reconciling in {journal.path}")
+    else:
+        counts = Counter(result.action for result in results)
+        summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
+        click.echo(f"\nlooked up {plural(len(results), 'operation')}: {summary}")
+    left = [result for result in results if result.action != "reconciled"]
+    if left:
+        fail(
+            f"{plural(len(left), 'operation')} not settled "
+            "(`idempotently list --status needs_reconcile`; `idempotently show ID` says why)"
+        )
 
 
 # -- prune -------------------------------------------------------------------------
