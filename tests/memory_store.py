@@ -245,7 +245,7 @@ class MemoryStore:
         }
         if write.due_now:
             changes.update(not_before=None, lookup_after=None)
-        if write.response_status is not None:
+        if write.sets_answer:
             changes.update(
                 response_status=write.response_status,
                 response_headers=None

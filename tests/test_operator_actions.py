@@ -354,3 +354,39 @@ def test_a_fork_is_sent_once_under_its_new_key_and_its_parent_never(
     with Journal(journal_target) as journal:
         parent = journal.operation("order-1")
         assert parent is not None and ("failed", 0) == (parent.status, parent.attempt_count)
+
+
+def test_a_call_again_after_an_operator_settled_it_says_what_happened(
+    journal_target: str, idempotently_mock_server: MockServer
+) -> None:
+    """Calling again with the id of an operation an operator settled sends nothing and says
+    what the operator recorded: succeeded without a stored answer is never "failed before
+    anything reached the server" (which would invite a second charge)."""
+    server = idempotently_mock_server
+    body = {"amount": 1000, "currency": "usd", "customer": "cus_1"}
+    with idempotently.Session(
+        journal_target, base_url=server.url, headers={"Authorization": "Bearer user_1"}
+    ) as session:
+        for name in ("op-ok", "op-no"):
+            server.faults.push(Fault.server_error())  # stored, then replayed: needs_reconcile
+            with pytest.raises(idempotently.NeedsReconcileError):
+                session.post("/v1/charges", json=body, operation_id=name)
+        session.journal.settle("op-ok", "succeeded", note="ch_1 in the dashboard")
+        session.journal.settle("op-no", "failed", note="refunded by hand")
+        requests = len(server.requests)
+        # Not the replayed 500 that left it undecided: that is no success's answer.
+        with pytest.raises(idempotently.NoStoredAnswerError, match="never sent again"):
+            session.post("/v1/charges", json=body, operation_id="op-ok")
+        with pytest.raises(idempotently.RequestNotSentError, match="settled failed by"):
+            session.post("/v1/charges", json=body, operation_id="op-no")
+    assert requests == len(server.requests)
+
+
+def test_a_settled_success_without_an_answer_is_never_called_unsent(journal: Journal) -> None:
+    """An operation settled succeeded with no answer stored raises NoStoredAnswerError."""
+    from idempotently._flow import Engine
+
+    make(journal, "op-1")
+    settled = journal.settle("op-1", "succeeded", note="found it")
+    with pytest.raises(idempotently.NoStoredAnswerError, match="never sent again"):
+        Engine().stored_response(settled, lambda *parts: None)  # type: ignore[arg-type, return-value]

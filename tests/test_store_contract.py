@@ -278,6 +278,7 @@ def act(
         now=now,
         audit=tuple(notes),
         due_now=due_now,
+        sets_answer=response is not None,
         response_status=None if response is None else response[0],
         response_headers=None if response is None else [("content-type", "application/json")],
         response_body=None if response is None else response[1],

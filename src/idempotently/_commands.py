@@ -176,8 +176,11 @@ class Act:
     audit: tuple[AuditNote, ...]
     due_now: bool = False
     """Retry: clear ``not_before`` and ``lookup_after``, so it is due at once."""
+    sets_answer: bool = False
+    """Replace the stored answer with ``response_*`` (all None: no answer stored). An
+    operator's settle clears the answer that led to needs_reconcile (a replayed 500 is
+    not the answer of a success); a lookup stores the object it found."""
     response_status: int | None = None
-    """With ``response_status`` set, the answer stored with the new status."""
     response_headers: Sequence[tuple[str, str]] | None = None
     response_body: bytes | None = None
     fork: NewOperation | None = None

@@ -16,6 +16,7 @@
     ├── NeedsReconcileError           only a human or a reconciler can decide
     ├── StoredProfileError            the profile it was journaled under cannot be used
     ├── OperatorActionError (ValueError)  an operator action that makes no sense now
+    ├── NoStoredAnswerError           settled succeeded, but no answer of the server kept
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
 
 Transport errors from httpx come through as the ``__cause__`` of an
@@ -196,3 +197,9 @@ class OperatorActionError(IdempotentlyError, ValueError):
 
     A live lease held by a caller sending it is an :class:`OperationInProgressError`.
     """
+
+
+class NoStoredAnswerError(IdempotentlyError):
+    """The operation was settled ``succeeded`` by an operator or a reconciler without the
+    server's answer: it took effect and is never sent again, but there is no response to
+    return. Look the object up on the server (its id is the operation id)."""

@@ -63,6 +63,7 @@ from idempotently._exceptions import (
     IdempotentlyError,
     KeyReuseError,
     NeedsReconcileError,
+    NoStoredAnswerError,
     OperationAbandonedError,
     OperationInProgressError,
     OperationPendingError,
@@ -171,6 +172,8 @@ def default_host_id() -> str:
 
 _HOST = socket.gethostname().replace(":", "_")[:MAX_HOST_ID_LENGTH] or "localhost"
 
+SETTLED_REASONS = ("settled ", "reconciled: ")
+"""How the reason of an operation an operator or a reconciler settled begins."""
 LOOKUP_ACTOR = "lookup"
 """The actor of the lookup reconciler's audit entries."""
 
@@ -1141,6 +1144,7 @@ class Engine:
         if verdict.answer is not None:
             write = attrs.evolve(
                 write,
+                sets_answer=True,
                 response_status=200,
                 response_headers=(("content-type", "application/json"),),
                 response_body=verdict.answer,
@@ -1310,6 +1314,22 @@ class Engine:
             raise OperationAbandonedError(
                 f"operation was abandoned ({operation.reason}); it is never sent again: check "
                 "whether it arrived, and use a new operation_id to send it once more",
+                **ids,
+            )
+        if operation.response_status is None and operation.status == "succeeded":
+            raise NoStoredAnswerError(
+                f"operation succeeded ({operation.reason}), but no answer of the server is "
+                "stored, so there is no response to return; it is never sent again: look the "
+                "object up on the server",
+                **ids,
+            )
+        if operation.response_status is None and (operation.reason or "").startswith(
+            SETTLED_REASONS
+        ):
+            # Settled failed by an operator or a reconciler, not by an answer.
+            raise RequestNotSentError(
+                f"operation was settled failed ({operation.reason}); it is never sent again: "
+                "send it under a new operation_id (or `idempotently fork` it)",
                 **ids,
             )
         if operation.response_status is None:

@@ -238,7 +238,9 @@ def plan(
                 "operation is never settled again (to send it once more, fork a failed one)"
             )
         reason = f"settled {status} by {actor}{said}"
-        write = act(status, reason, {})
+        # The answer that left it undecided (a replayed 500) is not the answer of what
+        # the operator settled: a call again must not return it as a success's.
+        write = act(status, reason, {}, sets_answer=True)
         return Plan(
             action,
             operation,
@@ -304,7 +306,7 @@ def plan(
         if settles
         else operation.reason
     )
-    write = act("failed", kept, {"fork": fork.operation_id}, fork=fork)
+    write = act("failed", kept, {"fork": fork.operation_id}, fork=fork, sets_answer=settles)
     summary = (
         f"fork {operation.operation_id} as {fork.operation_id} (new key {fork.key}, the same "
         "request bytes, pending)"
@@ -315,8 +317,14 @@ def plan(
 
 
 def _after(operation: Operation, status: Status, reason: str | None, now: float) -> Operation:
+    cleared = (
+        {"response_status": None, "response_headers": None, "response_body": None}
+        if status in ("succeeded", "failed")
+        else {}
+    )
     return attrs.evolve(
         operation,
+        **cleared,  # type: ignore[arg-type]
         status=status,
         reason=reason,
         updated_at=now,

@@ -1110,7 +1110,7 @@ class PostgresStore:
     def _act_parameters(self, write: Act) -> dict[str, Any]:
         self._require_v2("an operator action")
         fork = write.fork
-        responds = write.response_status is not None
+        responds = write.sets_answer
         return {
             "operation_id": write.operation_id,
             "expect_status": write.expect_status,

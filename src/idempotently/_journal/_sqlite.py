@@ -1146,7 +1146,7 @@ class SqliteStore:
             ).fetchone()
         ):
             return False
-        responds = write.response_status is not None
+        responds = write.sets_answer
         cursor = conn.execute(
             """
             UPDATE operations SET status = ?, reason = ?, updated_at = ?,
