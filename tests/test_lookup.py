@@ -202,13 +202,14 @@ def test_a_failed_lookup_changes_nothing_and_backs_off(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("entry", ["resume", "reconcile"])
 async def test_an_async_session_reconciles_with_a_lookup(
-    tmp_path: Any, idempotently_mock_server: MockServer
+    journal_target: str, idempotently_mock_server: MockServer, entry: str
 ) -> None:
-    """AsyncSession.resume(reconciler=Lookup(...)) looks the operation up through the
-    async client and settles it, on asyncio and trio."""
+    """AsyncSession.resume(reconciler=Lookup(...)) and AsyncSession.reconcile look the
+    operation up through the async client and settle it, on asyncio and trio."""
     server = idempotently_mock_server
-    path = tmp_path / "journal.db"
+    path = journal_target
     with idempotently.Session(
         path, base_url=server.url, headers=AUTH, profile=CARRYING, sleep=lambda s: None
     ) as session:
@@ -216,9 +217,11 @@ async def test_an_async_session_reconciles_with_a_lookup(
     async with idempotently.AsyncSession(
         path, base_url=server.url, headers=AUTH, sleep=_no_sleep
     ) as asession:
-        results = await asession.resume(
-            reconciler=Lookup("/v1/charges", params={"metadata[operation_id]": "{operation_id}"})
-        )
+        lookup = Lookup("/v1/charges", params={"metadata[operation_id]": "{operation_id}"})
+        if entry == "resume":
+            results = await asession.resume(reconciler=lookup)
+        else:
+            results = await asession.reconcile(lookup)
         operation = asession.journal.operation("order-1")
     assert [("order-1", "reconciled")] == [(r.operation_id, r.action) for r in results]
     assert operation is not None and "succeeded" == operation.status
