@@ -266,3 +266,43 @@ def test_the_profile_carries_the_operation_id_into_json_and_form_bodies(
     assert {"amount": 1, "metadata": {"order": "42"}} == caller
     with pytest.raises(ValueError, match="field names"):
         attrs.evolve(profiles.GENERIC, operation_id_field="metadata..id")
+
+
+def test_templates_are_url_encoded_into_the_url_and_params(tmp_path: Any) -> None:
+    """{operation_id} and {key} are substituted URL-encoded into the path and, as values,
+    into the parameters; a path is relative to the client's base URL, or without one to
+    the operation's own origin."""
+    with Journal(tmp_path / "journal.db") as journal:
+        operation = make(journal, "order 42/charge?", "needs_reconcile")
+    lookup = Lookup("/v1/orders/{operation_id}", params={"key": "{key}", "q": "id:{operation_id}"})
+    with httpx.Client(base_url="https://api.example.test/base") as based:
+        request = lookup.request(operation, based)
+    with httpx.Client() as bare:
+        relative = lookup.request(operation, bare)
+    assert "/base/v1/orders/order%2042%2Fcharge%3F" == request.url.raw_path.decode().split("?")[0]
+    assert {"key": operation.key, "q": "id:order 42/charge?"} == dict(request.url.params)
+    assert ("api.example.test", "/v1/orders/order%2042%2Fcharge%3F") == (
+        relative.url.host,
+        relative.url.raw_path.decode().split("?")[0],
+    )
+
+
+def test_a_found_function_of_your_own_picks_the_object(
+    session: idempotently.Session, idempotently_mock_server: MockServer
+) -> None:
+    """found(response) returning the object settles it; returning None is absence."""
+    charged_but_unsettled(session, idempotently_mock_server, "order-1")
+
+    def nothing(response: httpx.Response) -> None:
+        return None
+
+    def first(response: httpx.Response) -> Any:
+        return response.json()["data"][0]
+
+    (absent,) = session.reconcile(Lookup("/v1/charges", found=nothing, backoff=0))
+    (found,) = session.reconcile(Lookup("/v1/charges", found=first))
+    assert ("needs_reconcile", "absent from the lookup; absent='keep' leaves it to you") == (
+        absent.status,
+        absent.detail,
+    )
+    assert ("reconciled", "succeeded") == (found.action, found.status)

@@ -920,7 +920,9 @@ def reconcile_command(
     headers: dict[str, str],
     as_json: bool,
 ) -> None:
-    """Settle needs_reconcile operations by looking each one up on the server.
+    """Settle needs_reconcile operations by looking them up.
+
+    Looks each one up on the server.
 
     One GET per operation (credentials from --header-env, nothing journaled).
     Exactly one object carrying the operation's id settles it succeeded, the
@@ -1125,7 +1127,7 @@ def settle_command(
     dry_run: bool,
     output_format: str,
 ) -> None:
-    """Record what really happened to an operation the journal cannot decide.
+    """Record what happened to an operation the journal cannot decide.
 
     For a pending, needs_reconcile or abandoned operation, once you have looked
     it up: --succeeded (it took effect) or --failed (it provably did not). The
@@ -1158,7 +1160,10 @@ def abandon_command(
     dry_run: bool,
     output_format: str,
 ) -> None:
-    """Give up a pending or needs_reconcile operation: it is never sent again."""
+    """Give up a pending or needs_reconcile operation for good.
+
+    It is never sent again; the audit trail keeps who, when and --note.
+    """
     run_action(
         journal,
         "abandon",
@@ -1182,7 +1187,9 @@ def retry_command(
     dry_run: bool,
     output_format: str,
 ) -> None:
-    """Make a pending operation due now (its wait and lookup backoff cleared).
+    """Make a pending operation due now, its wait cleared.
+
+    Its not_before and lookup backoff are cleared.
 
     The next resume sends it with its own key. Never revives a key past its
     lifetime: fork such an operation instead.
@@ -1210,7 +1217,9 @@ def fork_command(
     dry_run: bool,
     output_format: str,
 ) -> None:
-    """Send a failed, abandoned or needs_reconcile operation once more, under a new key.
+    """Send a failed or abandoned operation again, under a new key.
+
+    For a failed, abandoned or needs_reconcile operation.
 
     Makes OPERATION_ID~fork<n>: a new pending operation with the same request
     bytes and a new derived key, linked to this one; the next resume sends it.
