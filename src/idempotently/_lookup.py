@@ -37,6 +37,8 @@ DEFAULT_BACKOFF = 60.0
 MAX_LOOKUP_BYTES = 10 * 1024 * 1024
 """The largest lookup answer read (10 MiB): a list endpoint's page, not a dump."""
 
+_ENCODING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
 Found = Callable[[httpx.Response], Any]
 """``found(response)``: the object the answer holds for the operation, or None."""
 
@@ -146,7 +148,7 @@ class Lookup:
                 body = _read(response.iter_bytes())
             finally:
                 response.close()
-        except (httpx.HTTPError, ValueError) as error:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return self._failed(operation, error)
         return self.judge(operation, response, body)
 
@@ -159,7 +161,7 @@ class Lookup:
                 body = b"".join(chunks)
             finally:
                 await response.aclose()
-        except (httpx.HTTPError, ValueError) as error:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return self._failed(operation, error)
         return self.judge(operation, response, body)
 
@@ -200,7 +202,12 @@ class Lookup:
         if self.found is not None:
             answered = httpx.Response(
                 response.status_code,
-                headers=response.headers,
+                # The body is decoded already: its encoding headers no longer describe it.
+                headers=[
+                    (name, value)
+                    for name, value in response.headers.multi_items()
+                    if name.lower() not in _ENCODING_HEADERS
+                ],
                 content=body,
                 request=response.request,
             )
