@@ -18,6 +18,7 @@ from idempotently._cli_watch import run_watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer
 from tests.test_lookup import CARRYING, charged_but_unsettled
+from tests.test_operator_actions import make
 
 TOKEN = "sekrit_tok"
 PARAM = "metadata[operation_id]={operation_id}"
@@ -170,3 +171,62 @@ def test_a_watch_worker_reconciles_as_it_goes(
         operation = session.journal.operation("order-1")
     assert operation is not None and "succeeded" == operation.status
     assert 1 == summary.actions["reconciled"]
+
+
+def test_a_watch_worker_looks_up_what_it_finds_expired(
+    journal_target: str, idempotently_mock_server: MockServer
+) -> None:
+    """A pending operation whose key expired is claimed by the worker, goes to
+    needs_reconcile without being resent, and is looked up and settled in the same
+    flow; the server charged once (the first time, before the journal lost its answer)."""
+    server = idempotently_mock_server
+    with server.client(token=TOKEN) as client:
+        client.post(
+            "/v1/charges",
+            json={
+                "amount": 1000,
+                "currency": "usd",
+                "customer": "cus_1",
+                "metadata": {"operation_id": "order-9"},
+            },
+            headers={"Idempotency-Key": "the-first-attempt"},
+        )
+    with Journal(journal_target) as journal:
+        make(
+            journal,
+            "order-9",
+            "pending",
+            url=f"{server.url}/v1/charges",
+            created_at=time.time() - 2 * 86400,
+        )
+    stop = threading.Event()
+    with idempotently.Session(
+        journal_target, base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as session:
+
+        def stop_once_settled() -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                operation = session.journal.operation("order-9")
+                if operation is not None and operation.status == "succeeded":
+                    break
+                time.sleep(0.05)
+            stop.set()
+
+        poller = threading.Thread(target=stop_once_settled)
+        poller.start()
+        run_watch(
+            session,
+            interval=0.05,
+            concurrency=1,
+            base_url=None,
+            as_json=True,
+            terminal=False,
+            stop=stop,
+            reconciler=Lookup("/v1/charges"),
+        )
+        poller.join(20)
+        operation = session.journal.operation("order-9")
+    assert operation is not None and "succeeded" == operation.status
+    assert 0 == operation.attempt_count
+    assert 1 == len(server.charges())

@@ -1573,10 +1573,11 @@ class SqliteStore:
         """How many finished operations idle since before ``cutoff`` a fork links to."""
         if self._version < 4:
             return 0
-        # From the forks (few, in their partial index) to their parents.
+        # From the forks (few, in their partial index) to their parents. An operation has
+        # at most one fork (its fork's id is fixed, `<id>~fork<n>`): no DISTINCT, no sort.
         return int(
             self._query(
-                "SELECT count(DISTINCT parent.operation_id) AS n "
+                "SELECT count(*) AS n "
                 "FROM operations AS fork INDEXED BY operations_forks "
                 "CROSS JOIN operations AS parent ON parent.operation_id = fork.forked_from "
                 "WHERE fork.forked_from IS NOT NULL AND "
