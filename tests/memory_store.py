@@ -259,6 +259,10 @@ class MemoryStore:
                 self._new_row(fork, None, 0.0),
                 forked_from=write.operation_id,
                 enqueued_at=write.now,
+                codec=row.codec,
+                secret_params=row.secret_params,
+                credentials_digest=row.credentials_digest,
+                overrides=row.overrides,
             )
         for note in write.audit:
             self._audit(note, write.now)

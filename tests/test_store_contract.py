@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from idempotently._commands import (
@@ -401,3 +402,42 @@ def test_prune_deletes_audit_entries_with_their_operation_and_never_breaks_a_lin
     one(store, Record("op-1~fork1", answer(), NOW + 10, None))
     assert 2 == store.prune(older_than=0, now=NOW + 100) + store.prune(older_than=0, now=NOW + 100)
     assert [] == store.operations()
+
+
+def set_columns(store: Store, operation_id: str, **values: object) -> None:
+    """Write columns no write command of the operator's sets (another feature's)."""
+    if isinstance(store, MemoryStore):
+        store.rows[operation_id] = attrs.evolve(store.rows[operation_id], **values)  # type: ignore[arg-type]
+        return
+    assignments = ", ".join(f"{name} = %s" for name in values)
+    if isinstance(store, SqliteStore):
+        store._conn.execute(
+            f"UPDATE operations SET {assignments.replace('%s', '?')} WHERE operation_id = ?",
+            (*values.values(), operation_id),
+        )
+        return
+    import psycopg
+
+    with psycopg.connect(store._url, autocommit=True) as conn:  # type: ignore[attr-defined]
+        conn.execute(
+            f"UPDATE idempotently.operations SET {assignments} WHERE operation_id = %s",
+            (*values.values(), operation_id),
+        )
+
+
+def test_a_fork_takes_what_describes_its_bytes_from_its_parent(store: Store) -> None:
+    """The same request bytes mean the same encoding: a fork has its parent's codec,
+    redacted parameters, credential binding and overrides."""
+    inherited = {
+        "codec": "fernet",
+        "secret_params": '["api_key"]',
+        "credentials_digest": "scrypt$c2FsdA$ZGlnZXN0",
+        "overrides": '{"timeout": 3.0}',
+    }
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    set_columns(store, "op-1", **inherited)
+    one(store, act(store, "op-1", "failed", fork=new("op-1~fork1", created_at=NOW + 5)))
+    child = store.find("op-1~fork1", None)
+    assert child is not None
+    assert inherited == {name: getattr(child, name) for name in inherited}

@@ -313,7 +313,14 @@ def plan(
     )
     if settles:
         summary += f", and settle {operation.operation_id} failed (it is {current})"
-    return Plan(action, operation, write, _fork_row(fork, operation.operation_id, now), summary)
+    after = attrs.evolve(
+        _fork_row(fork, operation.operation_id, now),
+        codec=operation.codec,
+        secret_params=operation.secret_params,
+        credentials_digest=operation.credentials_digest,
+        overrides=operation.overrides,
+    )
+    return Plan(action, operation, write, after, summary)
 
 
 def _after(operation: Operation, status: Status, reason: str | None, now: float) -> Operation:

@@ -393,12 +393,16 @@ WITH free AS (
     INSERT INTO {SCHEMA}.operations (
         operation_id, key, status, delivery, method, url, request_headers, request_body,
         fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-        lease_owner, lease_until, forked_from, enqueued_at
+        lease_owner, lease_until, forked_from, enqueued_at,
+        codec, secret_params, credentials_digest, overrides
     ) SELECT %(fork_id)s, %(fork_key)s, 'pending', %(fork_delivery)s, %(fork_method)s,
              %(fork_url)s, %(fork_headers)s, %(fork_body)s, %(fork_fingerprint)s,
              %(fork_profile)s, %(fork_key_header)s, %(now)s, %(now)s, %(fork_expires_at)s,
-             NULL, NULL, 0, acted.operation_id, %(now)s
-    FROM acted WHERE %(fork_id)s::text IS NOT NULL
+             NULL, NULL, 0, acted.operation_id, %(now)s,
+             -- The same bytes mean the same encoding: what describes them goes along.
+             parent.codec, parent.secret_params, parent.credentials_digest, parent.overrides
+    FROM acted JOIN {SCHEMA}.operations AS parent ON parent.operation_id = acted.operation_id
+    WHERE %(fork_id)s::text IS NOT NULL
     RETURNING operation_id
 ), audited AS (
     INSERT INTO {SCHEMA}.operation_audit (operation_id, at, actor, action, note, detail)

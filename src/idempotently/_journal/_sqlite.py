@@ -397,6 +397,8 @@ FROM operations WHERE operation_id = ?
 """
 
 
+_INHERITED: Final = "codec, secret_params, credentials_digest, overrides"
+"""What a fork takes from its parent with the request bytes."""
 _STARTS_SENDS: Final = (Insert, TakeLease, RenewLease, ClaimDue)
 """Writes after which the caller may send: refused if the journal's file moved."""
 _ONE_STATEMENT: Final = (Insert, TakeLease, RenewLease, SetStatus, Release, Settle)
@@ -1182,10 +1184,13 @@ class SqliteStore:
             return False
         if fork is not None:
             conn.execute(_INSERT_OPERATION, fork.row("", 0.0))
+            # The same bytes mean the same encoding: the parent's codec, redacted
+            # parameters, credential binding and overrides go with them.
             conn.execute(
-                "UPDATE operations SET lease_owner = NULL, forked_from = ?, enqueued_at = ? "
+                f"UPDATE operations SET lease_owner = NULL, forked_from = ?, enqueued_at = ?, "
+                f"({_INHERITED}) = (SELECT {_INHERITED} FROM operations WHERE operation_id = ?) "
                 "WHERE operation_id = ?",
-                (write.operation_id, write.now, fork.operation_id),
+                (write.operation_id, write.now, write.operation_id, fork.operation_id),
             )
         conn.executemany(
             "INSERT INTO operation_audit (operation_id, at, actor, action, note, detail) "
