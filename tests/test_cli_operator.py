@@ -95,7 +95,7 @@ def test_a_refusal_is_one_line_and_exit_1(journal_target: str) -> None:
     assert 1 == len(refused.output.strip().splitlines())
     assert "cannot settle: it is already succeeded" in refused.output
     assert "'done'" in refused.output
-    assert "other-host:1:abc is sending this operation" in leased.output
+    assert "other-host:1:abc holds this operation's lease" in leased.output
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,9 @@ def test_every_action_is_refused_while_a_live_lease_is_held(journal: Journal) ->
         lambda: journal.abandon("op-1", note="n"),
         lambda: journal.retry_now("op-1"),
     ):
-        with pytest.raises(OperationInProgressError, match="other-host:1:abc is sending"):
+        with pytest.raises(
+            OperationInProgressError, match="other-host:1:abc holds this operation's lease"
+        ):
             run()
     assert [] == journal.audit("op-1")
     after = journal.operation("op-1")

@@ -183,9 +183,10 @@ def plan(
     current = operation.status
     if live_lease(operation, now, lease_alive):
         raise OperationInProgressError(
-            f"refused: {operation.lease_owner} is sending this operation now (lease until "
-            f"{_when(operation.lease_until)}); nothing was written. Let it finish, or if that "
-            "process is gone, try again once its lease has run out",
+            f"refused: {operation.lease_owner} holds this operation's lease until "
+            f"{_when(operation.lease_until)} (a caller sending it, or a resume worker holding "
+            "it back); nothing was written. Let it finish, or try again once the lease has "
+            "run out",
             **ids,
         )
 

@@ -257,7 +257,8 @@ class ServerProfile:
     """Where a named operation's id is added to its JSON or form body before it is
     rendered (a dotted path such as ``metadata.operation_id``; in a form,
     ``metadata[operation_id]``), never overwriting a value the caller set; None adds
-    nothing. A lookup reconciler finds the object by it."""
+    nothing. A lookup reconciler finds the object by it. Session and AsyncSession only:
+    a Transport sends the bytes its SDK rendered, as they are."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
