@@ -392,3 +392,57 @@ def test_a_settled_success_without_an_answer_is_never_called_unsent(journal: Jou
     settled = journal.settle("op-1", "succeeded", note="found it")
     with pytest.raises(idempotently.NoStoredAnswerError, match="never sent again"):
         Engine().stored_response(settled, lambda *parts: None)  # type: ignore[arg-type, return-value]
+
+
+FORKING_CHILD = """
+import sys
+from idempotently import Journal
+
+with Journal(sys.argv[1]) as journal:
+    for number in range(int(sys.argv[2])):
+        journal.fork(f"op-{number}", note="resend", actor="child@ops")
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_forking_leaves_no_half_fork(journal_target: str) -> None:
+    """SIGKILL a process forking operation after operation: every operation is either
+    settled failed with its fork and both audit entries, or untouched, never in between."""
+    import signal
+    import subprocess
+    import sys
+
+    count = 300
+    with Journal(journal_target) as journal:
+        for number in range(count):
+            make(journal, f"op-{number}")
+    child = subprocess.Popen(
+        [sys.executable, "-c", FORKING_CHILD, journal_target, str(count)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        with Journal(journal_target, readonly=True) as watcher:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and child.poll() is None:
+                if watcher.counts()["failed"] >= 20:
+                    break
+                time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(10)
+    assert -signal.SIGKILL == child.returncode, "the child finished before it was killed"
+    with Journal(journal_target) as journal:
+        forked = 0
+        for number in range(count):
+            parent = journal.operation(f"op-{number}")
+            fork = journal.operation(f"op-{number}~fork1")
+            assert parent is not None
+            parent_entries = [entry.action for entry in journal.audit(f"op-{number}")]
+            if parent.status == "failed":
+                forked += 1
+                assert fork is not None and f"op-{number}" == fork.forked_from
+                assert ["fork"] == parent_entries
+                assert ["forked"] == [e.action for e in journal.audit(fork.operation_id)]
+            else:
+                assert ("needs_reconcile", None, []) == (parent.status, fork, parent_entries)
+    assert 20 <= forked < count
