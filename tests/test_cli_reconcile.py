@@ -230,3 +230,24 @@ def test_a_watch_worker_looks_up_what_it_finds_expired(
     assert operation is not None and "succeeded" == operation.status
     assert 0 == operation.attempt_count
     assert 1 == len(server.charges())
+
+
+def test_reconcile_shows_a_progress_bar_on_a_terminal(
+    journal_target: str, idempotently_mock_server: MockServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal the progress bar runs on stderr; the results go to stdout."""
+    from idempotently import cli as cli_module
+
+    unsettled(journal_target, idempotently_mock_server, "order-1")
+    monkeypatch.setattr(cli_module, "stderr_is_terminal", lambda: True)
+    result = run(
+        journal_target,
+        "reconcile",
+        "--lookup",
+        "/v1/charges",
+        "--header-env",
+        "Authorization=LOOKUP_TOKEN",
+    )
+    assert 0 == result.exit_code, result.output
+    assert "reconciling" in result.stderr
+    assert "order-1" in result.stdout and "reconciling" not in result.stdout

@@ -186,7 +186,8 @@ def json_text(value: object) -> str:
 
 RECONCILE_HINT = (
     "it will not be resent: look the object up on the server and settle it with "
-    "Session.resume(reconciler=...)"
+    "Session.resume(reconciler=...) (idempotently.Lookup looks it up for you), or "
+    "`idempotently reconcile --lookup URL`, or by hand with `idempotently settle` or `fork`"
 )
 ABANDON_HINT = "check whether it arrived; a new operation_id sends it once more"
 
@@ -1307,7 +1308,8 @@ class Engine:
         if operation.status == "needs_reconcile":
             raise NeedsReconcileError(
                 f"operation needs reconciling ({operation.reason}); it is never resent: look "
-                "it up on the server and settle it with Session.resume(reconciler=...), see "
+                "it up on the server and settle it with Session.resume(reconciler=...) or "
+                "`idempotently reconcile --lookup URL` (or `idempotently settle`), see "
                 f"`idempotently show {operation.operation_id}`",
                 **ids,
             )
