@@ -142,6 +142,9 @@ def fork_operation(operation: Operation, namespace: uuid.UUID, now: float) -> Ne
         key_expires_at=now + profile.key_lifetime,
         # The operator's word overrides the old deadline (which has often passed).
         deadline_at=None,
+        # Journaled as not yet sent: never "maybe delivered" before its first send, and
+        # its key's lifetime starts with that send.
+        enqueued_at=now,
     )
 
 
