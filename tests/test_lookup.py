@@ -306,3 +306,17 @@ def test_a_found_function_of_your_own_picks_the_object(
         absent.detail,
     )
     assert ("reconciled", "succeeded") == (found.action, found.status)
+
+
+def test_an_enqueued_operation_carries_its_id_as_a_call_would(tmp_path: Any) -> None:
+    """enqueue renders the request as post would: the profile's operation_id_field is in
+    the journaled body."""
+    with idempotently.Session(
+        tmp_path / "journal.db", base_url="https://api.example.test", profile=CARRYING
+    ) as session:
+        operation = session.enqueue(
+            "POST", "/v1/charges", json={"amount": 1}, operation_id="order-q"
+        )
+    assert {"amount": 1, "metadata": {"operation_id": "order-q"}} == json.loads(
+        operation.request_body
+    )

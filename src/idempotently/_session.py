@@ -307,6 +307,13 @@ class _SessionBase(Generic[ClientT]):
             delivery="exactly_once",
             deadline_at=deadline_at,
         )
+        # As request() does: the id the profile carries into the body, for a lookup.
+        parts["json"], parts["data"] = carry_operation_id(
+            self.profile.operation_id_field,
+            str(operation_id),
+            json=parts.get("json"),
+            data=parts.get("data"),
+        )
         return self.client.build_request(method, url, **parts)
 
     def __repr__(self) -> str:
