@@ -12,11 +12,13 @@ from typing import Any
 import attrs
 
 from idempotently._commands import (
+    Act,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Find,
     Insert,
+    LookUpLater,
     Queue,
     Record,
     Release,
@@ -26,7 +28,15 @@ from idempotently._commands import (
     TakeLease,
     Write,
 )
-from idempotently._rows import Attempt, Durability, Failed, JournalStats, Operation
+from idempotently._rows import (
+    Attempt,
+    AuditEntry,
+    Durability,
+    Failed,
+    JournalStats,
+    NewOperation,
+    Operation,
+)
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
 
 
@@ -38,6 +48,7 @@ class MemoryStore:
         self.durability: Durability = durability
         self.readonly = False
         self.rows: dict[str, Operation] = {}
+        self.audit_entries: list[AuditEntry] = []
         self.commits: list[tuple[int, bool]] = []
         self._lock = threading.Lock()
         self._namespace = uuid.uuid4()
@@ -62,11 +73,12 @@ class MemoryStore:
             self.commits.append((len(writes), durable))
             results: list[Any] = []
             for write in writes:
-                saved = dict(self.rows)
+                saved, audited = dict(self.rows), list(self.audit_entries)
                 try:
                     results.append(self._apply(write))
                 except Exception as error:
-                    self.rows = saved  # the write's savepoint, rolled back
+                    # The write's savepoint, rolled back.
+                    self.rows, self.audit_entries = saved, audited
                     results.append(Failed(error))
             return results
 
@@ -206,7 +218,117 @@ class MemoryStore:
                     updated_at=write.now,
                 )
             return [self.rows[row.operation_id] for row in due]
+        if isinstance(write, Act):
+            return self._act(write)
+        if isinstance(write, LookUpLater):
+            row = self.rows.get(write.operation_id)
+            if row is None or row.status != "needs_reconcile":
+                return False
+            self._set(row, lookup_after=write.lookup_after)
+            self._audit(write.audit, write.now)
+            return True
         raise TypeError(f"not a journal write: {write!r}")
+
+    # -- the operator's journal --------------------------------------------------------
+
+    def _act(self, write: Act) -> bool:
+        row = self.rows.get(write.operation_id)
+        fork = write.fork
+        if (
+            row is None
+            or (row.status, row.lease_owner, row.lease_until, row.updated_at)
+            != (
+                write.expect_status,
+                write.expect_lease_owner,
+                write.expect_lease_until,
+                write.expect_updated_at,
+            )
+            or (
+                fork is not None
+                and (
+                    fork.operation_id in self.rows
+                    or any(other.key == fork.key for other in self.rows.values())
+                )
+            )
+        ):
+            return False
+        changes: dict[str, Any] = {
+            "status": write.status,
+            "reason": write.reason,
+            "updated_at": write.now,
+            "lease_owner": None,
+            "lease_until": 0.0,
+        }
+        if write.due_now:
+            changes.update(not_before=None, lookup_after=None)
+        if write.sets_answer:
+            changes.update(
+                response_status=write.response_status,
+                response_headers=None
+                if write.response_headers is None
+                else tuple(write.response_headers),
+                response_body=write.response_body,
+            )
+        self._set(row, **changes)
+        if fork is not None:
+            self.rows[fork.operation_id] = attrs.evolve(
+                self._new_row(fork, None, 0.0),
+                forked_from=write.operation_id,
+                enqueued_at=write.now,
+                codec=row.codec,
+                secret_params=row.secret_params,
+                credentials_digest=row.credentials_digest,
+                overrides=row.overrides,
+            )
+        for note in write.audit:
+            self._audit(note, write.now)
+        return True
+
+    @staticmethod
+    def _new_row(new: NewOperation, owner: str | None, lease_until: float) -> Operation:
+        return Operation(
+            operation_id=new.operation_id,
+            key=new.key,
+            status="pending",
+            delivery=new.delivery,
+            method=new.method,
+            url=new.url,
+            request_headers=tuple(new.request_headers),
+            request_body=new.request_body,
+            fingerprint=new.fingerprint,
+            profile=new.profile,
+            key_header=new.key_header,
+            created_at=new.created_at,
+            updated_at=new.created_at,
+            key_expires_at=new.key_expires_at,
+            deadline_at=new.deadline_at,
+            not_before=None,
+            lease_owner=owner,
+            lease_until=lease_until,
+            attempt_count=0,
+            last_status_code=None,
+            response_status=None,
+            response_headers=None,
+            response_body=None,
+            reason=None,
+        )
+
+    def _audit(self, note: Any, now: float) -> None:
+        self.audit_entries.append(
+            AuditEntry(
+                seq=len(self.audit_entries) + 1,
+                operation_id=note.operation_id,
+                at=now,
+                actor=note.actor,
+                action=note.action,
+                note=note.note,
+                detail=note.detail,
+            )
+        )
+
+    def audit(self, operation_id: str) -> list[AuditEntry]:
+        with self._lock:
+            return [entry for entry in self.audit_entries if entry.operation_id == operation_id]
 
     def _set(self, row: Operation, **changes: Any) -> None:
         self.rows[row.operation_id] = attrs.evolve(row, **changes)
@@ -334,12 +456,19 @@ class MemoryStore:
 
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
         with self._lock:
+            linked = {row.forked_from for row in self.rows.values() if row.forked_from}
             doomed = [
                 row.operation_id
                 for row in self.rows.values()
-                if row.status in FINISHED_STATUSES and row.updated_at < now - older_than
+                if row.status in FINISHED_STATUSES
+                and row.updated_at < now - older_than
+                and row.operation_id not in linked  # a fork links to it: kept
             ]
             if not dry_run:
                 for operation_id in doomed:
                     del self.rows[operation_id]
+                gone = set(doomed)
+                self.audit_entries = [
+                    entry for entry in self.audit_entries if entry.operation_id not in gone
+                ]
         return len(doomed)

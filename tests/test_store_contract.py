@@ -11,10 +11,13 @@ import attrs
 import pytest
 
 from idempotently._commands import (
+    Act,
+    AuditNote,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Insert,
+    LookUpLater,
     Record,
     Release,
     RenewLease,
@@ -26,6 +29,7 @@ from idempotently._commands import (
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._rows import AttemptRecord, Failed, NewOperation
+from idempotently._vocabulary import Status
 from tests.memory_store import MemoryStore
 
 NOW = 1_800_000_000.0
@@ -295,3 +299,197 @@ def test_an_inserts_data_at_rest_columns_round_trip(store: Store) -> None:
         assert expected == (found.codec, found.secret_params, found.credentials_digest)
     plain = listed["op-2"]
     assert (None, None, None) == (plain.codec, plain.secret_params, plain.credentials_digest)
+
+
+# -- the operator's journal: actions, lookup backoff, audit entries -----------------------
+
+
+def act(
+    store: Store,
+    operation_id: str,
+    status: Status,
+    *,
+    fork: NewOperation | None = None,
+    due_now: bool = False,
+    response: tuple[int, bytes] | None = None,
+    now: float = NOW + 5,
+) -> Act:
+    """An Act on the operation exactly as the store holds it now."""
+    row = store.find(operation_id, None)
+    assert row is not None
+    notes = [AuditNote(operation_id, "alice@ops", "settle", "checked", '{"to": "x"}')]
+    if fork is not None:
+        notes.append(AuditNote(fork.operation_id, "alice@ops", "forked", "checked", None))
+    return Act(
+        operation_id=operation_id,
+        expect_status=row.status,
+        expect_lease_owner=row.lease_owner,
+        expect_lease_until=row.lease_until,
+        expect_updated_at=row.updated_at,
+        status=status,
+        reason="by alice",
+        now=now,
+        audit=tuple(notes),
+        due_now=due_now,
+        sets_answer=response is not None,
+        response_status=None if response is None else response[0],
+        response_headers=None if response is None else [("content-type", "application/json")],
+        response_body=None if response is None else response[1],
+        fork=fork,
+    )
+
+
+def test_an_act_applies_once_on_the_row_as_read_with_its_audit_entries(store: Store) -> None:
+    """An Act is a compare-and-swap on the row as read: applied once, with its audit
+    entries and stored answer; the same Act again (the row has changed) writes nothing."""
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    write = act(store, "op-1", "succeeded", response=(200, b'{"id": "ch_1"}'))
+    assert True is one(store, write)
+    assert False is one(store, write)
+    settled = store.find("op-1", None)
+    assert settled is not None
+    assert ("succeeded", "by alice", 200, b'{"id": "ch_1"}', NOW + 5) == (
+        settled.status,
+        settled.reason,
+        settled.response_status,
+        settled.response_body,
+        settled.updated_at,
+    )
+    entries = store.audit("op-1")
+    assert [("alice@ops", "settle", "checked", '{"to": "x"}', NOW + 5)] == [
+        (entry.actor, entry.action, entry.note, entry.detail, entry.at) for entry in entries
+    ]
+    assert [] == store.audit("op-2")
+
+
+def test_an_act_is_refused_once_a_lease_is_taken_after_the_read(store: Store) -> None:
+    """A live call that takes the lease between the operator's read and write wins: the
+    Act changes nothing and writes no audit entry."""
+    one(store, Insert(new("op-1"), "old", NOW - 1))
+    write = act(store, "op-1", "abandoned")
+    row = store.find("op-1", None)
+    assert row is not None
+    assert True is one(store, TakeLease(row, "caller", NOW + 60, NOW + 1))
+    assert False is one(store, write)
+    after = store.find("op-1", None)
+    assert after is not None
+    assert ("pending", "caller") == (after.status, after.lease_owner)
+    assert [] == store.audit("op-1")
+
+
+def test_a_fork_is_inserted_linked_and_unleased_with_the_parent_settled(store: Store) -> None:
+    """A forking Act settles the parent and inserts the fork (pending, unleased, linked,
+    enqueued now) in one transaction; a second fork under the same id changes nothing."""
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    fork = new("op-1~fork1", created_at=NOW + 5)
+    assert True is one(store, act(store, "op-1", "failed", fork=fork))
+    again = act(store, "op-1", "failed", fork=fork, now=NOW + 6)
+    assert False is one(store, again)
+    parent, child = store.find("op-1", None), store.find("op-1~fork1", None)
+    assert parent is not None and child is not None
+    assert "failed" == parent.status
+    assert ("pending", None, 0.0, "op-1", NOW + 5, b'{"amount": 1000}', 0) == (
+        child.status,
+        child.lease_owner,
+        child.lease_until,
+        child.forked_from,
+        child.enqueued_at,
+        child.request_body,
+        child.attempt_count,
+    )
+    assert ["forked"] == [entry.action for entry in store.audit("op-1~fork1")]
+    assert ["settle"] == [entry.action for entry in store.audit("op-1")]
+
+
+def test_retry_clears_the_wait_and_the_lookup_backoff(store: Store) -> None:
+    """A due-now Act clears not_before and lookup_after, leaving the status pending."""
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    one(
+        store,
+        Record(
+            "op-1",
+            AttemptRecord(NOW, 0.1, "answered", 429, not_before=NOW + 3600),
+            NOW,
+            "me",
+        ),
+    )
+    assert True is one(store, act(store, "op-1", "pending", due_now=True))
+    row = store.find("op-1", None)
+    assert row is not None
+    assert ("pending", None, None) == (row.status, row.not_before, row.lookup_after)
+
+
+def test_a_lookup_backoff_is_written_only_on_a_needs_reconcile_operation(store: Store) -> None:
+    """LookUpLater sets lookup_after and writes its audit entry only while the operation
+    needs reconciling."""
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    note = AuditNote("op-1", "lookup", "lookup", "absent, within the window", None)
+    assert False is one(store, LookUpLater("op-1", NOW + 60, NOW, note))
+    one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    assert True is one(store, LookUpLater("op-1", NOW + 60, NOW, note))
+    row = store.find("op-1", None)
+    assert row is not None
+    assert NOW + 60 == row.lookup_after
+    assert ["absent, within the window"] == [entry.note for entry in store.audit("op-1")]
+
+
+def test_prune_deletes_audit_entries_with_their_operation_and_never_breaks_a_link(
+    store: Store,
+) -> None:
+    """Prune keeps a finished operation a fork links to, and deletes an operation's audit
+    entries with it; once the fork is gone, the parent goes too."""
+    for name in ("op-1", "op-2"):
+        one(store, Insert(new(name), "me", NOW - 1))
+        one(store, SetStatus(name, "needs_reconcile", "expired", NOW))
+    one(store, act(store, "op-1", "failed", fork=new("op-1~fork1", created_at=NOW + 5)))
+    one(store, act(store, "op-2", "failed"))
+    assert 1 == store.prune(older_than=0, now=NOW + 100, dry_run=True)
+    assert 1 == store.prune(older_than=0, now=NOW + 100)
+    assert None is store.find("op-2", None)
+    assert [] == store.audit("op-2")
+    assert store.find("op-1", None) is not None
+    assert ["settle"] == [entry.action for entry in store.audit("op-1")]
+    one(store, Record("op-1~fork1", answer(), NOW + 10, None))
+    assert 2 == store.prune(older_than=0, now=NOW + 100) + store.prune(older_than=0, now=NOW + 100)
+    assert [] == store.operations()
+
+
+def set_columns(store: Store, operation_id: str, **values: object) -> None:
+    """Write columns no write command of the operator's sets (another feature's)."""
+    if isinstance(store, MemoryStore):
+        store.rows[operation_id] = attrs.evolve(store.rows[operation_id], **values)  # type: ignore[arg-type]
+        return
+    assignments = ", ".join(f"{name} = %s" for name in values)
+    if isinstance(store, SqliteStore):
+        store._conn.execute(
+            f"UPDATE operations SET {assignments.replace('%s', '?')} WHERE operation_id = ?",
+            (*values.values(), operation_id),
+        )
+        return
+    import psycopg
+
+    with psycopg.connect(store._url, autocommit=True) as conn:  # type: ignore[attr-defined]
+        conn.execute(
+            f"UPDATE idempotently.operations SET {assignments} WHERE operation_id = %s",
+            (*values.values(), operation_id),
+        )
+
+
+def test_a_fork_takes_what_describes_its_bytes_from_its_parent(store: Store) -> None:
+    """The same request bytes mean the same encoding: a fork has its parent's codec,
+    redacted parameters, credential binding and overrides."""
+    inherited = {
+        "codec": "fernet",
+        "secret_params": '["api_key"]',
+        "credentials_digest": "scrypt$c2FsdA$ZGlnZXN0",
+        "overrides": '{"timeout": 3.0}',
+    }
+    one(store, Insert(new("op-1"), "me", NOW - 1))
+    one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    set_columns(store, "op-1", **inherited)
+    one(store, act(store, "op-1", "failed", fork=new("op-1~fork1", created_at=NOW + 5)))
+    child = store.find("op-1~fork1", None)
+    assert child is not None
+    assert inherited == {name: getattr(child, name) for name in inherited}

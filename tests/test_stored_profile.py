@@ -142,6 +142,7 @@ CHANGES: dict[str, Any] = {
     "replay_headers": ("X-Replayed",),
     "retry_hint_headers": ("X-Retry",),
     "key_bound_to_credentials": True,
+    "operation_id_field": "metadata.operation_id",
 }
 
 

@@ -30,15 +30,18 @@ from idempotently._exceptions import (
     JournalWriteError,
     KeyReuseError,
     NeedsReconcileError,
+    NoStoredAnswerError,
     OperationAbandonedError,
     OperationInProgressError,
     OperationPendingError,
+    OperatorActionError,
     RequestNotSentError,
     RetryLaterError,
     StoredProfileError,
 )
 from idempotently._flow import Receipt, ResumeResult, Settlement
-from idempotently._journal import Attempt, Journal, JournalStats, Operation
+from idempotently._journal import Attempt, AuditEntry, Journal, JournalStats, Operation
+from idempotently._lookup import Lookup
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
@@ -51,6 +54,7 @@ __all__ = [
     "AsyncTransport",
     "Attempt",
     "AttemptFinished",
+    "AuditEntry",
     "Codec",
     "CodecError",
     "CredentialsMismatchError",
@@ -67,13 +71,16 @@ __all__ = [
     "JournalVersionError",
     "JournalWriteError",
     "KeyReuseError",
+    "Lookup",
     "NeedsReconcileError",
+    "NoStoredAnswerError",
     "Operation",
     "OperationAbandonedError",
     "OperationFinished",
     "OperationInProgressError",
     "OperationPendingError",
     "OperationStarted",
+    "OperatorActionError",
     "Receipt",
     "RequestNotSentError",
     "ResumeResult",

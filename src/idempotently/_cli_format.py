@@ -24,7 +24,7 @@ from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
-from idempotently._rows import Attempt, JournalStats, Operation
+from idempotently._rows import Attempt, AuditEntry, JournalStats, Operation
 
 # The journal never stores these; a CLI that prints headers still refuses to,
 # in case a journal was written by something else or a newer redaction list.
@@ -610,3 +610,50 @@ def stats_prometheus(stats: JournalStats, path: str) -> str:
         lines += [f"# HELP {full} {help_text}", f"# TYPE {full} gauge"]
         lines += [f"{full}{{{labels}}} {_sample(value)}" for labels, value in samples]
     return "\n".join(lines) + "\n"
+
+
+# -- the operator's journal: links and audit entries ------------------------------------
+
+
+def operator_json(operation: Operation, entries: Sequence[AuditEntry]) -> dict[str, Any]:
+    """What ``show --json`` adds for the operator's journal: links and audit entries."""
+    return {
+        "forked_from": operation.forked_from,
+        "forks": [
+            entry_detail(entry)["fork"] for entry in entries if "fork" in entry_detail(entry)
+        ],
+        "lookup_after": iso(operation.lookup_after),
+        "audit": [{**entry.to_json(), "at": iso(entry.at)} for entry in entries],
+    }
+
+
+def entry_detail(entry: AuditEntry) -> dict[str, Any]:
+    detail = entry.to_json()["detail"]
+    return detail if isinstance(detail, dict) else {}
+
+
+def operator_lines(operation: Operation, entries: Sequence[AuditEntry], now: float) -> list[str]:
+    """What ``show`` adds for people: links, the lookup backoff, the audit trail."""
+    out: list[str] = []
+    if operation.forked_from is not None:
+        out.append(f"forked from  {operation.forked_from}")
+    for entry in entries:
+        fork = entry_detail(entry).get("fork")
+        if isinstance(fork, str):
+            out.append(f"forked as    {fork}")
+    if operation.lookup_after is not None and operation.status == "needs_reconcile":
+        out.append(f"next lookup  {when(operation.lookup_after, now)}")
+    out += ["", "audit"]
+    if not entries:
+        return [*out, "  (no operator action or lookup recorded)"]
+    for entry in entries:
+        detail = entry_detail(entry)
+        change = (
+            f" ({detail['from']} -> {detail['to']})"
+            if "from" in detail and detail.get("from") != detail.get("to")
+            else ""
+        )
+        out.append(f"  {utc(entry.at)}  {entry.actor}  {entry.action}{change}")
+        if entry.note:
+            out.append(f"    {entry.note}")
+    return out

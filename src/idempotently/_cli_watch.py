@@ -35,6 +35,7 @@ import click
 from idempotently import _early_signals
 from idempotently._cli_format import printable, shorten
 from idempotently._flow import ResumeResult
+from idempotently._lookup import Lookup
 from idempotently._session import Session
 from idempotently._watch import WatchSummary, watch
 
@@ -203,8 +204,10 @@ def run_watch(
     as_json: bool,
     terminal: bool,
     stop: threading.Event | None = None,
+    reconciler: Lookup | None = None,
 ) -> WatchSummary:
-    """`resume --watch`: resume due operations until SIGTERM/SIGINT."""
+    """`resume --watch`: resume due operations until SIGTERM/SIGINT (and, with a
+    ``reconciler``, reconcile needs_reconcile operations as it goes)."""
     stop = stop or threading.Event()
     journal = session.journal
     engine = session._engine
@@ -234,6 +237,9 @@ def run_watch(
             on_result=on_result,
             pending_left=lambda: journal.counts()["pending"],
             before_stopped=lambda: announced.wait(1.0),
+            reconcile=None
+            if reconciler is None
+            else lambda operation: reconciler(operation, session.client),
         )
 
 

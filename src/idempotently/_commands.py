@@ -158,6 +158,63 @@ class ClaimDue:
     limit: int
 
 
+# -- the operator's journal: operator actions and lookup verdicts --------------------
+
+
+@attrs.frozen
+class AuditNote:
+    """An audit entry written with the change it records (``_rows.AuditEntry``)."""
+
+    operation_id: str
+    actor: str
+    action: str
+    note: str | None
+    detail: str | None
+
+
+@attrs.frozen
+class Act:
+    """An operator's action (or a lookup's verdict) on one operation, with its audit
+    entries and, for a fork, the new operation, all in one transaction.
+
+    A compare-and-swap on the row as read (status, lease, ``updated_at``): it applies
+    only if nobody changed the operation since, so two operators, or an operator and a
+    live call taking the lease, never both win. Replies True if applied; False, with
+    nothing written, if the operation changed or the fork's id or key is taken."""
+
+    operation_id: str
+    expect_status: Status
+    expect_lease_owner: str | None
+    expect_lease_until: float
+    expect_updated_at: float
+    status: Status
+    reason: str | None
+    now: float
+    audit: tuple[AuditNote, ...]
+    due_now: bool = False
+    """Retry: clear ``not_before`` and ``lookup_after``, so it is due at once."""
+    sets_answer: bool = False
+    """Replace the stored answer with ``response_*`` (all None: no answer stored). An
+    operator's settle clears the answer that led to needs_reconcile (a replayed 500 is
+    not the answer of a success); a lookup stores the object it found."""
+    response_status: int | None = None
+    response_headers: Sequence[tuple[str, str]] | None = None
+    response_body: bytes | None = None
+    fork: NewOperation | None = None
+    """A new pending operation, unleased, ``forked_from`` this one."""
+
+
+@attrs.frozen
+class LookUpLater:
+    """A lookup that settled nothing: its note in the audit trail, and no lookup of the
+    operation before ``lookup_after``; only while it is needs_reconcile."""
+
+    operation_id: str
+    lookup_after: float
+    now: float
+    audit: AuditNote
+
+
 Write = (
     Insert
     | Enqueue
@@ -169,6 +226,8 @@ Write = (
     | RenewLease
     | ExtendLeases
     | ClaimDue
+    | Act
+    | LookUpLater
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
 Read = Find | Queue
@@ -184,6 +243,8 @@ WRITES: tuple[type, ...] = (
     RenewLease,
     ExtendLeases,
     ClaimDue,
+    Act,
+    LookUpLater,
 )
 
 # -- commands for the driver ------------------------------------------------------------------

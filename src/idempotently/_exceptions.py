@@ -17,6 +17,8 @@
     │   └── CredentialsMismatchError  the key is bound to other credentials
     ├── NeedsReconcileError           only a human or a reconciler can decide
     ├── StoredProfileError            the profile it was journaled under cannot be used
+    ├── OperatorActionError (ValueError)  an operator action that makes no sense now
+    ├── NoStoredAnswerError           settled succeeded, but no answer of the server kept
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
 
 Transport errors from httpx come through as the ``__cause__`` of an
@@ -201,3 +203,18 @@ class StoredProfileError(IdempotentlyError):
     ) -> None:
         super().__init__(message, operation_id=operation_id, key=key)
         self.kind = kind
+
+
+class OperatorActionError(IdempotentlyError, ValueError):
+    """An operator action (settle, abandon, retry, fork) refused: the operation does not
+    exist, its state makes the action senseless (settling a completed operation, forking
+    a pending one), or another operator changed it first. Nothing was written.
+
+    A live lease held by a caller sending it is an :class:`OperationInProgressError`.
+    """
+
+
+class NoStoredAnswerError(IdempotentlyError):
+    """The operation was settled ``succeeded`` by an operator or a reconciler without the
+    server's answer: it took effect and is never sent again, but there is no response to
+    return. Look the object up on the server (its id is the operation id)."""

@@ -28,6 +28,7 @@ import httpx
 
 from idempotently._codec import Codec, encoded
 from idempotently._commands import (
+    AuditNote,
     Command,
     DigestCredentials,
     Emit,
@@ -35,6 +36,7 @@ from idempotently._commands import (
     Find,
     Insert,
     Lease,
+    LookUpLater,
     Queue,
     Reconcile,
     Record,
@@ -76,6 +78,7 @@ from idempotently._exceptions import (
     IdempotentlyError,
     KeyReuseError,
     NeedsReconcileError,
+    NoStoredAnswerError,
     OperationAbandonedError,
     OperationInProgressError,
     OperationPendingError,
@@ -101,6 +104,8 @@ from idempotently._keys import (
     secret_values,
     stored_header,
 )
+from idempotently._lookup import Verdict
+from idempotently._operator import plan as plan_action
 from idempotently._policy import (
     Answer,
     CallState,
@@ -190,9 +195,22 @@ def default_host_id() -> str:
 
 _HOST = socket.gethostname().replace(":", "_")[:MAX_HOST_ID_LENGTH] or "localhost"
 
+SETTLED_REASONS = ("settled ", "reconciled: ")
+"""How the reason of an operation an operator or a reconciler settled begins."""
+LOOKUP_ACTOR = "lookup"
+"""The actor of the lookup reconciler's audit entries."""
+
+
+def json_text(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
 RECONCILE_HINT = (
     "it will not be resent: look the object up on the server and settle it with "
-    "Session.resume(reconciler=...)"
+    "Session.resume(reconciler=...) (idempotently.Lookup looks it up for you), or "
+    "`idempotently reconcile --lookup URL`, or by hand with `idempotently settle` or `fork`"
 )
 ABANDON_HINT = "check whether it arrived; a new operation_id sends it once more"
 
@@ -1247,27 +1265,109 @@ class Engine:
         else:
             result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
             if reconciling and result.status == "needs_reconcile":
-                current = (yield Find(operation.operation_id, None)) or operation
-                if current.unreadable is not None:
-                    # Its answer could not be stored encoded, nor its request read.
-                    result = ResumeResult.of(
-                        current,
-                        current.status,
-                        "skipped",
-                        f"not reconciled: {current.unreadable}",
-                    )
-                    yield Report(result)
-                    return result
-                settlement = yield Reconcile(current)
-                if settlement is not None and not isinstance(settlement, Settlement):
-                    raise TypeError(
-                        f"the reconciler must return an idempotently.Settlement or None, not "
-                        f"{type(settlement).__name__} (for operation {current.operation_id!r})"
-                    )
-                if settlement is not None:
-                    result = yield from self._settle(current, settlement)
+                result = yield from self.reconcile_one(operation, result)
         yield Report(result)
         return result
+
+    def reconcile_one(self, operation: Operation, result: ResumeResult) -> Flow[ResumeResult]:
+        """Hand a needs_reconcile operation to the reconciler (unless a lookup's backoff
+        is still running) and journal its verdict; ``result`` if it decides nothing."""
+        current = (yield Find(operation.operation_id, None)) or operation
+        if current.status != "needs_reconcile":
+            return ResumeResult.of(current, current.status, "skipped", current.reason)
+        if current.unreadable is not None:
+            # Without its request no answer can be stored encoded, nor a fork made.
+            return ResumeResult.of(
+                current, current.status, "skipped", f"not reconciled: {current.unreadable}"
+            )
+        if current.lookup_after is not None and current.lookup_after > self.clock():
+            return ResumeResult.of(
+                current,
+                "needs_reconcile",
+                "needs_reconcile",
+                f"looked up already; not again before {_iso(current.lookup_after)}",
+            )
+        settlement = yield Reconcile(current)
+        if isinstance(settlement, Verdict):
+            return (yield from self.apply_verdict(current, settlement))
+        if settlement is not None and not isinstance(settlement, Settlement):
+            raise TypeError(
+                f"the reconciler must return an idempotently.Settlement or None, not "
+                f"{type(settlement).__name__} (for operation {current.operation_id!r})"
+            )
+        if settlement is not None:
+            return (yield from self._settle(current, settlement))
+        return result
+
+    def reconcile_queue(self) -> Flow[list[Operation]]:
+        """The needs_reconcile operations, oldest first (what ``reconcile`` works through)."""
+        queue: list[Operation] = yield Queue(("needs_reconcile",))
+        return queue
+
+    def apply_verdict(self, operation: Operation, verdict: Verdict) -> Flow[ResumeResult]:
+        """Journal a lookup's verdict: settled (succeeded, failed, or failed and forked)
+        by one audited compare-and-swap on the row as read, or left needs_reconcile
+        with its note and the lookup's backoff."""
+        now = self.clock()
+        if verdict.outcome == "stay":
+            yield LookUpLater(
+                operation.operation_id,
+                now + verdict.backoff,
+                now,
+                AuditNote(
+                    operation.operation_id,
+                    LOOKUP_ACTOR,
+                    "lookup",
+                    verdict.note,
+                    json_text({"lookup_failed": verdict.lookup_failed}),
+                ),
+            )
+            return ResumeResult.of(operation, "needs_reconcile", "needs_reconcile", verdict.note)
+        try:
+            planned = plan_action(
+                "fork" if verdict.outcome == "resend" else "settle",
+                operation,
+                actor=LOOKUP_ACTOR,
+                note=verdict.note,
+                now=now,
+                lease_alive=operation.lease_owner is not None
+                and lease_owner_alive(operation.lease_owner, self.host_id),
+                namespace=self.namespace,
+                status="succeeded" if verdict.outcome == "found" else "failed",
+                key_expiry_margin=self.key_expiry_margin,
+            )
+        except IdempotentlyError as error:
+            return ResumeResult.of(operation, operation.status, "needs_reconcile", error.message)
+        write = planned.write
+        codec = self._codec_of(operation)
+        if codec is not None and write.fork is not None:
+            # The fork keeps its parent's codec, so its bytes are stored as the parent's
+            # are: encoded (``operation`` was read, and so decoded).
+            write = attrs.evolve(
+                write,
+                fork=attrs.evolve(write.fork, request_body=encoded(codec, write.fork.request_body)),
+            )
+        if verdict.answer is not None:
+            write = attrs.evolve(
+                write,
+                sets_answer=True,
+                response_status=200,
+                response_headers=(("content-type", "application/json"),),
+                response_body=(verdict.answer if codec is None else encoded(codec, verdict.answer)),
+            )
+        if not (yield write):
+            return ResumeResult.of(
+                operation,
+                operation.status,
+                "skipped",
+                "it changed while it was looked up (another worker or an operator); "
+                "nothing was written",
+            )
+        status: Status = "succeeded" if verdict.outcome == "found" else "failed"
+        detail = verdict.note
+        if write.fork is not None:
+            detail += f"; forked as {write.fork.operation_id}, sent by the next resume"
+        return ResumeResult.of(operation, status, "reconciled", detail)
 
     def plan(self, operation: Operation) -> ResumeResult:
         """What resume would do with this operation, without doing it (dry run)."""
@@ -1458,7 +1558,8 @@ class Engine:
         if operation.status == "needs_reconcile":
             raise NeedsReconcileError(
                 f"operation needs reconciling ({operation.reason}); it is never resent: look "
-                "it up on the server and settle it with Session.resume(reconciler=...), see "
+                "it up on the server and settle it with Session.resume(reconciler=...) or "
+                "`idempotently reconcile --lookup URL` (or `idempotently settle`), see "
                 f"`idempotently show {operation.operation_id}`",
                 **ids,
             )
@@ -1466,6 +1567,22 @@ class Engine:
             raise OperationAbandonedError(
                 f"operation was abandoned ({operation.reason}); it is never sent again: check "
                 "whether it arrived, and use a new operation_id to send it once more",
+                **ids,
+            )
+        if operation.response_status is None and operation.status == "succeeded":
+            raise NoStoredAnswerError(
+                f"operation succeeded ({operation.reason}), but no answer of the server is "
+                "stored, so there is no response to return; it is never sent again: look the "
+                "object up on the server",
+                **ids,
+            )
+        if operation.response_status is None and (operation.reason or "").startswith(
+            SETTLED_REASONS
+        ):
+            # Settled failed by an operator or a reconciler, not by an answer.
+            raise RequestNotSentError(
+                f"operation was settled failed ({operation.reason}); it is never sent again: "
+                "send it under a new operation_id (or `idempotently fork` it)",
                 **ids,
             )
         if operation.response_status is None:

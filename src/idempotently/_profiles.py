@@ -135,6 +135,66 @@ def _name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise ValueError(f"name must be 1 to 100 printable characters, not {value!r}")
 
 
+# -- the operation id carried in the request, for a lookup -------------------------------
+
+_FIELD_PART = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def check_operation_id_field(value: object, name: str = "operation_id_field") -> str:
+    """A dotted path of field names (``metadata.operation_id``), or a ValueError."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str such as 'metadata.operation_id', not {value!r}")
+    parts = value.split(".")
+    if len(value) > 200 or not all(_FIELD_PART.fullmatch(part) for part in parts):
+        raise ValueError(
+            f"{name} must be field names (letters, digits, _ and -) joined by dots, such as "
+            f"'metadata.operation_id', not {value[:60]!r}"
+        )
+    return value
+
+
+def _operation_id_field(value: object) -> None:
+    if value is not None:
+        check_operation_id_field(value)
+
+
+def carry_operation_id(
+    field: str | None, operation_id: str | None, *, json: Any, data: Any
+) -> tuple[Any, Any]:
+    """``(json, data)`` with ``operation_id`` added at ``field``: into a JSON object
+    (nested objects made as needed, copied, never the caller's own) or a form mapping
+    (``a[b]``, Stripe's convention). A value already there, a path blocked by a
+    non-object, or another kind of body is left as it is."""
+    if field is None or operation_id is None:
+        return json, data
+    parts = field.split(".")
+    if json is not None:
+        if not isinstance(json, dict):
+            return json, data
+        carried = dict(json)
+        level = carried
+        for part in parts[:-1]:
+            inner = level.get(part)
+            if inner is None:
+                inner = {}
+            elif not isinstance(inner, dict):
+                return json, data  # not an object there: nowhere to put it
+            else:
+                inner = dict(inner)
+            level[part] = inner
+            level = inner
+        if parts[-1] in level:
+            return json, data  # the caller's own value stands
+        level[parts[-1]] = operation_id
+        return carried, data
+    if isinstance(data, dict):
+        name = parts[0] + "".join(f"[{part}]" for part in parts[1:])
+        if name in data:
+            return json, data
+        return json, {**data, name: operation_id}
+    return json, data
+
+
 @attrs.frozen
 class ServerProfile:
     """The server side of the contract, as one API implements it.
@@ -200,6 +260,15 @@ class ServerProfile:
     the redacted headers, secret query parameters; never their values), and is never
     resent under credentials that digest differently: it stays pending until the
     original ones are given."""
+
+    operation_id_field: str | None = attrs.field(
+        default=None, validator=lambda _, attribute, value: _operation_id_field(value)
+    )
+    """Where a named operation's id is added to its JSON or form body before it is
+    rendered (a dotted path such as ``metadata.operation_id``; in a form,
+    ``metadata[operation_id]``), never overwriting a value the caller set; None adds
+    nothing. A lookup reconciler finds the object by it. Session and AsyncSession only:
+    a Transport sends the bytes its SDK rendered, as they are."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 

@@ -7,6 +7,7 @@ values and check every column the same way (:func:`column_problem`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii as _json_str
@@ -405,6 +406,66 @@ class JournalStats:
             "expiring": self.expiring,
             "expiring_within": self.expiring_within,
         }
+
+
+# -- the operator's journal: audit entries ----------------------------------------------
+
+
+@attrs.frozen
+class AuditEntry:
+    """One entry of an operation's audit trail: who did what to it, when, and why.
+
+    Written with the change it records, in the same transaction: an operator's
+    settle, abandon, retry or fork, a lookup reconciler's verdict. Never holds a
+    secret: ``note`` is the operator's own words, ``detail`` JSON of statuses and ids.
+    """
+
+    seq: int
+    """Its place in the journal's audit trail (increasing)."""
+    operation_id: str
+    at: float
+    actor: str
+    """``user@host`` (an operator), or ``lookup`` (the lookup reconciler)."""
+    action: str
+    """``settle``, ``abandon``, ``retry``, ``fork``, ``forked`` (the new operation's
+    entry) or ``lookup``."""
+    note: str | None
+    detail: str | None
+    """JSON: what changed (``{"from": ..., "to": ..., "fork": ...}``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        detail: Any = self.detail
+        if self.detail is not None:
+            with contextlib.suppress(ValueError):  # else shown as the text it is
+                detail = json.loads(self.detail)
+        return {
+            "seq": self.seq,
+            "at": self.at,
+            "actor": self.actor,
+            "action": self.action,
+            "note": self.note,
+            "detail": detail,
+        }
+
+
+def audit_entry_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with an audit row, or None if it can be decoded."""
+    for column, types, nullable in (
+        ("seq", _INT, False),
+        ("operation_id", _TEXT, False),
+        ("at", _REAL, False),
+        ("actor", _TEXT, False),
+        ("action", _TEXT, False),
+        ("note", _TEXT, True),
+        ("detail", _TEXT, True),
+    ):
+        value = row.get(column)
+        if value is None:
+            if not nullable:
+                return f"audit {column} is NULL"
+        elif not isinstance(value, types) or isinstance(value, bool):
+            return f"audit {column} holds {type(value).__name__} {short(value)}"
+    return None
 
 
 class Failed:

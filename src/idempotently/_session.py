@@ -50,15 +50,17 @@ from idempotently._flow import (
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
+from idempotently._lookup import Verdict
 from idempotently._policy import RetryPolicy
-from idempotently._profiles import GENERIC, ServerProfile, journaled_profile
+from idempotently._profiles import GENERIC, ServerProfile, carry_operation_id, journaled_profile
 from idempotently._secret_params import values_in_params
 from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
 JournalArg = str | os.PathLike[str] | Journal
-Reconciler = Callable[[Operation, httpx.Client], "Settlement | None"]
-AsyncReconciler = Callable[[Operation, httpx.AsyncClient], Awaitable["Settlement | None"]]
+Reconciler = Callable[[Operation, httpx.Client], "Settlement | Verdict | None"]
+"""A reconciler: a Settlement (or a :class:`~idempotently.Lookup`'s verdict), or None."""
+AsyncReconciler = Callable[[Operation, httpx.AsyncClient], Awaitable["Settlement | Verdict | None"]]
 OnResult = Callable[[ResumeResult], object]
 
 
@@ -333,6 +335,13 @@ class _SessionBase(Generic[ClientT]):
             delivery="exactly_once",
             deadline_at=deadline_at,
         )
+        # As request() does: the id the profile carries into the body, for a lookup.
+        parts["json"], parts["data"] = carry_operation_id(
+            self.profile.operation_id_field,
+            str(operation_id),
+            json=parts.get("json"),
+            data=parts.get("data"),
+        )
         return self.client.build_request(method, url, **parts)
 
     def __repr__(self) -> str:
@@ -500,6 +509,10 @@ class Session(_SessionBase[httpx.Client]):
             delivery=delivery,
             deadline_at=deadline_at,
         )
+        # A lookup finds the object by the id the profile carries into the body.
+        json, data = carry_operation_id(
+            self.profile.operation_id_field, operation_id, json=json, data=data
+        )
         request = self.client.build_request(
             method,
             url,
@@ -641,6 +654,37 @@ class Session(_SessionBase[httpx.Client]):
             reconcile=None
             if reconciler is None
             else lambda operation: reconciler(operation, client),
+            report=on_result,
+        )
+
+    def reconcile(
+        self,
+        reconciler: Reconciler,
+        *,
+        on_result: OnResult | None = None,
+        concurrency: int = 1,
+    ) -> list[ResumeResult]:
+        """Hand every needs_reconcile operation to ``reconciler`` (a
+        :class:`~idempotently.Lookup`, or your own), oldest first; nothing pending is
+        resent. One result per operation, each also passed to ``on_result``."""
+        check_resume_arguments(
+            base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
+        )
+        queue = run(
+            self._engine.reconcile_queue(),
+            Held(),
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
+        client = self.client
+        return run_each(
+            self._resume_flows(queue, dry_run=False, base_url=None, reconciling=True),
+            self.journal,
+            concurrency=concurrency,
+            send=self._send,
+            sleep=self._sleep,
+            reconcile=lambda operation: reconciler(operation, client),
             report=on_result,
         )
 
@@ -806,6 +850,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             delivery=delivery,
             deadline_at=deadline_at,
         )
+        # A lookup finds the object by the id the profile carries into the body.
+        json, data = carry_operation_id(
+            self.profile.operation_id_field, operation_id, json=json, data=data
+        )
         request = self.client.build_request(
             method,
             url,
@@ -923,11 +971,45 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         if reconciler is not None:
             user_reconciler = reconciler
 
-            async def reconcile(operation: Operation) -> Settlement | None:
+            async def reconcile(operation: Operation) -> Settlement | Verdict | None:
                 return await user_reconciler(operation, client)
 
         return await arun_each(
             self._resume_flows(queue, dry_run=dry_run, base_url=base_url, reconciling=reconciling),
+            self.journal,
+            concurrency=concurrency,
+            send=self._send,
+            sleep=self._sleep,
+            reconcile=reconcile,
+            report=on_result,
+        )
+
+    async def reconcile(
+        self,
+        reconciler: AsyncReconciler,
+        *,
+        on_result: OnResult | None = None,
+        concurrency: int = 1,
+    ) -> list[ResumeResult]:
+        """Hand every needs_reconcile operation to ``reconciler``; see
+        :meth:`Session.reconcile`."""
+        check_resume_arguments(
+            base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
+        )
+        queue = await arun(
+            self._engine.reconcile_queue(),
+            Held(),
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
+        client = self.client
+
+        async def reconcile(operation: Operation) -> Settlement | Verdict | None:
+            return await reconciler(operation, client)
+
+        return await arun_each(
+            self._resume_flows(queue, dry_run=False, base_url=None, reconciling=True),
             self.journal,
             concurrency=concurrency,
             send=self._send,

@@ -97,6 +97,7 @@ def watch(
     monotonic: Callable[[], float] | None = None,
     pending_left: Callable[[], int] | None = None,
     before_stopped: Callable[[], object] | None = None,
+    reconcile: Callable[[Operation], Any] | None = None,
 ) -> WatchSummary:
     """Resume due operations until ``stop`` is set; then release every lease and return.
 
@@ -105,6 +106,9 @@ def watch(
     A journal error ends the worker (after releasing what it can) and is raised.
     ``pending_left`` (how many operations are pending now) is logged with each batch;
     ``before_stopped`` runs before the last log line (the CLI lets its signal notice out).
+    With ``reconcile`` (a reconciler bound to the worker's client), operations that end
+    needs_reconcile are handed to it at once, and each round also hands it the
+    needs_reconcile operations whose lookup backoff has passed.
     """
     tick = monotonic or time.monotonic
     owner = engine.new_owner()
@@ -141,8 +145,14 @@ def watch(
                 limit=concurrency * BATCH_PER_WORKER,
             )
             parked_now.difference_update(operation.operation_id for operation in claimed)
+            reconciled = (
+                0
+                if reconcile is None
+                else _reconcile_due(engine, store, build, reconcile, send, sleep, report, stop)
+            )
             if not claimed:
-                stop.wait(interval)
+                if not reconciled:
+                    stop.wait(interval)
                 continue
             started = tick()
             summary.batches += 1
@@ -169,6 +179,7 @@ def watch(
                 concurrency=concurrency,
                 base_url=base_url,
                 report=report,
+                reconcile=reconcile,
                 heartbeat_add=heartbeat.add,
                 heartbeat_remove=heartbeat.remove,
                 released=summary,
@@ -234,6 +245,7 @@ def _run_batch(
     concurrency: int,
     base_url: str | None,
     report: Callable[[ResumeResult], None],
+    reconcile: Callable[[Operation], Any] | None,
     heartbeat_add: Callable[[Any], None],
     heartbeat_remove: Callable[[Any], None],
     released: WatchSummary,
@@ -267,13 +279,14 @@ def _run_batch(
                         held,
                         dry_run=False,
                         base_url=base_url,
-                        reconciling=False,
+                        reconciling=reconcile is not None,
                         claimed_by=owner,
                     ),
                     held,
                     store,
                     send=send,
                     sleep=sleep,
+                    reconcile=reconcile,
                     report=report,
                 )
             except _Stopping:
@@ -310,6 +323,52 @@ def _run_batch(
     if errors:
         raise errors[0]
     return results
+
+
+RECONCILE_BATCH = 1000
+"""A round looks at most this many needs_reconcile operations, oldest first."""
+
+
+def _reconcile_due(
+    engine: Engine,
+    store: Journal,
+    build: BuildRequest,
+    reconcile: Callable[[Operation], Any],
+    send: Callable[[httpx.Request], httpx.Response],
+    sleep: Callable[[float], None],
+    report: Callable[[ResumeResult], None],
+    stop: threading.Event,
+) -> int:
+    """Hand the needs_reconcile operations whose lookup backoff has passed to the
+    reconciler, one after the other; how many it settled. No lease is needed:
+    each verdict is a compare-and-swap on the row it read, so two workers looking one
+    operation up at once settle it once."""
+    now = engine.clock()
+    due = [
+        operation
+        for operation in store.operations(
+            status="needs_reconcile", newest_first=False, limit=RECONCILE_BATCH
+        )
+        if operation.lookup_after is None or operation.lookup_after <= now
+    ]
+    settled = 0
+    for operation in due:
+        if stop.is_set():
+            break
+        result = run(
+            engine.reconcile_one(
+                operation,
+                ResumeResult.of(operation, operation.status, "needs_reconcile", operation.reason),
+            ),
+            Held(),
+            store,
+            send=send,
+            sleep=sleep,
+            reconcile=reconcile,
+        )
+        report(result)
+        settled += result.action == "reconciled"
+    return settled
 
 
 def _park(engine: Engine, store: Journal, result: ResumeResult, owner: str, seconds: float) -> bool:

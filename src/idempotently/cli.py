@@ -35,6 +35,8 @@ from idempotently._cli_format import (
     operation_json,
     operation_lines,
     operations_table,
+    operator_json,
+    operator_lines,
     plural,
     printable,
     stats_lines,
@@ -51,6 +53,8 @@ from idempotently._flow import (
     check_host_id,
 )
 from idempotently._journal import MAX_LIMIT, Journal, migration_sql
+from idempotently._lookup import ABSENT_CHOICES, DEFAULT_ABSENT_AFTER, DEFAULT_BACKOFF, Lookup
+from idempotently._operator import ActionName
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._session import (
@@ -349,10 +353,12 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
         raise click.ClickException(
             f"no operation or key '{printable(operation_id_or_key)}' in {journal.path}"
         )
+    entries = journal.audit(operation.operation_id)
     if output_format == "json":
-        echo_json(operation_detail_json(operation))
+        echo_json({**operation_detail_json(operation), **operator_json(operation, entries)})
     else:
-        echo_lines(operation_lines(operation, time.time()))
+        now = time.time()
+        echo_lines([*operation_lines(operation, now), "", *operator_lines(operation, entries, now)])
     if operation.unreadable is not None:
         # Printed without its bodies: a script must not take them for empty ones.
         shown = printable(operation.operation_id)
@@ -425,6 +431,124 @@ def stats_command(
 
 
 # -- resume ------------------------------------------------------------------------
+
+
+# The lookup reconciler's options (`reconcile`, `resume --reconcile-lookup`).
+
+
+def params_from_templates(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    """``NAME=TEMPLATE`` pairs: the lookup's query parameters."""
+    params: dict[str, str] = {}
+    for value in values:
+        name, sep, template = value.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(
+                f"{value!r} is not NAME=TEMPLATE (e.g. 'metadata[operation_id]={{operation_id}}')",
+                ctx,
+                param,
+            )
+        params[name] = template
+    return params
+
+
+def lookup_options(*, prefix: str = "") -> Callable[[F], F]:
+    """The lookup's options (``--param``, ``--absent``, ...), for ``reconcile`` and, with
+    ``prefix="reconcile-"``, for ``resume``."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(
+            [
+                click.option(
+                    f"--{prefix}param",
+                    "lookup_params",
+                    multiple=True,
+                    metavar="NAME=TEMPLATE",
+                    callback=params_from_templates,
+                    help="A query parameter of the lookup; {operation_id} and {key} are "
+                    "filled in, URL-encoded. Repeatable.",
+                ),
+                click.option(
+                    f"--{prefix}absent",
+                    "absent",
+                    type=click.Choice(ABSENT_CHOICES),
+                    default="keep",
+                    show_default=True,
+                    help="What a lookup that finds nothing does: keep it needs_reconcile, "
+                    "settle it failed, or settle it failed and fork it (resend under a new "
+                    "key). failed and resend need the request to carry the id and the "
+                    "consistency window to have passed.",
+                ),
+                click.option(
+                    f"--{prefix}absent-after",
+                    "absent_after",
+                    type=DURATION,
+                    default=format_duration(DEFAULT_ABSENT_AFTER),
+                    show_default=True,
+                    metavar="DURATION",
+                    help="The server's consistency window: absence proves nothing until the "
+                    "last attempt that may have been delivered is this old.",
+                ),
+                click.option(
+                    f"--{prefix}match",
+                    "match",
+                    metavar="PATH",
+                    help="Where the objects carry the operation id, a dotted path (default: "
+                    "the profile's operation_id_field, else metadata.operation_id).",
+                ),
+                click.option(
+                    f"--{prefix}backoff",
+                    "backoff",
+                    type=DURATION,
+                    default=format_duration(DEFAULT_BACKOFF),
+                    show_default=True,
+                    metavar="DURATION",
+                    help="An operation a lookup leaves unsettled is not looked up again "
+                    "before this long.",
+                ),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def make_lookup(
+    url: str | None,
+    params: dict[str, str],
+    absent: str,
+    absent_after: float,
+    match: str | None,
+    backoff: float,
+) -> Lookup | None:
+    """The Lookup the options describe (None without a URL), or a usage error."""
+    if url is None:
+        return None
+    if backoff < 1:
+        raise click.BadParameter("must be at least 1s", param_hint="'--backoff'")
+    try:
+        return Lookup(
+            url,
+            params=params or None,
+            absent=absent,  # type: ignore[arg-type]  # click.Choice checked it
+            absent_after=absent_after,
+            match=match,
+            backoff=backoff,
+        )
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(f"the lookup: {error}") from None
+
+
+class _ReconcilingSession:
+    """A session whose resume also reconciles with a Lookup (``resume --reconcile-lookup``)."""
+
+    def __init__(self, session: Session, lookup: Lookup) -> None:
+        self._session, self._lookup = session, lookup
+
+    def resume(self, **options: Any) -> list[ResumeResult]:
+        return self._session.resume(reconciler=self._lookup, **options)
 
 
 def headers_from_env(
@@ -655,6 +779,14 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     metavar="DURATION",
     help="How long a lease outlives a worker that died (live ones renew theirs).",
 )
+@click.option(
+    "--reconcile-lookup",
+    "reconcile_lookup",
+    metavar="URL",
+    help="Also reconcile needs_reconcile operations by looking each one up at URL "
+    "(as `reconcile --lookup`); with --watch, as the worker goes.",
+)
+@lookup_options(prefix="reconcile-")
 @format_option("table", "json", json_flag_as_bool=True)
 @with_journal(readonly_if="dry_run")
 def resume_command(
@@ -672,6 +804,12 @@ def resume_command(
     interval: float,
     host_id: str | None,
     lease_duration: float,
+    reconcile_lookup: str | None,
+    lookup_params: dict[str, str],
+    absent: str,
+    absent_after: float,
+    match: str | None,
+    backoff: float,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and bytes.
@@ -691,6 +829,9 @@ def resume_command(
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
     if watch and dry_run:
         raise click.UsageError("--watch and --dry-run do not go together: a watch sends")
+    lookup = make_lookup(reconcile_lookup, lookup_params, absent, absent_after, match, backoff)
+    if lookup is not None and dry_run:
+        raise click.UsageError("--reconcile-lookup and --dry-run do not go together")
     if force_profile and profile is None:
         raise click.UsageError("--force-profile needs --profile NAME: the profile to force")
     if interval <= 0:
@@ -733,9 +874,12 @@ def resume_command(
                 base_url=base_url,
                 as_json=as_json,
                 terminal=stderr_is_terminal(),
+                reconciler=lookup,
             )
             return
-        results = resume_printing(session, journal, dry_run, base_url, concurrency, as_json)
+        results = resume_printing(
+            session, journal, dry_run, base_url, concurrency, as_json, reconciler=lookup
+        )
     if as_json:
         echo_json([result.to_json() for result in results])
     else:
@@ -779,12 +923,16 @@ def resume_printing(
     base_url: str | None,
     concurrency: int,
     as_json: bool,
+    reconciler: Lookup | None = None,
 ) -> list[ResumeResult]:
     """Resume, printing each result as soon as it is known (unless --json); a progress
     bar on a terminal only when there is work, never for a dry run."""
+    if reconciler is not None:
+        session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
         return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
-    total = journal.counts()["pending"]
+    counts = journal.counts()
+    total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
     header = [False]
 
     def printed(echo: Callable[[ResumeResult], None]) -> Callable[[ResumeResult], None]:
@@ -827,6 +975,101 @@ def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: boo
     click.echo(f"\n{verb} {plural(len(results), 'operation')}: {summary}")
 
 
+# -- reconcile: the lookup reconciler ----------------------------------------------
+
+
+@cli.command("reconcile")
+@click.option(
+    "--lookup",
+    "lookup_url",
+    required=True,
+    metavar="URL",
+    help="Where to look each operation up: an absolute URL, or a path on each operation's "
+    "own origin; {operation_id} and {key} are filled in, URL-encoded.",
+)
+@lookup_options()
+@click.option(
+    "--header-env",
+    "headers",
+    multiple=True,
+    metavar="NAME=ENVVAR",
+    callback=headers_from_env,
+    help="Send header NAME with the value of environment variable ENVVAR; repeatable.",
+)
+@format_option("table", "json", json_flag_as_bool=True)
+@with_journal()
+def reconcile_command(
+    journal: Journal,
+    lookup_url: str,
+    lookup_params: dict[str, str],
+    absent: str,
+    absent_after: float,
+    match: str | None,
+    backoff: float,
+    headers: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Settle needs_reconcile operations by looking them up.
+
+    Looks each one up on the server.
+
+    One GET per operation (credentials from --header-env, nothing journaled).
+    Exactly one object carrying the operation's id settles it succeeded, the
+    object stored as its answer; several leave it (ambiguous); none is what
+    --absent says. Nothing pending is resent. Exit 0 when every operation
+    looked at was settled, 1 when any stays or a lookup failed, 2 on usage
+    errors.
+    """
+    lookup = make_lookup(lookup_url, lookup_params, absent, absent_after, match, backoff)
+    assert lookup is not None
+    session = Session(
+        journal,
+        headers=headers,
+        # Whatever came from the environment is a credential: never journaled or printed.
+        redact_headers=list(headers),
+        timeout=httpx.Timeout(10.0),
+    )
+    total = journal.counts()["needs_reconcile"]
+    header = [False]
+    echo = echo_result(False, clear_bar=stderr_is_terminal())
+
+    def on_result(result: ResumeResult) -> None:
+        if as_json:
+            return
+        if not header[0]:
+            header[0] = True
+            click.echo(result_row(RESULT_HEADERS, False))
+        echo(result)
+
+    with session:
+        if total and not as_json and stderr_is_terminal():
+            with click.progressbar(
+                length=total, label="reconciling", file=sys.stderr, show_pos=True
+            ) as bar:
+
+                def with_bar(result: ResumeResult) -> None:
+                    on_result(result)
+                    bar.update(1)
+
+                results = session.reconcile(lookup, on_result=with_bar)
+        else:
+            results = session.reconcile(lookup, on_result=on_result)
+    if as_json:
+        echo_json([result.to_json() for result in results])
+    elif not results:
+        click.echo(f"nothing needs reconciling in {journal.path}")
+    else:
+        counts = Counter(result.action for result in results)
+        summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
+        click.echo(f"\nlooked up {plural(len(results), 'operation')}: {summary}")
+    left = [result for result in results if result.action != "reconciled"]
+    if left:
+        fail(
+            f"{plural(len(left), 'operation')} not settled "
+            "(`idempotently list --status needs_reconcile`; `idempotently show ID` says why)"
+        )
+
+
 # -- prune -------------------------------------------------------------------------
 
 
@@ -856,6 +1099,230 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, output_for
     click.echo(
         f"{verb} {plural(count, 'finished operation')} idle over "
         f"{format_duration(older_than)} from {journal.path}"
+    )
+
+
+# -- operator actions: settle, abandon, retry, fork -----------------------------------
+
+
+def operator_options(*, note_required: bool) -> Callable[[F], F]:
+    """``--note``, ``--actor``, ``--dry-run`` and ``--format``: what every action takes."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(
+            [
+                click.option(
+                    "--note",
+                    required=note_required,
+                    metavar="TEXT",
+                    help="Why (what you checked): kept in the operation's audit trail."
+                    + ("" if note_required else " Optional."),
+                ),
+                click.option(
+                    "--actor",
+                    metavar="NAME",
+                    help="Who acts, for the audit trail (default: user@host).",
+                ),
+                click.option(
+                    "--dry-run", is_flag=True, help="Check and say what it would do; write nothing."
+                ),
+                format_option("text", "json"),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def run_action(
+    journal: Journal,
+    action: ActionName,
+    operation_id: str,
+    *,
+    note: str | None,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+    status: str | None = None,
+) -> None:
+    """One operator action through the library; one line (or JSON) about what it did."""
+    from idempotently._exceptions import OperationInProgressError, OperatorActionError
+    from idempotently._operator import check_actor, fork_id_of
+
+    try:
+        who = check_actor(actor)
+    except (TypeError, ValueError) as error:
+        raise click.BadParameter(str(error), param_hint="'--actor'") from None
+    try:
+        before = journal.operation(operation_id)
+        if action == "settle":
+            after = journal.settle(
+                operation_id,
+                status,  # type: ignore[arg-type]  # the flags give succeeded or failed
+                note=note or "",
+                actor=who,
+                dry_run=dry_run,
+            )
+        elif action == "abandon":
+            after = journal.abandon(operation_id, note=note or "", actor=who, dry_run=dry_run)
+        elif action == "retry":
+            after = journal.retry_now(operation_id, note=note, actor=who, dry_run=dry_run)
+        else:
+            after = journal.fork(operation_id, note=note or "", actor=who, dry_run=dry_run)
+    except (OperatorActionError, OperationInProgressError) as error:
+        raise click.ClickException(printable(str(error))) from None
+    except ValueError as error:  # a note that is empty or too long
+        raise click.BadParameter(str(error), param_hint="'--note'") from None
+    assert before is not None  # the action found it
+    if action == "fork":
+        done = f"forked {before.operation_id} as {after.operation_id} (key {after.key})"
+        if before.status != "failed":
+            done += f"; {before.operation_id} settled failed (it was {before.status})"
+    elif action == "retry":
+        done = f"{after.operation_id} is due now: the next resume sends it with its key"
+    else:
+        done = f"{after.operation_id}: {before.status} -> {after.status}"
+    if dry_run:
+        done = f"dry run, nothing written: would have {done}"
+    if output_format == "json":
+        echo_json(
+            {
+                "action": action,
+                "dry_run": dry_run,
+                "actor": who,
+                "note": note,
+                "operation": operation_json(after),
+                **({"forked_from": before.operation_id} if action == "fork" else {}),
+                **({"fork_id": fork_id_of(before)} if action == "fork" and dry_run else {}),
+            }
+        )
+        return
+    click.echo(printable(done))
+
+
+@cli.command("settle")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@click.option("--succeeded", "status", flag_value="succeeded", help="It took effect.")
+@click.option("--failed", "status", flag_value="failed", help="It provably did not.")
+@operator_options(note_required=True)
+@with_journal(readonly_if="dry_run")
+def settle_command(
+    journal: Journal,
+    operation_id: str,
+    status: str | None,
+    note: str,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Record what happened to an operation the journal cannot decide.
+
+    For a pending, needs_reconcile or abandoned operation, once you have looked
+    it up: --succeeded (it took effect) or --failed (it provably did not). The
+    audit trail keeps who, when and --note. Refused for a completed operation,
+    and while a live caller holds its lease.
+    """
+    if status is None:
+        raise click.UsageError("say what happened: --succeeded or --failed")
+    run_action(
+        journal,
+        "settle",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
+        status=status,
+    )
+
+
+@cli.command("abandon")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@operator_options(note_required=True)
+@with_journal(readonly_if="dry_run")
+def abandon_command(
+    journal: Journal,
+    operation_id: str,
+    note: str,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Give up a pending or needs_reconcile operation for good.
+
+    It is never sent again; the audit trail keeps who, when and --note.
+    """
+    run_action(
+        journal,
+        "abandon",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
+    )
+
+
+@cli.command("retry")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@operator_options(note_required=False)
+@with_journal(readonly_if="dry_run")
+def retry_command(
+    journal: Journal,
+    operation_id: str,
+    note: str | None,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Make a pending operation due now, its wait cleared.
+
+    Its not_before and lookup backoff are cleared.
+
+    The next resume sends it with its own key. Never revives a key past its
+    lifetime: fork such an operation instead.
+    """
+    run_action(
+        journal,
+        "retry",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
+    )
+
+
+@cli.command("fork")
+@click.argument("operation_id", metavar="OPERATION_ID")
+@operator_options(note_required=True)
+@with_journal(readonly_if="dry_run")
+def fork_command(
+    journal: Journal,
+    operation_id: str,
+    note: str,
+    actor: str | None,
+    dry_run: bool,
+    output_format: str,
+) -> None:
+    """Send a failed or abandoned operation again, under a new key.
+
+    For a failed, abandoned or needs_reconcile operation.
+
+    Makes OPERATION_ID~fork<n>: a new pending operation with the same request
+    bytes and a new derived key, linked to this one; the next resume sends it.
+    Forking a needs_reconcile or abandoned operation settles it failed in the
+    same transaction, as your recorded word that it did not happen.
+    """
+    run_action(
+        journal,
+        "fork",
+        operation_id,
+        note=note,
+        actor=actor,
+        dry_run=dry_run,
+        output_format=output_format,
     )
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import attrs
 
@@ -35,10 +36,16 @@ from idempotently._commands import (
     Settle,
     TakeLease,
 )
-from idempotently._exceptions import IdempotentlyError, JournalError, JournalMissingError
+from idempotently._exceptions import (
+    IdempotentlyError,
+    JournalError,
+    JournalMissingError,
+    OperatorActionError,
+)
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
+from idempotently._operator import ActionName, check_actor, check_note, plan
 from idempotently._rows import (
     DEFAULT_EXPIRING_WITHIN,
     DURABILITIES,
@@ -47,6 +54,7 @@ from idempotently._rows import (
     MAX_WINDOW,
     Attempt,
     AttemptRecord,
+    AuditEntry,
     Durability,
     Failed,
     JournalStats,
@@ -64,6 +72,7 @@ __all__ = [
     "MAX_WINDOW",
     "Attempt",
     "AttemptRecord",
+    "AuditEntry",
     "Durability",
     "Journal",
     "JournalStats",
@@ -74,6 +83,9 @@ __all__ = [
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """A journal path starting with one of these is a PostgreSQL URL."""
+
+_ACT_ROUNDS = 5
+"""How often an operator action is planned again when the row changed under it."""
 
 _OPEN: weakref.WeakSet[Journal] = weakref.WeakSet()
 """Every Journal of this process: a forked child marks each one as its parent's."""
@@ -265,6 +277,130 @@ class Journal:
         """
         self._check_usable()
         return self._store.prune(older_than=older_than, now=now, dry_run=dry_run)
+
+    # -- operator actions: one write each, audited ---------------------------------------
+
+    def audit(self, operation_id: str) -> list[AuditEntry]:
+        """The operation's audit trail, oldest first: every operator action on it and
+        every lookup verdict, with actor, time and note (empty for a journal written
+        before audit trails existed)."""
+        self._check_usable()
+        return self._store.audit(operation_id)
+
+    def settle(
+        self,
+        operation_id: str,
+        status: Literal["succeeded", "failed"],
+        *,
+        note: str,
+        actor: str | None = None,
+        dry_run: bool = False,
+    ) -> Operation:
+        """Record what really happened to a pending, needs_reconcile or abandoned
+        operation: ``succeeded`` (it took effect) or ``failed`` (it provably did not).
+
+        Journaled with an audit entry (``actor``, default ``user@host``; the time;
+        ``note``). Refused (:class:`OperatorActionError`) for a completed operation, and
+        (:class:`OperationInProgressError`) while a live caller holds its lease. With
+        ``dry_run``, everything is checked and nothing written. Returns the operation
+        as it is afterwards (as it would be, with ``dry_run``)."""
+        return self._act("settle", operation_id, note, actor, dry_run, status=status)
+
+    def abandon(
+        self, operation_id: str, *, note: str, actor: str | None = None, dry_run: bool = False
+    ) -> Operation:
+        """Give up a pending or needs_reconcile operation: it is never sent again (its
+        audit entry says who decided, when and why). See :meth:`settle`."""
+        return self._act("abandon", operation_id, note, actor, dry_run)
+
+    def retry_now(
+        self,
+        operation_id: str,
+        *,
+        note: str | None = None,
+        actor: str | None = None,
+        dry_run: bool = False,
+    ) -> Operation:
+        """Make a pending operation due now: its ``not_before`` and lookup backoff are
+        cleared, so the next resume sends it with its key. Never revives a key past its
+        lifetime (refused: fork it instead). See :meth:`settle`."""
+        return self._act("retry", operation_id, note, actor, dry_run, required=False)
+
+    def fork(
+        self, operation_id: str, *, note: str, actor: str | None = None, dry_run: bool = False
+    ) -> Operation:
+        """Send a failed, abandoned or needs_reconcile operation once more, as a new
+        pending operation ``<operation_id>~fork<n>``: the same request bytes under a
+        new derived key, linked to this one (``forked_from``) in the journal.
+
+        Forking a needs_reconcile or abandoned operation settles it ``failed`` in the
+        same transaction: the operator's recorded word that it did not happen. Returns
+        the new operation (with ``dry_run``: as it would be, not journaled)."""
+        return self._act("fork", operation_id, note, actor, dry_run)
+
+    def _act(
+        self,
+        action: ActionName,
+        operation_id: str,
+        note: object,
+        actor: object,
+        dry_run: bool,
+        *,
+        status: Status | None = None,
+        required: bool = True,
+    ) -> Operation:
+        from idempotently._flow import lease_owner_alive
+
+        self._check_usable()
+        if not isinstance(operation_id, str) or not operation_id:
+            raise TypeError(f"operation_id must be a non-empty str, not {operation_id!r}")
+        who = check_actor(actor)
+        said = check_note(note, required=required)
+        # A compare-and-swap on the row read: if it changed meanwhile, plan again from
+        # the new row (the second operator is told what the first one did).
+        for _ in range(_ACT_ROUNDS):
+            operation = self._store.operation(operation_id)
+            if operation is None or operation.operation_id != operation_id:
+                raise OperatorActionError(
+                    f"no operation {operation_id!r} in {self.path}; nothing was written "
+                    "(`idempotently list` shows the operations)",
+                    operation_id=operation_id,
+                )
+            now = time.time()
+            owner = operation.lease_owner
+            planned = plan(
+                action,
+                operation,
+                actor=who,
+                note=said,
+                now=now,
+                lease_alive=owner is not None and lease_owner_alive(owner),
+                namespace=self._namespace,
+                status=status,
+                key_expiry_margin=DEFAULT_EXPIRING_WITHIN,
+            )
+            if planned.write.fork is not None:
+                taken = self._store.find(planned.write.fork.operation_id, planned.write.fork.key)
+                if taken is not None:
+                    raise OperatorActionError(
+                        f"cannot fork: it was forked already, as {taken.operation_id!r} "
+                        f"({taken.status}); fork that one if it failed; nothing was written",
+                        operation_id=operation.operation_id,
+                        key=operation.key,
+                    )
+            # Read from the store as it is (a fork copies its parent's stored bytes, in
+            # its codec); returned as every read is, decoded.
+            if dry_run:
+                return cast(Operation, self._opened(planned.after))
+            if self._execute(planned.write):
+                done = self._store.operation(planned.after.operation_id)
+                return cast(Operation, self._opened(done if done is not None else planned.after))
+        raise OperatorActionError(
+            f"cannot {action}: the operation kept changing while this action was being "
+            "written (a caller or another operator is working on it); nothing was written, "
+            "look at it again (`idempotently show`)",
+            operation_id=operation_id,
+        )
 
     # -- commands: what the drivers, the heartbeat and the watch worker run -----------
 

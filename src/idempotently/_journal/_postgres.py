@@ -45,10 +45,12 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import attrs
 
 from idempotently._commands import (
+    Act,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Insert,
+    LookUpLater,
     Record,
     Release,
     RenewLease,
@@ -71,11 +73,13 @@ from idempotently._rows import (
     MAX_TIMESTAMP,
     MAX_WINDOW,
     Attempt,
+    AuditEntry,
     Durability,
     Failed,
     JournalStats,
     NewOperation,
     Operation,
+    audit_entry_problem,
     check_number,
     column_problem,
     headers_json,
@@ -404,18 +408,105 @@ WITH due AS (
 )
 """ + _ATTEMPTS_JOINED.format(operations="claimed", order="o.created_at, o.seq, ")
 
+# An operation a fork links to is kept (the fork goes first); audit entries go with
+# their operation.
 _PRUNE: Final = f"""
 WITH doomed AS (
     SELECT operation_id FROM {SCHEMA}.operations
     WHERE {_FINISHED_SQL} AND updated_at < %(cutoff)s
+      AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.operations AS fork
+                      WHERE fork.forked_from = {SCHEMA}.operations.operation_id)
     ORDER BY updated_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), attempts_gone AS (
     DELETE FROM {SCHEMA}.attempts WHERE operation_id IN (SELECT operation_id FROM doomed)
+), audit_gone AS (
+    DELETE FROM {SCHEMA}.operation_audit WHERE operation_id IN (SELECT operation_id FROM doomed)
 )
 DELETE FROM {SCHEMA}.operations WHERE operation_id IN (SELECT operation_id FROM doomed)
 """
+
+# -- the operator's journal: an action, a lookup's backoff, audit entries -------------
+
+# One statement (pipelined like every write): the compare-and-swap on the row as read,
+# the fork and the audit entries; nothing of it if the row changed or the fork is taken.
+_ACT: Final = f"""
+WITH free AS (
+    SELECT 1 WHERE %(fork_id)s::text IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {SCHEMA}.operations
+        WHERE operation_id = %(fork_id)s::text OR key = %(fork_key)s::text
+    )
+), acted AS (
+    UPDATE {SCHEMA}.operations SET
+        status = %(status)s, reason = %(reason)s::text, updated_at = %(now)s,
+        not_before = CASE WHEN %(due_now)s THEN NULL ELSE not_before END,
+        lookup_after = CASE WHEN %(due_now)s THEN NULL ELSE lookup_after END,
+        response_status = CASE WHEN %(responds)s THEN %(response_status)s::integer
+                               ELSE response_status END,
+        response_headers = CASE WHEN %(responds)s THEN %(response_headers)s::text
+                                ELSE response_headers END,
+        response_body = CASE WHEN %(responds)s THEN %(response_body)s::bytea
+                             ELSE response_body END,
+        lease_owner = NULL, lease_until = 0
+    WHERE operation_id = %(operation_id)s AND status = %(expect_status)s
+      AND lease_owner IS NOT DISTINCT FROM %(expect_owner)s::text
+      AND lease_until = %(expect_lease_until)s AND updated_at = %(expect_updated_at)s
+      AND EXISTS (SELECT 1 FROM free)
+    RETURNING operation_id
+), forked AS (
+    INSERT INTO {SCHEMA}.operations (
+        operation_id, key, status, delivery, method, url, request_headers, request_body,
+        fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
+        lease_owner, lease_until, forked_from, enqueued_at,
+        codec, secret_params, credentials_digest, overrides
+    ) SELECT %(fork_id)s, %(fork_key)s, 'pending', %(fork_delivery)s, %(fork_method)s,
+             %(fork_url)s, %(fork_headers)s, %(fork_body)s, %(fork_fingerprint)s,
+             %(fork_profile)s, %(fork_key_header)s, %(now)s, %(now)s, %(fork_expires_at)s,
+             NULL, NULL, 0, acted.operation_id, %(now)s,
+             -- The same bytes mean the same encoding: what describes them goes along.
+             parent.codec, parent.secret_params, parent.credentials_digest, parent.overrides
+    FROM acted JOIN {SCHEMA}.operations AS parent ON parent.operation_id = acted.operation_id
+    WHERE %(fork_id)s::text IS NOT NULL
+    RETURNING operation_id
+), audited AS (
+    INSERT INTO {SCHEMA}.operation_audit (operation_id, at, actor, action, note, detail)
+    SELECT entry.operation_id, %(now)s, entry.actor, entry.action, entry.note, entry.detail
+    FROM acted, unnest(%(audit_ids)s::text[], %(audit_actors)s::text[],
+                       %(audit_actions)s::text[], %(audit_notes)s::text[],
+                       %(audit_details)s::text[])
+         AS entry(operation_id, actor, action, note, detail)
+    RETURNING seq
+)
+SELECT (SELECT count(*) FROM acted) AS applied, (SELECT count(*) FROM forked) AS forks,
+       (SELECT count(*) FROM audited) AS entries
+"""
+
+_LOOK_UP_LATER: Final = f"""
+WITH later AS (
+    UPDATE {SCHEMA}.operations SET lookup_after = %(lookup_after)s
+    WHERE operation_id = %(operation_id)s AND status = 'needs_reconcile'
+    RETURNING operation_id
+), audited AS (
+    INSERT INTO {SCHEMA}.operation_audit (operation_id, at, actor, action, note, detail)
+    SELECT operation_id, %(now)s, %(actor)s, %(action)s, %(note)s::text, %(detail)s::text
+    FROM later
+    RETURNING seq
+)
+SELECT (SELECT count(*) FROM later) AS applied, (SELECT count(*) FROM audited) AS entries
+"""
+
+_AUDIT: Final = (
+    f"SELECT seq, operation_id, at, actor, action, note, detail FROM {SCHEMA}.operation_audit "
+    "WHERE operation_id = %s ORDER BY seq"
+)
+
+_UNFORKED: Final = (
+    f" AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.operations AS fork "
+    f"WHERE fork.forked_from = {SCHEMA}.operations.operation_id)"
+)
+"""Prune keeps an operation a fork still links to (the fork goes first)."""
+
 
 # What to do, by SQLSTATE (or by kind of failure).
 _ADVICE: Final = {
@@ -1018,6 +1109,23 @@ class PostgresStore:
                     "limit": write.limit,
                 },
             )
+        if isinstance(write, Act):
+            return conn.execute(_ACT, self._act_parameters(write))
+        if isinstance(write, LookUpLater):
+            self._require_v2("a lookup's backoff")
+            note = write.audit
+            return conn.execute(
+                _LOOK_UP_LATER,
+                {
+                    "operation_id": write.operation_id,
+                    "lookup_after": write.lookup_after,
+                    "now": write.now,
+                    "actor": note.actor,
+                    "action": note.action,
+                    "note": note.note,
+                    "detail": note.detail,
+                },
+            )
         if isinstance(write, ExtendLeases):
             return conn.execute(
                 f"""
@@ -1042,9 +1150,77 @@ class PostgresStore:
         if isinstance(write, ClaimDue):
             return [] if cursor is None else self._with_attempts(cursor.fetchall())
         assert cursor is not None
+        if isinstance(write, (Act, LookUpLater)):
+            row = cursor.fetchone()
+            return row is not None and int(row["applied"]) == 1
         if isinstance(write, ExtendLeases):
             return cursor.rowcount
         return cursor.rowcount == 1
+
+    # -- the operator's journal ----------------------------------------------------------
+
+    def _require_v2(self, what: str) -> None:
+        if self._version < 2:
+            raise JournalVersionError(
+                f"{what} needs the PostgreSQL journal's schema version 2, and {self.path} has "
+                f"version {self._version}; open it once without readonly=True to upgrade it"
+            )
+
+    def _act_parameters(self, write: Act) -> dict[str, Any]:
+        self._require_v2("an operator action")
+        fork = write.fork
+        responds = write.sets_answer
+        return {
+            "operation_id": write.operation_id,
+            "expect_status": write.expect_status,
+            "expect_owner": write.expect_lease_owner,
+            "expect_lease_until": write.expect_lease_until,
+            "expect_updated_at": write.expect_updated_at,
+            "status": write.status,
+            "reason": write.reason,
+            "now": write.now,
+            "due_now": write.due_now,
+            "responds": responds,
+            "response_status": write.response_status,
+            "response_headers": None
+            if write.response_headers is None
+            else headers_json(write.response_headers),
+            "response_body": write.response_body,
+            "fork_id": None if fork is None else fork.operation_id,
+            "fork_key": None if fork is None else fork.key,
+            "fork_delivery": None if fork is None else fork.delivery,
+            "fork_method": None if fork is None else fork.method,
+            "fork_url": None if fork is None else fork.url,
+            "fork_headers": None if fork is None else headers_json(fork.request_headers),
+            "fork_body": None if fork is None else fork.request_body,
+            "fork_fingerprint": None if fork is None else fork.fingerprint,
+            "fork_profile": None if fork is None else fork.profile,
+            "fork_key_header": None if fork is None else fork.key_header,
+            "fork_expires_at": None if fork is None else fork.key_expires_at,
+            "audit_ids": [note.operation_id for note in write.audit],
+            "audit_actors": [note.actor for note in write.audit],
+            "audit_actions": [note.action for note in write.audit],
+            "audit_notes": [note.note for note in write.audit],
+            "audit_details": [note.detail for note in write.audit],
+        }
+
+    def audit(self, operation_id: str) -> list[AuditEntry]:
+        """The operation's audit entries, oldest first (none before version 2)."""
+        if self._version < 2:
+            return []
+        with self._connection() as conn:
+            rows = conn.execute(_AUDIT, (operation_id,)).fetchall()
+        entries = []
+        for row in rows:
+            problem = audit_entry_problem(row)
+            if problem is not None:
+                raise JournalCorruptError(
+                    f"{self.path} holds a damaged audit entry: {problem}; repair it (psql, "
+                    f"table {SCHEMA}.operation_audit) or restore a backup",
+                    operation_id=operation_id,
+                )
+            entries.append(AuditEntry(**row))
+        return entries
 
     # -- the outbox: writes in the application's own transaction -------------------------
     #
@@ -1429,7 +1605,8 @@ class PostgresStore:
                 row = self._rows(
                     conn,
                     f"SELECT count(*) AS n FROM {SCHEMA}.operations "
-                    f"WHERE {_FINISHED_SQL} AND updated_at < %s",
+                    f"WHERE {_FINISHED_SQL} AND updated_at < %s"
+                    + (_UNFORKED if self._version >= 2 else ""),
                     (cutoff,),
                 )[0]
             return int(row["n"])

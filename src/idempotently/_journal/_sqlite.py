@@ -32,10 +32,12 @@ from typing import Any, Final, NoReturn, cast, get_args
 import sqlite_utils
 
 from idempotently._commands import (
+    Act,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Insert,
+    LookUpLater,
     Record,
     Release,
     RenewLease,
@@ -59,11 +61,13 @@ from idempotently._rows import (
     MAX_TIMESTAMP,
     MAX_WINDOW,
     Attempt,
+    AuditEntry,
     Durability,
     Failed,
     JournalStats,
     NewOperation,
     Operation,
+    audit_entry_problem,
     check_number,
     column_problem,
     headers_json,
@@ -445,6 +449,8 @@ FROM operations WHERE operation_id = ?
 """
 
 
+_INHERITED: Final = "codec, secret_params, credentials_digest, overrides"
+"""What a fork takes from its parent with the request bytes."""
 # The lease to send is taken by this compare-and-swap, and so the first send of an
 # enqueued operation begins with it: first_send_at is set here, and the key's
 # lifetime (journaled as key_expires_at - created_at) starts now. Rows made by a call
@@ -1091,6 +1097,10 @@ class SqliteStore:
             return extended
         if isinstance(write, ClaimDue):
             return self._claim(conn, write)
+        if isinstance(write, Act):
+            return self._act(conn, write)
+        if isinstance(write, LookUpLater):
+            return self._look_up_later(conn, write)
         raise TypeError(f"not a journal write: {write!r}")
 
     def _record(self, conn: sqlite3.Connection, write: Record) -> None:
@@ -1178,6 +1188,128 @@ class SqliteStore:
             rows = self._query("SELECT * FROM operations WHERE operation_id = ?", (operation_id,))
             claimed.append(self._with_attempts(rows[0]))
         return claimed
+
+    # -- the operator's journal: actions, lookup verdicts, audit entries --------------
+
+    def _act(self, conn: sqlite3.Connection, write: Act) -> bool:
+        """An operator's action: a compare-and-swap on the row as read, the fork (if any)
+        and the audit entries, inside the writer's ``BEGIN IMMEDIATE`` transaction."""
+        self._require_v4("an operator action")
+        fork = write.fork
+        if (
+            fork is not None
+            and conn.execute(
+                "SELECT 1 FROM operations WHERE operation_id = ? OR key = ?",
+                (fork.operation_id, fork.key),
+            ).fetchone()
+        ):
+            return False
+        responds = write.sets_answer
+        cursor = conn.execute(
+            """
+            UPDATE operations SET status = ?, reason = ?, updated_at = ?,
+                not_before = CASE WHEN ? THEN NULL ELSE not_before END,
+                lookup_after = CASE WHEN ? THEN NULL ELSE lookup_after END,
+                response_status = CASE WHEN ? THEN ? ELSE response_status END,
+                response_headers = CASE WHEN ? THEN ? ELSE response_headers END,
+                response_body = CASE WHEN ? THEN ? ELSE response_body END,
+                lease_owner = NULL, lease_until = 0
+            WHERE operation_id = ? AND status = ? AND lease_owner IS ? AND lease_until = ?
+              AND updated_at = ?
+            """,
+            (
+                write.status,
+                write.reason,
+                write.now,
+                write.due_now,
+                write.due_now,
+                responds,
+                write.response_status,
+                responds,
+                None if write.response_headers is None else headers_json(write.response_headers),
+                responds,
+                write.response_body,
+                write.operation_id,
+                write.expect_status,
+                write.expect_lease_owner,
+                write.expect_lease_until,
+                write.expect_updated_at,
+            ),
+        )
+        if cursor.rowcount != 1:
+            return False
+        if fork is not None:
+            conn.execute(_INSERT_OPERATION, fork.row(None, 0.0))
+            # The same bytes mean the same encoding: the parent's codec, redacted
+            # parameters, credential binding and overrides go with them.
+            conn.execute(
+                f"UPDATE operations SET lease_owner = NULL, forked_from = ?, enqueued_at = ?, "
+                f"({_INHERITED}) = (SELECT {_INHERITED} FROM operations WHERE operation_id = ?) "
+                "WHERE operation_id = ?",
+                (write.operation_id, write.now, write.operation_id, fork.operation_id),
+            )
+        conn.executemany(
+            "INSERT INTO operation_audit (operation_id, at, actor, action, note, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (note.operation_id, write.now, note.actor, note.action, note.note, note.detail)
+                for note in write.audit
+            ],
+        )
+        return True
+
+    def _look_up_later(self, conn: sqlite3.Connection, write: LookUpLater) -> bool:
+        self._require_v4("a lookup's backoff")
+        cursor = conn.execute(
+            "UPDATE operations SET lookup_after = ? "
+            "WHERE operation_id = ? AND status = 'needs_reconcile'",
+            (write.lookup_after, write.operation_id),
+        )
+        if cursor.rowcount != 1:
+            return False
+        note = write.audit
+        conn.execute(
+            "INSERT INTO operation_audit (operation_id, at, actor, action, note, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (note.operation_id, write.now, note.actor, note.action, note.note, note.detail),
+        )
+        return True
+
+    def _require_v4(self, what: str) -> None:
+        if self._version < 4:
+            raise JournalVersionError(
+                f"{what} needs journal schema version 4, and {self.path} has version "
+                f"{self._version}; open it once without readonly=True to upgrade it"
+            )
+
+    def audit(self, operation_id: str) -> list[AuditEntry]:
+        """The operation's audit entries, oldest first (none before version 4)."""
+        if self._version < 4:
+            return []
+        entries = []
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT seq, operation_id, at, actor, action, note, detail "
+                    "FROM operation_audit WHERE operation_id = ? ORDER BY seq",
+                    (operation_id,),
+                ).fetchall()
+            except sqlite3.DatabaseError as error:
+                if _is_corruption(error):
+                    raise self._damaged(error) from error
+                raise self._open_error(error) from error
+        names = ("seq", "operation_id", "at", "actor", "action", "note", "detail")
+        for values in rows:
+            row = dict(zip(names, values, strict=True))
+            problem = audit_entry_problem(row)
+            if problem is not None:
+                raise JournalCorruptError(
+                    f"{self.path} holds a damaged audit entry: {problem}; move the journal "
+                    "aside and restore a backup",
+                    operation_id=operation_id,
+                )
+            entries.append(AuditEntry(**row))
+        return entries
 
     # -- the outbox: writes in the application's own transaction ----------------------
 
@@ -1574,6 +1706,12 @@ class SqliteStore:
                             f"DELETE FROM attempts WHERE operation_id IN ({marks})",
                             [operation_id for _, operation_id in chunk],
                         )
+                        if self._version >= 4:
+                            # Audit entries go with their operation, never before it.
+                            conn.execute(
+                                f"DELETE FROM operation_audit WHERE operation_id IN ({marks})",
+                                [operation_id for _, operation_id in chunk],
+                            )
                         deleted += conn.execute(
                             f"DELETE FROM operations WHERE rowid IN ({marks})",
                             [rowid for rowid, _ in chunk],
@@ -1608,7 +1746,7 @@ class SqliteStore:
                 conn.execute(
                     "SELECT updated_at, rowid, operation_id FROM operations "
                     f"INDEXED BY operations_settled WHERE {_SETTLED} AND status = '{status}' "
-                    "AND updated_at < ? ORDER BY updated_at LIMIT ?",
+                    f"AND updated_at < ?{self._unforked()} ORDER BY updated_at LIMIT ?",
                     (cutoff, batch),
                 ).fetchall()
                 for status in FINISHED_STATUSES
@@ -1616,7 +1754,39 @@ class SqliteStore:
         )
         return [(rowid, operation_id) for _, rowid, operation_id in islice(found, batch)]
 
+    def _unforked(self, table: str = "operations") -> str:
+        """The WHERE clause that keeps prune off an operation a fork still links to (the
+        fork goes first; its parent, no longer linked, in a later batch or prune)."""
+        if self._version < 4:
+            return ""
+        return (
+            " AND NOT EXISTS (SELECT 1 FROM operations AS fork "
+            f"WHERE fork.forked_from = {table}.operation_id)"
+        )
+
+    def _linked_prunable(self, cutoff: float) -> int:
+        """How many finished operations idle since before ``cutoff`` a fork links to."""
+        if self._version < 4:
+            return 0
+        # From the forks (few, in their partial index) to their parents. An operation has
+        # at most one fork (its fork's id is fixed, `<id>~fork<n>`): no DISTINCT, no sort.
+        return int(
+            self._query(
+                "SELECT count(*) AS n "
+                "FROM operations AS fork INDEXED BY operations_forks "
+                "CROSS JOIN operations AS parent ON parent.operation_id = fork.forked_from "
+                "WHERE fork.forked_from IS NOT NULL AND "
+                f"{_one_of('parent.status', FINISHED_STATUSES)} AND parent.updated_at < ?",
+                (cutoff,),
+            )[0]["n"]
+        )
+
     def _count_prunable(self, cutoff: float) -> int:
+        """How many finished operations prune would delete: those idle since before
+        ``cutoff`` (:meth:`_count_idle`), less those a fork links to (kept)."""
+        return self._count_idle(cutoff) - self._linked_prunable(cutoff)
+
+    def _count_idle(self, cutoff: float) -> int:
         """How many finished operations were idle since before ``cutoff``.
 
         Versions 2 and 3 count whichever side of the cutoff looks smaller in the

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from idempotently._commands import Write
-from idempotently._rows import Durability, JournalStats, NewOperation, Operation
+from idempotently._rows import AuditEntry, Durability, JournalStats, NewOperation, Operation
 from idempotently._vocabulary import Status
 
 
@@ -81,6 +81,11 @@ class Store(Protocol):
         newest_first: bool = True,
     ) -> list[Operation]:
         """Operations (without their attempts), filtered by status and age."""
+        ...
+
+    def audit(self, operation_id: str) -> list[AuditEntry]:
+        """The operation's audit entries, oldest first (none in a journal from before
+        audit trails, opened read-only)."""
         ...
 
     def stats(

@@ -46,6 +46,8 @@ from idempotently.testing._stats import Stats, Tally
 from idempotently.testing._store import KeyStore, StoredCharge
 
 REPLAY_HEADER = "Idempotent-Replayed"
+_SEARCH_CLAUSE = re.compile(r"metadata\['([^'\\]+)'\]:'((?:[^'\\]|\\.)*)'")
+"""One clause of a search query: ``metadata['name']:'value'`` (``\\'`` escapes a quote)."""
 
 # How often a request in "wait" mode looks at the key it waits for. Real time:
 # the request it waits for makes progress in real time, whatever the clock says.
@@ -183,6 +185,7 @@ class MockApp:
             routes=[
                 Route("/v1/charges", self._create_charge, methods=["POST"]),
                 Route("/v1/charges", self._list_charges, methods=["GET"]),
+                Route("/v1/charges/search", self._search_charges, methods=["GET"]),
                 Route("/v1/_stats", self._stats, methods=["GET"]),
                 Route("/v1/_faults", self._faults_endpoint, methods=["GET", "POST", "DELETE"]),
                 Route("/v1/_clock", self._clock_endpoint, methods=["GET", "POST"]),
@@ -487,6 +490,38 @@ class MockApp:
             if all(charge.metadata.get(name) == value for name, value in wanted.items())
         ]
         return JSONResponse({"object": "list", "data": charges})
+
+    # -- search, as Stripe's search API spells it (for lookup reconcilers) -------
+
+    async def _search_charges(self, request: Request) -> Response:
+        """``GET /v1/charges/search?query=metadata['name']:'value'`` (clauses joined by
+        `` AND ``): the user's charges whose metadata match, as Stripe's search answers."""
+        try:
+            user = _authenticate(request)
+        except Problem as problem:
+            return _problem_response(problem)
+        query = request.query_params.get("query", "")
+        clauses = [clause.strip() for clause in query.split(" AND ")] if query.strip() else []
+        wanted: dict[str, str] = {}
+        for clause in clauses:
+            found = _SEARCH_CLAUSE.fullmatch(clause)
+            if found is None:
+                return _problem_response(
+                    bad_request(
+                        f"cannot parse the search clause {clause[:80]!r}: this mock searches "
+                        "metadata['name']:'value' clauses joined by AND",
+                        slug="invalid-search-query",
+                    )
+                )
+            wanted[found.group(1)] = re.sub(r"\\(.)", r"\1", found.group(2))
+        charges = [
+            charge.to_json()
+            for charge in self.ledger.charges(user)
+            if all(charge.metadata.get(name) == value for name, value in wanted.items())
+        ]
+        return JSONResponse(
+            {"object": "search_result", "data": charges, "has_more": False, "next_page": None}
+        )
 
     # -- admin endpoints (loopback tooling; no authentication) ---------------
 

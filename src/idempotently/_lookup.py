@@ -1,0 +1,330 @@
+"""The built-in lookup reconciler: settle a needs_reconcile operation by looking it up.
+
+``Lookup(url, params=...)`` is a reconciler (``Session.resume(reconciler=...)``,
+``AsyncSession`` too, ``idempotently reconcile --lookup``). For each operation it
+sends one GET through the session's client (its credentials, nothing journaled),
+and reads the answer: one object carrying the operation's id settles it
+``succeeded`` with that object as its answer; several leave it (ambiguous,
+never guessed); none is absence, which proves the operation never happened only
+if its request carried the id where the lookup looks and the server has had
+``absent_after`` seconds to list it. What the lookup concluded is a
+:class:`Verdict`; the flow journals it (``_flow.Engine.apply_verdict``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, overload
+
+import attrs
+import httpx
+
+from idempotently._exceptions import StoredProfileError
+from idempotently._keys import stored_header
+from idempotently._policy import may_have_been_delivered, maybe_acted
+from idempotently._profiles import GENERIC, check_operation_id_field, stored_profile
+from idempotently._rows import Operation
+from idempotently._text import storable_text
+
+Absent = Literal["keep", "failed", "resend"]
+ABSENT_CHOICES: tuple[Absent, ...] = ("keep", "failed", "resend")
+DEFAULT_MATCH = "metadata.operation_id"
+DEFAULT_ABSENT_AFTER = 300.0
+DEFAULT_BACKOFF = 60.0
+MAX_LOOKUP_BYTES = 10 * 1024 * 1024
+"""The largest lookup answer read (10 MiB): a list endpoint's page, not a dump."""
+
+_ENCODING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+Found = Callable[[httpx.Response], Any]
+"""``found(response)``: the object the answer holds for the operation, or None."""
+
+
+@attrs.frozen
+class Verdict:
+    """What one lookup concluded about one operation."""
+
+    outcome: Literal["found", "failed", "resend", "stay"]
+    note: str
+    answer: bytes | None = None
+    """``found``: the object, as the JSON the operation's answer stores."""
+    lookup_failed: bool = False
+    """``stay`` because the lookup itself failed (network, a non-2xx, not JSON)."""
+    backoff: float = DEFAULT_BACKOFF
+    """``stay``: seconds before the operation is looked up again."""
+
+
+@attrs.frozen
+class Lookup:
+    """A reconciler that looks each needs_reconcile operation up on the server.
+
+    ``url`` (relative to the client's ``base_url``, or to the operation's own
+    origin when the client has none) and the values of ``params`` may hold
+    ``{operation_id}`` and ``{key}``, substituted URL-encoded. ``found(response)``
+    returns the object the answer holds for the operation, or None; the default
+    reads a JSON list (``data``, or the top level) and keeps only the objects
+    carrying the operation id at ``match`` (a dotted path; default the
+    operation's profile's ``operation_id_field``, else ``metadata.operation_id``),
+    so an endpoint that ignores its filter settles nothing. Exactly one:
+    ``succeeded``, the object stored as the answer; several: ambiguous, it stays.
+
+    None found: ``absent`` says what that means. ``"keep"``: it stays
+    needs_reconcile. ``"failed"``: settled failed. ``"resend"``: settled failed
+    and forked (the same bytes under a new key, sent by the next resume).
+    ``failed`` and ``resend`` apply only when the journaled request carries the id
+    at ``match`` and its last attempt that may have been delivered is more than
+    ``absent_after`` seconds old (the server's consistency window); otherwise it
+    stays, noted why. A lookup that fails (network, non-2xx) changes nothing; an
+    operation left needs_reconcile is looked up again no sooner than ``backoff``
+    seconds later (journaled, so a watcher does not hammer the endpoint).
+    """
+
+    url: str = attrs.field(validator=attrs.validators.instance_of(str))
+    params: Mapping[str, str] | None = attrs.field(default=None, kw_only=True)
+    found: Found | None = attrs.field(default=None, kw_only=True)
+    absent: Absent = attrs.field(
+        default="keep", kw_only=True, validator=attrs.validators.in_(ABSENT_CHOICES)
+    )
+    absent_after: float = attrs.field(default=DEFAULT_ABSENT_AFTER, kw_only=True)
+    match: str | None = attrs.field(default=None, kw_only=True)
+    backoff: float = attrs.field(default=DEFAULT_BACKOFF, kw_only=True)
+    clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.url:
+            raise ValueError("url must be the lookup's URL, e.g. '/v1/charges'")
+        if self.params is not None and not all(
+            isinstance(name, str) and isinstance(value, str) for name, value in self.params.items()
+        ):
+            raise TypeError("params must map str names to str templates")
+        if self.found is not None and not callable(self.found):
+            raise TypeError(f"found must be callable, not {type(self.found).__name__}")
+        for name in ("absent_after", "backoff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+            if not 0 <= value <= 366 * 86400:
+                raise ValueError(f"{name} must be seconds from 0 to a year, not {value!r}")
+        if self.match is not None:
+            check_operation_id_field(self.match, "match")
+
+    # -- the request ------------------------------------------------------------------
+
+    def request(
+        self, operation: Operation, client: httpx.Client | httpx.AsyncClient
+    ) -> httpx.Request:
+        """The GET for ``operation``: templates filled, relative to the client's base URL
+        or, without one, to the operation's own origin."""
+        url = _fill(self.url, operation, quote=True)
+        if not client.base_url.host and url.startswith("/"):
+            origin = httpx.URL(operation.url)
+            url = str(origin.copy_with(raw_path=url.encode("ascii")))
+        params = {
+            name: _fill(value, operation, quote=False)
+            for name, value in (self.params or {}).items()
+        }
+        return client.build_request("GET", url, params=params or None)
+
+    # -- the reconciler ---------------------------------------------------------------
+
+    @overload
+    def __call__(self, operation: Operation, client: httpx.Client) -> Verdict: ...
+
+    @overload
+    def __call__(self, operation: Operation, client: httpx.AsyncClient) -> Awaitable[Verdict]: ...
+
+    def __call__(
+        self, operation: Operation, client: httpx.Client | httpx.AsyncClient
+    ) -> Verdict | Awaitable[Verdict]:
+        if isinstance(client, httpx.AsyncClient):
+            return self._acall(operation, client)
+        try:
+            request = self.request(operation, client)
+            response = client.send(request, stream=True)
+            try:
+                body = _read(response.iter_bytes())
+            finally:
+                response.close()
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
+            return self._failed(operation, error)
+        return self.judge(operation, response, body)
+
+    async def _acall(self, operation: Operation, client: httpx.AsyncClient) -> Verdict:
+        try:
+            request = self.request(operation, client)
+            response = await client.send(request, stream=True)
+            try:
+                chunks = [chunk async for chunk in _limited(response.aiter_bytes())]
+                body = b"".join(chunks)
+            finally:
+                await response.aclose()
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
+            return self._failed(operation, error)
+        return self.judge(operation, response, body)
+
+    def _failed(self, operation: Operation, error: Exception) -> Verdict:
+        # The error's class only: its text may quote a URL's query or a header.
+        return self._stay(
+            f"the lookup failed ({type(error).__name__}); nothing changed", failed=True
+        )
+
+    def _stay(self, note: str, *, failed: bool = False) -> Verdict:
+        return Verdict("stay", storable_text(note), lookup_failed=failed, backoff=self.backoff)
+
+    # -- the verdict (pure) -------------------------------------------------------------
+
+    def match_for(self, operation: Operation) -> str:
+        """Where the objects (and the journaled request) carry the operation's id."""
+        if self.match is not None:
+            return self.match
+        try:
+            profile = stored_profile(
+                operation.profile,
+                GENERIC,
+                "stored",
+                operation_id=operation.operation_id,
+                key=operation.key,
+            )
+        except StoredProfileError:
+            return DEFAULT_MATCH
+        return getattr(profile, "operation_id_field", None) or DEFAULT_MATCH
+
+    def judge(self, operation: Operation, response: httpx.Response, body: bytes) -> Verdict:
+        """What the lookup's answer means for ``operation``."""
+        if not 200 <= response.status_code < 300:
+            return self._stay(
+                f"the lookup answered {response.status_code}; nothing changed", failed=True
+            )
+        match = self.match_for(operation)
+        if self.found is not None:
+            answered = httpx.Response(
+                response.status_code,
+                # The body is decoded already: its encoding headers no longer describe it.
+                headers=[
+                    (name, value)
+                    for name, value in response.headers.multi_items()
+                    if name.lower() not in _ENCODING_HEADERS
+                ],
+                content=body,
+                request=response.request,
+            )
+            try:
+                found = self.found(answered)
+            except Exception as error:  # the user's function, whatever it raises
+                return self._stay(
+                    f"found() raised {type(error).__name__}; nothing changed", failed=True
+                )
+            objects = [] if found is None else [found]
+        else:
+            try:
+                document = json.loads(body)
+            except ValueError:
+                return self._stay("the lookup's answer is not JSON; nothing changed", failed=True)
+            listed = document.get("data") if isinstance(document, dict) else document
+            if not isinstance(listed, list):
+                return self._stay(
+                    "the lookup's answer holds no list (a 'data' list or a top-level list); "
+                    "nothing changed",
+                    failed=True,
+                )
+            objects = [item for item in listed if _at(item, match) == operation.operation_id]
+        if len(objects) > 1:
+            return self._stay(
+                f"ambiguous: {len(objects)} objects carry its id at {match}; it is never "
+                "guessed: settle it by hand (`idempotently settle`)"
+            )
+        if objects:
+            try:
+                answer = json.dumps(objects[0], ensure_ascii=False).encode("utf-8")
+            except (TypeError, ValueError):
+                answer = json.dumps(str(objects[0])).encode("utf-8")
+            return Verdict("found", f"found by lookup (carries its id at {match})", answer)
+        if self.absent == "keep":
+            return self._stay("absent from the lookup; absent='keep' leaves it to you")
+        if not _carries(operation, match):
+            return self._stay(
+                f"absent from the lookup, but its journaled request does not carry its id at "
+                f"{match}, so absence proves nothing"
+            )
+        last = last_delivery(operation)
+        now = self.clock()
+        if last is not None and now - last <= self.absent_after:
+            return self._stay(
+                f"absent from the lookup, but its last attempt that may have been delivered "
+                f"was {max(0.0, now - last):.0f} s ago, within absent_after={self.absent_after:g}"
+                " s: the server may not list it yet"
+            )
+        said = f"absent from the lookup at {match}, after {self.absent_after:g} s"
+        return Verdict(self.absent, said)
+
+
+def last_delivery(operation: Operation) -> float | None:
+    """When the operation's last attempt that may have been delivered ended (or, with no
+    attempt recorded, when its first send began); None if nothing may have been."""
+    if not may_have_been_delivered(operation):
+        return None
+    moments = [
+        attempt.started_at + attempt.elapsed
+        for attempt in operation.attempts
+        if maybe_acted(attempt.status_code, attempt.outcome)
+    ]
+    if operation.attempt_count == 0 or len(operation.attempts) < operation.attempt_count:
+        moments.append(operation.first_send_at or operation.created_at)
+    return max(moments) if moments else operation.updated_at
+
+
+def _fill(template: str, operation: Operation, *, quote: bool) -> str:
+    values = {"{operation_id}": operation.operation_id, "{key}": operation.key}
+    for mark, value in values.items():
+        template = template.replace(mark, urllib.parse.quote(value, safe="") if quote else value)
+    return template
+
+
+def _at(item: object, path: str) -> object:
+    for part in path.split("."):
+        if not isinstance(item, dict):
+            return None
+        item = item.get(part)
+    return item
+
+
+def _carries(operation: Operation, path: str) -> bool:
+    """Whether the journaled request carries the operation's id at ``path``: in a JSON
+    body (nested objects) or a form body (``metadata[operation_id]``)."""
+    content_type = (stored_header(operation.request_headers, "content-type") or "").lower()
+    body = operation.request_body
+    if "x-www-form-urlencoded" in content_type:
+        parts = path.split(".")
+        name = parts[0] + "".join(f"[{part}]" for part in parts[1:])
+        try:
+            fields = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+        except (UnicodeDecodeError, ValueError):
+            return False
+        return (name, operation.operation_id) in fields
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return _at(document, path) == operation.operation_id
+
+
+def _read(chunks: Any) -> bytes:
+    read, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_LOOKUP_BYTES:
+            raise ValueError("the lookup's answer is larger than 10 MiB")
+        read.append(chunk)
+    return b"".join(read)
+
+
+async def _limited(chunks: Any) -> Any:
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_LOOKUP_BYTES:
+            raise ValueError("the lookup's answer is larger than 10 MiB")
+        yield chunk

@@ -1,0 +1,150 @@
+"""The operator's commands: settle, abandon, retry and fork, with --dry-run, --actor and
+--note; show printing (and --format json exporting) the audit trail; on SQLite and
+PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from idempotently import Journal
+from idempotently._operator import default_actor
+from idempotently.cli import cli
+from tests.test_operator_actions import make
+
+
+def run(journal: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--journal", journal, *args], catch_exceptions=False)
+
+
+def test_settle_then_show_prints_and_exports_the_audit_entry(journal_target: str) -> None:
+    """settle --failed --note writes the operator's word; show prints who, when, what and
+    why, and --format json exports the same entry."""
+    with Journal(journal_target) as journal:
+        make(journal, "op-1")
+    settled = run(journal_target, "settle", "op-1", "--failed", "--note", "no charge found")
+    shown = run(journal_target, "show", "op-1")
+    exported = json.loads(run(journal_target, "show", "op-1", "--format", "json").output)
+    assert (0, "op-1: needs_reconcile -> failed\n") == (settled.exit_code, settled.output)
+    assert f"{default_actor()}  settle (needs_reconcile -> failed)" in shown.output
+    assert "    no charge found" in shown.output
+    (entry,) = exported["audit"]
+    assert (default_actor(), "settle", "no charge found") == (
+        entry["actor"],
+        entry["action"],
+        entry["note"],
+    )
+    assert {"from": "needs_reconcile", "to": "failed"} == entry["detail"]
+    assert "failed" == exported["status"]
+
+
+def test_a_dry_run_says_what_it_would_do_and_writes_nothing(journal_target: str) -> None:
+    """Each command's --dry-run prints what it would do, exits 0 and changes nothing."""
+    with Journal(journal_target) as journal:
+        make(journal, "op-1")
+    outputs = [
+        run(journal_target, "settle", "op-1", "--succeeded", "--note", "n", "--dry-run"),
+        run(journal_target, "abandon", "op-1", "--note", "n", "--dry-run"),
+        run(journal_target, "fork", "op-1", "--note", "n", "--dry-run"),
+    ]
+    assert [0, 0, 0] == [result.exit_code for result in outputs]
+    assert all(result.output.startswith("dry run, nothing written: ") for result in outputs)
+    assert "op-1~fork1" in outputs[2].output
+    with Journal(journal_target) as journal:
+        operation = journal.operation("op-1")
+        assert operation is not None and "needs_reconcile" == operation.status
+        assert [] == journal.audit("op-1")
+        assert None is journal.operation("op-1~fork1")
+
+
+def test_fork_and_retry_with_an_actor(journal_target: str) -> None:
+    """fork --actor links the new operation; retry makes the fork due now; --format json
+    names the new operation."""
+    with Journal(journal_target) as journal:
+        make(journal, "op-1")
+    forked = run(journal_target, "fork", "op-1", "--note", "resend", "--actor", "bob@ops", "--json")
+    retried = run(journal_target, "retry", "op-1~fork1", "--actor", "bob@ops")
+    document = json.loads(forked.output)
+    assert ("op-1~fork1", "pending", "bob@ops") == (
+        document["operation"]["operation_id"],
+        document["operation"]["status"],
+        document["actor"],
+    )
+    assert (0, "op-1~fork1 is due now: the next resume sends it with its key\n") == (
+        retried.exit_code,
+        retried.output,
+    )
+    shown = run(journal_target, "show", "op-1~fork1").output
+    assert "forked from  op-1" in shown
+    assert "bob@ops  retry" in shown
+    assert "forked as    op-1~fork1" in run(journal_target, "show", "op-1").output
+
+
+def test_a_refusal_is_one_line_and_exit_1(journal_target: str) -> None:
+    """A senseless transition exits 1 with one line naming the operation; a live lease
+    too."""
+    with Journal(journal_target) as journal:
+        make(journal, "done", "succeeded")
+        make(journal, "busy", "pending", owner="other-host:1:abc", lease_until=4e9)
+    refused = run(journal_target, "settle", "done", "--failed", "--note", "n")
+    leased = run(journal_target, "abandon", "busy", "--note", "n")
+    assert 1 == refused.exit_code == leased.exit_code
+    assert 1 == len(refused.output.strip().splitlines())
+    assert "cannot settle: it is already succeeded" in refused.output
+    assert "'done'" in refused.output
+    assert "other-host:1:abc holds this operation's lease" in leased.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("settle", "op-1", "--note", "n"), "--succeeded or --failed"),
+        (("abandon", "op-1"), "Missing option '--note'"),
+        (("fork", "op-1", "--note", "  "), "note must say why"),
+        (("settle", "op-1", "--failed", "--note", "n", "--actor", ""), "actor must be"),
+    ],
+)
+def test_usage_errors_exit_2(journal_target: str, args: tuple[str, ...], words: str) -> None:
+    """No status, no note, a blank note or a blank actor: exit 2, nothing written."""
+    with Journal(journal_target) as journal:
+        make(journal, "op-1")
+    result = run(journal_target, *args)
+    assert 2 == result.exit_code
+    assert words in result.output
+    with Journal(journal_target) as journal:
+        assert [] == journal.audit("op-1")
+
+
+def test_an_older_journal_opened_read_only_shows_an_empty_audit_trail(tmp_path: Path) -> None:
+    """A version-3 SQLite journal (no audit table) is shown read-only with no audit entry,
+    and a dry run of an action works on it, leaving the file as it was."""
+    from tests.test_journal_v4 import v3_journal
+
+    path = tmp_path / "ops.db"
+    v3_journal(path)
+    before = path.read_bytes()
+    shown = run(str(path), "show", "op-0")
+    exported = json.loads(run(str(path), "show", "op-0", "--json").output)
+    with Journal(path, readonly=True) as journal:
+        assert [] == journal.audit("op-0")
+    assert 0 == shown.exit_code
+    assert "(no operator action or lookup recorded)" in shown.output
+    assert ([], None) == (exported["audit"], exported["forked_from"])
+    assert before == path.read_bytes()
+
+
+def test_a_postgres_version_1_journal_read_only_has_an_empty_audit_trail(
+    postgres_url: str,
+) -> None:
+    """A PostgreSQL journal from before audit trails, opened read-only, reads as empty."""
+    from tests.test_journal_v4 import _as_version_1
+
+    with Journal(postgres_url) as journal:
+        make(journal, "op-1")
+        journal.settle("op-1", "failed", note="n")
+    _as_version_1(postgres_url)
+    with Journal(postgres_url, readonly=True) as backup:
+        assert [] == backup.audit("op-1")
