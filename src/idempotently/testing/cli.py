@@ -145,3 +145,7 @@ def mock_server_command(
         run(app, host=host, port=port, log_level=log_level, on_ready=announce)
     except OSError as error:
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
+    except KeyboardInterrupt:
+        # Ctrl-C is how this command is meant to stop: the server has shut down
+        # cleanly, so it is a success, not click's "Aborted!" and exit 1.
+        return

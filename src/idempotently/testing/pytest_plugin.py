@@ -15,6 +15,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 import pytest
@@ -28,6 +29,22 @@ if TYPE_CHECKING:
     from idempotently.testing._server import MockServer
 
 ALLOW_UNUSED_FAULTS_MARKER = "idempotently_allow_unused_faults"
+
+MOCK_EXTRA_MESSAGE = (
+    "the idempotently mock-server fixtures need the [mock] extra (starlette, uvicorn):"
+    " pip install 'idempotently[mock]'"
+)
+
+
+def _server_module() -> ModuleType:
+    """`idempotently.testing._server`, or a test failure that names the extra to install."""
+    try:
+        from idempotently.testing import _server
+    except ImportError as error:
+        if (error.name or "").partition(".")[0] in ("starlette", "uvicorn"):
+            pytest.fail(MOCK_EXTRA_MESSAGE, pytrace=False)
+        raise
+    return _server
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,8 +92,7 @@ def idempotently_mock_server_factory(
 
     Servers default to a `VirtualClock`: time stands still unless the test advances it.
     """
-    from idempotently.testing._server import serve
-
+    serve = _server_module().serve
     checked: list[MockServer] = []
     with contextlib.ExitStack() as stack:
 
@@ -113,8 +129,7 @@ def idempotently_in_process_mock_server(request: pytest.FixtureRequest) -> Itera
     or `AsyncSession(path, client=server.async_client())`. Virtual clock, unused
     faults checked, as for `idempotently_mock_server`.
     """
-    from idempotently.testing._server import in_process
-
+    in_process = _server_module().in_process
     with in_process(clock=VirtualClock()) as server:
         yield server
         _fail_on_unused_faults(request, [server])
