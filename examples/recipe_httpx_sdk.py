@@ -3,7 +3,7 @@
 Most generated SDKs (Stainless, Speakeasy, Fern...) take ``http_client=`` and
 have their own retry loop. The recipe is the same for all of them:
 
-- give them ``httpx.Client(transport=idempotently.Transport("ops.db"))``
+- give them ``httpx.Client(transport=idempotently.Transport("idempotently.db"))``
   (or ``httpx.AsyncClient(transport=idempotently.AsyncTransport(...))``);
 - turn their retries off (``max_retries=0`` or the SDK's equivalent): two
   retry layers multiply attempts, and only idempotently's are journaled;
@@ -41,7 +41,7 @@ class PaymentsSDK:
 with serve() as api:
     # Sync: the first answer is lost; the transport retries under the SDK's key.
     api.faults.push(Fault.unavailable(), Fault.lose_response())
-    with httpx.Client(transport=idempotently.Transport("ops.db")) as http_client:
+    with httpx.Client(transport=idempotently.Transport("idempotently.db")) as http_client:
         sdk = PaymentsSDK("user_1", api.url, http_client=http_client)
         order = {"Idempotency-Operation-Id": "order-7"}
         charge = sdk.create_charge(amount=500, currency="eur", customer="c", extra_headers=order)
@@ -53,7 +53,7 @@ with serve() as api:
     # Async: the same with AsyncTransport under an httpx.AsyncClient.
     async def main() -> None:
         api.faults.push(Fault.lose_response())
-        transport = idempotently.AsyncTransport("ops.db")
+        transport = idempotently.AsyncTransport("idempotently.db")
         async with httpx.AsyncClient(base_url=api.url, transport=transport) as client:
             response = await client.post(
                 "/v1/charges",

@@ -40,7 +40,7 @@ with serve() as api:
     # 1. A named operation: a lost answer is retried under the same key; calling
     #    again with the same name returns the journaled answer without sending.
     api.faults.push(Fault.lose_response())
-    client = sdk(api.url, idempotently.Transport("ops.db"))
+    client = sdk(api.url, idempotently.Transport("idempotently.db"))
     named = {"headers": {"Idempotency-Operation-Id": "order-42"}}
     first = client.post("/charges", cast_to=object, body=CHARGE, options=named)
     again = client.post("/charges", cast_to=object, body=CHARGE, options=named)
@@ -48,7 +48,9 @@ with serve() as api:
 
     # 2. The process "crashes" mid-call: one attempt only, its answer lost.
     api.faults.push(Fault.lose_response())
-    one_try = idempotently.Transport("ops.db", policy=idempotently.RetryPolicy(max_attempts=1))
+    one_try = idempotently.Transport(
+        "idempotently.db", policy=idempotently.RetryPolicy(max_attempts=1)
+    )
     try:
         sdk(api.url, one_try).post(
             "/charges",
@@ -59,7 +61,9 @@ with serve() as api:
     except idempotently.OperationPendingError as error:  # the SDK lets it through
         print("crashed:", error.operation_id, "is pending")
     # ... after the restart, resume what is pending, with the stored key and bytes:
-    with idempotently.Session("ops.db", headers={"Authorization": "Bearer sk-recipe"}) as session:
+    with idempotently.Session(
+        "idempotently.db", headers={"Authorization": "Bearer sk-recipe"}
+    ) as session:
         [result] = session.resume()
     assert ("order-43", "succeeded", True) == (result.operation_id, result.action, result.replayed)
     assert len(api.charges(order_id="43")) == 1

@@ -58,7 +58,7 @@ with serve() as api:
     client = stripe.StripeClient(
         "sk_test_recipe",
         base_addresses={"api": api.url},
-        http_client=JournaledHTTPXClient("ops.db"),
+        http_client=JournaledHTTPXClient("idempotently.db"),
         max_network_retries=0,  # one retry layer: idempotently's
     )
     charge = charge_order(client, "42")

@@ -14,7 +14,7 @@ with serve() as api:
     # the process dies before it can retry (max_attempts=1 stands in for the crash).
     api.faults.push(Fault.lose_response())
     with idempotently.Session(
-        "ops.db",
+        "idempotently.db",
         base_url=api.url,
         headers={"Authorization": "Bearer user_1"},
         policy=idempotently.RetryPolicy(max_attempts=1),
@@ -35,7 +35,7 @@ with serve() as api:
         return None  # look the object up by operation id here; None leaves it to a human
 
     with idempotently.Session(
-        "ops.db", base_url=api.url, headers={"Authorization": "Bearer user_1"}
+        "idempotently.db", base_url=api.url, headers={"Authorization": "Bearer user_1"}
     ) as session:
         for result in session.resume(reconciler=reconcile):
             print(result.operation_id, result.action, result.detail)

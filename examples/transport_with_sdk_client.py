@@ -31,7 +31,7 @@ class VendorSDK:
 
 with serve() as api:
     api.faults.push(Fault.lose_response())  # the first answer never arrives
-    http_client = httpx.Client(transport=idempotently.Transport("ops.db"))
+    http_client = httpx.Client(transport=idempotently.Transport("idempotently.db"))
     with http_client:
         sdk = VendorSDK("user_1", api.url, http_client=http_client)
         response = sdk.create_charge(amount=1000, currency="usd", customer="cus_1", metadata={})

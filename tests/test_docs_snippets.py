@@ -4,7 +4,7 @@ How a page is run (new pages are picked up without an edit here):
 
 - Its blocks run in order, in one namespace, as a reader reads the page top to
   bottom; each page starts with a fresh namespace in a fresh, empty directory,
-  so ``"ops.db"`` is a new journal.
+  so ``"idempotently.db"`` is a new journal.
 - ``https://api.example.com``, the docs' stand-in for your API, is replaced
   by the URL of a companion mock server started for the page
   (``idempotently.testing.serve()``): every request a block sends gets a real

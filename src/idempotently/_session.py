@@ -316,8 +316,8 @@ def adopted_key(
 class Session(_SessionBase[httpx.Client]):
     """An httpx client whose writes carry one journaled idempotency key each.
 
-    ``Session("ops.db", base_url=..., headers=...)`` takes any ``httpx.Client``
-    option; ``Session("ops.db", client=httpx.Client(...))`` wraps an existing
+    ``Session("idempotently.db", base_url=..., headers=...)`` takes any ``httpx.Client``
+    option; ``Session("idempotently.db", client=httpx.Client(...))`` wraps an existing
     one. A misspelt option is a ``TypeError`` before the journal is created.
     ``client=httpx2.Client(...)`` works too (install ``idempotently[httpx2]``):
     requests go out through that client, and answers are ``httpx.Response``

@@ -169,7 +169,7 @@ class _TransportBase:
 class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     """An httpx transport that gives every POST and PATCH a journaled idempotency key.
 
-    ``httpx.Client(transport=Transport("ops.db"))`` journals each write before
+    ``httpx.Client(transport=Transport("idempotently.db"))`` journals each write before
     it is sent, adopts the ``Idempotency-Key`` header the request carries (or
     adds one), retries through ``transport`` by the :class:`RetryPolicy`, and
     returns the stored answer for a key that already settled. It takes the

@@ -207,5 +207,7 @@ def test_the_session_fixture_without_the_mock_extra_names_the_extra(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*need the [[]mock[]] extra*pip install 'idempotently[[]mock[]]'*"])
+    result.stdout.fnmatch_lines(
+        ["*need the [[]mock[]] extra*pip install 'idempotently[[]mock[]]'*"]
+    )
     assert "ModuleNotFoundError" not in result.stdout.str()

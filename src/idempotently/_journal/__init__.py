@@ -103,7 +103,7 @@ class Journal:
         row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
-        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
+        journal's cost per call (the performance page of the docs).
         """
         store: Store
         if isinstance(path, str) and path.startswith(POSTGRES_SCHEMES):

@@ -5,7 +5,7 @@ Durability: a batch of writes holding a key to be made durable commits with
 every other batch (attempt rows, completions, leases) commits with
 ``synchronous=NORMAL``: losing one to a power cut only means a resume gets a
 replay from the server, which the key makes harmless. With ``durability="os"``
-no batch is fsync'd. See https://idempotently.readthedocs.io/en/latest/journal/
+no batch is fsync'd. See the journal page of the docs.
 
 Audits stay fast on large journals without scanning them: triggers keep the
 counts per status and per kind of attempt in one row, a partial index holds
@@ -446,7 +446,7 @@ class SqliteStore:
         row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
-        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
+        journal's cost per call (the performance page of the docs).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
