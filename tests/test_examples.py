@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,17 +19,60 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
-def test_example_runs(example: Path, tmp_path: Path) -> None:
-    """Each script in examples/ exits 0 in a fresh directory."""
+def test_example_runs_twice_in_the_same_folder(example: Path, tmp_path: Path) -> None:
+    """Each script in examples/ exits 0, and again when re-run beside the journal it left.
+
+    A re-run sends the same requests (each example's server has a fixed port,
+    so its URLs do not change), so the journal answers them: no KeyReuseError,
+    and no advice to throw the journal away.
+    """
     # The recipes need their SDK (the tests extra has them; openai/httpx2 need Python 3.11+).
-    for sdk in ("stripe", "openai", "httpx2"):
+    for sdk in ("stripe", "openai", "anthropic", "httpx2"):
         imported = re.search(rf"^import {sdk}$", example.read_text(), re.MULTILINE)
         if imported and importlib.util.find_spec(sdk) is None:
             pytest.skip(f"{example.name} needs {sdk}, which is not installed")
-    result = subprocess.run(
-        [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert 0 == result.returncode, result.stdout + result.stderr
+    with example_port_lock(example):
+        for run in ("first", "second"):
+            result = subprocess.run(
+                [sys.executable, str(example)],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert 0 == result.returncode, f"{run} run:\n{result.stdout}{result.stderr}"
+    assert (tmp_path / "idempotently.db").exists() or "idempotently.db" not in example.read_text()
+
+
+@contextlib.contextmanager
+def example_port_lock(example: Path) -> Iterator[None]:
+    """Hold a machine-wide lock on the example's fixed port while it runs.
+
+    Two test runs on one machine (xdist workers, or two checkouts) would
+    otherwise start the same example's server on the same port at once.
+    """
+    port = re.search(r"serve\([^)]*port=(\d+)", example.read_text())
+    if port is None:
+        yield
+        return
+    lock_path = Path(tempfile.gettempdir()) / f"idempotently-example-port-{port.group(1)}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def test_every_example_with_a_journal_has_a_fixed_port() -> None:
+    """An example that journals and starts a server names its port (port 0 would change the URL)."""
+    unfixed = [
+        example.name
+        for example in EXAMPLES
+        if "idempotently.db" in example.read_text()
+        and re.search(r"serve\((?![^)]*port=[1-9])", example.read_text())
+    ]
+    assert [] == unfixed
 
 
 def test_readme_example_is_the_quickstart_script() -> None:
