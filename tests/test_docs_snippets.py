@@ -32,6 +32,8 @@ import pytest
 
 from idempotently.testing import serve
 
+from .support import fixed_port_lock
+
 ROOT = Path(__file__).parent.parent
 API_PLACEHOLDER = "https://api.example.com"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
@@ -76,7 +78,7 @@ PAGES = [path for path in pages() if any(python_blocks(path.read_text(encoding="
 def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Python block on the page runs as written (the API placeholder on a mock server)."""
     monkeypatch.chdir(tmp_path)
-    with serve() as api:
+    with fixed_port_lock(path.read_text(encoding="utf-8")), serve() as api:
         run_page(path, str(path.relative_to(ROOT)), api.url)
 
 

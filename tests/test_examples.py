@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import re
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .support import fixed_port_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -31,7 +29,7 @@ def test_example_runs_twice_in_the_same_folder(example: Path, tmp_path: Path) ->
         imported = re.search(rf"^import {sdk}$", example.read_text(), re.MULTILINE)
         if imported and importlib.util.find_spec(sdk) is None:
             pytest.skip(f"{example.name} needs {sdk}, which is not installed")
-    with example_port_lock(example):
+    with fixed_port_lock(example.read_text()):
         for run in ("first", "second"):
             result = subprocess.run(
                 [sys.executable, str(example)],
@@ -42,26 +40,6 @@ def test_example_runs_twice_in_the_same_folder(example: Path, tmp_path: Path) ->
             )
             assert 0 == result.returncode, f"{run} run:\n{result.stdout}{result.stderr}"
     assert (tmp_path / "idempotently.db").exists() or "idempotently.db" not in example.read_text()
-
-
-@contextlib.contextmanager
-def example_port_lock(example: Path) -> Iterator[None]:
-    """Hold a machine-wide lock on the example's fixed port while it runs.
-
-    Two test runs on one machine (xdist workers, or two checkouts) would
-    otherwise start the same example's server on the same port at once.
-    """
-    port = re.search(r"serve\([^)]*port=(\d+)", example.read_text())
-    if port is None:
-        yield
-        return
-    lock_path = Path(tempfile.gettempdir()) / f"idempotently-example-port-{port.group(1)}.lock"
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def test_every_example_with_a_journal_has_a_fixed_port() -> None:
