@@ -49,7 +49,7 @@ def audit(journal: Journal) -> tuple[object, ...]:
 def test_a_version_2_journal_is_upgraded_in_one_transaction_with_the_same_audits(
     tmp_path: Path,
 ) -> None:
-    """Opened to write, a version-2 journal becomes version 3: operations_by_status and
+    """Opened to write, a version-2 journal becomes current: operations_by_status and
     operations_finished give way to operations_settled, pending operations leave the
     counters, and every audit answers as before; its namespace is kept."""
     path = tmp_path / "ops.db"
@@ -61,7 +61,7 @@ def test_a_version_2_journal_is_upgraded_in_one_transaction_with_the_same_audits
         names = {row[0] for row in journal._conn.execute("SELECT name FROM sqlite_master")}
         pending_counter = journal._conn.execute("SELECT pending FROM journal_counts").fetchone()
         namespace = str(journal.namespace)
-    assert 3 == user_version(path)
+    assert _sqlite.SCHEMA_VERSION == user_version(path)
     assert before == after
     assert {"operations_settled", "operations_pending"} <= names
     assert not {"operations_by_status", "operations_finished"} & names

@@ -34,7 +34,7 @@ from idempotently import (
 )
 from idempotently._commands import Record
 from idempotently._journal import AttemptRecord, _postgres
-from idempotently._journal._postgres import PostgresStore, redact_url
+from idempotently._journal._postgres import SCHEMA_VERSION, PostgresStore, redact_url
 from idempotently._rows import Failed
 from tests.postgres_server import PostgresServer, postgres_server
 from tests.scripted_server import Answer
@@ -148,9 +148,11 @@ def test_the_tables_live_in_their_own_schema(journal: Journal, postgres_url: str
     assert [
         ("idempotently", "attempts"),
         ("idempotently", "journal_meta"),
+        ("idempotently", "operation_audit"),
         ("idempotently", "operations"),
+        ("idempotently", "origin_pauses"),
     ] == tables
-    assert [("1",)] == sql(
+    assert [(str(SCHEMA_VERSION),)] == sql(
         postgres_url,
         "SELECT value FROM idempotently.journal_meta WHERE name = 'schema_version'",
     )
@@ -162,7 +164,8 @@ def test_a_newer_schema_is_refused_and_left_untouched(postgres_url: str) -> None
         insert(journal, new_operation())
     sql(
         postgres_url,
-        "UPDATE idempotently.journal_meta SET value = '2' WHERE name = 'schema_version'",
+        "UPDATE idempotently.journal_meta SET value = %s WHERE name = 'schema_version'",
+        (str(SCHEMA_VERSION + 1),),
     )
     before = sql(postgres_url, "SELECT * FROM idempotently.journal_meta ORDER BY name")
 

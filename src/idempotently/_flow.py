@@ -799,8 +799,9 @@ class Engine:
                     raise OperationInProgressError(
                         f"the lease of operation {operation_id!r} ran out before this call "
                         "could send it (a hook or a wait took longer than lease_duration), and "
-                        "another caller took it over: this call sent nothing; that caller "
-                        "sends it with the same key",
+                        "meanwhile another caller or a resume took it over, or it was settled: "
+                        "this call sent nothing. Call again with the same operation_id for its "
+                        "outcome (the same key, so it is never sent twice)",
                         operation_id=operation_id,
                         key=key,
                     )

@@ -70,16 +70,40 @@ class Operation:
     response_headers: tuple[tuple[str, str], ...] | None
     response_body: bytes | None
     reason: str | None
+    # Schema version 4 (SQLite) / 2 (PostgreSQL). Rows from older journals read as None.
+    codec: str | None = None
+    """The name of the codec the stored request and answer bodies were encoded in (None: clear)."""
+    secret_params: str | None = None
+    """JSON list of the query parameters whose values were redacted from ``url`` (None: none)."""
+    credentials_digest: str | None = None
+    """A salted, slow digest of the credential headers the key is bound to (never their values)."""
+    overrides: str | None = None
+    """JSON of the call's own policy and timeout overrides, which a resume applies (None: none)."""
+    forked_from: str | None = None
+    """The operation this one was forked from by an operator (None: not a fork)."""
+    lookup_after: float | None = None
+    """A lookup reconciler does not look this operation up before this time (epoch seconds)."""
+    enqueued_at: float | None = None
+    """When it was enqueued to be sent later (None: made by a call that sends at once)."""
+    first_send_at: float | None = None
+    """When its first send began. None with ``enqueued_at`` set: never sent."""
     attempts: tuple[Attempt, ...] = ()
     """Filled in by :meth:`Journal.operation`; empty in listings."""
 
     @classmethod
     def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
         values = dict(row)
+        if not values.keys() <= _OPERATION_FIELDS:
+            # Columns a later idempotently added while this process had the journal
+            # open (a rolling upgrade): read what this version knows.
+            values = {name: value for name, value in values.items() if name in _OPERATION_FIELDS}
         values["request_headers"] = headers_from_json(values["request_headers"])
         if values["response_headers"] is not None:
             values["response_headers"] = headers_from_json(values["response_headers"])
         return cls(**values, attempts=attempts)
+
+
+_OPERATION_FIELDS: Final = frozenset(field.name for field in attrs.fields(Operation)) - {"attempts"}
 
 
 @attrs.frozen

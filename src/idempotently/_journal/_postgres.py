@@ -89,7 +89,7 @@ INSTALL_HINT: Final = "pip install 'idempotently[postgres]'"
 
 SCHEMA: Final = "idempotently"
 """The PostgreSQL schema holding the journal's tables."""
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The PostgreSQL journal's own schema version (SQLite journals count theirs apart)."""
 _ADVISORY_LOCK: Final = 0x49444D50  # "IDMP", as the SQLite application_id
 """pg_advisory_xact_lock key held while the schema is created or migrated."""
@@ -200,6 +200,44 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         PRIMARY KEY (operation_id, number)
     );
     """,
+    # To version 2: what the operator's journal, data at rest and retry control
+    # need, as in the SQLite journal's version 4. Nullable columns without a
+    # default: adding them rewrites no row.
+    f"""
+    ALTER TABLE {SCHEMA}.operations
+        -- Data at rest.
+        ADD COLUMN codec text,
+        ADD COLUMN secret_params text,
+        ADD COLUMN credentials_digest text,
+        -- Retry control.
+        ADD COLUMN overrides text,
+        -- The operator's journal.
+        ADD COLUMN forked_from text,
+        ADD COLUMN lookup_after double precision,
+        -- The outbox.
+        ADD COLUMN enqueued_at double precision,
+        ADD COLUMN first_send_at double precision;
+    CREATE TABLE {SCHEMA}.origin_pauses (
+        origin      text NOT NULL,
+        credentials text NOT NULL DEFAULT '',
+        until       double precision NOT NULL,
+        reason      text,
+        set_at      double precision NOT NULL,
+        PRIMARY KEY (origin, credentials)
+    );
+    CREATE INDEX operations_forks ON {SCHEMA}.operations (forked_from)
+        WHERE forked_from IS NOT NULL;
+    CREATE TABLE {SCHEMA}.operation_audit (
+        seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        operation_id text NOT NULL,
+        at           double precision NOT NULL,
+        actor        text NOT NULL,
+        action       text NOT NULL,
+        note         text,
+        detail       text
+    );
+    CREATE INDEX operation_audit_by_operation ON {SCHEMA}.operation_audit (operation_id, seq);
+    """,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -207,6 +245,16 @@ _OPERATION_COLUMNS: Final = tuple(
     field.name for field in attrs.fields(Operation) if field.name != "attempts"
 )
 _SELECT_OPERATION: Final = ", ".join(_OPERATION_COLUMNS)
+_ADDED_IN_V2: Final = frozenset(
+    {
+        *("codec", "secret_params", "credentials_digest", "overrides"),
+        *("forked_from", "lookup_after", "enqueued_at", "first_send_at"),
+    }
+)
+_SELECT_OPERATION_V1: Final = ", ".join(
+    f"NULL AS {column}" if column in _ADDED_IN_V2 else column for column in _OPERATION_COLUMNS
+)
+"""The same columns from a version-1 journal opened read-only (it is not upgraded)."""
 _FINISHED_SQL: Final = f"status IN ({_ddl(FINISHED_STATUSES)})"
 
 _INSERT_OPERATION: Final = f"""
@@ -263,14 +311,17 @@ ORDER BY {{order}}a.number
 columns repeated), or one with NULL attempt columns; _with_attempts decodes them."""
 
 # The row with this id, else the one with this key (ids first: false sorts first).
-_FIND: Final = _ATTEMPTS_JOINED.format(
-    operations=f"""(
-    SELECT {_SELECT_OPERATION} FROM {SCHEMA}.operations
+_FIND_ROW: Final = f"""(
+    SELECT {{columns}} FROM {SCHEMA}.operations
     WHERE operation_id = %(operation_id)s::text OR key = %(key)s::text
     ORDER BY operation_id IS DISTINCT FROM %(operation_id)s::text
     LIMIT 1
-)""",
-    order="",
+)"""
+_FIND: Final = _ATTEMPTS_JOINED.format(
+    operations=_FIND_ROW.format(columns=_SELECT_OPERATION), order=""
+)
+_FIND_V1: Final = _ATTEMPTS_JOINED.format(
+    operations=_FIND_ROW.format(columns=_SELECT_OPERATION_V1), order=""
 )
 
 _CLAIM_DUE: Final = f"""
@@ -978,7 +1029,10 @@ class PostgresStore:
         if operation_id is None and key is None:
             return None
         with self._connection() as conn:
-            rows = conn.execute(_FIND, {"operation_id": operation_id, "key": key}).fetchall()
+            rows = conn.execute(
+                _FIND if self._version >= 2 else _FIND_V1,
+                {"operation_id": operation_id, "key": key},
+            ).fetchall()
         found = self._with_attempts(rows)
         return found[0] if found else None
 
@@ -1032,7 +1086,8 @@ class PostgresStore:
         if since is not None:
             where.append("created_at >= %s")
             params.append(since)
-        sql = f"SELECT seq AS _seq, {_SELECT_OPERATION} FROM {SCHEMA}.operations"
+        columns = _SELECT_OPERATION if self._version >= 2 else _SELECT_OPERATION_V1
+        sql = f"SELECT seq AS _seq, {columns} FROM {SCHEMA}.operations"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq " + ("DESC" if newest_first else "ASC")

@@ -88,7 +88,7 @@ def _refuse_url(path: str) -> None:
         )
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
 
@@ -292,6 +292,56 @@ _SCHEMA_V3_NAMES: Final = (_SCHEMA_V2_NAMES - {"operations_finished"}) | frozens
     re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V3)
 )
 """Every table, index and trigger a version-3 journal has (beyond version 1's tables)."""
+
+# Version 4: what the operator's journal, data at rest and retry control need.
+# Every new column is nullable with no default, so adding it rewrites no row and
+# a row from before reads as NULL; each block belongs to one feature.
+_SCHEMA_V4 = """
+-- Data at rest: the codec bodies were encoded with, redacted query parameters,
+-- the digest of the credentials a key is bound to.
+ALTER TABLE operations ADD COLUMN codec TEXT;
+ALTER TABLE operations ADD COLUMN secret_params TEXT;
+ALTER TABLE operations ADD COLUMN credentials_digest TEXT;
+-- Retry control: a call's own overrides, which a resume applies.
+ALTER TABLE operations ADD COLUMN overrides TEXT;
+CREATE TABLE origin_pauses (
+    origin      TEXT NOT NULL,
+    credentials TEXT NOT NULL DEFAULT '',
+    until       REAL NOT NULL,
+    reason      TEXT,
+    set_at      REAL NOT NULL,
+    PRIMARY KEY (origin, credentials)
+) WITHOUT ROWID;
+-- The operator's journal: forks, the lookup reconciler's backoff, audit entries.
+ALTER TABLE operations ADD COLUMN forked_from TEXT;
+ALTER TABLE operations ADD COLUMN lookup_after REAL;
+CREATE INDEX operations_forks ON operations (forked_from) WHERE forked_from IS NOT NULL;
+CREATE TABLE operation_audit (
+    seq          INTEGER PRIMARY KEY,
+    operation_id TEXT NOT NULL,
+    at           REAL NOT NULL,
+    actor        TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    note         TEXT,
+    detail       TEXT
+);
+CREATE INDEX operation_audit_by_operation ON operation_audit (operation_id, seq);
+-- The outbox: enqueued operations, not "maybe delivered" until a send begins.
+ALTER TABLE operations ADD COLUMN enqueued_at REAL;
+ALTER TABLE operations ADD COLUMN first_send_at REAL;
+"""
+_SCHEMA_V4_NAMES: Final = _SCHEMA_V3_NAMES | frozenset(
+    re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V4)
+)
+"""Every table, index and trigger a version-4 journal has (beyond version 1's tables)."""
+
+
+def _schema_names(version: int) -> frozenset[str]:
+    """The tables, indexes and triggers a journal of ``version`` (2 or later) must have."""
+    if version >= 4:
+        return _SCHEMA_V4_NAMES
+    return _SCHEMA_V3_NAMES if version >= 3 else _SCHEMA_V2_NAMES
+
 
 # The counts, from the rows: for a new journal (all zero) and a migrated one.
 _RECOUNT = f"""
@@ -571,8 +621,7 @@ class SqliteStore:
                         "idempotently (pip install -U idempotently). The file was not modified."
                     )
                 if not {"operations", "attempts"} <= tables or (
-                    not (_SCHEMA_V3_NAMES if version >= 3 else _SCHEMA_V2_NAMES) <= names
-                    and version >= 2
+                    not _schema_names(version) <= names and version >= 2
                 ):
                     raise JournalCorruptError(
                         f"{self.path} is missing journal tables; restore it from a backup"
@@ -606,6 +655,9 @@ class SqliteStore:
             self._create_v2_schema()
         if version < 3:
             for statement in _split_statements(_SCHEMA_V3):
+                self._conn.execute(statement)
+        if version < 4:
+            for statement in _split_statements(_SCHEMA_V4):
                 self._conn.execute(statement)
         self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
