@@ -39,6 +39,7 @@ from idempotently._cli_format import (
     printable,
     stats_lines,
     stats_prometheus,
+    wrap_words,
 )
 from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
 from idempotently._exceptions import JournalError, StoredProfileError
@@ -214,9 +215,13 @@ def echo_lines(lines: Sequence[str], indent: str = "") -> None:
         click.echo(printable(f"{indent}{line}".rstrip()))
 
 
-def fail(message: str) -> None:
-    """Exit 1 with the reason on stderr, after the normal output was printed."""
-    click.echo(f"idempotently: {message}", err=True)
+def fail(message: str, *, wrap: bool = False) -> None:
+    """Exit 1 with the reason on stderr, after the normal output was printed.
+
+    ``wrap``: a long sentence for people is broken between words at the terminal's width.
+    """
+    text = f"idempotently: {message}"
+    click.echo("\n".join(wrap_words(text, terminal_width())) if wrap else text, err=True)
     raise click.exceptions.Exit(1)
 
 
@@ -304,7 +309,7 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     if output_format == "json":
         echo_json(operation_detail_json(operation))
         return
-    echo_lines(operation_lines(operation, time.time()))
+    echo_lines(operation_lines(operation, time.time(), width=terminal_width()))
 
 
 # -- stats -------------------------------------------------------------------------
@@ -354,7 +359,7 @@ def stats_command(
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
     else:
-        echo_lines(stats_lines(stats, journal.path, stuck_after))
+        echo_lines(stats_lines(stats, journal.path, stuck_after, width=terminal_width()))
     reconcile = stats.counts["needs_reconcile"]
     if fail_on_stuck and (stats.stuck or reconcile):
         problems = []
@@ -664,7 +669,8 @@ def resume_command(
         fail(
             (f"{ended}; " if ended else "") + f"{journal.path} has {left['pending']} pending and "
             f"{left['needs_reconcile']} needs_reconcile "
-            "(`idempotently list --status pending --status needs_reconcile`)"
+            "(`idempotently list --status pending --status needs_reconcile`)",
+            wrap=stderr_is_terminal(),
         )
 
 
@@ -735,7 +741,8 @@ def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: boo
     counts = Counter(result.action for result in results)
     summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
     verb = "planned" if dry_run else "resumed"
-    click.echo(f"\n{verb} {plural(len(results), 'operation')}: {summary}")
+    line = f"{verb} {plural(len(results), 'operation')}: {summary}"
+    click.echo("\n" + "\n".join(wrap_words(line, terminal_width())))
 
 
 # -- prune -------------------------------------------------------------------------

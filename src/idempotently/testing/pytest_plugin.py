@@ -15,7 +15,6 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 import pytest
@@ -36,15 +35,15 @@ MOCK_EXTRA_MESSAGE = (
 )
 
 
-def _server_module() -> ModuleType:
-    """`idempotently.testing._server`, or a test failure that names the extra to install."""
+@contextlib.contextmanager
+def _needs_the_mock_extra() -> Iterator[None]:
+    """Turn a missing starlette or uvicorn into a test failure that names the extra."""
     try:
-        from idempotently.testing import _server
+        yield
     except ImportError as error:
         if (error.name or "").partition(".")[0] in ("starlette", "uvicorn"):
             pytest.fail(MOCK_EXTRA_MESSAGE, pytrace=False)
         raise
-    return _server
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,7 +91,9 @@ def idempotently_mock_server_factory(
 
     Servers default to a `VirtualClock`: time stands still unless the test advances it.
     """
-    serve = _server_module().serve
+    with _needs_the_mock_extra():
+        from idempotently.testing._server import serve
+
     checked: list[MockServer] = []
     with contextlib.ExitStack() as stack:
 
@@ -129,7 +130,9 @@ def idempotently_in_process_mock_server(request: pytest.FixtureRequest) -> Itera
     or `AsyncSession(path, client=server.async_client())`. Virtual clock, unused
     faults checked, as for `idempotently_mock_server`.
     """
-    in_process = _server_module().in_process
+    with _needs_the_mock_extra():
+        from idempotently.testing._server import in_process
+
     with in_process(clock=VirtualClock()) as server:
         yield server
         _fail_on_unused_faults(request, [server])
