@@ -282,7 +282,7 @@ Shorten = Literal["middle", "end"]
 def columns(text: str) -> int:
     """Terminal columns ``text`` takes: 2 for a CJK character or an emoji, 0 for a combining mark.
 
-    Cells reach here through :func:`printable`, so there is no control character
+    Cells reach here through `printable`, so there is no control character
     to measure; one that slips through counts as nothing rather than as -1.
     """
     measured = wcwidth.wcswidth(text)
@@ -396,7 +396,7 @@ def table(
     With ``width``, columns give up terminal columns until each line fits: first
     the steps of ``give`` in order, each ``(column, floor)`` narrowing one column
     down to ``floor``, then the columns named in ``shrink``, widest first, down
-    to :data:`MIN_SHORTENED`. A narrowed column's cells are shortened with ``…``
+    to `MIN_SHORTENED`. A narrowed column's cells are shortened with ``…``
     (in the middle or at the end, as ``shrink`` says), except the ``own_line``
     column: a cell too wide for it is never cut but printed whole on a line of
     its own, its row following on the next line. The other columns are never cut.
@@ -500,7 +500,7 @@ OPERATION_FIELDS = (
     "lease_owner",
     "lease_until",
 )
-"""The keys of :func:`operation_json`, in order: the columns of ``list --format csv``."""
+"""The keys of `operation_json`, in order: the columns of ``list --format csv``."""
 
 
 def csv_text(records: Sequence[Mapping[str, Any]], fields: Sequence[str] = ()) -> str:

@@ -2,7 +2,7 @@
 
 The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
 journal: it yields one of these values and receives the result. A journal
-command is a plain value: :meth:`Journal._execute` runs a read against the
+command is a plain value: `Journal._execute` runs a read against the
 store and hands a write to the journal's one writer (``_journal/_writer.py``),
 which commits it with whatever other writes are waiting; the async driver
 hands it over without ever running SQLite on its event loop.

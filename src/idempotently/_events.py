@@ -3,7 +3,7 @@
 The flow (``_flow.py``) makes one event when it starts sending an operation,
 one per attempt, one per retry decision and one when it stops; it logs each on
 the ``idempotently`` logger with the event's fields and, when the Session or
-Transport has ``hooks=``, yields an :class:`~idempotently._commands.Emit` command
+Transport has ``hooks=``, yields an `Emit` command
 that the driver carries out by calling them. No event holds a header, a body
 or a URL: only ids, counts, outcomes and the reasons already written to the
 journal (secrets scrubbed).
@@ -109,7 +109,7 @@ class OperationFinished:
     not_before: float | None
     """For ``retry_later``: when the server allows the next attempt."""
     elapsed: float
-    """Seconds since :class:`OperationStarted`, by the session's clock."""
+    """Seconds since `OperationStarted`, by the session's clock."""
 
 
 Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished
@@ -127,7 +127,7 @@ def fields(event: Event) -> dict[str, Any]:
 
 
 def finished_level(status: Status) -> int:
-    """The log level of an :class:`OperationFinished` with ``status``: what the caller did
+    """The log level of an `OperationFinished` with ``status``: what the caller did
     not get (pending, needs reconciling, abandoned) is worth a line at INFO; a settled
     answer is the caller's to report."""
     return logging.DEBUG if status in ("succeeded", "failed") else logging.INFO

@@ -126,7 +126,7 @@ DEFAULT_LEASE_DURATION = 60.0
 DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
 MAX_OPERATION_ID_LENGTH = 255
 EXTENSION = "idempotently"
-"""``response.extensions[EXTENSION]`` holds the :class:`Receipt`."""
+"""``response.extensions[EXTENSION]`` holds the `Receipt`."""
 
 # A second caller of an operation in flight looks again after these waits.
 _FIRST_POLL = 0.01
@@ -259,11 +259,11 @@ class Held:
     lease: tuple[str, str] | None = None
     """(operation_id, owner)"""
     owners: list[str] = attrs.Factory(list)
-    """The lease owners this flow made: in flight until the driver calls :meth:`end`."""
+    """The lease owners this flow made: in flight until the driver calls `end`."""
     interrupted: tuple[str, str, str | None, float, Delivery] | None = None
     """While an attempt is being sent: (operation_id, key, owner, started_at, delivery)
     of the attempt to journal if it never returns (it may have been delivered), which
-    also releases the lease; the record itself (:func:`interrupted_attempt`) is built
+    also releases the lease; the record itself (`interrupted_attempt`) is built
     only then, not before every send."""
     lease_until: float = 0.0
     """When the lease this flow last wrote runs out (by the engine's clock)."""
@@ -660,7 +660,7 @@ class Engine:
         return new_key()
 
     def _check_same(self, operation: Operation, call: Call, print_: str) -> None:
-        """Raise :class:`KeyReuseError` unless ``call`` is the journaled operation again."""
+        """Raise `KeyReuseError` unless ``call`` is the journaled operation again."""
         ids = _ids(operation)
         if call.operation_id is not None and operation.operation_id != call.operation_id:
             raise KeyReuseError(
@@ -695,7 +695,7 @@ class Engine:
 
     def _same_request(self, operation: Operation, request: httpx.Request, digest: str) -> bool:
         """Whether ``request`` is the journaled operation's request again:
-        its :func:`request_digest` agrees, and its body has the journaled bytes or, only
+        its `request_digest` agrees, and its body has the journaled bytes or, only
         when the bytes differ, means the same (canonical JSON, multipart boundary)."""
         if not operation.fingerprint.startswith(DIGEST_PREFIX):
             # Journaled by an earlier version: a canonical fingerprint of the whole request.
@@ -993,7 +993,7 @@ class Engine:
         Its journaled spec (or the built-in it named), read as ``profile_rule`` says;
         a row written before profiles were stored (a bare name that is no built-in) is
         read with the session's profile (the legacy rule). Raises
-        :class:`StoredProfileError` rather than guess."""
+        `StoredProfileError` rather than guess."""
         return stored_profile(
             operation.profile,
             self.profile,
@@ -1015,8 +1015,8 @@ class Engine:
     ) -> Flow[list[ResumeResult]]:
         """Every pending operation (and needs_reconcile ones for a reconciler), oldest
         first, one after the other: each reported as soon as it is known, all returned
-        at the end. (With concurrency, a driver runs :meth:`resume_queue` and then
-        :meth:`resume_operation` for each operation in its own flow.)"""
+        at the end. (With concurrency, a driver runs `resume_queue` and then
+        `resume_operation` for each operation in its own flow.)"""
         results: list[ResumeResult] = []
         for listed in (yield from self.resume_queue(reconciling=reconciling)):
             result = yield from self.resume_operation(

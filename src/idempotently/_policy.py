@@ -1,13 +1,13 @@
 """What is retried, and when: each answer classified once, one pure decision.
 
-:func:`classify` turns a response into an :class:`Answer` and
-:func:`classify_error` a transport error into a :class:`Failure`, once;
-:func:`decide` turns one of them and the call's :class:`CallState` into a
-:class:`Decision` that carries the next state (as urllib3's
+`classify` turns a response into an `Answer` and
+`classify_error` a transport error into a `Failure`, once;
+`decide` turns one of them and the call's `CallState` into a
+`Decision` that carries the next state (as urllib3's
 ``Retry.increment`` returns the next ``Retry``). Nothing here does I/O.
 
 tenacity supplies the budget: the wait and stop strategies (composable, and
-replaceable through :class:`RetryPolicy`'s ``wait=`` and ``stop=``) are
+replaceable through `RetryPolicy`'s ``wait=`` and ``stop=``) are
 evaluated on a ``tenacity.RetryCallState`` built from the call's own clock.
 """
 
@@ -83,7 +83,7 @@ class RetryPolicy:
     Every wait is ``max(server's Retry-After, backoff)``, the backoff being
     exponential with full jitter; no wait runs past ``deadline`` (seconds for
     the whole call) or beyond ``max_retry_after``: the call stops instead, the
-    operation stays pending, and :class:`~idempotently.RetryLaterError` says
+    operation stays pending, and `RetryLaterError` says
     when to come back.
 
     ``wait=`` and ``stop=`` take tenacity strategies instead of the defaults
@@ -211,7 +211,7 @@ def may_have_been_delivered(operation: Operation) -> bool:
     that is not a replay proves nothing (it is never ``failed``, the promise that
     nothing happened), and an at-most-once operation is never sent again.
 
-    True when any recorded attempt may have been acted on (:func:`maybe_acted`), and
+    True when any recorded attempt may have been acted on (`maybe_acted`), and
     when no attempt is recorded at all: the key is committed just before the first
     send begins, so an operation without attempts is one whose process died (SIGKILL,
     power cut) during its first attempt, which may have reached the server and acted.
@@ -246,7 +246,7 @@ _UNSENDABLE_ERRORS = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 
 
 def classify_error(error: BaseException, *, secrets: Collection[str] = ()) -> Failure:
-    """What ended an attempt without an answer, as a :class:`Failure`.
+    """What ended an attempt without an answer, as a `Failure`.
 
     A transport error says whether the request can have reached the server. Any
     other error (an undecodable body, a redirect loop, a response hook of the

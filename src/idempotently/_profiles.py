@@ -139,7 +139,7 @@ def _name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 class ServerProfile:
     """The server side of the contract, as one API implements it.
 
-    Built-ins live in :mod:`idempotently.profiles`; adapt one with
+    Built-ins live in `idempotently.profiles`; adapt one with
     ``attrs.evolve(profiles.GENERIC, in_progress_statuses=frozenset({409, 423}))``.
     """
 
@@ -345,7 +345,7 @@ def profile_spec(profile: ServerProfile) -> str:
 
 
 def profile_from_spec(text: str) -> ServerProfile:
-    """The profile :func:`profile_spec` wrote; ProfileSpecError if it cannot be read
+    """The profile `profile_spec` wrote; ProfileSpecError if it cannot be read
     back exactly (never a guess)."""
     try:
         parsed = json.loads(text)
@@ -392,7 +392,7 @@ def _journaled_profile(profile: ServerProfile) -> str:
 
 @functools.lru_cache(maxsize=256)
 def cached_profile(text: str) -> ServerProfile:
-    """:func:`profile_from_spec`, once per distinct text (a failure is not cached)."""
+    """`profile_from_spec`, once per distinct text (a failure is not cached)."""
     return profile_from_spec(text)
 
 
@@ -413,7 +413,7 @@ def stored_profile(
 ) -> ServerProfile:
     """The profile to read an operation's answers with, from its journaled ``text``.
 
-    Raises :class:`StoredProfileError` rather than guess: nothing is to be sent."""
+    Raises `StoredProfileError` rather than guess: nothing is to be sent."""
     ids = {"operation_id": operation_id, "key": key}
     if rule == "forced":
         return given

@@ -1,8 +1,8 @@
 """The journal's row types and the checks on what they hold: neither store's.
 
-The flow reads :class:`Operation` and writes :class:`NewOperation` and
-:class:`AttemptRecord`; SQLite and PostgreSQL both decode their rows into these
-values and check every column the same way (:func:`column_problem`).
+The flow reads `Operation` and writes `NewOperation` and
+`AttemptRecord`; SQLite and PostgreSQL both decode their rows into these
+values and check every column the same way (`column_problem`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Operation:
     first_send_at: float | None = None
     """When its first send began. None with ``enqueued_at`` set: never sent."""
     attempts: tuple[Attempt, ...] = ()
-    """Filled in by :meth:`Journal.operation`; empty in listings."""
+    """Filled in by `Journal.operation`; empty in listings."""
 
     @classmethod
     def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
@@ -300,7 +300,7 @@ class JournalStats:
     expiring: int | None = None
     """Pending operations whose key expires by ``now + expiring_within`` (or already has):
     with the key-expiry margin as the window, the ones ``resume`` would no longer resend.
-    None when :meth:`Journal.stats` was not given ``expiring_within``."""
+    None when `Journal.stats` was not given ``expiring_within``."""
     expiring_within: float | None = None
 
     @property

@@ -326,14 +326,14 @@ class Session(_SessionBase[httpx.Client]):
 
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
-    or get :class:`~idempotently.OperationInProgressError`.
+    or get `OperationInProgressError`.
 
     ``host_id`` names this host in lease owners (default ``$IDEMPOTENTLY_HOST_ID``,
     else the hostname; printable, no ``:``, at most 128 characters): a lease of
     another host id is waited out until it expires, never judged by its pid.
 
-    ``hooks=[hook, ...]`` are called with every event (:class:`OperationStarted`,
-    :class:`AttemptFinished`, :class:`RetryScheduled`, :class:`OperationFinished`)
+    ``hooks=[hook, ...]`` are called with every event (`OperationStarted`,
+    `AttemptFinished`, `RetryScheduled`, `OperationFinished`)
     in the calling thread (a resume with ``concurrency`` calls them from its
     threads); a hook that raises is logged and the call goes on.
     """
@@ -392,7 +392,7 @@ class Session(_SessionBase[httpx.Client]):
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
     ) -> httpx.Response:
-        """POST once, whatever happens on the wire; see :meth:`request`."""
+        """POST once, whatever happens on the wire; see `request`."""
         return self.request(
             "POST",
             url,
@@ -580,7 +580,7 @@ def check_resume_arguments(
 
 
 class AsyncSession(_SessionBase[httpx.AsyncClient]):
-    """The async twin of :class:`Session`, on asyncio or trio (anyio).
+    """The async twin of `Session`, on asyncio or trio (anyio).
 
     Journal reads and writes never run on the event loop: the commands its tasks
     are waiting for go to a worker thread together, one hand-off per batch, and
@@ -647,7 +647,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
     ) -> httpx.Response:
-        """POST once, whatever happens on the wire; see :meth:`Session.request`."""
+        """POST once, whatever happens on the wire; see `Session.request`."""
         return await self.request(
             "POST",
             url,
@@ -685,7 +685,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
     ) -> httpx.Response:
-        """Send one operation; see :meth:`Session.request`."""
+        """Send one operation; see `Session.request`."""
         check_call_arguments(
             operation_id=operation_id,
             idempotency_key=idempotency_key,
@@ -739,7 +739,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         on_result: OnResult | None = None,
         concurrency: int = 1,
     ) -> list[ResumeResult]:
-        """Re-drive every pending operation; see :meth:`Session.resume` (``concurrency``
+        """Re-drive every pending operation; see `Session.resume` (``concurrency``
         operations at once, as tasks)."""
         check_resume_arguments(
             base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency

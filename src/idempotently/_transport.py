@@ -171,10 +171,10 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
 
     ``httpx.Client(transport=Transport("idempotently.db"))`` journals each write before
     it is sent, adopts the ``Idempotency-Key`` header the request carries (or
-    adds one), retries through ``transport`` by the :class:`RetryPolicy`, and
+    adds one), retries through ``transport`` by the `RetryPolicy`, and
     returns the stored answer for a key that already settled. It takes the
     Session's options, ``delivery=`` included, and raises what
-    :class:`Session` raises (``KeyReuseError``, ``OperationPendingError``,
+    `Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...); other methods pass straight through.
     ``hooks=`` receive the same events as the Session's.
     """
@@ -292,7 +292,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
 
 
 class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase):
-    """The async twin of :class:`Transport`, on asyncio or trio (anyio).
+    """The async twin of `Transport`, on asyncio or trio (anyio).
 
     ``hooks=`` take plain or async functions, run on the event loop: keep them quick.
     """

@@ -3,7 +3,7 @@
 Each command opens the journal, makes one library call and prints the result:
 an aligned table for people, or ``--format json|csv|nl|...`` for scripts. No command creates a
 journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
-any :class:`JournalError` becomes a one-line error (exit 1).
+any `JournalError` becomes a one-line error (exit 1).
 Usage errors (bad option values) exit 2. Reference: the command-line page of the docs.
 """
 

@@ -1,10 +1,10 @@
 """The journal: a facade over one store (SQLite or PostgreSQL) and its one writer.
 
 ``Journal(path)`` opens a SQLite file; ``Journal("postgresql://...")`` a
-PostgreSQL database. Both stores implement :class:`Store`
+PostgreSQL database. Both stores implement `Store`
 (``_journal/_store.py``) side by side; neither knows the other. Every write,
 whoever makes it (a call, a resume, the heartbeat, a watch worker), goes
-through the journal's :class:`Writer`: one queue, batched commits, durability
+through the journal's `Writer`: one queue, batched commits, durability
 decided once per batch.
 """
 
@@ -176,7 +176,7 @@ class Journal:
         self.close()
 
     def close(self) -> None:
-        """Close the file (or pool). Any later use raises :class:`JournalError`; closing
+        """Close the file (or pool). Any later use raises `JournalError`; closing
         again is a no-op."""
         self._closed = True
         if self._forked_from is None:
@@ -217,7 +217,7 @@ class Journal:
 
         With ``expiring_within`` (seconds), also how many pending operations have a
         key that expires by ``now + expiring_within``; with the key-expiry margin
-        (:data:`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
+        (`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
         """
         self._check_usable()
         return self._store.stats(now=now, stuck_after=stuck_after, expiring_within=expiring_within)
@@ -280,7 +280,7 @@ class Journal:
 
     def _execute_many(self, commands: Sequence[JournalCommand]) -> list[Any]:
         """Several commands (an async session's tasks'): each one's reply or a
-        :class:`Failed`; the writes among them in one batch of the writer."""
+        `Failed`; the writes among them in one batch of the writer."""
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):

@@ -755,7 +755,7 @@ class PostgresStore:
     # -- the writes -------------------------------------------------------------------
 
     def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
-        """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
+        """Run ``writes`` in one transaction; each one's result, or a `Failed`.
 
         ``durable`` makes the commit wait for the WAL flush (``synchronous_commit =
         on``). A lone write is one autocommitted statement: one round trip. Several run
@@ -860,7 +860,7 @@ class PostgresStore:
     ) -> psycopg.Cursor[dict[str, Any]] | None:
         """Send ``write``'s one statement; its cursor (None if there is nothing to send).
 
-        In a pipeline the cursor's results arrive later: :meth:`_result` reads them.
+        In a pipeline the cursor's results arrive later: `_result` reads them.
         """
         if isinstance(write, Insert):
             return conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
@@ -981,7 +981,7 @@ class PostgresStore:
         raise TypeError(f"not a journal write: {write!r}")
 
     def _result(self, write: Write, cursor: psycopg.Cursor[dict[str, Any]] | None) -> Any:
-        """What ``write`` returns, read from the cursor :meth:`_send` gave."""
+        """What ``write`` returns, read from the cursor `_send` gave."""
         if isinstance(write, (Record, Release)):
             return None
         if isinstance(write, ClaimDue):

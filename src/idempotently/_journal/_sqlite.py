@@ -1,4 +1,4 @@
-"""The SQLite journal: one row per operation, one per attempt (a :class:`Store`).
+"""The SQLite journal: one row per operation, one per attempt (a `Store`).
 
 Durability: a batch of writes holding a key to be made durable commits with
 ``synchronous=FULL`` (the WAL is fsync'd) before any of those keys is sent;
@@ -468,11 +468,11 @@ class _ClosedConnection:
 
 
 class SqliteStore:
-    """The journal in one SQLite file (WAL mode): a :class:`~idempotently._journal.Store`.
+    """The journal in one SQLite file (WAL mode): a `Store`.
 
     Safe to share between threads (one connection, behind a lock); several
     processes may open the same file. Writes arrive in batches from the
-    journal's one writer (:meth:`commit`).
+    journal's one writer (`commit`).
     """
 
     def __init__(
@@ -741,7 +741,7 @@ class SqliteStore:
             self._upgrade(1)
 
     def close(self) -> None:
-        """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
+        """Close the file. Any later use raises `JournalError` (closing again is a no-op)."""
         with self._lock:
             self._conn.close()
             # Not sqlite3's "Cannot operate on a closed database": say which journal.
@@ -791,7 +791,7 @@ class SqliteStore:
         return found.st_dev, found.st_ino
 
     def check_identity(self) -> None:
-        """Raise :class:`JournalMovedError` unless ``path`` is still the file this Journal has open.
+        """Raise `JournalMovedError` unless ``path`` is still the file this Journal has open.
 
         One ``os.stat``. Call it before journaling a new key: a file deleted or
         renamed over while open keeps taking writes, but nobody would resume them.
@@ -887,11 +887,11 @@ class SqliteStore:
     # -- the writes ----------------------------------------------------------------
 
     def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
-        """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
+        """Run ``writes`` in one transaction; each one's result, or a `Failed`.
 
         ``durable`` fsyncs the WAL at commit (the batch holds a key about to be
         sent). Writes that may start a send (a new key, a lease taken or renewed,
-        a claim) are refused with :class:`JournalMovedError` if the path no longer
+        a claim) are refused with `JournalMovedError` if the path no longer
         names the file open here, checked with a ``stat`` before the batch (nothing
         of theirs is written then) and after it: in WAL mode a write to a deleted or
         replaced file succeeds silently and nobody would ever resume it. With several
@@ -1297,7 +1297,7 @@ class SqliteStore:
 
         With ``expiring_within`` (seconds), also how many pending operations have a
         key that expires by ``now + expiring_within``; with the key-expiry margin
-        (:data:`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
+        (`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
         That count reads one row per pending operation; without it, stats reads the
         pending operations' index alone.
         """

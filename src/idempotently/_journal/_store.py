@@ -2,7 +2,7 @@
 
 A store owns the storage (a file, a connection pool) and nothing else: it
 neither queues nor batches. The journal's one writer (``_writer.py``) hands it
-batches of writes (:meth:`Store.commit`); reads go to it directly. The row
+batches of writes (`Store.commit`); reads go to it directly. The row
 types it reads and writes (``idempotently._rows``) belong to no store.
 """
 
