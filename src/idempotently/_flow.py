@@ -185,7 +185,9 @@ class Receipt:
     """
 
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     attempts: int
     """Attempts journaled for the operation so far, across calls and restarts."""
     replayed: bool
@@ -199,7 +201,9 @@ class ResumeResult:
     """What resume did with one operation."""
 
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     status: Status
     """The operation's status in the journal afterwards."""
     action: ResumeAction
@@ -209,8 +213,12 @@ class ResumeResult:
     ``would_skip_leased``, ``would_abandon``, ``would_need_reconcile`` or
     ``would_reconcile``."""
     detail: str
+    """What happened or what to do about it, in words (the error, the server's hint, which
+    option to pass)."""
     status_code: int | None = None
+    """The HTTP status of the last answer this resume got, or None."""
     replayed: bool = False
+    """That answer was the server's stored one for this key (a replay)."""
 
     @classmethod
     def of(
@@ -247,8 +255,12 @@ class Settlement:
     status: Literal["succeeded", "failed"] = attrs.field(
         validator=attrs.validators.in_(("succeeded", "failed"))
     )
+    """`succeeded`: it took effect (the object was found); `failed`: it surely never did."""
     note: str
+    """Why, in words: journaled as the operation's reason and shown by `show`."""
     response: httpx.Response | None = None
+    """The object found, as an `httpx.Response`, stored as the operation's answer (None: none
+    stored)."""
 
 
 @attrs.define

@@ -97,26 +97,34 @@ class RetryPolicy:
         default=DEFAULT_MAX_ATTEMPTS,
         validator=[attrs.validators.instance_of(int), attrs.validators.gt(0)],
     )
+    """Attempts one call makes at most, the first included (a resume's call too)."""
     deadline: float = attrs.field(
         default=DEFAULT_DEADLINE,
         converter=float,
         validator=[attrs.validators.gt(0), attrs.validators.lt(float("inf"))],
     )
+    """Seconds the whole call may take, waits and attempts included; each attempt's timeouts are
+    capped by what is left."""
     initial_backoff: float = attrs.field(
         default=DEFAULT_INITIAL_BACKOFF,
         converter=float,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
+    """Seconds of the first backoff's cap: retry n waits a random time up to `initial_backoff *
+    2**(n-1)` (full jitter)."""
     max_backoff: float = attrs.field(
         default=DEFAULT_MAX_BACKOFF,
         converter=float,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
+    """Seconds no backoff exceeds, however many retries came before."""
     max_retry_after: float = attrs.field(
         default=DEFAULT_RETRY_AFTER_MAX,
         converter=float,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
+    """The longest Retry-After (seconds) the call sleeps through; a longer one stops the call,
+    keeps the operation pending with a durable `not_before`, and raises `RetryLaterError`."""
     in_progress_retries: int = attrs.field(
         default=DEFAULT_IN_PROGRESS_RETRIES,
         validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)],

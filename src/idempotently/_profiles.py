@@ -144,6 +144,8 @@ class ServerProfile:
     """
 
     name: str = attrs.field(validator=_name)
+    """What the profile is called: a built-in's name (`stripe`), or yours; journaled with each
+    operation."""
     key_header: str = attrs.field(default=DEFAULT_KEY_HEADER, validator=_header_names)
     """The request header that carries the key."""
     key_format: KeyFormat = attrs.field(
@@ -158,6 +160,8 @@ class ServerProfile:
             attrs.validators.le(8192),
         ],
     )
+    """The longest key the server takes, in characters; a longer explicit key is refused before
+    anything is sent."""
     key_lifetime: float = attrs.field(
         default=DEFAULT_KEY_LIFETIME, validator=_seconds(0, MAX_KEY_LIFETIME)
     )
