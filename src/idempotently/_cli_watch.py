@@ -72,6 +72,9 @@ def result_row(cells: tuple[object, ...], dry_run: bool) -> str:
     start = sum(widths) + 2 * len(widths)
     room = terminal - start
     detail = text[4]
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        # A pipe or a file: one line per row, the detail whole at its end, for scripts.
+        return "\n".join([*lines, "  ".join([*padded, detail]).rstrip()])
     if columns(detail) <= room or room >= DETAIL_ROOM:
         first, *rest = wrap_words(detail, max(room, 1))
         lines.append("  ".join([*padded, first]).rstrip())

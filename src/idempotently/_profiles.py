@@ -302,7 +302,84 @@ STRIPE = ServerProfile(
 IETF = ServerProfile(name="ietf", key_format="sf-string")
 """draft-ietf-httpapi-idempotency-key-header: the key is an RFC 8941 quoted string."""
 
-BUILTIN_PROFILES = {profile.name: profile for profile in (GENERIC, STRIPE, IETF)}
+# -- the catalog: servers users meet most, each from its own docs or source ----------------
+# What was read for each is in the "which profile for my server" guide (docs/profiles.md),
+# with the version; a profile states only what that source shows, and keeps the generic
+# (conservative) answer where the source says nothing.
+
+DJANGO_IDEMPOTENCY_KEY = ServerProfile(
+    name="django-idempotency-key",
+    in_progress_statuses=frozenset({409, 423}),
+    mismatch_statuses=frozenset(),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+    key_lifetime=300.0,
+    replay_headers=(),
+)
+"""django-idempotency-key (Django REST framework middleware): 409 while a request with
+the key runs, 423 when its storage lock is busy; only 2xx answers are stored (any other
+answer deletes the key, so a retry runs the view again); a different body under the
+same key is a new request, never a mismatch; replays carry no marker. Keys live as long
+as Django's cache keeps them: 300 s by default, so a resume after that goes to
+needs_reconcile (raise ``key_lifetime`` if your cache keeps them longer)."""
+
+ASGI_IDEMPOTENCY_HEADER = ServerProfile(
+    name="asgi-idempotency-header",
+    mismatch_statuses=frozenset(),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+)
+"""asgi-idempotency-header (FastAPI/Starlette middleware): 409 while in progress; a stored
+answer replays with ``Idempotent-Replayed: true``, whatever the new request's body (no
+payload check: a 422 means a malformed key); JSON answers are stored, any status, but a
+non-JSON one (Starlette's plain-text 500) releases the key and a retry runs again."""
+
+EXPRESS_IDEMPOTENCY = ServerProfile(
+    name="express-idempotency",
+    mismatch_statuses=frozenset({417}),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+    replay_headers=(),
+)
+"""express-idempotency (Express middleware): 409 while in progress, 417 Expectation
+Failed for a key reused with another URL, method, query or body; only 2xx answers are
+stored (a 5xx deletes the key); replays carry no marker."""
+
+ROCKET_RIDES = ServerProfile(
+    name="rocket-rides",
+    mismatch_statuses=frozenset(),
+    key_lifetime=72 * 3600.0,
+)
+"""Brandur Leach's rocket-rides-atomic (the reference design of "Implementing
+Stripe-like Idempotency Keys in Postgres"): 409 both for in progress and, with a body
+saying "mismatch", for another payload; 422 is a validation error, not a mismatch; a
+500 unlocks the key and a retry resumes from the last recovery point, so 5xx are safe to
+retry; keys are reaped after 72 h; keys shorter than 20 characters are refused."""
+
+ADYEN = ServerProfile(name="adyen", max_key_length=64, key_lifetime=31 * 24 * 3600.0)
+"""Adyen: ``Idempotency-Key`` of at most 64 characters, valid for at least 31 days; the
+answers to a concurrent or mismatched retry are the generic ones (409 retried, 422 final)."""
+
+PAYPAL = ServerProfile(name="paypal", key_header="PayPal-Request-Id", key_lifetime=6 * 3600.0)
+"""PayPal REST: the key is ``PayPal-Request-Id``; a retry returns the latest status of the
+first request, and 5xx may be retried for as long as the ID is stored, which each API's
+reference gives: 6 h here, the conservative choice (raise it to what your API says)."""
+
+BUILTIN_PROFILES = {
+    profile.name: profile
+    for profile in (
+        GENERIC,
+        STRIPE,
+        IETF,
+        DJANGO_IDEMPOTENCY_KEY,
+        ASGI_IDEMPOTENCY_HEADER,
+        EXPRESS_IDEMPOTENCY,
+        ROCKET_RIDES,
+        ADYEN,
+        PAYPAL,
+    )
+}
+"""Every built-in profile by name: what ``--profile NAME`` and a journaled name resolve to."""
 
 
 # -- the profile an operation was made under, as the journal holds it ---------------------

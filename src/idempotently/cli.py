@@ -210,6 +210,14 @@ def terminal_width() -> int:
     return shutil.get_terminal_size().columns
 
 
+def prose_width() -> int | None:
+    """Columns to wrap sentences at: the terminal's, or ``COLUMNS``; None (no wrapping)
+    when the output goes to a pipe or a file, so a script reads each value on one line."""
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return terminal_width()
+    return None
+
+
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
     for line in lines:
         click.echo(printable(f"{indent}{line}".rstrip()))
@@ -309,7 +317,7 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     if output_format == "json":
         echo_json(operation_detail_json(operation))
         return
-    echo_lines(operation_lines(operation, time.time(), width=terminal_width()))
+    echo_lines(operation_lines(operation, time.time(), width=prose_width()))
 
 
 # -- stats -------------------------------------------------------------------------
@@ -359,7 +367,7 @@ def stats_command(
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
     else:
-        echo_lines(stats_lines(stats, journal.path, stuck_after, width=terminal_width()))
+        echo_lines(stats_lines(stats, journal.path, stuck_after, width=prose_width()))
     reconcile = stats.counts["needs_reconcile"]
     if fail_on_stuck and (stats.stuck or reconcile):
         problems = []
@@ -514,9 +522,11 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     "profile",
     callback=profile_option,
     metavar="NAME",
-    help="Read answers with this profile: generic, stripe, ietf, or module:NAME for a "
-    "ServerProfile of your own (default: the one each operation was journaled under; an "
-    "operation whose stored profile differs is refused unless --force-profile).",
+    help="Read answers with this profile: a built-in's name (generic, stripe, ietf, "
+    "django-idempotency-key, asgi-idempotency-header, express-idempotency, rocket-rides, "
+    "adyen, paypal), or module:NAME for a ServerProfile of your own (default: the one "
+    "each operation was journaled under; an operation whose stored profile differs is "
+    "refused unless --force-profile).",
 )
 @click.option(
     "--force-profile",
@@ -742,7 +752,8 @@ def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: boo
     summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
     verb = "planned" if dry_run else "resumed"
     line = f"{verb} {plural(len(results), 'operation')}: {summary}"
-    click.echo("\n" + "\n".join(wrap_words(line, terminal_width())))
+    width = prose_width()
+    click.echo("\n" + ("\n".join(wrap_words(line, width)) if width else line))
 
 
 # -- prune -------------------------------------------------------------------------
