@@ -132,7 +132,11 @@ def test_examples_parse(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
         if flag == "--header-env":
             monkeypatch.setenv(value.partition("=")[2], "set for the example")
     assert name in COMMANDS
-    registered()[name].make_context(name, rest)  # raises on any usage error
+    # Under the group's context, as the CLI runs it: a command's context made without
+    # it would cache click's default help option (--help only) on the shared command
+    # object, and `-h` would fail for every later test.
+    group = cli.make_context("idempotently", [], resilient_parsing=True)
+    registered()[name].make_context(name, rest, parent=group)  # raises on any usage error
 
 
 def test_examples_cover_every_command() -> None:
