@@ -1,5 +1,7 @@
 """Recipe: any SDK built on httpx that accepts your ``http_client``.
 
+Install: ``pip install idempotently`` and the SDK.
+
 Most generated SDKs (Stainless, Speakeasy, Fern...) take ``http_client=`` and
 have their own retry loop. The recipe is the same for all of them:
 

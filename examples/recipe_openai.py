@@ -1,5 +1,7 @@
 """Recipe: OpenAI's Python SDK (openai 3.x, built on httpx2) with a journaled transport.
 
+Install: ``pip install 'idempotently[httpx2]' openai`` (httpx2 needs Python 3.11+).
+
 openai 3.x sends through an ``httpx2`` client (Pydantic's maintained fork of
 httpx); ``idempotently.Transport`` works under httpx2 clients as under httpx
 ones. Three patterns, each against the local mock server (reached with the

@@ -1,5 +1,7 @@
 """Recipe: Stripe's Python SDK (stripe 16.x) with a journaled idempotency key per charge.
 
+Install: ``pip install idempotently stripe``.
+
 Stripe's SDK sends through an ``HTTPClient``; its ``HTTPXClient`` keeps two
 private httpx clients. Subclass it and give both clients an idempotently
 transport: every POST is journaled (with the key the SDK puts on it) before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -68,3 +69,28 @@ def test_readme_and_ci_run_the_same_test_command() -> None:
     ci_commands = [line.strip() for line in ci.splitlines()]
     assert command in readme_commands and command in ci_commands
     assert "python3 -m idempotently demo" in readme
+
+
+RECIPES = sorted((ROOT / "examples").glob("recipe_*.py"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.name)
+def test_each_recipe_says_how_to_install_what_it_needs(recipe: Path) -> None:
+    """A recipe's docstring opens with the pip command for idempotently and its SDK."""
+    docstring = ast.get_docstring(ast.parse(recipe.read_text())) or ""
+    install = re.search(r"^Install: ``(pip install [^`]+)``", docstring, re.MULTILINE)
+    assert install is not None, f"{recipe.name} has no 'Install: ``pip install ...``' line"
+    for sdk in ("stripe", "openai", "anthropic", "httpx2"):
+        if re.search(rf"^import {sdk}$", recipe.read_text(), re.MULTILINE):
+            assert sdk in install.group(1), f"{recipe.name} imports {sdk} but does not install it"
+
+
+def test_the_recipes_page_names_an_install_command_for_each_sdk() -> None:
+    """docs/recipes.md says how to install each recipe's SDK."""
+    page = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    for command in (
+        "pip install idempotently stripe",
+        "pip install 'idempotently[httpx2]' openai",
+        "pip install 'idempotently[httpx2]' anthropic",
+    ):
+        assert command in page
