@@ -7,6 +7,7 @@ noxfile's docs session); the checks read the HTML a user reads.
 from __future__ import annotations
 
 import html
+import inspect
 import re
 import subprocess
 import sys
@@ -135,3 +136,33 @@ def test_a_field_default_is_shown(site: Path) -> None:
     table = fields_table(site, "idempotently.RetryPolicy")
     assert "5" == table["max_attempts"][2]
     assert not any("attrs.field" in default for _, _, default in table.values())
+
+
+def public_functions() -> list[tuple[str, object]]:
+    """Every public function, and the constructors a user calls: path and object."""
+    found: list[tuple[str, object]] = []
+    for module in (idempotently, profiles, testing):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isfunction(value) and not any(value is seen for _, seen in found):
+                found.append((f"{module.__name__}.{name}", value))
+    for name in ("Session", "AsyncSession", "Transport", "AsyncTransport", "Journal"):
+        found.append((f"idempotently.{name}", getattr(idempotently, name).__init__))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("path", "function"), public_functions(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_every_argument_of_a_public_function_is_documented(
+    site: Path, path: str, function: object
+) -> None:
+    """Each argument of a public function or constructor has a described row in its table."""
+    wrapped = inspect.unwrap(function)  # type: ignore[arg-type]
+    names = [
+        ("*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else "") + p.name
+        for p in inspect.signature(wrapped).parameters.values()
+        if p.name != "self"
+    ]
+    table = fields_table(site, path)
+    assert [] == [name for name in names if not table.get(name, ("", ""))[1]]

@@ -66,17 +66,31 @@ class ErrorType:
 
 
 def body_mentions(*words: str, statuses: Collection[int] = frozenset({409})) -> MismatchMatcher:
-    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``."""
+    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``.
+
+    Args:
+        *words: Words to look for in the body, case-insensitively.
+        statuses: The statuses whose body is read (409 by default).
+    """
     return BodyMentions(tuple(word.lower() for word in words), frozenset(statuses))
 
 
 def error_type(*types: str, statuses: Collection[int] = frozenset({400})) -> MismatchMatcher:
-    """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style)."""
+    """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style).
+
+    Args:
+        *types: The error types that mean a mismatch (`idempotency_error`).
+        statuses: The statuses whose body is read (400 by default).
+    """
     return ErrorType(frozenset(types), frozenset(statuses))
 
 
 def never(response: httpx.Response) -> bool:
-    """A matcher that recognises nothing (only ``mismatch_statuses`` count)."""
+    """A matcher that recognises nothing (only ``mismatch_statuses`` count).
+
+    Args:
+        response: The answer (ignored).
+    """
     return False
 
 

@@ -336,6 +336,30 @@ class Session(_SessionBase[httpx.Client]):
     `AttemptFinished`, `RetryScheduled`, `OperationFinished`)
     in the calling thread (a resume with ``concurrency`` calls them from its
     threads); a hook that raises is logged and the call goes on.
+
+    Args:
+        journal: The journal: a path to its SQLite file, a `postgresql://` URL,
+            or an open `Journal`.
+        client: An `httpx.Client` (or `httpx2.Client`) to send through, instead of
+            one built from `client_options`.
+        policy: How hard each call tries (`RetryPolicy()` when None).
+        profile: How the server spells the contract (`profiles.GENERIC`; see the
+            catalog in `idempotently.profiles`).
+        redact_headers: More request headers never to journal (credentials such as
+            `Authorization` and `X-Api-Key` never are).
+        fingerprint_headers: Request headers that take part in the request's
+            fingerprint, so a call that differs in them is a `KeyReuseError`.
+        lease_duration: Seconds a sender's lease lasts before another process may
+            take the operation over (renewed while the attempt runs).
+        host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
+            the hostname).
+        key_expiry_margin: Seconds before the key's lifetime ends after which an
+            operation is no longer resent, but goes to `needs_reconcile`.
+        clock: The time, in seconds since the epoch (inject one in tests).
+        sleep: How to wait between attempts (inject one in tests).
+        hooks: Functions called with every event.
+        **client_options: Any `httpx.Client` option (`base_url`, `headers`,
+            `timeout`, ...), when `client` is not given.
     """
 
     _client_class = httpx.Client
@@ -591,6 +615,27 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
     ``hooks=`` take plain or async functions; they run on the event loop, between
     one journal write and the next step, so keep them quick (hand slow work to a
     task or a queue).
+
+    Args:
+        journal: As for `Session`.
+        client: An `httpx.AsyncClient` (or `httpx2.AsyncClient`) to send through.
+        policy: How hard each call tries (`RetryPolicy()` when None).
+        profile: How the server spells the contract (`profiles.GENERIC`; see the
+            catalog in `idempotently.profiles`).
+        redact_headers: More request headers never to journal (credentials such as
+            `Authorization` and `X-Api-Key` never are).
+        fingerprint_headers: Request headers that take part in the request's
+            fingerprint, so a call that differs in them is a `KeyReuseError`.
+        lease_duration: Seconds a sender's lease lasts before another process may
+            take the operation over (renewed while the attempt runs).
+        host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
+            the hostname).
+        key_expiry_margin: Seconds before the key's lifetime ends after which an
+            operation is no longer resent, but goes to `needs_reconcile`.
+        clock: The time, in seconds since the epoch (inject one in tests).
+        sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
+        hooks: Plain or async functions called with every event.
+        **client_options: Any `httpx.AsyncClient` option, when `client` is not given.
     """
 
     _client_class = httpx.AsyncClient

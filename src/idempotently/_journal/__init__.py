@@ -104,6 +104,13 @@ class Journal:
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
         journal's cost per call (the performance page of the docs).
+
+        Args:
+            path: The SQLite file, or a `postgresql://` URL.
+            create: Create the file (and its tables) if missing.
+            readonly: Open it read-only; nothing is ever written.
+            busy_timeout: Seconds to wait for another process's lock before a clear error.
+            durability: `"fsync"` or `"os"`, as above.
         """
         store: Store
         if isinstance(path, str) and path.startswith(POSTGRES_SCHEMES):
