@@ -39,6 +39,12 @@ def journal(tmp_path: Path) -> Path:
     return journal_with(tmp_path / "journal.db", *ALL_KINDS)
 
 
+@pytest.fixture(autouse=True)
+def on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read what a person sees: stdout is a terminal of COLUMNS columns."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
+
+
 def run(*args: str, columns: int = 80) -> Result:
     return CliRunner().invoke(
         cli, list(args), env={"COLUMNS": str(columns)}, catch_exceptions=False
@@ -511,3 +517,16 @@ def test_no_cli_output_says_s_in_parentheses(journal: Path) -> None:
     assert "would delete 1 finished operation idle" in out(
         "--journal", str(single), "prune", "--older-than", "0s", "--dry-run"
     )
+
+
+def test_piped_output_keeps_each_value_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off a terminal (a pipe, a file) show and resume do not wrap, whatever COLUMNS says."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: False)
+    path = long_journal(tmp_path / "j.db", age=23.5 * HOUR)
+    shown = out("--journal", str(path), "show", LONG_ID, columns=80)
+    resumed = out("--journal", str(path), "resume", "--dry-run", columns=80)
+    detail = json.loads(out("--journal", str(path), "resume", "--dry-run", "--json"))[0]["detail"]
+    assert f"  attempt 1: ReadTimeout: {LONG_ERROR.strip()}" in shown.splitlines()
+    assert any(line.endswith(detail) for line in resumed.splitlines())

@@ -46,6 +46,11 @@ JSON_ESCAPES = {
 }
 
 
+def stdout_is_terminal() -> bool:
+    """Whether people read stdout: only then are long sentences wrapped to its width."""
+    return sys.stdout.isatty()
+
+
 def result_row(cells: tuple[object, ...], dry_run: bool) -> str:
     """One aligned row of resume's results, printable as soon as it is known.
 
@@ -72,7 +77,7 @@ def result_row(cells: tuple[object, ...], dry_run: bool) -> str:
     start = sum(widths) + 2 * len(widths)
     room = terminal - start
     detail = text[4]
-    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+    if not stdout_is_terminal():
         # A pipe or a file: one line per row, the detail whole at its end, for scripts.
         return "\n".join([*lines, "  ".join([*padded, detail]).rstrip()])
     if columns(detail) <= room or room >= DETAIL_ROOM:

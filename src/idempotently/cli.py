@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from idempotently import __version__, _early_signals
+from idempotently import __version__, _cli_watch, _early_signals
 from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     OPERATION_FIELDS,
@@ -211,11 +211,10 @@ def terminal_width() -> int:
 
 
 def prose_width() -> int | None:
-    """Columns to wrap sentences at: the terminal's, or ``COLUMNS``; None (no wrapping)
-    when the output goes to a pipe or a file, so a script reads each value on one line."""
-    if "COLUMNS" in os.environ or sys.stdout.isatty():
-        return terminal_width()
-    return None
+    """Columns to wrap sentences at on a terminal (its width, or ``COLUMNS``); None (no
+    wrapping) when the output goes to a pipe or a file, so a script reads each value on
+    one line."""
+    return terminal_width() if _cli_watch.stdout_is_terminal() else None
 
 
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
