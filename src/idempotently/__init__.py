@@ -9,6 +9,7 @@ from __future__ import annotations
 # _early_signals first, before the slow imports: a `resume --watch` worker notes an
 # early SIGTERM instead of dying of it (nothing happens in any other process).
 from idempotently import _early_signals, profiles  # noqa: F401
+from idempotently._codec import Codec, FernetCodec
 from idempotently._events import (
     AttemptFinished,
     Event,
@@ -17,6 +18,8 @@ from idempotently._events import (
     RetryScheduled,
 )
 from idempotently._exceptions import (
+    CodecError,
+    CredentialsMismatchError,
     IdempotentlyError,
     InvalidKeyError,
     JournalCorruptError,
@@ -48,7 +51,11 @@ __all__ = [
     "AsyncTransport",
     "Attempt",
     "AttemptFinished",
+    "Codec",
+    "CodecError",
+    "CredentialsMismatchError",
     "Event",
+    "FernetCodec",
     "IdempotentlyError",
     "InvalidKeyError",
     "Journal",

@@ -32,6 +32,9 @@ class Find:
 
     operation_id: str | None
     key: str | None
+    connection: object | None = attrs.field(default=None, eq=False, repr=False)
+    """Read on the application's own connection (and so inside its transaction), not
+    the journal's: what an `Enqueue` on that connection finds taken."""
 
 
 @attrs.frozen
@@ -41,6 +44,20 @@ class Insert:
     new: NewOperation
     owner: str
     lease_until: float
+
+
+@attrs.frozen
+class Enqueue:
+    """Journal a new operation as pending, not yet sent and unleased; False if its id or
+    key is taken.
+
+    With ``connection`` (the application's own, inside its own transaction) the row is
+    written there and commits or rolls back with the application's writes: the one
+    write that does not pass through the journal's writer. Without, it is a write like
+    an `Insert`, durable before it returns."""
+
+    new: NewOperation
+    connection: object | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -143,6 +160,7 @@ class ClaimDue:
 
 Write = (
     Insert
+    | Enqueue
     | TakeLease
     | Record
     | SetStatus
@@ -157,6 +175,7 @@ Read = Find | Queue
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,
+    Enqueue,
     TakeLease,
     Record,
     SetStatus,
@@ -219,4 +238,13 @@ class Emit:
     hooks: tuple[AsyncHook, ...]
 
 
-Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit
+@attrs.frozen
+class DigestCredentials:
+    """Compute a credentials digest this process has not computed yet (scrypt, slow by
+    design: the async driver runs it off its event loop); reply: the digest."""
+
+    key: tuple[bytes, tuple[str, ...], tuple[bytes, ...]] = attrs.field(repr=False)
+    """(salt, names, values): the values are credentials, never shown."""
+
+
+Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit | DigestCredentials

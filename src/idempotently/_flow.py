@@ -11,6 +11,7 @@ with every journal command off its event loop. The same flow serves
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import random
@@ -25,9 +26,12 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._codec import Codec, encoded
 from idempotently._commands import (
     Command,
+    DigestCredentials,
     Emit,
+    Enqueue,
     Find,
     Insert,
     Lease,
@@ -43,6 +47,15 @@ from idempotently._commands import (
     Sleep,
     TakeLease,
 )
+from idempotently._credentials import (
+    cached_digest,
+    credential_names,
+    credentials_record,
+    described,
+    digest_key,
+    read_record,
+    same_digest,
+)
 from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
     AsyncHook,
@@ -57,6 +70,8 @@ from idempotently._events import (
 )
 from idempotently._exceptions import (
     RESUME_HINT,
+    CodecError,
+    CredentialsMismatchError,
     ErrorContext,
     IdempotentlyError,
     KeyReuseError,
@@ -77,7 +92,6 @@ from idempotently._keys import (
     is_journaled,
     journaled_request_headers,
     journaled_response_headers,
-    journaled_url,
     new_key,
     new_operation_id,
     read_request_headers,
@@ -96,6 +110,7 @@ from idempotently._policy import (
     classify_error,
     decide,
     may_have_been_delivered,
+    never_sent,
 )
 from idempotently._profiles import (
     GENERIC,
@@ -105,6 +120,14 @@ from idempotently._profiles import (
     stored_profile,
 )
 from idempotently._rows import AttemptRecord, NewOperation, Operation
+from idempotently._secret_params import (
+    LiveValues,
+    MissingParams,
+    reapplied_url,
+    redacted_url,
+    secret_param_names,
+    values_in_url,
+)
 from idempotently._text import storable, storable_text
 from idempotently._vocabulary import (
     DELIVERIES,
@@ -513,6 +536,11 @@ class Engine:
     host_id: str = _HOST
     """This host's identity: lease owners are ``host_id:pid:token``; the pid of an owner
     is checked only when its host id is this one."""
+    # Data at rest: the journal's codec and secret query parameters, and where a resume
+    # finds the values of redacted parameters (the session's client params, --param-env).
+    codec: Codec | None = None
+    secret_params: frozenset[str] = attrs.field(factory=secret_param_names)
+    param_values: LiveValues | None = None
 
     def new_owner(self) -> str:
         """A new lease owner of this engine's host."""
@@ -570,6 +598,10 @@ class Engine:
                         "give a deadline in the future, or none"
                     )
                 new, owner = self._new_operation(call, print_, headers, now)
+                if self.profile.key_bound_to_credentials:
+                    new = attrs.evolve(
+                        new, credentials_digest=(yield from self._credentials_of(request, new))
+                    )
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
@@ -579,7 +611,15 @@ class Engine:
                         started_at=started, deadline_at=call.deadline_at, delivery=call.delivery
                     )
                     end = yield from self._attempts(
-                        new.operation_id, new.key, request, state, self.profile, 0, held, secrets
+                        new.operation_id,
+                        new.key,
+                        request,
+                        state,
+                        self.profile,
+                        0,
+                        held,
+                        secrets,
+                        self.codec,
                     )
                     return self._finish(end)
                 held.lease = None
@@ -589,6 +629,12 @@ class Engine:
                 taken_key = new.key
                 insert_first = False
                 continue
+            if operation.unreadable is not None:
+                raise CodecError(
+                    f"operation cannot be read with this journal: {operation.unreadable}; "
+                    "nothing was sent and it keeps its state",
+                    **_ids(operation),
+                )
             self._check_same(operation, call, print_)
             if operation.status != "pending":
                 return self.stored_response(operation, build)
@@ -597,6 +643,12 @@ class Engine:
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
                 raise _blocker_error(operation, blocker[0], blocker[1])
+            if blocker is None and operation.credentials_digest is not None:
+                differ = yield from self._credentials_differ(
+                    operation, self.rebuild(operation, build, live=request)
+                )
+                if differ is not None:
+                    raise CredentialsMismatchError(differ, **_ids(operation))
             owner = self.new_owner()
             now = self.clock()
             if blocker is None:
@@ -623,6 +675,7 @@ class Engine:
                 operation.attempt_count,
                 held,
                 secrets,
+                self._codec_of(operation),
             )
             return self._finish(end)
 
@@ -642,22 +695,131 @@ class Engine:
             journaled = list(headers.journaled)
             if is_journaled(key_header, self.redact_headers):
                 journaled.append((key_header, rendered))
+        # Data at rest: secret query values redacted, the body encoded by the codec.
+        url, redacted = redacted_url(request.url, self.secret_params)
+        codec = self.codec
         new = NewOperation(
             operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
             key=key,
             delivery=call.delivery,
             method=request.method,
-            url=journaled_url(request.url),
+            url=url,
             request_headers=journaled,
-            request_body=request.content,
+            request_body=request.content if codec is None else encoded(codec, request.content),
             fingerprint=print_,
             profile=journaled_profile(self.profile),
             key_header=self.profile.key_header,
             created_at=now,
             key_expires_at=now + self.profile.key_lifetime,
             deadline_at=call.deadline_at,
+            codec=None if codec is None else codec.name,
+            secret_params=json.dumps(list(redacted)) if redacted else None,
         )
         return new, self.new_owner()
+
+    # -- enqueue: the client-side outbox ---------------------------------------------------
+
+    def enqueue(self, call: Call, connection: object | None) -> Flow[Operation]:
+        """Journal ``call`` as a pending operation that nothing has sent yet; send nothing.
+
+        Rendered and journaled exactly as `call` journals a new operation (the
+        same key, headers, body bytes, fingerprint and profile), but unleased and marked
+        enqueued, with no first send: until a send begins it is provably undelivered,
+        and its key's lifetime starts at that first send. On ``connection`` it is written
+        inside the application's transaction. An operation id already journaled (the
+        application's transaction run again) returns that operation, unchanged, after
+        the same check a call makes (`KeyReuseError` for another request).
+        """
+        request = call.request
+        headers = read_request_headers(
+            request.headers,
+            self.redact_headers,
+            request.url,
+            self.fingerprint_headers,
+            self.profile.key_header,
+        )
+        print_ = request_digest(request.method, request.url, headers.fingerprinted)
+        now = self.clock()
+        if call.deadline_at is not None and call.deadline_at <= now:
+            raise ValueError(
+                f"deadline_at ({_iso(call.deadline_at)}) has already passed for operation "
+                f"{call.operation_id!r}: nothing was journaled; give a deadline in the future, "
+                "or none"
+            )
+        new, _ = self._new_operation(call, print_, headers, now)
+        new = attrs.evolve(new, enqueued_at=now)
+        if self.profile.key_bound_to_credentials:
+            new = attrs.evolve(
+                new, credentials_digest=(yield from self._credentials_of(request, new))
+            )
+        if (yield Enqueue(new, connection)):
+            # What a read of the row would return: its body in clear.
+            return attrs.evolve(new.as_enqueued(), request_body=request.content)
+        found: Operation | None = yield Find(call.operation_id, new.key, connection)
+        if found is None:
+            # Taken when the insert ran, gone when we looked (pruned meanwhile): the
+            # caller's transaction is the one to run again.
+            raise OperationInProgressError(
+                f"operation {new.operation_id!r} was journaled by another transaction and "
+                "removed before this one could read it; nothing was journaled here: run "
+                "your transaction again",
+                operation_id=new.operation_id,
+                key=new.key,
+            )
+        self._check_same(found, call, print_)
+        return found
+
+    # -- data at rest: codecs, secret query parameters, credentials -------------------------
+
+    def _codec_of(self, operation: Operation) -> Codec | None:
+        """The codec an answer to ``operation`` is stored with: the journal's, when the
+        row's bodies are encoded (it was read, so with this codec); None for a row in clear."""
+        return self.codec if operation.codec is not None else None
+
+    def _salt(self) -> bytes:
+        return b"" if self.namespace is None else self.namespace.bytes
+
+    def _credentials_of(self, request: httpx.Request, new: NewOperation) -> Flow[str]:
+        """The credentials record of a new operation whose key is bound to them."""
+        secret = json.loads(new.secret_params) if new.secret_params else []
+        names = credential_names(request, self.redact_headers, secret)
+        key = digest_key(self._salt(), request, names)
+        digest = cached_digest(key)
+        if digest is None:
+            digest = yield DigestCredentials(key)
+        return credentials_record(names, digest)
+
+    def _credentials_differ(self, operation: Operation, request: httpx.Request) -> Flow[str | None]:
+        """None when ``request`` carries the credentials ``operation`` was made with (its
+        digest agrees), else why it must not be sent."""
+        try:
+            names, digest = read_record(operation.credentials_digest or "")
+        except ValueError as error:
+            return (
+                f"its key is bound to its credentials and their digest cannot be checked "
+                f"({error}); nothing was sent and it stays pending"
+            )
+        key = digest_key(self._salt(), request, names)
+        live = cached_digest(key)
+        if live is None:
+            live = yield DigestCredentials(key)
+        if same_digest(live, digest):
+            return None
+        return (
+            f"credentials differ from those it was made with ({described(names)}, compared "
+            "by digest): its profile says the server binds the key to them, so a resend "
+            "would be a new request there. Nothing was sent and it stays pending: send it "
+            "again with the original credentials"
+        )
+
+    def _redacted_request(self, request: httpx.Request) -> httpx.Request:
+        """``request`` with its URL as it would be journaled (for messages)."""
+        url, redacted = redacted_url(request.url, self.secret_params)
+        if not redacted:
+            return request
+        return httpx.Request(
+            request.method, url, headers=request.headers.raw, content=request.content
+        )
 
     def key_for(self, operation_id: str | None) -> str:
         """A new operation's key: derived for a named operation, random otherwise.
@@ -694,9 +856,14 @@ class Engine:
                 url=operation.url,
                 headers=operation.request_headers,
                 body=operation.request_body,
-                request=call.request,
+                request=self._redacted_request(call.request),
                 fingerprint_headers=self.fingerprint_headers,
             )
+            if difference is None and operation.secret_params:
+                difference = (
+                    "the value of a secret query parameter "
+                    f"({', '.join(json.loads(operation.secret_params))}; values are not shown)"
+                )
             raise KeyReuseError(
                 f"operation {operation.operation_id!r} was first sent as "
                 f"{operation.method} {shown_url(operation.url)} and this call differs in "
@@ -779,6 +946,7 @@ class Engine:
         attempts: int,
         held: Held,
         secrets: Sequence[str],
+        codec: Codec | None = None,
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
@@ -849,7 +1017,11 @@ class Engine:
                 response_headers=journaled_response_headers(response.headers, self.redact_headers)
                 if keep and response
                 else None,
-                response_body=response.content if keep and response else None,
+                response_body=(
+                    (response.content if codec is None else encoded(codec, response.content))
+                    if keep and response
+                    else None
+                ),
             )
             yield Record(operation_id, record, now, owner, key)
             if retrying:
@@ -942,6 +1114,17 @@ class Engine:
 
     # -- what stops a pending operation ---------------------------------------------------
 
+    def _missing_params(self, operation: Operation) -> list[str]:
+        """The redacted query parameters of ``operation`` that a resume has no value for."""
+        if not operation.secret_params:
+            return []
+        source = self.param_values
+        return [
+            name
+            for name in json.loads(operation.secret_params)
+            if source is None or not source(name)
+        ]
+
     def blocker(
         self, operation: Operation, *, resuming: bool = False, claimed_by: str | None = None
     ) -> tuple[Blocker, str] | None:
@@ -972,11 +1155,19 @@ class Engine:
                     else ""
                 )
             )
-        if now > operation.key_expires_at - self.key_expiry_margin:
+        # An enqueued operation not sent yet has a key no server has seen, so none can
+        # have forgotten it: its lifetime starts when the lease to send it is taken.
+        if not never_sent(operation) and now > operation.key_expires_at - self.key_expiry_margin:
+            # An enqueued operation's key lived from its first send, not its creation.
+            born = (
+                operation.first_send_at
+                if operation.enqueued_at is not None and operation.first_send_at is not None
+                else operation.created_at
+            )
             return "expired", (
-                f"the key was created at {_iso(operation.created_at)} and the server may have "
-                f"forgotten it (key lifetime "
-                f"{operation.key_expires_at - operation.created_at:g}s, safety margin "
+                f"the key was {'first sent' if born != operation.created_at else 'created'} at "
+                f"{_iso(born)} and the server may have forgotten it (key lifetime "
+                f"{operation.key_expires_at - born:g}s, safety margin "
                 f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
                 "up and settle it"
             )
@@ -1069,6 +1260,16 @@ class Engine:
             result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
             if reconciling and result.status == "needs_reconcile":
                 current = (yield Find(operation.operation_id, None)) or operation
+                if current.unreadable is not None:
+                    # Its answer could not be stored encoded, nor its request read.
+                    result = ResumeResult.of(
+                        current,
+                        current.status,
+                        "skipped",
+                        f"not reconciled: {current.unreadable}",
+                    )
+                    yield Report(result)
+                    return result
                 settlement = yield Reconcile(current)
                 if settlement is not None and not isinstance(settlement, Settlement):
                     raise TypeError(
@@ -1090,6 +1291,18 @@ class Engine:
                 self.profile_for(operation)
             except StoredProfileError as error:
                 return ResumeResult.of(operation, "pending", "not_sent", error.message)
+            if operation.unreadable is not None:
+                return ResumeResult.of(
+                    operation,
+                    "pending",
+                    "not_sent",
+                    f"{operation.unreadable}; nothing would be sent",
+                )
+            missing = self._missing_params(operation)
+            if missing:
+                return ResumeResult.of(
+                    operation, "pending", "not_sent", _missing_params_reason(missing)
+                )
             return ResumeResult.of(operation, "pending", "would_send", "would resend its key")
         kind, reason = blocked
         return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
@@ -1117,8 +1330,19 @@ class Engine:
             profile = self.profile_for(operation)
         except StoredProfileError as error:
             return ResumeResult.of(operation, "pending", "not_sent", error.message)
+        if operation.unreadable is not None:
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "not_sent",
+                f"{operation.unreadable}; nothing was sent and it stays pending",
+            )
         try:
             request = self.rebuild(operation, build, base_url=base_url)
+        except MissingParams as missing:
+            return ResumeResult.of(
+                operation, "pending", "not_sent", _missing_params_reason(missing.names)
+            )
         except (httpx.HTTPError, ValueError, TypeError) as error:
             return ResumeResult.of(
                 operation,
@@ -1127,6 +1351,10 @@ class Engine:
                 f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
                 f"its state; see `idempotently show {operation.operation_id}`",
             )
+        if operation.credentials_digest is not None:
+            differ = yield from self._credentials_differ(operation, request)
+            if differ is not None:
+                return ResumeResult.of(operation, "pending", "not_sent", differ)
         # A claimed lease is renewed by the same compare-and-swap on the row just read:
         # it fails only if the claim expired and another caller took the operation.
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
@@ -1147,6 +1375,7 @@ class Engine:
             operation.attempt_count,
             held,
             secret_values(request.headers, self.redact_headers, request.url),
+            self._codec_of(operation),
         )
         decision = end.decision
         code = None if end.response is None else end.response.status_code
@@ -1174,7 +1403,13 @@ class Engine:
             None
             if response is None
             else journaled_response_headers(response.headers, self.redact_headers),
-            None if response is None else response.content,
+            None
+            if response is None
+            else (
+                response.content
+                if (codec := self._codec_of(operation)) is None
+                else encoded(codec, response.content)
+            ),
         )
         return ResumeResult.of(
             operation,
@@ -1193,8 +1428,11 @@ class Engine:
         *,
         live: httpx.Request | None = None,
         base_url: str | None = None,
+        strict: bool = True,
     ) -> httpx.Request:
-        """The journaled request, byte for byte, with live credentials re-applied.
+        """The journaled request, byte for byte, with live credentials re-applied (and
+        the values of its redacted query parameters: `MissingParams` if one has
+        none, unless not ``strict``: a request that is not to be sent).
 
         ``base_url`` moves it to another origin (scheme, host, port), keeping path and query.
         """
@@ -1202,6 +1440,15 @@ class Engine:
         if base_url is not None:
             base = httpx.URL(base_url)
             url = url.copy_with(scheme=base.scheme, host=base.host, port=base.port)
+        if operation.secret_params:
+            # Redacted in the journal: the live request's values, else the session's.
+            names = json.loads(operation.secret_params)
+            source = values_in_url(live.url) if live is not None else self.param_values
+            try:
+                url = reapplied_url(url, names, source or (lambda name: None))
+            except MissingParams:
+                if strict:
+                    raise
         if live is not None and live.url.userinfo and live.url.host == url.host:
             url = url.copy_with(username=live.url.username, password=live.url.password)
         headers = [
@@ -1246,7 +1493,7 @@ class Engine:
                 for name, value in operation.response_headers or ()
             ],
             content=operation.response_body or b"",
-            request=self.rebuild(operation, build),
+            request=self.rebuild(operation, build, strict=False),
         )
         response.extensions = {
             **response.extensions,
@@ -1259,6 +1506,17 @@ class Engine:
             ),
         }
         return response
+
+
+def _missing_params_reason(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(name) for name in names)
+    return (
+        f"the secret query parameter{'s' if len(names) > 1 else ''} {listed} "
+        f"{'were' if len(names) > 1 else 'was'} journaled redacted and this resume has no "
+        "value for it: give the session's client params={...} with it, or "
+        "`idempotently resume --param-env NAME=ENVVAR` (or call again with the same "
+        "operation_id and the full URL); nothing was sent and it stays pending"
+    )
 
 
 def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> IdempotentlyError:

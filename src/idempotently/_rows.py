@@ -123,6 +123,11 @@ class Operation:
     """When it was enqueued to be sent later (None: made by a call that sends at once)."""
     first_send_at: float | None = None
     """When its first send began. None with ``enqueued_at`` set: never sent."""
+    # Data at rest: not a column. Set by the journal when it reads a row whose bodies
+    # it cannot decode; the bodies are then left out (empty), never shown encoded.
+    unreadable: str | None = attrs.field(default=None, metadata={"column": False})
+    """Why the stored bodies could not be read here (a codec missing, another codec, a
+    failed decode); None when they are clear or decoded. Such an operation is never sent."""
     attempts: tuple[Attempt, ...] = ()
     """Filled in by `Journal.operation`; empty in listings."""
 
@@ -139,7 +144,9 @@ class Operation:
         return cls(**values, attempts=attempts)
 
 
-_OPERATION_FIELDS: Final = frozenset(field.name for field in attrs.fields(Operation)) - {"attempts"}
+_OPERATION_FIELDS: Final = frozenset(
+    field.name for field in attrs.fields(Operation) if field.metadata.get("column", True)
+) - {"attempts"}
 
 
 @attrs.frozen
@@ -159,8 +166,18 @@ class NewOperation:
     created_at: float
     key_expires_at: float
     deadline_at: float | None
+    # The outbox: set for an operation enqueued to be sent later (Session.enqueue).
+    enqueued_at: float | None = None
+    """None: made by a call that sends at once, so its first send begins at
+    ``created_at`` (written as ``first_send_at`` by the same insert, no extra
+    statement); else unsent until a lease to send it is taken."""
+    # Data at rest (schema version 4): the codec the request body is encoded in, the
+    # query parameters redacted from ``url`` (JSON list), the credentials digest.
+    codec: str | None = None
+    secret_params: str | None = None
+    credentials_digest: str | None = None
 
-    def row(self, owner: str, lease_until: float) -> tuple[Any, ...]:
+    def row(self, owner: str | None, lease_until: float) -> tuple[Any, ...]:
         """The values of the insert that journals it (both stores' column order)."""
         return (
             self.operation_id,
@@ -179,6 +196,45 @@ class NewOperation:
             self.deadline_at,
             owner,
             lease_until,
+            self.enqueued_at,
+            self.created_at if self.enqueued_at is None else None,
+            # Data at rest.
+            self.codec,
+            self.secret_params,
+            self.credentials_digest,
+        )
+
+    def as_enqueued(self) -> Operation:
+        """The row an `Enqueue` of it just wrote."""
+        return Operation(
+            operation_id=self.operation_id,
+            key=self.key,
+            status="pending",
+            delivery=self.delivery,
+            method=self.method,
+            url=self.url,
+            request_headers=tuple(self.request_headers),
+            request_body=self.request_body,
+            fingerprint=self.fingerprint,
+            profile=self.profile,
+            key_header=self.key_header,
+            created_at=self.created_at,
+            updated_at=self.created_at,
+            key_expires_at=self.key_expires_at,
+            deadline_at=self.deadline_at,
+            not_before=None,
+            lease_owner=None,
+            lease_until=0.0,
+            attempt_count=0,
+            last_status_code=None,
+            response_status=None,
+            response_headers=None,
+            response_body=None,
+            reason=None,
+            enqueued_at=self.enqueued_at,
+            codec=self.codec,
+            secret_params=self.secret_params,
+            credentials_digest=self.credentials_digest,
         )
 
 
@@ -274,6 +330,9 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "response_headers": (_TEXT, True, ()),
     "response_body": (_BLOB, True, ()),
     "reason": (_TEXT, True, ()),
+    # The outbox (version 4).
+    "enqueued_at": (_REAL, True, ()),
+    "first_send_at": (_REAL, True, ()),
     "number": (_INT, False, ()),
     "started_at": (_REAL, False, ()),
     "elapsed": (_REAL, False, ()),
@@ -282,6 +341,10 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "replayed": (_INT, False, ()),
     "error": (_TEXT, True, ()),
     "wait": (_REAL, True, ()),
+    # Data at rest (schema version 4).
+    "codec": (_TEXT, True, ()),
+    "secret_params": (_TEXT, True, ()),
+    "credentials_digest": (_TEXT, True, ()),
 }
 _HEADER_COLUMNS = ("request_headers", "response_headers")
 
@@ -298,6 +361,13 @@ def column_problem(column: str, value: object) -> str | None:
         return f"{column} holds {type(value).__name__} {short(value)}"
     if choices and value not in choices:
         return f"{column} is {short(value)}, not one of {', '.join(choices)}"
+    if column == "secret_params":
+        try:
+            names = json.loads(str(value))
+        except ValueError as error:
+            return f"secret_params is not valid JSON ({error})"
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            return "secret_params is not a list of parameter names"
     if column in _HEADER_COLUMNS:
         try:
             pairs = json.loads(str(value))

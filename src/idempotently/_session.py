@@ -11,7 +11,7 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
@@ -52,6 +52,7 @@ from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile, journaled_profile
+from idempotently._secret_params import values_in_params
 from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
@@ -208,6 +209,17 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        if profile.key_bound_to_credentials and (
+            client_options.get("auth") is not None
+            or (client is not None and getattr(client, "auth", None) is not None)
+        ):
+            # httpx applies auth= while sending, after the journal digested the request:
+            # the key would be bound to no credentials at all.
+            raise ValueError(
+                f"profile {profile.name!r} binds keys to credentials, and an httpx auth= "
+                "adds them only while sending, unseen by the journal: give them as headers "
+                "instead (headers={'Authorization': ...})"
+            )
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
@@ -217,6 +229,8 @@ class _SessionBase(Generic[ClientT]):
         )
         self.policy = policy or RetryPolicy()
         self.profile = profile
+        self._params_given: dict[str, str] = {}
+        """Values of secret query parameters given apart from the client (``--param-env``)."""
         self._engine = Engine(
             policy=self.policy,
             profile=profile,
@@ -228,7 +242,15 @@ class _SessionBase(Generic[ClientT]):
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
             hooks=checked_hooks,
+            codec=self.journal.codec,
+            secret_params=self.journal.redact_query,
+            param_values=self._param_values,
         )
+
+    def _param_values(self, name: str) -> Sequence[str] | None:
+        """The live values of a redacted query parameter, for a resume: the command
+        line's ``--param-env`` first, then the client's ``params``."""
+        return values_in_params(self._params_given, self.client.params)(name)
 
     def _build(
         self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
@@ -239,8 +261,14 @@ class _SessionBase(Generic[ClientT]):
             url = url.copy_with(username=base.username, password=base.password)
         if self._httpx2:
             built = self.client.build_request(method, str(url), headers=headers, content=body)
-            return _httpx2.to_httpx_request(built)
-        return self.client.build_request(method, url, headers=headers, content=body)
+            request = _httpx2.to_httpx_request(built)
+        else:
+            request = self.client.build_request(method, url, headers=headers, content=body)
+        if self.client.params:
+            # httpx replaces a URL's whole query with the client's params: the journaled
+            # query (its own parameters, and the client's as first sent) goes out as it is.
+            request.url = url
+        return request
 
     def _timeout(self, timeout: Any) -> Any:
         """httpx's "client default" marker, in the client's own library."""
@@ -280,6 +308,32 @@ class _SessionBase(Generic[ClientT]):
             delivery=delivery,
             deadline_at=None if deadline_at is None else float(deadline_at),
         )
+
+    def _enqueue_request(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: object,
+        idempotency_key: object,
+        deadline_at: object,
+        **parts: Any,
+    ) -> httpx.Request:
+        """The request an enqueue journals, built exactly as `request` builds it
+        (not yet read); its arguments checked first."""
+        if operation_id is None:
+            raise TypeError(
+                "enqueue needs an operation_id (e.g. 'order-42:charge'): the relay sends the "
+                "operation later, and your transaction may run again; the id is what makes "
+                "it one operation"
+            )
+        check_call_arguments(
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            delivery="exactly_once",
+            deadline_at=deadline_at,
+        )
+        return self.client.build_request(method, url, **parts)
 
     def __repr__(self) -> str:
         return (
@@ -498,6 +552,66 @@ class Session(_SessionBase[httpx.Client]):
             )
         except Exception as error:
             raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    def enqueue(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: str,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        idempotency_key: str | None = None,
+        deadline_at: float | None = None,
+        connection: Any = None,
+    ) -> Operation:
+        """Journal an operation to be sent later, exactly as `request` would send it,
+        and send nothing: the client-side outbox.
+
+        With ``connection`` (your own open connection, inside your own transaction, on
+        the journal's database: a ``sqlite3.Connection`` or ``sqlite_utils.Database`` on
+        the journal's file, a ``psycopg.Connection`` for a PostgreSQL journal), the
+        operation commits or rolls back with your own writes; nothing is committed here.
+        Without it, the operation is its own durable transaction. ``resume`` (or
+        ``idempotently resume --watch``) sends it, once. Until a send begins it is not
+        "maybe delivered", and its key's lifetime starts at that first send.
+
+        Returns the journaled `Operation` (its ``operation_id`` and ``key``);
+        an ``operation_id`` already journaled returns that operation, unchanged, or
+        raises `KeyReuseError` if its request differs. A SQLite write
+        transaction of yours that is still open makes every other write to the journal
+        wait for it: commit before this Session sends anything.
+        """
+        request = self._enqueue_request(
+            method,
+            url,
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            deadline_at=deadline_at,
+            content=content,
+            data=data,
+            files=files,
+            json=json,
+            params=params,
+            headers=headers,
+            cookies=cookies,
+        )
+        request.read()
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
+        held = Held()
+        return run(
+            self._engine.enqueue(call, connection),
+            held,
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
 
     def _send(self, request: httpx.Request) -> httpx.Response:
         if not self._httpx2:
@@ -765,6 +879,57 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             )
         except Exception as error:
             raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    async def enqueue(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: str,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        idempotency_key: str | None = None,
+        deadline_at: float | None = None,
+        connection: Any = None,
+    ) -> Operation:
+        """Journal an operation to be sent later; see `Session.enqueue`.
+
+        ``connection`` is a ``psycopg.AsyncConnection`` for a PostgreSQL journal (its
+        statements are awaited on this event loop), or a ``sqlite3.Connection`` on the
+        journal's file, used where you use it: on the loop's thread, as your own
+        statements on it are (it commits nothing, so it never waits for an fsync).
+        Without ``connection`` the write runs off the loop, as every journal write does.
+        """
+        request = self._enqueue_request(
+            method,
+            url,
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            deadline_at=deadline_at,
+            content=content,
+            data=data,
+            files=files,
+            json=json,
+            params=params,
+            headers=headers,
+            cookies=cookies,
+        )
+        await request.aread()
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
+        held = Held()
+        return await arun(
+            self._engine.enqueue(call, connection),
+            held,
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         if not self._httpx2:

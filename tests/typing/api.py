@@ -28,12 +28,17 @@ def session_calls(session: idempotently.Session) -> None:
     session.post(URL, delivery="twice")  # type: ignore[arg-type]
     session.post(URL, operation_id=42)  # type: ignore[arg-type]
     session.post(URL, deadline_at="tomorrow")  # type: ignore[arg-type]
+    queued = session.enqueue("POST", URL, json={"amount": 1}, operation_id="order-43")
+    assert_type(queued, idempotently.Operation)
+    session.enqueue("POST", URL, json={"amount": 1})  # type: ignore[call-arg]
 
 
 async def async_session_calls(session: idempotently.AsyncSession) -> None:
     assert_type(await session.post(URL, json={"amount": 1}), httpx.Response)
     assert_type(await session.resume(), list[idempotently.ResumeResult])
     await session.post(URL, delivery="twice")  # type: ignore[arg-type]
+    queued = await session.enqueue("POST", URL, json={"amount": 1}, operation_id="order-43")
+    assert_type(queued, idempotently.Operation)
 
 
 def constructors() -> None:
@@ -144,3 +149,29 @@ def hooks() -> None:
     idempotently.Transport("ops.db", hooks=(hook,))
     idempotently.AsyncTransport("ops.db", hooks=[async_hook])
     idempotently.Session("ops.db", hooks=hook)  # type: ignore[arg-type]
+
+
+class ReversingCodec:
+    """A user's own codec: any class with a name and bytes in, bytes out."""
+
+    name = "reversed"
+
+    def encode(self, data: bytes) -> bytes:
+        return data[::-1]
+
+    def decode(self, data: bytes) -> bytes:
+        return data[::-1]
+
+
+def data_at_rest(key: bytes) -> None:
+    fernet: idempotently.Codec = idempotently.FernetCodec(key)
+    own: idempotently.Codec = ReversingCodec()
+    idempotently.Journal("ops.db", codec=fernet, redact_query=["session_key"])
+    idempotently.Journal("ops.db", codec=own)
+    idempotently.Journal("ops.db", codec="fernet")  # type: ignore[arg-type]
+    idempotently.FernetCodec([key, key], name="fernet-2026")
+    profile = profiles.GENERIC
+    assert_type(profile.key_bound_to_credentials, bool)
+    operation = idempotently.Journal("ops.db").operation("op")
+    if operation is not None:
+        assert_type(operation.unreadable, str | None)

@@ -14,11 +14,15 @@ import copy
 import os
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
+import attrs
+
+from idempotently._codec import Codec, check_codec, decoded
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Find,
     Insert,
@@ -31,7 +35,7 @@ from idempotently._commands import (
     Settle,
     TakeLease,
 )
-from idempotently._exceptions import IdempotentlyError, JournalError
+from idempotently._exceptions import IdempotentlyError, JournalError, JournalMissingError
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
@@ -49,6 +53,7 @@ from idempotently._rows import (
     NewOperation,
     Operation,
 )
+from idempotently._secret_params import check_param_names, secret_param_names
 from idempotently._vocabulary import Status
 
 __all__ = [
@@ -90,6 +95,8 @@ class Journal:
         readonly: bool = False,
         busy_timeout: float = 30.0,
         durability: Durability = "fsync",
+        codec: Codec | None = None,
+        redact_query: Iterable[str] = (),
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
@@ -105,13 +112,25 @@ class Journal:
         an OS crash before the OS writes it back, and roughly halves the
         journal's cost per call (the performance page of the docs).
 
+        ``codec`` (e.g. `FernetCodec`) encodes the request and
+        answer bodies of every operation this journal makes (encryption at rest);
+        each row names its codec, and a row whose codec is not this one is read with
+        its bodies left out (``Operation.unreadable`` says why) and never sent.
+        ``redact_query`` names query parameters journaled redacted, besides the
+        built-in list (``api_key``, ``token``, ``password``, ``signature``, ...).
+
         Args:
             path: The SQLite file, or a `postgresql://` URL.
             create: Create the file (and its tables) if missing.
             readonly: Open it read-only; nothing is ever written.
             busy_timeout: Seconds to wait for another process's lock before a clear error.
             durability: `"fsync"` or `"os"`, as above.
+            codec: Encodes stored bodies at rest (None: stored in clear).
+            redact_query: More query parameters to journal redacted.
         """
+        # Data at rest: checked before anything is opened.
+        self._codec = None if codec is None else check_codec(codec)
+        self._secret_params = secret_param_names(check_param_names(redact_query))
         store: Store
         if isinstance(path, str) and path.startswith(POSTGRES_SCHEMES):
             from idempotently._journal._postgres import PostgresStore
@@ -159,6 +178,17 @@ class Journal:
         return self._store.readonly
 
     @property
+    def codec(self) -> Codec | None:
+        """The codec this journal encodes stored bodies with (None: stored in clear)."""
+        return self._codec
+
+    @property
+    def redact_query(self) -> frozenset[str]:
+        """The query parameters (lowercase) whose values are journaled redacted: the
+        built-in list and ``redact_query=``."""
+        return self._secret_params
+
+    @property
     def namespace(self) -> uuid.UUID:
         """The journal's own random namespace: made with the journal, never changed.
 
@@ -194,7 +224,7 @@ class Journal:
     def operation(self, operation_id_or_key: str) -> Operation | None:
         """One operation with all its attempts, by operation id or by key."""
         self._check_usable()
-        return self._store.operation(operation_id_or_key)
+        return self._opened(self._store.operation(operation_id_or_key))
 
     def operations(
         self,
@@ -209,8 +239,10 @@ class Journal:
         ``since`` is seconds since the epoch: only operations created since then.
         """
         self._check_usable()
-        return self._store.operations(
-            status=status, since=since, limit=limit, newest_first=newest_first
+        return self._opened_all(
+            self._store.operations(
+                status=status, since=since, limit=limit, newest_first=newest_first
+            )
         )
 
     def stats(
@@ -248,7 +280,7 @@ class Journal:
     def _durable(self, write: Any) -> bool:
         """Whether a write must be flushed before its caller goes on: a new key, with
         durability "fsync"."""
-        return self._fsync_keys and isinstance(write, Insert)
+        return self._fsync_keys and isinstance(write, (Insert, Enqueue))
 
     def _check_usable(self, command: Any = None) -> None:
         refusal = self._refusal(command)
@@ -277,11 +309,48 @@ class Journal:
         """Run one journal command: a read against the store, a write through the writer."""
         try:
             self._check_usable(command)
+            if getattr(command, "connection", None) is not None:
+                return self._on_connection(command)
             if isinstance(command, Find):
-                return self._store.find(command.operation_id, command.key)
+                return self._opened(self._store.find(command.operation_id, command.key))
             if isinstance(command, Queue):
-                return self._store.operations(status=list(command.statuses), newest_first=False)
+                return self._opened_all(
+                    self._store.operations(status=list(command.statuses), newest_first=False)
+                )
+            if isinstance(command, ClaimDue):
+                return self._opened_all(self._writer.write(command))
             return self._writer.write(command)
+        except IdempotentlyError as error:
+            raise _with_ids(error, command) from error.__cause__
+
+    # -- the outbox: commands on the application's own connection ------------------------
+
+    def _on_connection(self, command: JournalCommand) -> Any:
+        """An `Enqueue` (or the `Find` after one) on the application's
+        connection, in its transaction: the one write that bypasses the writer."""
+        if isinstance(command, Enqueue):
+            return self._store.enqueue_on(command.connection, command.new)
+        if isinstance(command, Find):
+            return self._opened(
+                self._store.find_on(command.connection, command.operation_id, command.key)
+            )
+        raise TypeError(f"not a command for an application's connection: {command!r}")
+
+    async def _aexecute(self, command: JournalCommand) -> Any:
+        """`_on_connection` for an async session: awaited on the event loop for an
+        async connection (psycopg's AsyncConnection); a sqlite3 connection is used where
+        the application uses it, on the loop's thread."""
+        try:
+            self._check_usable(command)
+            if isinstance(command, Enqueue):
+                return await self._store.aenqueue_on(command.connection, command.new)
+            if isinstance(command, Find):
+                return self._opened(
+                    await self._store.afind_on(
+                        command.connection, command.operation_id, command.key
+                    )
+                )
+            raise TypeError(f"not a command for an application's connection: {command!r}")
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
 
@@ -315,11 +384,39 @@ class Journal:
                 except Exception as error:
                     written = [Failed(copy.copy(error)) for _ in writes]
             for index, outcome in zip(writes, written, strict=True):
+                if isinstance(commands[index], ClaimDue) and isinstance(outcome, list):
+                    outcome = self._opened_all(outcome)
                 outcomes[index] = outcome
         for command, outcome in zip(commands, outcomes, strict=True):
             if isinstance(outcome, Failed) and isinstance(outcome.error, IdempotentlyError):
                 _with_ids(outcome.error, command)
         return outcomes
+
+    # -- data at rest: bodies decoded as they are read -----------------------------------
+
+    def _opened(self, operation: Operation | None) -> Operation | None:
+        """``operation`` with its bodies decoded by this journal's codec; with them left
+        out and ``unreadable`` saying why, when they cannot be (never the encoded bytes)."""
+        if operation is None or operation.codec is None:
+            return operation
+        request = decoded(self._codec, operation.codec, operation.request_body)
+        response: bytes | str | None = None
+        if isinstance(request, bytes) and operation.response_body is not None:
+            response = decoded(self._codec, operation.codec, operation.response_body)
+        if isinstance(request, str) or isinstance(response, str):
+            problem = request if isinstance(request, str) else response
+            return attrs.evolve(
+                operation,
+                request_body=b"",
+                response_body=None if operation.response_body is None else b"",
+                unreadable=cast(str, problem),
+            )
+        return attrs.evolve(operation, request_body=request, response_body=response)
+
+    def _opened_all(self, operations: list[Operation]) -> list[Operation]:
+        if not any(operation.codec is not None for operation in operations):
+            return operations
+        return [cast(Operation, self._opened(operation)) for operation in operations]
 
     # -- the writes by name: for tests and tools that make one by hand ------------------
 
@@ -404,6 +501,31 @@ class Journal:
     @property
     def _version(self) -> int:
         return int(getattr(self._store, "_version", 0))
+
+
+def migration_sql(path: str | os.PathLike[str], from_version: int | None = None) -> str:
+    """The statements that would create the journal at ``path`` (a file or a PostgreSQL
+    URL) or bring it to this version, changing nothing: the journal is read, if there is
+    one, only for its schema version; with ``from_version`` (0: no journal yet) it is not
+    read at all, only the kind of store is taken from ``path``."""
+    postgres = isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
+    from idempotently._journal import _postgres, _sqlite
+
+    script_from = _postgres.migration_sql if postgres else _sqlite.migration_sql
+    if from_version is not None:
+        latest = _postgres.SCHEMA_VERSION if postgres else _sqlite.SCHEMA_VERSION
+        if not 0 <= from_version <= latest:
+            raise ValueError(
+                f"from_version must be 0 (no journal yet) to {latest} for a "
+                f"{'PostgreSQL' if postgres else 'SQLite'} journal, not {from_version}"
+            )
+        return script_from(from_version)
+    try:
+        with Journal(path, create=False, readonly=True) as journal:
+            version = journal._version
+    except JournalMissingError:
+        version = 0
+    return script_from(version)
 
 
 def _ids_of(command: Any) -> tuple[str | None, str | None]:
