@@ -25,10 +25,11 @@ def take_orders(base_url: str) -> None:
     with idempotently.Session(JOURNAL, base_url=base_url, headers=AUTH) as session:
         db = sqlite3.connect(JOURNAL)
         db.execute("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, amount INTEGER)")
+        # OR IGNORE: run again, the orders are there, and so is each charge's operation.
         for order_id, amount, in_stock in (("order-41", 700, False), ("order-42", 1000, True)):
             try:
                 with db:  # one transaction: committed at the end of the block, or rolled back
-                    db.execute("INSERT INTO orders VALUES (?, ?)", (order_id, amount))
+                    db.execute("INSERT OR IGNORE INTO orders VALUES (?, ?)", (order_id, amount))
                     session.enqueue(
                         "POST",
                         "/v1/charges",
@@ -44,11 +45,15 @@ def take_orders(base_url: str) -> None:
 
 
 if __name__ == "__main__":
-    with serve() as api:
+    # A fixed port and a file for the stand-in API's own records: run this script
+    # again in the same folder and each request is the one journaled the first time,
+    # and the API still remembers the charge it made, as a real one would.
+    with serve(port=8409, db="outbox-api.db") as api:
+        charged = len(api.charges())  # 0, or the charge of a previous run
         shop = multiprocessing.get_context("spawn").Process(target=take_orders, args=(api.url,))
         shop.start()
         shop.join()
-        assert shop.exitcode == -signal.SIGKILL and api.charges() == []  # nothing sent yet
+        assert shop.exitcode == -signal.SIGKILL and len(api.charges()) == charged  # none sent
 
         # The relay, in another process (or the same one, restarted): credentials come
         # from its own client, never from the journal.

@@ -1,9 +1,11 @@
 """Recipe: any SDK built on httpx that accepts your ``http_client``.
 
+Install: ``pip install idempotently`` and the SDK.
+
 Most generated SDKs (Stainless, Speakeasy, Fern...) take ``http_client=`` and
 have their own retry loop. The recipe is the same for all of them:
 
-- give them ``httpx.Client(transport=idempotently.Transport("ops.db"))``
+- give them ``httpx.Client(transport=idempotently.Transport("idempotently.db"))``
   (or ``httpx.AsyncClient(transport=idempotently.AsyncTransport(...))``);
 - turn their retries off (``max_retries=0`` or the SDK's equivalent): two
   retry layers multiply attempts, and only idempotently's are journaled;
@@ -38,22 +40,28 @@ class PaymentsSDK:
         return dict(response.json())
 
 
-with serve() as api:
+# A fixed port and a file for the stand-in API's own records: run this script
+# again in the same folder and every request is the same as the first time, so
+# the journal answers it (no KeyReuseError for a URL that changed), and the
+# API still remembers the charges it made, as a real one would.
+with serve(port=8402, db="recipe_httpx_sdk-api.db") as api:
     # Sync: the first answer is lost; the transport retries under the SDK's key.
-    api.faults.push(Fault.unavailable(), Fault.lose_response())
-    with httpx.Client(transport=idempotently.Transport("ops.db")) as http_client:
+    api.faults.for_order("7", Fault.unavailable(), Fault.lose_response())
+    with httpx.Client(transport=idempotently.Transport("idempotently.db")) as http_client:
         sdk = PaymentsSDK("user_1", api.url, http_client=http_client)
         order = {"Idempotency-Operation-Id": "order-7"}
-        charge = sdk.create_charge(amount=500, currency="eur", customer="c", extra_headers=order)
+        seven = {"amount": 500, "currency": "eur", "customer": "c", "metadata": {"order_id": "7"}}
+        charge = sdk.create_charge(**seven, extra_headers=order)
         # A rerun (same operation name, a fresh SDK key) is answered from the journal.
-        rerun = sdk.create_charge(amount=500, currency="eur", customer="c", extra_headers=order)
-    assert charge == rerun and [charge["id"]] == [made.id for made in api.charges()]
-    assert len({request.key for request in api.requests}) == 1, "one key on the wire"
+        rerun = sdk.create_charge(**seven, extra_headers=order)
+    assert charge == rerun and [charge["id"]] == [made.id for made in api.charges(order_id="7")]
+    # One key on the wire (the first run: three attempts; a re-run sends nothing).
+    assert len({request.key for request in api.requests}) <= 1
 
     # Async: the same with AsyncTransport under an httpx.AsyncClient.
     async def main() -> None:
         api.faults.push(Fault.lose_response())
-        transport = idempotently.AsyncTransport("ops.db")
+        transport = idempotently.AsyncTransport("idempotently.db")
         async with httpx.AsyncClient(base_url=api.url, transport=transport) as client:
             response = await client.post(
                 "/v1/charges",

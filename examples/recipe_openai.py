@@ -1,5 +1,7 @@
 """Recipe: OpenAI's Python SDK (openai 3.x, built on httpx2) with a journaled transport.
 
+Install: ``pip install 'idempotently[httpx2]' openai`` (httpx2 needs Python 3.11+).
+
 openai 3.x sends through an ``httpx2`` client (Pydantic's maintained fork of
 httpx); ``idempotently.Transport`` works under httpx2 clients as under httpx
 ones. Three patterns, each against the local mock server (reached with the
@@ -36,19 +38,27 @@ def sdk(api_url: str, transport: idempotently.Transport) -> openai.OpenAI:
     )
 
 
-with serve() as api:
+# A fixed port and a file for the stand-in API's own records: run this script
+# again in the same folder and every request is the same as the first time, so
+# the journal answers it (no KeyReuseError for a URL that changed), and the
+# API still remembers the charges it made, as a real one would.
+with serve(port=8403, db="recipe_openai-api.db") as api:
     # 1. A named operation: a lost answer is retried under the same key; calling
     #    again with the same name returns the journaled answer without sending.
-    api.faults.push(Fault.lose_response())
-    client = sdk(api.url, idempotently.Transport("ops.db"))
+    api.faults.for_order("42", Fault.lose_response())
+    client = sdk(api.url, idempotently.Transport("idempotently.db"))
     named = {"headers": {"Idempotency-Operation-Id": "order-42"}}
-    first = client.post("/charges", cast_to=object, body=CHARGE, options=named)
-    again = client.post("/charges", cast_to=object, body=CHARGE, options=named)
-    assert first == again and len(api.charges()) == 1 and len(api.requests) == 2
+    order_42 = {**CHARGE, "metadata": {"order_id": "42"}}
+    first = client.post("/charges", cast_to=object, body=order_42, options=named)
+    again = client.post("/charges", cast_to=object, body=order_42, options=named)
+    assert first == again and len(api.charges(order_id="42")) == 1
+    assert len(api.requests) in (2, 0)  # the lost answer and its retry; a re-run sends nothing
 
     # 2. The process "crashes" mid-call: one attempt only, its answer lost.
-    api.faults.push(Fault.lose_response())
-    one_try = idempotently.Transport("ops.db", policy=idempotently.RetryPolicy(max_attempts=1))
+    api.faults.for_order("43", Fault.lose_response())
+    one_try = idempotently.Transport(
+        "idempotently.db", policy=idempotently.RetryPolicy(max_attempts=1)
+    )
     try:
         sdk(api.url, one_try).post(
             "/charges",
@@ -59,13 +69,17 @@ with serve() as api:
     except idempotently.OperationPendingError as error:  # the SDK lets it through
         print("crashed:", error.operation_id, "is pending")
     # ... after the restart, resume what is pending, with the stored key and bytes:
-    with idempotently.Session("ops.db", headers={"Authorization": "Bearer sk-recipe"}) as session:
-        [result] = session.resume()
-    assert ("order-43", "succeeded", True) == (result.operation_id, result.action, result.replayed)
+    with idempotently.Session(
+        "idempotently.db", headers={"Authorization": "Bearer sk-recipe"}
+    ) as session:
+        resumed = session.resume()  # a re-run finds order-43 done: nothing is pending
+    assert all(
+        ("order-43", "succeeded", True) == (r.operation_id, r.action, r.replayed) for r in resumed
+    )
     assert len(api.charges(order_id="43")) == 1
 
     # 3. At most once: the answer is lost and the request is never sent again.
-    api.faults.push(Fault.lose_response())
+    api.faults.for_order("44", Fault.lose_response())
     try:
         client.post(
             "/charges",

@@ -9,12 +9,16 @@ import httpx
 import idempotently
 from idempotently.testing import Fault, serve
 
-with serve() as api:
+# A fixed port and a file for the stand-in API's own records: run this script
+# again in the same folder and every request is the same as the first time, so
+# the journal answers it (no KeyReuseError for a URL that changed), and the
+# API still remembers the charges it made, as a real one would.
+with serve(port=8405, db="resume_after_crash-api.db") as api:
     # A process sends a charge; the server charges, but the response is lost and
     # the process dies before it can retry (max_attempts=1 stands in for the crash).
-    api.faults.push(Fault.lose_response())
+    api.faults.for_order("invoice-7", Fault.lose_response())
     with idempotently.Session(
-        "ops.db",
+        "idempotently.db",
         base_url=api.url,
         headers={"Authorization": "Bearer user_1"},
         policy=idempotently.RetryPolicy(max_attempts=1),
@@ -22,7 +26,12 @@ with serve() as api:
         try:
             session.post(
                 "/v1/charges",
-                json={"amount": 500, "currency": "usd", "customer": "cus_7", "metadata": {}},
+                json={
+                    "amount": 500,
+                    "currency": "usd",
+                    "customer": "cus_7",
+                    "metadata": {"order_id": "invoice-7"},
+                },
                 operation_id="invoice-7:charge",
             )
         except idempotently.OperationPendingError as error:
@@ -35,9 +44,10 @@ with serve() as api:
         return None  # look the object up by operation id here; None leaves it to a human
 
     with idempotently.Session(
-        "ops.db", base_url=api.url, headers={"Authorization": "Bearer user_1"}
+        "idempotently.db", base_url=api.url, headers={"Authorization": "Bearer user_1"}
     ) as session:
         for result in session.resume(reconciler=reconcile):
             print(result.operation_id, result.action, result.detail)
 
-    assert len(api.charges()) == 1  # charged once, although sent twice
+    # Charged once, although sent twice (and once more, answered by the journal, on a re-run).
+    assert len(api.charges(order_id="invoice-7")) == 1

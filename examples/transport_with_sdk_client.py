@@ -29,9 +29,11 @@ class VendorSDK:
         return response
 
 
-with serve() as api:
+# A fixed port: run this script again in the same folder and the request is the
+# same as the first time, so the journal answers it (a new port would be a new URL).
+with serve(port=8406) as api:
     api.faults.push(Fault.lose_response())  # the first answer never arrives
-    http_client = httpx.Client(transport=idempotently.Transport("ops.db"))
+    http_client = httpx.Client(transport=idempotently.Transport("idempotently.db"))
     with http_client:
         sdk = VendorSDK("user_1", api.url, http_client=http_client)
         response = sdk.create_charge(amount=1000, currency="usd", customer="cus_1", metadata={})

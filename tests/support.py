@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import queue
+import re
 import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +95,21 @@ class JsonLinesProcess:
         event: dict[str, Any] = json.loads(line)
         self.events.append(event)
         return event
+
+
+@contextlib.contextmanager
+def fixed_port_lock(source: str) -> Iterator[None]:
+    """Hold a machine-wide lock on each fixed port `source` serves on, while it runs.
+
+    The examples (and the README's copy of the quickstart) start their server on
+    a fixed port, so that a re-run sends the same URL; two runs of the same one
+    at once (xdist workers, two checkouts on one machine) would collide.
+    """
+    ports = sorted({int(port) for port in re.findall(r"serve\([^)]*port=(\d+)", source)})
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            path = Path(tempfile.gettempdir()) / f"idempotently-example-port-{port}.lock"
+            lock = stack.enter_context(open(path, "a"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+        yield

@@ -19,22 +19,30 @@ from click.testing import CliRunner, Result
 from prometheus_client.parser import text_string_to_metric_families
 
 import idempotently
-from idempotently._cli_format import plural, shorten
+from idempotently._cli_format import field_lines, plural, shorten, wrap_words
 from idempotently._flow import DEFAULT_KEY_EXPIRY_MARGIN
 from idempotently._journal import DEFAULT_EXPIRING_WITHIN, Journal
 from idempotently.cli import cli
+from idempotently.testing import Fault, serve
 from tests.support import FakeTime
 from tests.test_cli import ALL_KINDS, HOUR, journal_with
 
 LONG_ID = "customer-cus_0123456789abcdef-order-2026-11-30-000042:charge"
 LONG_URL = "https://payments.internal.example.test/v1/customers/cus_0123456789abcdef/charges"
 LONG_ERROR = "the response never came " * 6
+CHARGE = {"amount": 1000, "currency": "usd", "customer": "cus_1"}
 
 
 @pytest.fixture
 def journal(tmp_path: Path) -> Path:
     """A journal with one operation of every kind, created an hour ago."""
     return journal_with(tmp_path / "journal.db", *ALL_KINDS)
+
+
+@pytest.fixture(autouse=True)
+def on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read what a person sees: stdout is a terminal of COLUMNS columns."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
 
 
 def run(*args: str, columns: int = 80) -> Result:
@@ -278,45 +286,130 @@ def test_help_never_promises_a_table_where_text_is_printed(name: str) -> None:
 # -- 80 columns ----------------------------------------------------------------------
 
 
-def test_list_fits_80_columns_with_long_ids_and_urls(tmp_path: Path) -> None:
-    """At 80 columns no table line is wider; long ids and URLs keep both ends."""
+def wider_than(lines: list[str], columns: int) -> list[tuple[int, str]]:
+    """The lines that take more terminal columns than the terminal has."""
+    return [(wcwidth.wcswidth(line), line) for line in lines if wcwidth.wcswidth(line) > columns]
+
+
+def unwrapped(text: str) -> str:
+    """Text with its line breaks and indentation undone: what wrapping must not change."""
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_list_fits_and_never_cuts_an_operation_id(tmp_path: Path, columns: int) -> None:
+    """At 80 and 200 columns no `list` line is wider, and every operation id is shown whole."""
     path = long_journal(tmp_path / "j.db")
     journal_with(path, *ALL_KINDS)
-    lines = out("--journal", str(path), "list").splitlines()
-    assert [] == [line for line in lines if len(line) > 80]
-    row = next(line for line in lines if line.startswith(LONG_ID[:5]))
-    shown_id, _status, _method, shown_url = row.split()[:4]
-    assert "…" in shown_id and "…" in shown_url
-    assert all(shown.split("…")[1] for shown in (shown_id, shown_url))  # the end is kept
-    assert LONG_ID.startswith(shown_id.split("…")[0]) and LONG_ID.endswith(shown_id.split("…")[1])
-    assert LONG_URL.startswith(shown_url.split("…")[0])
-    assert LONG_URL.endswith(shown_url.split("…")[1])
-    # Wide enough, nothing is cut.
-    assert LONG_URL in out("--journal", str(path), "list", columns=200)
+    lines = out("--journal", str(path), "list", columns=columns).splitlines()
+    assert [] == wider_than(lines, columns)
+    first_words = {line.split()[0] for line in lines[1:] if not line.startswith(" ")}
+    assert {LONG_ID, *ALL_KINDS} == first_words
 
 
-def test_resume_table_fits_80_columns_and_json_keeps_the_whole_detail(tmp_path: Path) -> None:
-    """A long resume detail is cut at its end in the table, whole in JSON."""
-    path = long_journal(tmp_path / "j.db", age=23.5 * HOUR)
-    lines = out("--journal", str(path), "resume", "--dry-run").splitlines()
-    assert [] == [line for line in lines if len(line) > 80]
-    detail = json.loads(out("--journal", str(path), "resume", "--dry-run", "--json"))[0]["detail"]
-    assert len(detail) > 80
-    row = next(line for line in lines if "would_need_reconcile" in line)
-    assert row.endswith("…")
-    assert detail.startswith(row.partition("  -  ")[2].rstrip("…"))
-
-
-def test_show_prints_everything_whole_and_its_attempt_table_fits(tmp_path: Path) -> None:
-    """show keeps ids, URLs and errors whole; its attempt table still fits 80 columns."""
+def test_list_at_80_columns_puts_a_long_id_on_its_own_line_and_keeps_the_url_ends(
+    tmp_path: Path,
+) -> None:
+    """A long id takes a line of its own above its row; the URL keeps its start and its end."""
     path = long_journal(tmp_path / "j.db")
-    text = out("--journal", str(path), "show", LONG_ID)
+    lines = out("--journal", str(path), "list").splitlines()
+    row = lines[lines.index(LONG_ID) + 1]
+    status, _method, shown_url = row.split()[:3]
+    assert "pending" == status and row.startswith(" ")
+    head, tail = shown_url.split("…")
+    assert LONG_URL.startswith(head) and LONG_URL.endswith(tail) and len(shown_url) >= 24
+    # Wide enough, nothing moves and nothing is cut: one line per operation.
+    wide = out("--journal", str(path), "list", columns=200).splitlines()
+    assert 2 == len(wide) and LONG_ID in wide[1] and LONG_URL in wide[1]
+
+
+def test_list_shortens_the_url_before_moving_an_id(tmp_path: Path) -> None:
+    """Where shortening the URL makes room, the id stays on its row."""
+    path = long_journal(tmp_path / "j.db")
+    lines = out("--journal", str(path), "list", columns=150).splitlines()
+    assert 2 == len(lines) and lines[1].startswith(LONG_ID) and "…" in lines[1]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_resume_never_cuts_the_detail_a_user_acts_on(tmp_path: Path, columns: int) -> None:
+    """A resume row's id and detail are whole, broken only between words, in the width."""
+    path = long_journal(tmp_path / "j.db", age=23.5 * HOUR)
+    text = out("--journal", str(path), "resume", "--dry-run", columns=columns)
+    detail = json.loads(out("--journal", str(path), "resume", "--dry-run", "--json"))[0]["detail"]
+    assert [] == wider_than(text.splitlines(), columns)
+    assert "…" not in text
+    assert LONG_ID in text.splitlines()
+    assert unwrapped(detail) in unwrapped(text)
+
+
+def test_resume_shows_the_credentials_hint_whole_at_80_columns(tmp_path: Path) -> None:
+    """Resumed without credentials, the server's 401 hint (which option to pass) is whole."""
+    journal = tmp_path / "j.db"
+    with serve() as api:
+        api.faults.push(Fault.lose_response())
+        with (
+            idempotently.Session(
+                journal,
+                base_url=api.url,
+                headers={"Authorization": "Bearer user_1"},
+                policy=idempotently.RetryPolicy(max_attempts=1),
+            ) as session,
+            pytest.raises(idempotently.OperationPendingError),
+        ):
+            session.post("/v1/charges", json=CHARGE, operation_id=LONG_ID)
+        result = run("--journal", str(journal), "resume")  # no --header-env: a 401
+
+    assert [] == wider_than(result.stdout.splitlines(), 80)
+    assert LONG_ID in result.stdout.splitlines()
+    assert "pass the right ones, e.g. --header-env" in unwrapped(result.stdout), result.output
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_show_prints_everything_whole_and_wraps_only_between_words(
+    tmp_path: Path, columns: int
+) -> None:
+    """show keeps ids, URLs and errors whole; long values wrap between words within the width."""
+    path = long_journal(tmp_path / "j.db")
+    text = out("--journal", str(path), "show", LONG_ID, columns=columns)
+    lines = text.splitlines()
     assert LONG_ID in text and LONG_URL in text
-    assert f"attempt 1: ReadTimeout: {LONG_ERROR.strip()}" in text
+    assert f"attempt 1: ReadTimeout: {LONG_ERROR.strip()}" in unwrapped(text)
+    # Every word of the error is whole on some line: nothing was split mid-word.
+    assert set(LONG_ERROR.split()) <= {word for line in lines for word in line.split()}
+    # Only a line holding one word wider than the terminal may be wider (never split).
+    assert [] == [line for _, line in wider_than(lines, columns) if " " in line.strip()]
     section = text.split("\nattempts\n")[1].split("\n\n")[0].splitlines()
-    table = [line for line in section if not line.startswith("  attempt ")]
-    assert table[0].split() == ["#", "outcome", "status", "replayed", "started", "elapsed", "wait"]
-    assert [] == [line for line in table if len(line) > 80]
+    assert section[0].split() == [
+        "#",
+        "outcome",
+        "status",
+        "replayed",
+        "started",
+        "elapsed",
+        "wait",
+    ]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_stats_fits_the_terminal_between_words(journal: Path, columns: int) -> None:
+    """stats lines fit the width; a long figure wraps under its value, never mid-word."""
+    text = out("--journal", str(journal), "stats", "--stuck-after", "90s", columns=columns)
+    too_wide = [line for _, line in wider_than(text.splitlines(), columns)]
+    assert [] == [line for line in too_wide if not line.startswith("journal ")]  # a long path
+    assert "(pending, unleased, idle over 1m30s)" in unwrapped(text)
+
+
+def test_field_lines_wrap_under_the_value_between_words() -> None:
+    """A value longer than the room wraps under itself; a word wider than it stays whole."""
+    long_word = "x" * 50
+    fields = [("status", "alpha beta gamma delta epsilon"), ("url", long_word)]
+    lines = field_lines(fields, width=28)
+    assert ["status  alpha beta gamma", "        delta epsilon", f"url     {long_word}"] == lines
+
+
+def test_wrap_words_measures_terminal_columns() -> None:
+    """Two-column characters count twice when wrapping."""
+    assert ["注文 注文", "注文"] == wrap_words("注文 注文 注文", 9)
 
 
 def test_show_times_are_iso_utc_and_relative(journal: Path) -> None:
@@ -354,9 +447,10 @@ def test_list_lines_fit_the_terminal_in_columns_not_characters(
     """CJK and emoji ids: no line of `list` takes more columns than the terminal has."""
     journal = wide_journal(tmp_path / "journal.db")
     lines = out("--journal", str(journal), "list", columns=columns).splitlines()
-    assert (len(WIDE_IDS) + 1, []) == (
-        len(lines),
-        [(wcwidth.wcswidth(line), line) for line in lines if wcwidth.wcswidth(line) > columns],
+    assert [] == wider_than(lines, columns)
+    assert all(
+        operation_id in lines or any(line.startswith(operation_id) for line in lines)
+        for operation_id in WIDE_IDS
     )
 
 
@@ -423,3 +517,16 @@ def test_no_cli_output_says_s_in_parentheses(journal: Path) -> None:
     assert "would delete 1 finished operation idle" in out(
         "--journal", str(single), "prune", "--older-than", "0s", "--dry-run"
     )
+
+
+def test_piped_output_keeps_each_value_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off a terminal (a pipe, a file) show and resume do not wrap, whatever COLUMNS says."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: False)
+    path = long_journal(tmp_path / "j.db", age=23.5 * HOUR)
+    shown = out("--journal", str(path), "show", LONG_ID, columns=80)
+    resumed = out("--journal", str(path), "resume", "--dry-run", columns=80)
+    detail = json.loads(out("--journal", str(path), "resume", "--dry-run", "--json"))[0]["detail"]
+    assert f"  attempt 1: ReadTimeout: {LONG_ERROR.strip()}" in shown.splitlines()
+    assert any(line.endswith(detail) for line in resumed.splitlines())

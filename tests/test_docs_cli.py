@@ -132,11 +132,11 @@ def test_examples_parse(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
         if flag == "--header-env":
             monkeypatch.setenv(value.partition("=")[2], "set for the example")
     assert name in COMMANDS
-    # The group's help options too: click caches a command's help option from the first
-    # context made for it, and `-h` must still be help for the tests that come after.
-    registered()[name].make_context(  # raises on any usage error
-        name, rest, help_option_names=cli.context_settings["help_option_names"]
-    )
+    # Under the group's context, as the CLI runs it: a command's context made without
+    # it would cache click's default help option (--help only) on the shared command
+    # object, and `-h` would fail for every later test.
+    group = cli.make_context("idempotently", [], resilient_parsing=True)
+    registered()[name].make_context(name, rest, parent=group)  # raises on any usage error
 
 
 def test_examples_cover_every_command() -> None:

@@ -20,7 +20,6 @@ from idempotently import profiles, testing
 
 ROOT = Path(__file__).parent.parent
 REFERENCE = ROOT / "docs" / "reference"
-DOCS_URL = "https://idempotently.readthedocs.io/"
 DIRECTIVE = re.compile(r"^:::[ \t]+([\w.]+)[ \t]*$", re.MULTILINE)
 
 # What a reader outside the project cannot follow: our own planning documents,
@@ -153,16 +152,114 @@ def test_internal_reference_patterns_catch_the_old_wording() -> None:
         assert any(pattern.search(phrase) for pattern in INTERNAL.values()), phrase
 
 
-def test_readme_links_are_absolute() -> None:
-    """Every README link works on the package index, which cannot resolve relative paths."""
+# A URL naming this project (its docs site, its code host) is a claim the
+# repository cannot back: nothing here shows such a site or organisation exists.
+# A `.invalid` host (RFC 2606: never resolves) claims nothing, e.g. the mock
+# server's problem types.
+PROJECT_URL = re.compile(r"https?://(?![\w.-]*\.invalid/)[^\s)>\]\"']*idempotently", re.IGNORECASE)
+
+
+def project_text_files() -> list[Path]:
+    """What states where the project lives: user-facing text plus packaging and site config."""
+    return [*user_facing_files(), ROOT / "pyproject.toml", ROOT / "mkdocs.yml"]
+
+
+def test_nothing_claims_a_docs_site_or_code_host_the_repository_cannot_show() -> None:
+    """No README, docs page, docstring, pyproject or mkdocs.yml names a URL for this project."""
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in project_text_files()
+        for match in PROJECT_URL.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert [] == found
+
+
+def test_the_project_url_pattern_catches_the_old_claims() -> None:
+    """The pattern matches the docs site and code host the README used to assert."""
+    old = "at <https://idempotently.readthedocs.io/> and https://github.com/idempotently/x"
+    assert 2 == len(PROJECT_URL.findall(old))
+    assert not PROJECT_URL.search("https://brandur.org/idempotency-keys")
+
+
+def test_readme_says_how_to_build_the_docs_locally() -> None:
+    """With no published site to point at, the README gives the commands that build it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python3 -m mkdocs serve" in readme
+    assert "python3 -m nox -s docs" in readme
+
+
+def test_readme_has_no_relative_links() -> None:
+    """The package index cannot resolve a relative link: the README names paths as text."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    targets = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"<(https?://[^>]+)>", text)
-    assert targets
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
     assert [] == [target for target in targets if not target.startswith("https://")]
 
 
-def test_mock_server_help_points_at_the_site() -> None:
-    """`mock-server --help` sends a reader to the docs site, not to a file the wheel lacks."""
+def test_the_license_file_is_the_mit_license_pyproject_declares() -> None:
+    """LICENSE exists and is MIT, as pyproject's license and the README say."""
+    license_text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert license_text.startswith("MIT License")
+    assert re.search(r'^license = "MIT"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert "MIT license" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_docs_and_examples_use_the_default_journal_name() -> None:
+    """Every journal file a reader is shown is `idempotently.db`, the CLI's default."""
+    from idempotently.cli import DEFAULT_JOURNAL
+
+    shown = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    shown += sorted((ROOT / "examples").glob("*.py"))
+    names = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in shown
+        for name in re.findall(r"[\w./-]+\.db\b", path.read_text(encoding="utf-8"))
+        # `*-api.db`: an example's stand-in API keeping its own records, not a journal;
+        # `shop.db`: the outbox's journal is the application's own database, named so.
+        if Path(name).name not in (DEFAULT_JOURNAL, "shop.db") and not name.endswith("-api.db")
+    }
+    # One page shows --journal choosing another file, which is what the option is for;
+    # one shows a second journal beside the first, encrypted with a codec.
+    assert {"docs/cli.md: payments.db", "docs/journal.md: encrypted.db"} == names
+
+
+def nav_pages(nav: object) -> list[str]:
+    """The pages of mkdocs.yml's nav, in order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in nav_pages(value)]
+    if isinstance(nav, list):
+        return [page for item in nav for page in nav_pages(item)]
+    return []
+
+
+def site_nav() -> list[str]:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """mkdocs.yml may hold !!python/name tags (material's emoji); none are needed here."""
+
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)
+    return nav_pages(config["nav"])
+
+
+def test_the_nav_lists_every_page_once() -> None:
+    """mkdocs.yml's nav holds every page under docs/ exactly once."""
+    pages = sorted(str(path.relative_to(ROOT / "docs")) for path in (ROOT / "docs").rglob("*.md"))
+    assert pages == sorted(site_nav())
+
+
+def test_the_nav_reads_in_the_order_a_user_learns() -> None:
+    """Home first, then contract, journal, crash, CLI; the reference late; the changelog last."""
+    nav = site_nav()
+    order = ["index.md", "contract.md", "journal.md", "after-a-crash.md", "cli.md"]
+    assert order == [page for page in nav if page in order]
+    assert nav.index("mock-server.md") < nav.index("reference/index.md")
+    assert ["decisions.md", "changelog.md"] == nav[-2:]
+
+
+def test_mock_server_help_says_where_its_api_is_described() -> None:
+    """`mock-server --help` lists its control endpoints and the pydoc command, not a URL."""
     result = subprocess.run(
         [sys.executable, "-m", "idempotently", "mock-server", "--help"],
         capture_output=True,
@@ -170,16 +267,7 @@ def test_mock_server_help_points_at_the_site() -> None:
         timeout=60,
     )
     assert 0 == result.returncode, result.stderr
-    assert DOCS_URL in result.stdout
+    assert "/v1/_faults" in result.stdout
+    assert "python -m pydoc idempotently.testing" in result.stdout
+    assert not re.search(r"https?://", result.stdout)
     assert not re.search(r"\bdocs/[\w-]+\.md\b", result.stdout)
-
-
-def test_project_urls_name_the_site_the_changelog_and_the_issues() -> None:
-    """The package index links to the docs site, the changelog and the issue tracker."""
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    section = text.split("[project.urls]", 1)[1].split("\n[", 1)[0]
-    urls = dict(re.findall(r'^(\w+) = "([^"]+)"$', section, re.MULTILINE))
-    assert DOCS_URL == urls["Documentation"]
-    assert urls["Changelog"].endswith("/CHANGELOG.md")
-    assert urls["Issues"].endswith("/issues")
-    assert urls["Homepage"].startswith("https://")

@@ -4,7 +4,7 @@ How a page is run (new pages are picked up without an edit here):
 
 - Its blocks run in order, in one namespace, as a reader reads the page top to
   bottom; each page starts with a fresh namespace in a fresh, empty directory,
-  so ``"ops.db"`` is a new journal.
+  so ``"idempotently.db"`` is a new journal.
 - ``https://api.example.com``, the docs' stand-in for your API, is replaced
   by the URL of a companion mock server started for the page
   (``idempotently.testing.serve()``): every request a block sends gets a real
@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 
 from idempotently.testing import serve
+
+from .support import fixed_port_lock
 
 ROOT = Path(__file__).parent.parent
 API_PLACEHOLDER = "https://api.example.com"
@@ -76,7 +78,7 @@ PAGES = [path for path in pages() if any(python_blocks(path.read_text(encoding="
 def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Python block on the page runs as written (the API placeholder on a mock server)."""
     monkeypatch.chdir(tmp_path)
-    with serve() as api:
+    with fixed_port_lock(path.read_text(encoding="utf-8")), serve() as api:
         run_page(path, str(path.relative_to(ROOT)), api.url)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -10,22 +11,47 @@ from pathlib import Path
 
 import pytest
 
+from .support import fixed_port_lock
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
-def test_example_runs(example: Path, tmp_path: Path) -> None:
-    """Each script in examples/ exits 0 in a fresh directory."""
+def test_example_runs_twice_in_the_same_folder(example: Path, tmp_path: Path) -> None:
+    """Each script in examples/ exits 0, and again when re-run beside the journal it left.
+
+    A re-run sends the same requests (each example's server has a fixed port,
+    so its URLs do not change), so the journal answers them: no KeyReuseError,
+    and no advice to throw the journal away.
+    """
     # The recipes need their SDK (the tests extra has them; openai/httpx2 need Python 3.11+).
-    for sdk in ("stripe", "openai", "httpx2"):
+    for sdk in ("stripe", "openai", "anthropic", "httpx2"):
         imported = re.search(rf"^import {sdk}$", example.read_text(), re.MULTILINE)
         if imported and importlib.util.find_spec(sdk) is None:
             pytest.skip(f"{example.name} needs {sdk}, which is not installed")
-    result = subprocess.run(
-        [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert 0 == result.returncode, result.stdout + result.stderr
+    with fixed_port_lock(example.read_text()):
+        for run in ("first", "second"):
+            result = subprocess.run(
+                [sys.executable, str(example)],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert 0 == result.returncode, f"{run} run:\n{result.stdout}{result.stderr}"
+    assert (tmp_path / "idempotently.db").exists() or "idempotently.db" not in example.read_text()
+
+
+def test_every_example_with_a_journal_has_a_fixed_port() -> None:
+    """An example that journals and starts a server names its port (port 0 would change the URL)."""
+    unfixed = [
+        example.name
+        for example in EXAMPLES
+        if "idempotently.db" in example.read_text()
+        and re.search(r"serve\((?![^)]*port=[1-9])", example.read_text())
+    ]
+    assert [] == unfixed
 
 
 def test_readme_example_is_the_quickstart_script() -> None:
@@ -43,3 +69,28 @@ def test_readme_and_ci_run_the_same_test_command() -> None:
     ci_commands = [line.strip() for line in ci.splitlines()]
     assert command in readme_commands and command in ci_commands
     assert "python3 -m idempotently demo" in readme
+
+
+RECIPES = sorted((ROOT / "examples").glob("recipe_*.py"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.name)
+def test_each_recipe_says_how_to_install_what_it_needs(recipe: Path) -> None:
+    """A recipe's docstring opens with the pip command for idempotently and its SDK."""
+    docstring = ast.get_docstring(ast.parse(recipe.read_text())) or ""
+    install = re.search(r"^Install: ``(pip install [^`]+)``", docstring, re.MULTILINE)
+    assert install is not None, f"{recipe.name} has no 'Install: ``pip install ...``' line"
+    for sdk in ("stripe", "openai", "anthropic", "httpx2"):
+        if re.search(rf"^import {sdk}$", recipe.read_text(), re.MULTILINE):
+            assert sdk in install.group(1), f"{recipe.name} imports {sdk} but does not install it"
+
+
+def test_the_recipes_page_names_an_install_command_for_each_sdk() -> None:
+    """docs/recipes.md says how to install each recipe's SDK."""
+    page = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    for command in (
+        "pip install idempotently stripe",
+        "pip install 'idempotently[httpx2]' openai",
+        "pip install 'idempotently[httpx2]' anthropic",
+    ):
+        assert command in page

@@ -358,12 +358,18 @@ def test_dash_h_works_on_every_command(command: str) -> None:
 
 @pytest.mark.parametrize("columns", ["20", "10000"])
 def test_list_at_extreme_widths(tmp_path: Path, columns: str) -> None:
-    """COLUMNS=20 and COLUMNS=10000: the table prints, one line per operation plus header."""
+    """COLUMNS=20 and COLUMNS=10000: the table prints every operation, its id whole.
+
+    Wide, one line per operation plus the header; narrow, an id too long for its
+    column takes a line of its own above its row.
+    """
     path = tmp_path / "j.db"
     _journal(path)
     result = CliRunner(env={"COLUMNS": columns}).invoke(cli, ["--journal", str(path), "list"])
     assert 0 == result.exit_code, result.output
-    assert 3 == len(result.stdout.splitlines())
+    lines = result.stdout.splitlines()
+    assert (3 if columns == "10000" else 5) == len(lines)
+    assert {"ordre-été-✓", "=cmd|' /C calc'!A0"} <= {line.split("  ")[0] for line in lines}
 
 
 # -- httpx2 ---------------------------------------------------------------------------------

@@ -196,10 +196,19 @@ def test_an_operation_left_pending_is_parked_longer_each_round(tmp_path: Path) -
     assert {operation_id: (None, 0.0)} == leases(path)
 
 
+@pytest.mark.parametrize("columns", [80, 200])
 def test_watch_on_a_terminal_prints_one_line_per_batch(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    columns: int,
 ) -> None:
-    """On a terminal the worker says when it starts and stops, and one line per batch."""
+    """On a terminal the worker says when it starts and stops, and one line per batch.
+
+    A line wider than the terminal wraps between words under its text (after the
+    time), never mid-word; at 200 columns each is one line.
+    """
+    monkeypatch.setenv("COLUMNS", str(columns))
     path = tmp_path / "journal.db"
     seed(path, 3)
     fake = FakeTime(now=NOW)
@@ -222,8 +231,17 @@ def test_watch_on_a_terminal_prints_one_line_per_batch(
             terminal=True,
             stop=stop,
         )
-    lines = capsys.readouterr().err.splitlines()
+    printed = capsys.readouterr().err.splitlines()
+    assert [] == [line for line in printed if len(line) > columns]
+    # Continuation lines start under the text, after the time: join them back.
+    lines: list[str] = []
+    for line in printed:
+        if line.startswith(" " * 9):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
     assert 3 == len(lines), lines
+    assert (columns == 200) == (3 == len(printed))
     assert "resume worker worker-1:" in lines[0] and lines[0].endswith("started")
     assert "batch 1: 3 of 3 claimed operations resumed" in lines[1]
     assert "(3 succeeded); 0 pending left" in lines[1]

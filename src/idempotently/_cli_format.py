@@ -197,8 +197,12 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
     }
 
 
-def operation_lines(op: Operation, now: float) -> list[str]:
-    """``show`` for people: the fields, the attempt table, headers and bodies."""
+def operation_lines(op: Operation, now: float, width: int | None = None) -> list[str]:
+    """``show`` for people: the fields, the attempt table, headers and bodies.
+
+    Within ``width`` terminal columns, long values (a reason, an error, a header)
+    wrap between words under themselves; nothing is cut.
+    """
     out: list[str] = []
     status = op.status + (f" ({op.reason})" if op.reason else "")
     fields = [
@@ -223,8 +227,7 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         fields.append(("leased by", f"{op.lease_owner} until {when(op.lease_until, now)}"))
     fields.append(("attempts", str(op.attempt_count)))
     fields += at_rest_fields(op)
-    width = max(len(name) for name, _ in fields)
-    out += [f"{name.ljust(width)}  {value}" for name, value in fields]
+    out += field_lines(fields, width)
 
     out += ["", "attempts"]
     if op.attempts:
@@ -243,7 +246,9 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         headers = ("#", "outcome", "status", "replayed", "started", "elapsed", "wait")
         out += _indent(table(headers, rows, right="#,status,elapsed,wait"))
         # Errors are prose: whole, under the table, so the table fits 80 columns.
-        out += [f"  attempt {a.number}: {a.error}" for a in op.attempts if a.error]
+        for a in op.attempts:
+            if a.error:
+                out += indented_wrap(f"attempt {a.number}: {a.error}", width)
     elif never_sent(op):
         out.append("  (none: enqueued and not sent yet, so nothing can have been delivered)")
     else:
@@ -252,7 +257,8 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         out.append("  (none recorded: the first send began, so it may have been delivered)")
 
     out += ["", "request headers"]
-    out += _indent(f"{name}: {value}" for name, value in visible_headers(op.request_headers))
+    for name, value in visible_headers(op.request_headers):
+        out += indented_wrap(f"{name}: {value}", width)
     if op.unreadable is not None:
         out += ["", f"request body (not shown: {op.unreadable})"]
     else:
@@ -262,7 +268,8 @@ def operation_lines(op: Operation, now: float) -> list[str]:
     if op.response_status is None:
         return [*out, "", "response: none stored"]
     out += ["", f"response {op.response_status}"]
-    out += _indent(f"{name}: {value}" for name, value in visible_headers(op.response_headers))
+    for name, value in visible_headers(op.response_headers):
+        out += indented_wrap(f"{name}: {value}", width)
     if op.unreadable is not None:
         return [*out, "", "response body (not shown: encoded, see the request body)"]
     out += ["", f"response body ({_bytes(len(op.response_body or b''))})"]
@@ -333,7 +340,7 @@ Shorten = Literal["middle", "end"]
 def columns(text: str) -> int:
     """Terminal columns ``text`` takes: 2 for a CJK character or an emoji, 0 for a combining mark.
 
-    Cells reach here through :func:`printable`, so there is no control character
+    Cells reach here through `printable`, so there is no control character
     to measure; one that slips through counts as nothing rather than as -1.
     """
     measured = wcwidth.wcswidth(text)
@@ -379,6 +386,59 @@ def shorten(text: str, width: int, where: Shorten = "middle") -> str:
     return "".join(head) + ELLIPSIS + "".join(reversed(tail))
 
 
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` terminal columns, broken only between words.
+
+    A word wider than ``width`` (a long URL, a key) gets a line of its own and is
+    never split: a terminal that wraps it still shows it whole, and a reader can
+    copy it. Existing line breaks are kept.
+    """
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            if not line:
+                line = word
+            elif columns(line) + 1 + columns(word) <= width:
+                line = f"{line} {word}"
+            else:
+                lines.append(line)
+                line = word
+        lines.append(line)
+    return lines
+
+
+def field_lines(fields: Sequence[tuple[str, str]], width: int | None = None) -> list[str]:
+    """``name  value`` lines, names aligned; within ``width``, a long value wraps between
+    words under itself (never mid-word), so nothing is cut and nothing is lost."""
+    name_width = max(columns(name) for name, _ in fields)
+    out: list[str] = []
+    for name, value in fields:
+        label = name + " " * (name_width - columns(name)) + "  "
+        room = None if width is None else width - columns(label)
+        if room is None or room < MIN_WRAPPED:
+            out.append(f"{label}{value}")
+            continue
+        first, *rest = wrap_words(printable(value), room)
+        out.append(f"{label}{first}")
+        out += [" " * columns(label) + line for line in rest]
+    return out
+
+
+def indented_wrap(
+    text: str, width: int | None, indent: str = "  ", hanging: str = "    "
+) -> list[str]:
+    """``text`` indented; within ``width``, wrapped between words with a hanging indent."""
+    if width is None:
+        return [f"{indent}{text}"]
+    first, *rest = wrap_words(printable(text), max(width - len(hanging), MIN_WRAPPED))
+    return [f"{indent}{first}", *(f"{hanging}{line}" for line in rest)]
+
+
+MIN_WRAPPED = 20
+"""A wrapped value gets at least this many columns, however narrow the terminal."""
+
+
 def table(
     headers: Sequence[str],
     rows: Iterable[Sequence[object]],
@@ -386,12 +446,18 @@ def table(
     *,
     width: int | None = None,
     shrink: Mapping[str, Shorten] | None = None,
+    give: Sequence[tuple[str, int]] = (),
+    own_line: str | None = None,
 ) -> list[str]:
     """Aligned columns; a ``None`` cell shows as ``-``; columns named in ``right`` align right.
 
-    With ``width``, the columns named in ``shrink`` give up characters, widest
-    first, until each line fits (their cells shortened with ``…``, in the middle
-    or at the end); the other columns are never cut.
+    With ``width``, columns give up terminal columns until each line fits: first
+    the steps of ``give`` in order, each ``(column, floor)`` narrowing one column
+    down to ``floor``, then the columns named in ``shrink``, widest first, down
+    to `MIN_SHORTENED`. A narrowed column's cells are shortened with ``…``
+    (in the middle or at the end, as ``shrink`` says), except the ``own_line``
+    column: a cell too wide for it is never cut but printed whole on a line of
+    its own, its row following on the next line. The other columns are never cut.
     """
     cells = [["-" if cell is None else printable(str(cell)) for cell in row] for row in rows]
     widths = [
@@ -399,11 +465,17 @@ def table(
     ]
     right_aligned = {i for i, name in enumerate(headers) if name in right.split(",")}
     shrinkable = {headers.index(name): where for name, where in (shrink or {}).items()}
+    whole = None if own_line is None else headers.index(own_line)
     if width is not None:
-        floor = {i: max(columns(headers[i]), MIN_SHORTENED) for i in shrinkable}
         excess = sum(widths) + 2 * (len(widths) - 1) - width
+        for name, floor in give:
+            i = headers.index(name)
+            taken = max(0, min(excess, widths[i] - max(floor, columns(headers[i]))))
+            widths[i] -= taken
+            excess -= taken
+        floors = {i: max(columns(headers[i]), MIN_SHORTENED) for i in shrinkable}
         while excess > 0:
-            wide = [i for i in shrinkable if widths[i] > floor[i]]
+            wide = [i for i in shrinkable if widths[i] > floors[i]]
             if not wide:
                 break
             widest = max(wide, key=lambda i: widths[i])
@@ -411,17 +483,24 @@ def table(
             excess -= 1
         for row in cells:
             for i, where in shrinkable.items():
-                row[i] = shorten(row[i], widths[i], where)
+                if i != whole:
+                    row[i] = shorten(row[i], widths[i], where)
 
     def line(row: Sequence[str]) -> str:
-        padding = [" " * (widths[i] - columns(cell)) for i, cell in enumerate(row)]
+        padding = [" " * max(0, widths[i] - columns(cell)) for i, cell in enumerate(row)]
         padded = [
             padding[i] + cell if i in right_aligned else cell + padding[i]
             for i, cell in enumerate(row)
         ]
         return "  ".join(padded).rstrip()
 
-    return [line(list(headers))] + [line(row) for row in cells]
+    out = [line(list(headers))]
+    for row in cells:
+        if whole is not None and columns(row[whole]) > widths[whole]:
+            out.append(row[whole])
+            row = [*row[:whole], "", *row[whole + 1 :]]
+        out.append(line(row))
+    return out
 
 
 def operations_table(
@@ -429,7 +508,11 @@ def operations_table(
 ) -> list[str]:
     """The aligned table of `idempotently list` (the demo prints it too).
 
-    Within ``width`` columns, long operation ids and URLs are shortened in the middle.
+    Within ``width`` columns the URL gives way first (shortened in the middle,
+    to no less than 24 columns), then the operation column narrows: an id too
+    long for it is printed whole on a line of its own above its row, never cut,
+    since it is what ``show`` and every operator action take; only then does the
+    URL shorten further.
     """
     return table(
         ("operation", "status", "method", "url", "attempts", "last", "created"),
@@ -447,8 +530,14 @@ def operations_table(
         ),
         right="attempts,last",
         width=width,
-        shrink={"operation": "middle", "url": "middle"},
+        shrink={"url": "middle"},
+        give=(("url", URL_FLOOR), ("operation", 0)),
+        own_line="operation",
     )
+
+
+URL_FLOOR = 24
+"""Columns a URL in ``list`` keeps before the operation column narrows."""
 
 
 OPERATION_FIELDS = (
@@ -469,7 +558,7 @@ OPERATION_FIELDS = (
     "lease_owner",
     "lease_until",
 )
-"""The keys of :func:`operation_json`, in order: the columns of ``list --format csv``."""
+"""The keys of `operation_json`, in order: the columns of ``list --format csv``."""
 
 
 def csv_text(records: Sequence[Mapping[str, Any]], fields: Sequence[str] = ()) -> str:
@@ -516,8 +605,10 @@ def percent(rate: float) -> str:
     return f"{rate * 100:.1f}%"
 
 
-def stats_lines(stats: JournalStats, path: str, stuck_after: float) -> list[str]:
-    """``stats`` for people: one named figure per line."""
+def stats_lines(
+    stats: JournalStats, path: str, stuck_after: float, width: int | None = None
+) -> list[str]:
+    """``stats`` for people: one named figure per line (wrapped between words within ``width``)."""
     age = stats.oldest_pending_age
     oldest = stats.oldest_pending_created_at
     fields = [
@@ -542,8 +633,7 @@ def stats_lines(stats: JournalStats, path: str, stuck_after: float) -> list[str]
                 f"{format_duration(stats.expiring_within)} or has expired)",
             )
         )
-    width = max(len(name) for name, _ in fields)
-    return [f"{name.ljust(width)}  {value}" for name, value in fields]
+    return field_lines(fields, width)
 
 
 def _label(value: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any, TextIO
 import click
 
 from idempotently import _early_signals
-from idempotently._cli_format import printable, shorten
+from idempotently._cli_format import columns, printable, wrap_words
 from idempotently._flow import ResumeResult
 from idempotently._lookup import Lookup
 from idempotently._session import Session
@@ -47,20 +47,52 @@ JSON_ESCAPES = {
 }
 
 
+def stdout_is_terminal() -> bool:
+    """Whether people read stdout: only then are long sentences wrapped to its width."""
+    return sys.stdout.isatty()
+
+
 def result_row(cells: tuple[object, ...], dry_run: bool) -> str:
-    """One aligned line of resume's results, printable as soon as it is known."""
+    """One aligned row of resume's results, printable as soon as it is known.
+
+    Nothing a user needs to act on is cut: an operation id too long for its
+    column is printed whole on a line of its own above the row, and the detail
+    (what happened, or what to do, such as which ``--header-env`` to pass) wraps
+    between words under its column, or on indented lines below the row when the
+    terminal leaves that column too little room. The row may be several lines.
+    """
     widths = (OPERATION_WIDTH, 20 if dry_run else 15, 15, 4)
     text = [printable("-" if cell is None else str(cell)) for cell in cells]
+    lines: list[str] = []
+    operation = text[0]
+    if columns(operation) > widths[0]:
+        lines.append(operation)
+        operation = ""
     padded = [
-        shorten(text[0], widths[0], "middle").ljust(widths[0]),
+        operation + " " * (widths[0] - columns(operation)),
         text[1].ljust(widths[1]),
         text[2].ljust(widths[2]),
         text[3].rjust(widths[3]),
     ]
-    # The detail is a sentence: its start fits the terminal here, whole in --format json.
-    room = shutil.get_terminal_size().columns - sum(widths) - 2 * len(widths)
-    padded.append(shorten(text[4], max(room, 10), "end"))
-    return "  ".join(padded).rstrip()
+    terminal = shutil.get_terminal_size().columns
+    start = sum(widths) + 2 * len(widths)
+    room = terminal - start
+    detail = text[4]
+    if not stdout_is_terminal():
+        # A pipe or a file: one line per row, the detail whole at its end, for scripts.
+        return "\n".join([*lines, "  ".join([*padded, detail]).rstrip()])
+    if columns(detail) <= room or room >= DETAIL_ROOM:
+        first, *rest = wrap_words(detail, max(room, 1))
+        lines.append("  ".join([*padded, first]).rstrip())
+        lines += [" " * start + line for line in rest]
+    else:
+        lines.append("  ".join(padded).rstrip())
+        lines += ["    " + line for line in wrap_words(detail, terminal - 4)]
+    return "\n".join(lines)
+
+
+DETAIL_ROOM = 30
+"""Columns the detail needs beside the row; with less it goes on lines of its own below."""
 
 
 def result_line(result: ResumeResult, dry_run: bool) -> str:
@@ -110,7 +142,10 @@ class BatchLines(logging.Formatter):
             )
         else:
             text = record.getMessage()
-        return printable(f"{moment} {text}")
+        # Wrapped between words with a hanging indent, never mid-word by the terminal.
+        width = max(shutil.get_terminal_size().columns - len(moment) - 1, 20)
+        first, *rest = wrap_words(printable(text), width)
+        return "\n".join([f"{moment} {first}", *(" " * (len(moment) + 1) + line for line in rest)])
 
 
 class _WatchFilter(logging.Filter):

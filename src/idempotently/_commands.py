@@ -2,7 +2,7 @@
 
 The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
 journal: it yields one of these values and receives the result. A journal
-command is a plain value: :meth:`Journal._execute` runs a read against the
+command is a plain value: `Journal._execute` runs a read against the
 store and hands a write to the journal's one writer (``_journal/_writer.py``),
 which commits it with whatever other writes are waiting; the async driver
 hands it over without ever running SQLite on its event loop.
@@ -34,7 +34,7 @@ class Find:
     key: str | None
     connection: object | None = attrs.field(default=None, eq=False, repr=False)
     """Read on the application's own connection (and so inside its transaction), not
-    the journal's: what an :class:`Enqueue` on that connection finds taken."""
+    the journal's: what an `Enqueue` on that connection finds taken."""
 
 
 @attrs.frozen
@@ -54,7 +54,7 @@ class Enqueue:
     With ``connection`` (the application's own, inside its own transaction) the row is
     written there and commits or rolls back with the application's writes: the one
     write that does not pass through the journal's writer. Without, it is a write like
-    an :class:`Insert`, durable before it returns."""
+    an `Insert`, durable before it returns."""
 
     new: NewOperation
     connection: object | None = attrs.field(default=None, eq=False, repr=False)

@@ -121,7 +121,7 @@ def credentials_record(names: Sequence[str], digest: str) -> str:
 
 
 def read_record(text: str) -> tuple[tuple[str, ...], str]:
-    """The names and the digest of a :func:`credentials_record`; ValueError if it is
+    """The names and the digest of a `credentials_record`; ValueError if it is
     not one this version can check."""
     try:
         parsed = json.loads(text)

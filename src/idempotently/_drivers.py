@@ -215,7 +215,7 @@ async def _journal(journal: Journal, command: JournalCommand) -> Any:
     event loop are waiting for.
 
     One task at a time takes every command waiting on this loop to one worker
-    thread (:meth:`Journal._execute_many`: the writes among them join the
+    thread (`Journal._execute_many`: the writes among them join the
     journal's writer as one batch, so their keys share a commit and an fsync),
     instead of a thread hop per command. Each caller returns once its own command
     is done; nothing is abandoned on cancellation: the write completes first.

@@ -7,8 +7,8 @@ than ending it cleanly (exit 0). So this module, imported first by the
 package, installs handlers at once in a process that is the ``idempotently``
 command about to run ``resume --watch``; nothing else is touched, and a
 library import never changes a signal handler. The handlers only note the
-signal; :func:`take` hands it to the watch's own handlers, and
-:func:`release` puts the defaults back (and re-raises a noted signal) when
+signal; `take` hands it to the watch's own handlers, and
+`release` puts the defaults back (and re-raises a noted signal) when
 the command turns out not to be a watch.
 """
 

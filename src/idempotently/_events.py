@@ -3,7 +3,7 @@
 The flow (``_flow.py``) makes one event when it starts sending an operation,
 one per attempt, one per retry decision and one when it stops; it logs each on
 the ``idempotently`` logger with the event's fields and, when the Session or
-Transport has ``hooks=``, yields an :class:`~idempotently._commands.Emit` command
+Transport has ``hooks=``, yields an `Emit` command
 that the driver carries out by calling them. No event holds a header, a body
 or a URL: only ids, counts, outcomes and the reasons already written to the
 journal (secrets scrubbed).
@@ -34,10 +34,13 @@ class OperationStarted:
 
     name: ClassVar[str] = "operation_started"
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     method: str
     """The HTTP method (the URL is left out: its query may hold a secret)."""
     delivery: Delivery
+    """`exactly_once` or `at_most_once`."""
     resuming: bool
     """Sent by ``resume``, not by a call."""
     attempts: int
@@ -52,7 +55,9 @@ class AttemptFinished:
 
     name: ClassVar[str] = "attempt_finished"
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     attempt: int
     """Its number among the operation's attempts, across calls and restarts (1 first)."""
     outcome: Outcome
@@ -68,6 +73,7 @@ class AttemptFinished:
     status: Status
     """The operation's status in the journal after it."""
     started_at: float
+    """When the attempt began, by the session's clock (seconds since the epoch)."""
     elapsed: float
     """Seconds the attempt took, by the session's clock."""
 
@@ -78,7 +84,9 @@ class RetryScheduled:
 
     name: ClassVar[str] = "retry_scheduled"
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     attempt: int
     """The attempt that is retried (the next one is ``attempt + 1``)."""
     wait: float
@@ -93,13 +101,16 @@ class OperationFinished:
 
     name: ClassVar[str] = "operation_finished"
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     status: Status
     """``succeeded`` or ``failed`` (settled), ``pending`` (outcome unknown, or waiting:
     a resume continues it), ``needs_reconcile`` or ``abandoned``."""
     action: Action
     """The last decision (``succeed``, ``fail``, ``pending``, ``retry_later``, ...)."""
     reason: str
+    """Why it stopped there, in words (the journal's `reason`)."""
     attempts: int
     """Attempts journaled for the operation, across calls and restarts."""
     status_code: int | None
@@ -109,7 +120,7 @@ class OperationFinished:
     not_before: float | None
     """For ``retry_later``: when the server allows the next attempt."""
     elapsed: float
-    """Seconds since :class:`OperationStarted`, by the session's clock."""
+    """Seconds since `OperationStarted`, by the session's clock."""
 
 
 Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished
@@ -127,7 +138,7 @@ def fields(event: Event) -> dict[str, Any]:
 
 
 def finished_level(status: Status) -> int:
-    """The log level of an :class:`OperationFinished` with ``status``: what the caller did
+    """The log level of an `OperationFinished` with ``status``: what the caller did
     not get (pending, needs reconciling, abandoned) is worth a line at INFO; a settled
     answer is the caller's to report."""
     return logging.DEBUG if status in ("succeeded", "failed") else logging.INFO

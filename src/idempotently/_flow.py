@@ -154,7 +154,7 @@ DEFAULT_LEASE_DURATION = 60.0
 DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
 MAX_OPERATION_ID_LENGTH = 255
 EXTENSION = "idempotently"
-"""``response.extensions[EXTENSION]`` holds the :class:`Receipt`."""
+"""``response.extensions[EXTENSION]`` holds the `Receipt`."""
 
 # A second caller of an operation in flight looks again after these waits.
 _FIRST_POLL = 0.01
@@ -226,7 +226,9 @@ class Receipt:
     """
 
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     attempts: int
     """Attempts journaled for the operation so far, across calls and restarts."""
     replayed: bool
@@ -240,7 +242,9 @@ class ResumeResult:
     """What resume did with one operation."""
 
     operation_id: str
+    """The operation's id."""
     key: str
+    """The operation's idempotency key."""
     status: Status
     """The operation's status in the journal afterwards."""
     action: ResumeAction
@@ -250,8 +254,12 @@ class ResumeResult:
     ``would_skip_leased``, ``would_abandon``, ``would_need_reconcile`` or
     ``would_reconcile``."""
     detail: str
+    """What happened or what to do about it, in words (the error, the server's hint, which
+    option to pass)."""
     status_code: int | None = None
+    """The HTTP status of the last answer this resume got, or None."""
     replayed: bool = False
+    """That answer was the server's stored one for this key (a replay)."""
 
     @classmethod
     def of(
@@ -288,8 +296,12 @@ class Settlement:
     status: Literal["succeeded", "failed"] = attrs.field(
         validator=attrs.validators.in_(("succeeded", "failed"))
     )
+    """`succeeded`: it took effect (the object was found); `failed`: it surely never did."""
     note: str
+    """Why, in words: journaled as the operation's reason and shown by `show`."""
     response: httpx.Response | None = None
+    """The object found, as an `httpx.Response`, stored as the operation's answer (None: none
+    stored)."""
 
 
 @attrs.define
@@ -300,11 +312,11 @@ class Held:
     lease: tuple[str, str] | None = None
     """(operation_id, owner)"""
     owners: list[str] = attrs.Factory(list)
-    """The lease owners this flow made: in flight until the driver calls :meth:`end`."""
+    """The lease owners this flow made: in flight until the driver calls `end`."""
     interrupted: tuple[str, str, str | None, float, Delivery] | None = None
     """While an attempt is being sent: (operation_id, key, owner, started_at, delivery)
     of the attempt to journal if it never returns (it may have been delivered), which
-    also releases the lease; the record itself (:func:`interrupted_attempt`) is built
+    also releases the lease; the record itself (`interrupted_attempt`) is built
     only then, not before every send."""
     lease_until: float = 0.0
     """When the lease this flow last wrote runs out (by the engine's clock)."""
@@ -728,13 +740,13 @@ class Engine:
     def enqueue(self, call: Call, connection: object | None) -> Flow[Operation]:
         """Journal ``call`` as a pending operation that nothing has sent yet; send nothing.
 
-        Rendered and journaled exactly as :meth:`call` journals a new operation (the
+        Rendered and journaled exactly as `call` journals a new operation (the
         same key, headers, body bytes, fingerprint and profile), but unleased and marked
         enqueued, with no first send: until a send begins it is provably undelivered,
         and its key's lifetime starts at that first send. On ``connection`` it is written
         inside the application's transaction. An operation id already journaled (the
         application's transaction run again) returns that operation, unchanged, after
-        the same check a call makes (:class:`KeyReuseError` for another request).
+        the same check a call makes (`KeyReuseError` for another request).
         """
         request = call.request
         headers = read_request_headers(
@@ -840,7 +852,7 @@ class Engine:
         return new_key()
 
     def _check_same(self, operation: Operation, call: Call, print_: str) -> None:
-        """Raise :class:`KeyReuseError` unless ``call`` is the journaled operation again."""
+        """Raise `KeyReuseError` unless ``call`` is the journaled operation again."""
         ids = _ids(operation)
         if call.operation_id is not None and operation.operation_id != call.operation_id:
             raise KeyReuseError(
@@ -880,7 +892,7 @@ class Engine:
 
     def _same_request(self, operation: Operation, request: httpx.Request, digest: str) -> bool:
         """Whether ``request`` is the journaled operation's request again:
-        its :func:`request_digest` agrees, and its body has the journaled bytes or, only
+        its `request_digest` agrees, and its body has the journaled bytes or, only
         when the bytes differ, means the same (canonical JSON, multipart boundary)."""
         if not operation.fingerprint.startswith(DIGEST_PREFIX):
             # Journaled by an earlier version: a canonical fingerprint of the whole request.
@@ -1202,7 +1214,7 @@ class Engine:
         Its journaled spec (or the built-in it named), read as ``profile_rule`` says;
         a row written before profiles were stored (a bare name that is no built-in) is
         read with the session's profile (the legacy rule). Raises
-        :class:`StoredProfileError` rather than guess."""
+        `StoredProfileError` rather than guess."""
         return stored_profile(
             operation.profile,
             self.profile,
@@ -1224,8 +1236,8 @@ class Engine:
     ) -> Flow[list[ResumeResult]]:
         """Every pending operation (and needs_reconcile ones for a reconciler), oldest
         first, one after the other: each reported as soon as it is known, all returned
-        at the end. (With concurrency, a driver runs :meth:`resume_queue` and then
-        :meth:`resume_operation` for each operation in its own flow.)"""
+        at the end. (With concurrency, a driver runs `resume_queue` and then
+        `resume_operation` for each operation in its own flow.)"""
         results: list[ResumeResult] = []
         for listed in (yield from self.resume_queue(reconciling=reconciling)):
             result = yield from self.resume_operation(
@@ -1519,7 +1531,7 @@ class Engine:
         strict: bool = True,
     ) -> httpx.Request:
         """The journaled request, byte for byte, with live credentials re-applied (and
-        the values of its redacted query parameters: :class:`MissingParams` if one has
+        the values of its redacted query parameters: `MissingParams` if one has
         none, unless not ``strict``: a request that is not to be sent).
 
         ``base_url`` moves it to another origin (scheme, host, port), keeping path and query.

@@ -60,7 +60,7 @@ class Heartbeat:
         """time.monotonic() when the thread next wakes by itself (inf: no thread)."""
 
     def add(self, lease: Lease) -> None:
-        """Keep ``lease`` alive until as many :meth:`remove` calls as ``add`` calls."""
+        """Keep ``lease`` alive until as many `remove` calls as ``add`` calls."""
         key = (lease.operation_id, lease.owner)
         with self._cond:
             entry = self._entries.get(key)

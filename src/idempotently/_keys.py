@@ -63,14 +63,14 @@ def journaled_request_headers(
 
 class RequestHeaders(NamedTuple):
     """What the hot path needs from a request's headers, read in one pass
-    (:func:`read_request_headers`)."""
+    (`read_request_headers`)."""
 
     journaled: list[tuple[str, str]]
-    """What :func:`journaled_request_headers` returns, before the key header is set."""
+    """What `journaled_request_headers` returns, before the key header is set."""
     secrets: list[str]
-    """What :func:`secret_values` returns."""
+    """What `secret_values` returns."""
     fingerprinted: bytes
-    """The fingerprinted headers' part of a :func:`request_digest`."""
+    """The fingerprinted headers' part of a `request_digest`."""
     has_key_header: bool
     """Whether the request already carries the profile's key header."""
 
@@ -114,7 +114,7 @@ def read_request_headers(
 
 
 def is_journaled(name: str, redacted: frozenset[str]) -> bool:
-    """Whether a request header of this name is stored (:func:`journaled_request_headers`)."""
+    """Whether a request header of this name is stored (`journaled_request_headers`)."""
     lowered = name.lower()
     return lowered not in redacted and lowered not in _DERIVED_HEADERS
 
@@ -204,8 +204,8 @@ def fingerprint(
 
 
 DIGEST_PREFIX = "raw:"
-"""Marks a journaled ``fingerprint`` that is a :func:`request_digest`; a value without
-it was written by an earlier version and is a canonical :func:`fingerprint`."""
+"""Marks a journaled ``fingerprint`` that is a `request_digest`; a value without
+it was written by an earlier version and is a canonical `fingerprint`."""
 
 
 def request_digest(method: str, url: httpx.URL, fingerprinted: bytes) -> str:
@@ -214,7 +214,7 @@ def request_digest(method: str, url: httpx.URL, fingerprinted: bytes) -> str:
     fingerprinted headers), not the body.
 
     The body is journaled as it is, so a later call compares its bytes with the
-    journaled ones, and canonicalises both (:func:`same_body`) only when they differ:
+    journaled ones, and canonicalises both (`same_body`) only when they differ:
     parsing and re-encoding every JSON body costs more than the rest of this per call,
     and is needed only when an ``operation_id`` is reused.
     """

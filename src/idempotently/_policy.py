@@ -1,13 +1,13 @@
 """What is retried, and when: each answer classified once, one pure decision.
 
-:func:`classify` turns a response into an :class:`Answer` and
-:func:`classify_error` a transport error into a :class:`Failure`, once;
-:func:`decide` turns one of them and the call's :class:`CallState` into a
-:class:`Decision` that carries the next state (as urllib3's
+`classify` turns a response into an `Answer` and
+`classify_error` a transport error into a `Failure`, once;
+`decide` turns one of them and the call's `CallState` into a
+`Decision` that carries the next state (as urllib3's
 ``Retry.increment`` returns the next ``Retry``). Nothing here does I/O.
 
 tenacity supplies the budget: the wait and stop strategies (composable, and
-replaceable through :class:`RetryPolicy`'s ``wait=`` and ``stop=``) are
+replaceable through `RetryPolicy`'s ``wait=`` and ``stop=``) are
 evaluated on a ``tenacity.RetryCallState`` built from the call's own clock.
 """
 
@@ -83,7 +83,7 @@ class RetryPolicy:
     Every wait is ``max(server's Retry-After, backoff)``, the backoff being
     exponential with full jitter; no wait runs past ``deadline`` (seconds for
     the whole call) or beyond ``max_retry_after``: the call stops instead, the
-    operation stays pending, and :class:`~idempotently.RetryLaterError` says
+    operation stays pending, and `RetryLaterError` says
     when to come back.
 
     ``wait=`` and ``stop=`` take tenacity strategies instead of the defaults
@@ -97,26 +97,34 @@ class RetryPolicy:
         default=DEFAULT_MAX_ATTEMPTS,
         validator=[attrs.validators.instance_of(int), attrs.validators.gt(0)],
     )
+    """Attempts one call makes at most, the first included (a resume's call too)."""
     deadline: float = attrs.field(
         default=DEFAULT_DEADLINE,
         converter=float,
         validator=[attrs.validators.gt(0), attrs.validators.lt(float("inf"))],
     )
+    """Seconds the whole call may take, waits and attempts included; each attempt's timeouts are
+    capped by what is left."""
     initial_backoff: float = attrs.field(
         default=DEFAULT_INITIAL_BACKOFF,
         converter=float,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
+    """Seconds of the first backoff's cap: retry n waits a random time up to `initial_backoff *
+    2**(n-1)` (full jitter)."""
     max_backoff: float = attrs.field(
         default=DEFAULT_MAX_BACKOFF,
         converter=float,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
+    """Seconds no backoff exceeds, however many retries came before."""
     max_retry_after: float = attrs.field(
         default=DEFAULT_RETRY_AFTER_MAX,
         converter=float,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
+    """The longest Retry-After (seconds) the call sleeps through; a longer one stops the call,
+    keeps the operation pending with a durable `not_before`, and raises `RetryLaterError`."""
     in_progress_retries: int = attrs.field(
         default=DEFAULT_IN_PROGRESS_RETRIES,
         validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)],
@@ -223,7 +231,7 @@ def may_have_been_delivered(operation: Operation) -> bool:
     that is not a replay proves nothing (it is never ``failed``, the promise that
     nothing happened), and an at-most-once operation is never sent again.
 
-    True when any recorded attempt may have been acted on (:func:`maybe_acted`), and
+    True when any recorded attempt may have been acted on (`maybe_acted`), and
     when no attempt is recorded at all: the key is committed just before the first
     send begins, so an operation without attempts is one whose process died (SIGKILL,
     power cut) during its first attempt, which may have reached the server and acted.
@@ -261,7 +269,7 @@ _UNSENDABLE_ERRORS = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 
 
 def classify_error(error: BaseException, *, secrets: Collection[str] = ()) -> Failure:
-    """What ended an attempt without an answer, as a :class:`Failure`.
+    """What ended an attempt without an answer, as a `Failure`.
 
     A transport error says whether the request can have reached the server. Any
     other error (an undecodable body, a redirect loop, a response hook of the

@@ -66,17 +66,31 @@ class ErrorType:
 
 
 def body_mentions(*words: str, statuses: Collection[int] = frozenset({409})) -> MismatchMatcher:
-    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``."""
+    """A matcher: an answer with one of ``statuses`` whose body mentions one of ``words``.
+
+    Args:
+        *words: Words to look for in the body, case-insensitively.
+        statuses: The statuses whose body is read (409 by default).
+    """
     return BodyMentions(tuple(word.lower() for word in words), frozenset(statuses))
 
 
 def error_type(*types: str, statuses: Collection[int] = frozenset({400})) -> MismatchMatcher:
-    """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style)."""
+    """A matcher: a JSON body ``{"error": {"type": T}}`` with T in ``types`` (Stripe's style).
+
+    Args:
+        *types: The error types that mean a mismatch (`idempotency_error`).
+        statuses: The statuses whose body is read (400 by default).
+    """
     return ErrorType(frozenset(types), frozenset(statuses))
 
 
 def never(response: httpx.Response) -> bool:
-    """A matcher that recognises nothing (only ``mismatch_statuses`` count)."""
+    """A matcher that recognises nothing (only ``mismatch_statuses`` count).
+
+    Args:
+        response: The answer (ignored).
+    """
     return False
 
 
@@ -199,11 +213,13 @@ def carry_operation_id(
 class ServerProfile:
     """The server side of the contract, as one API implements it.
 
-    Built-ins live in :mod:`idempotently.profiles`; adapt one with
+    Built-ins live in `idempotently.profiles`; adapt one with
     ``attrs.evolve(profiles.GENERIC, in_progress_statuses=frozenset({409, 423}))``.
     """
 
     name: str = attrs.field(validator=_name)
+    """What the profile is called: a built-in's name (`stripe`), or yours; journaled with each
+    operation."""
     key_header: str = attrs.field(default=DEFAULT_KEY_HEADER, validator=_header_names)
     """The request header that carries the key."""
     key_format: KeyFormat = attrs.field(
@@ -218,6 +234,8 @@ class ServerProfile:
             attrs.validators.le(8192),
         ],
     )
+    """The longest key the server takes, in characters; a longer explicit key is refused before
+    anything is sent."""
     key_lifetime: float = attrs.field(
         default=DEFAULT_KEY_LIFETIME, validator=_seconds(0, MAX_KEY_LIFETIME)
     )
@@ -376,7 +394,84 @@ STRIPE = ServerProfile(
 IETF = ServerProfile(name="ietf", key_format="sf-string")
 """draft-ietf-httpapi-idempotency-key-header: the key is an RFC 8941 quoted string."""
 
-BUILTIN_PROFILES = {profile.name: profile for profile in (GENERIC, STRIPE, IETF)}
+# -- the catalog: servers users meet most, each from its own docs or source ----------------
+# What was read for each is in the "which profile for my server" guide (docs/profiles.md),
+# with the version; a profile states only what that source shows, and keeps the generic
+# (conservative) answer where the source says nothing.
+
+DJANGO_IDEMPOTENCY_KEY = ServerProfile(
+    name="django-idempotency-key",
+    in_progress_statuses=frozenset({409, 423}),
+    mismatch_statuses=frozenset(),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+    key_lifetime=300.0,
+    replay_headers=(),
+)
+"""django-idempotency-key (Django REST framework middleware): 409 while a request with
+the key runs, 423 when its storage lock is busy; only 2xx answers are stored (any other
+answer deletes the key, so a retry runs the view again); a different body under the
+same key is a new request, never a mismatch; replays carry no marker. Keys live as long
+as Django's cache keeps them: 300 s by default, so a resume after that goes to
+needs_reconcile (raise ``key_lifetime`` if your cache keeps them longer)."""
+
+ASGI_IDEMPOTENCY_HEADER = ServerProfile(
+    name="asgi-idempotency-header",
+    mismatch_statuses=frozenset(),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+)
+"""asgi-idempotency-header (FastAPI/Starlette middleware): 409 while in progress; a stored
+answer replays with ``Idempotent-Replayed: true``, whatever the new request's body (no
+payload check: a 422 means a malformed key); JSON answers are stored, any status, but a
+non-JSON one (Starlette's plain-text 500) releases the key and a retry runs again."""
+
+EXPRESS_IDEMPOTENCY = ServerProfile(
+    name="express-idempotency",
+    mismatch_statuses=frozenset({417}),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+    replay_headers=(),
+)
+"""express-idempotency (Express middleware): 409 while in progress, 417 Expectation
+Failed for a key reused with another URL, method, query or body; only 2xx answers are
+stored (a 5xx deletes the key); replays carry no marker."""
+
+ROCKET_RIDES = ServerProfile(
+    name="rocket-rides",
+    mismatch_statuses=frozenset(),
+    key_lifetime=72 * 3600.0,
+)
+"""Brandur Leach's rocket-rides-atomic (the reference design of "Implementing
+Stripe-like Idempotency Keys in Postgres"): 409 both for in progress and, with a body
+saying "mismatch", for another payload; 422 is a validation error, not a mismatch; a
+500 unlocks the key and a retry resumes from the last recovery point, so 5xx are safe to
+retry; keys are reaped after 72 h; keys shorter than 20 characters are refused."""
+
+ADYEN = ServerProfile(name="adyen", max_key_length=64, key_lifetime=31 * 24 * 3600.0)
+"""Adyen: ``Idempotency-Key`` of at most 64 characters, valid for at least 31 days; the
+answers to a concurrent or mismatched retry are the generic ones (409 retried, 422 final)."""
+
+PAYPAL = ServerProfile(name="paypal", key_header="PayPal-Request-Id", key_lifetime=6 * 3600.0)
+"""PayPal REST: the key is ``PayPal-Request-Id``; a retry returns the latest status of the
+first request, and 5xx may be retried for as long as the ID is stored, which each API's
+reference gives: 6 h here, the conservative choice (raise it to what your API says)."""
+
+BUILTIN_PROFILES = {
+    profile.name: profile
+    for profile in (
+        GENERIC,
+        STRIPE,
+        IETF,
+        DJANGO_IDEMPOTENCY_KEY,
+        ASGI_IDEMPOTENCY_HEADER,
+        EXPRESS_IDEMPOTENCY,
+        ROCKET_RIDES,
+        ADYEN,
+        PAYPAL,
+    )
+}
+"""Every built-in profile by name: what ``--profile NAME`` and a journaled name resolve to."""
 
 
 # -- the profile an operation was made under, as the journal holds it ---------------------
@@ -423,7 +518,7 @@ def profile_spec(profile: ServerProfile) -> str:
 
 
 def profile_from_spec(text: str) -> ServerProfile:
-    """The profile :func:`profile_spec` wrote; ProfileSpecError if it cannot be read
+    """The profile `profile_spec` wrote; ProfileSpecError if it cannot be read
     back exactly (never a guess)."""
     try:
         parsed = json.loads(text)
@@ -470,7 +565,7 @@ def _journaled_profile(profile: ServerProfile) -> str:
 
 @functools.lru_cache(maxsize=256)
 def cached_profile(text: str) -> ServerProfile:
-    """:func:`profile_from_spec`, once per distinct text (a failure is not cached)."""
+    """`profile_from_spec`, once per distinct text (a failure is not cached)."""
     return profile_from_spec(text)
 
 
@@ -491,7 +586,7 @@ def stored_profile(
 ) -> ServerProfile:
     """The profile to read an operation's answers with, from its journaled ``text``.
 
-    Raises :class:`StoredProfileError` rather than guess: nothing is to be sent."""
+    Raises `StoredProfileError` rather than guess: nothing is to be sent."""
     ids = {"operation_id": operation_id, "key": key}
     if rule == "forced":
         return given

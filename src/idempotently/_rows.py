@@ -1,8 +1,8 @@
 """The journal's row types and the checks on what they hold: neither store's.
 
-The flow reads :class:`Operation` and writes :class:`NewOperation` and
-:class:`AttemptRecord`; SQLite and PostgreSQL both decode their rows into these
-values and check every column the same way (:func:`column_problem`).
+The flow reads `Operation` and writes `NewOperation` and
+`AttemptRecord`; SQLite and PostgreSQL both decode their rows into these
+values and check every column the same way (`column_problem`).
 """
 
 from __future__ import annotations
@@ -31,14 +31,20 @@ class Attempt:
     """One HTTP exchange of an operation, as journaled."""
 
     number: int
+    """1 for the first attempt, counting up across calls and resumes."""
     started_at: float
+    """When the attempt began (seconds since the epoch)."""
     elapsed: float
+    """Seconds the attempt took, up to its answer or error."""
     outcome: Outcome
     """``not_sent``, ``maybe_delivered`` or ``answered``."""
     status_code: int | None
+    """The HTTP status answered (None: no answer)."""
     replayed: bool
     """The server marked the answer as a replay of a stored response."""
     error: str | None
+    """What went wrong, as `ExceptionType: message` (None: answered). Never quotes a secret
+    header's value."""
     wait: float | None
     """Seconds waited after this attempt before the next one."""
 
@@ -48,29 +54,59 @@ class Operation:
     """One logical operation and its key, as journaled (never any secret)."""
 
     operation_id: str
+    """The caller's name for the operation (generated when the call gave none)."""
     key: str
+    """The idempotency key, sent on every attempt exactly as first sent."""
     status: Status
+    """`pending`, `succeeded`, `failed`, `needs_reconcile` or `abandoned`."""
     delivery: Delivery
+    """`exactly_once` (resend with the same key) or `at_most_once` (never resend what may have
+    arrived)."""
     method: str
+    """The request's HTTP method."""
     url: str
+    """The request's URL as journaled (userinfo and secret query values removed)."""
     request_headers: tuple[tuple[str, str], ...]
+    """The request's headers as sent, minus credentials and redacted headers, as (name, value)
+    pairs."""
     request_body: bytes
+    """The request body's bytes, exactly as sent (encoded by the journal's codec when `codec` is
+    set)."""
     fingerprint: str
+    """A digest of method, URL and body that a later call with the same `operation_id` must
+    match."""
     profile: str
+    """The server profile the operation was made under: a built-in's name or its fields as JSON."""
     key_header: str
+    """The header the key is sent in (`Idempotency-Key` by default)."""
     created_at: float
+    """When the operation was journaled (seconds since the epoch)."""
     updated_at: float
+    """When its row last changed (seconds since the epoch)."""
     key_expires_at: float
+    """When the server may forget the key (created plus the profile's key lifetime); resume
+    never resends past it."""
     deadline_at: float | None
+    """The operation's own absolute deadline, which survives restarts (None: none)."""
     not_before: float | None
+    """Not to be sent again before this time, as the server asked (Retry-After), or None."""
     lease_owner: str | None
+    """Who holds the lease to send it (`host:pid:…`), or None."""
     lease_until: float
+    """When that lease expires (0: no lease); while it lives, nobody else sends the operation."""
     attempt_count: int
+    """How many attempts are journaled."""
     last_status_code: int | None
+    """The HTTP status of the last attempt that was answered, or None."""
     response_status: int | None
+    """The stored final answer's status (None: no final answer yet)."""
     response_headers: tuple[tuple[str, str], ...] | None
+    """The stored final answer's headers, or None."""
     response_body: bytes | None
+    """The stored final answer's body, or None."""
     reason: str | None
+    """Why the operation is in its status (the last error, the server's hint, an operator's
+    note), or None."""
     # Schema version 4 (SQLite) / 2 (PostgreSQL). Rows from older journals read as None.
     codec: str | None = None
     """The name of the codec the stored request and answer bodies were encoded in (None: clear)."""
@@ -94,7 +130,7 @@ class Operation:
     """Why the stored bodies could not be read here (a codec missing, another codec, a
     failed decode); None when they are clear or decoded. Such an operation is never sent."""
     attempts: tuple[Attempt, ...] = ()
-    """Filled in by :meth:`Journal.operation`; empty in listings."""
+    """Filled in by `Journal.operation`; empty in listings."""
 
     @classmethod
     def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
@@ -358,21 +394,28 @@ class JournalStats:
     counts: dict[str, int]
     """Operations per status; every status is present."""
     operations: int
+    """Operations in the journal."""
     attempts: int
+    """Attempts journaled (pruning removes some)."""
     answered_attempts: int
+    """Attempts the server answered with a status."""
     replayed_attempts: int
+    """Answers the server marked as a replay of its stored response."""
     in_progress_attempts: int
     """Answers with 409 or 423: the server was still working on the key."""
     oldest_pending_created_at: float | None
+    """When the oldest pending operation was created, or None when nothing is pending."""
     stuck: int
     """Pending operations nobody is sending: lease expired, untouched for a while,
     and not waiting for a ``not_before`` the server asked for."""
     now: float
+    """The time the figures were read at (seconds since the epoch)."""
     expiring: int | None = None
     """Pending operations whose key expires by ``now + expiring_within`` (or already has):
     with the key-expiry margin as the window, the ones ``resume`` would no longer resend.
-    None when :meth:`Journal.stats` was not given ``expiring_within``."""
+    None when `Journal.stats` was not given ``expiring_within``."""
     expiring_within: float | None = None
+    """The window `expiring` was counted with, in seconds, or None."""
 
     @property
     def replay_rate(self) -> float:

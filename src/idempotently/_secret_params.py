@@ -80,7 +80,7 @@ def _name_of(raw_pair: str) -> str:
 
 def redacted_url(url: httpx.URL, secret: frozenset[str]) -> tuple[str, tuple[str, ...]]:
     """The URL as journaled (no userinfo, the values of ``secret`` parameters
-    :data:`REDACTED`) and the names redacted, each once, as the URL spells them."""
+    `REDACTED`) and the names redacted, each once, as the URL spells them."""
     if not url.query:
         return journaled_url(url), ()
     raw_query = url.query.decode("ascii")
@@ -113,7 +113,7 @@ def reapplied_url(url: httpx.URL, names: Sequence[str], values: LiveValues) -> h
     """``url`` with each redacted parameter in ``names`` given its live value again, in
     its place (the i-th occurrence its i-th value, the last value for any more).
 
-    Raises :class:`MissingParams` naming every parameter without a live value."""
+    Raises `MissingParams` naming every parameter without a live value."""
     if not names:
         return url
     wanted = set(names)

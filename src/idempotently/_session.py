@@ -321,7 +321,7 @@ class _SessionBase(Generic[ClientT]):
         deadline_at: object,
         **parts: Any,
     ) -> httpx.Request:
-        """The request an enqueue journals, built exactly as :meth:`request` builds it
+        """The request an enqueue journals, built exactly as `request` builds it
         (not yet read); its arguments checked first."""
         if operation_id is None:
             raise TypeError(
@@ -379,8 +379,8 @@ def adopted_key(
 class Session(_SessionBase[httpx.Client]):
     """An httpx client whose writes carry one journaled idempotency key each.
 
-    ``Session("ops.db", base_url=..., headers=...)`` takes any ``httpx.Client``
-    option; ``Session("ops.db", client=httpx.Client(...))`` wraps an existing
+    ``Session("idempotently.db", base_url=..., headers=...)`` takes any ``httpx.Client``
+    option; ``Session("idempotently.db", client=httpx.Client(...))`` wraps an existing
     one. A misspelt option is a ``TypeError`` before the journal is created.
     ``client=httpx2.Client(...)`` works too (install ``idempotently[httpx2]``):
     requests go out through that client, and answers are ``httpx.Response``
@@ -389,16 +389,40 @@ class Session(_SessionBase[httpx.Client]):
 
     One Session may be shared by threads: one operation is sent by one caller
     at a time; the others wait for its answer (within the policy's deadline)
-    or get :class:`~idempotently.OperationInProgressError`.
+    or get `OperationInProgressError`.
 
     ``host_id`` names this host in lease owners (default ``$IDEMPOTENTLY_HOST_ID``,
     else the hostname; printable, no ``:``, at most 128 characters): a lease of
     another host id is waited out until it expires, never judged by its pid.
 
-    ``hooks=[hook, ...]`` are called with every event (:class:`OperationStarted`,
-    :class:`AttemptFinished`, :class:`RetryScheduled`, :class:`OperationFinished`)
+    ``hooks=[hook, ...]`` are called with every event (`OperationStarted`,
+    `AttemptFinished`, `RetryScheduled`, `OperationFinished`)
     in the calling thread (a resume with ``concurrency`` calls them from its
     threads); a hook that raises is logged and the call goes on.
+
+    Args:
+        journal: The journal: a path to its SQLite file, a `postgresql://` URL,
+            or an open `Journal`.
+        client: An `httpx.Client` (or `httpx2.Client`) to send through, instead of
+            one built from `client_options`.
+        policy: How hard each call tries (`RetryPolicy()` when None).
+        profile: How the server spells the contract (`profiles.GENERIC`; see the
+            catalog in `idempotently.profiles`).
+        redact_headers: More request headers never to journal (credentials such as
+            `Authorization` and `X-Api-Key` never are).
+        fingerprint_headers: Request headers that take part in the request's
+            fingerprint, so a call that differs in them is a `KeyReuseError`.
+        lease_duration: Seconds a sender's lease lasts before another process may
+            take the operation over (renewed while the attempt runs).
+        host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
+            the hostname).
+        key_expiry_margin: Seconds before the key's lifetime ends after which an
+            operation is no longer resent, but goes to `needs_reconcile`.
+        clock: The time, in seconds since the epoch (inject one in tests).
+        sleep: How to wait between attempts (inject one in tests).
+        hooks: Functions called with every event.
+        **client_options: Any `httpx.Client` option (`base_url`, `headers`,
+            `timeout`, ...), when `client` is not given.
     """
 
     _client_class = httpx.Client
@@ -455,7 +479,7 @@ class Session(_SessionBase[httpx.Client]):
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
     ) -> httpx.Response:
-        """POST once, whatever happens on the wire; see :meth:`request`."""
+        """POST once, whatever happens on the wire; see `request`."""
         return self.request(
             "POST",
             url,
@@ -559,7 +583,7 @@ class Session(_SessionBase[httpx.Client]):
         deadline_at: float | None = None,
         connection: Any = None,
     ) -> Operation:
-        """Journal an operation to be sent later, exactly as :meth:`request` would send it,
+        """Journal an operation to be sent later, exactly as `request` would send it,
         and send nothing: the client-side outbox.
 
         With ``connection`` (your own open connection, inside your own transaction, on
@@ -570,9 +594,9 @@ class Session(_SessionBase[httpx.Client]):
         ``idempotently resume --watch``) sends it, once. Until a send begins it is not
         "maybe delivered", and its key's lifetime starts at that first send.
 
-        Returns the journaled :class:`Operation` (its ``operation_id`` and ``key``);
+        Returns the journaled `Operation` (its ``operation_id`` and ``key``);
         an ``operation_id`` already journaled returns that operation, unchanged, or
-        raises :class:`KeyReuseError` if its request differs. A SQLite write
+        raises `KeyReuseError` if its request differs. A SQLite write
         transaction of yours that is still open makes every other write to the journal
         wait for it: commit before this Session sends anything.
         """
@@ -738,7 +762,7 @@ def check_resume_arguments(
 
 
 class AsyncSession(_SessionBase[httpx.AsyncClient]):
-    """The async twin of :class:`Session`, on asyncio or trio (anyio).
+    """The async twin of `Session`, on asyncio or trio (anyio).
 
     Journal reads and writes never run on the event loop: the commands its tasks
     are waiting for go to a worker thread together, one hand-off per batch, and
@@ -749,6 +773,27 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
     ``hooks=`` take plain or async functions; they run on the event loop, between
     one journal write and the next step, so keep them quick (hand slow work to a
     task or a queue).
+
+    Args:
+        journal: As for `Session`.
+        client: An `httpx.AsyncClient` (or `httpx2.AsyncClient`) to send through.
+        policy: How hard each call tries (`RetryPolicy()` when None).
+        profile: How the server spells the contract (`profiles.GENERIC`; see the
+            catalog in `idempotently.profiles`).
+        redact_headers: More request headers never to journal (credentials such as
+            `Authorization` and `X-Api-Key` never are).
+        fingerprint_headers: Request headers that take part in the request's
+            fingerprint, so a call that differs in them is a `KeyReuseError`.
+        lease_duration: Seconds a sender's lease lasts before another process may
+            take the operation over (renewed while the attempt runs).
+        host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
+            the hostname).
+        key_expiry_margin: Seconds before the key's lifetime ends after which an
+            operation is no longer resent, but goes to `needs_reconcile`.
+        clock: The time, in seconds since the epoch (inject one in tests).
+        sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
+        hooks: Plain or async functions called with every event.
+        **client_options: Any `httpx.AsyncClient` option, when `client` is not given.
     """
 
     _client_class = httpx.AsyncClient
@@ -805,7 +850,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
     ) -> httpx.Response:
-        """POST once, whatever happens on the wire; see :meth:`Session.request`."""
+        """POST once, whatever happens on the wire; see `Session.request`."""
         return await self.request(
             "POST",
             url,
@@ -843,7 +888,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
     ) -> httpx.Response:
-        """Send one operation; see :meth:`Session.request`."""
+        """Send one operation; see `Session.request`."""
         check_call_arguments(
             operation_id=operation_id,
             idempotency_key=idempotency_key,
@@ -900,7 +945,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         deadline_at: float | None = None,
         connection: Any = None,
     ) -> Operation:
-        """Journal an operation to be sent later; see :meth:`Session.enqueue`.
+        """Journal an operation to be sent later; see `Session.enqueue`.
 
         ``connection`` is a ``psycopg.AsyncConnection`` for a PostgreSQL journal (its
         statements are awaited on this event loop), or a ``sqlite3.Connection`` on the
@@ -952,7 +997,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         on_result: OnResult | None = None,
         concurrency: int = 1,
     ) -> list[ResumeResult]:
-        """Re-drive every pending operation; see :meth:`Session.resume` (``concurrency``
+        """Re-drive every pending operation; see `Session.resume` (``concurrency``
         operations at once, as tasks)."""
         check_resume_arguments(
             base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency

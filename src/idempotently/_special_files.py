@@ -43,7 +43,7 @@ def special_file_kind(path: str | os.PathLike[str]) -> str | None:
 
 
 def refuse_special_file(path: str | os.PathLike[str]) -> None:
-    """Raise :class:`JournalCorruptError` if ``path`` exists and is not a regular file.
+    """Raise `JournalCorruptError` if ``path`` exists and is not a regular file.
 
     Cheap (one ``stat``) and never blocks, so it runs before every open.
     """

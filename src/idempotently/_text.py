@@ -28,5 +28,5 @@ def storable_text(text: str) -> str:
 
 
 def storable(text: str | None) -> str | None:
-    """:func:`storable_text`, passing None through."""
+    """`storable_text`, passing None through."""
     return None if text is None else storable_text(text)

@@ -171,14 +171,38 @@ class _TransportBase:
 class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     """An httpx transport that gives every POST and PATCH a journaled idempotency key.
 
-    ``httpx.Client(transport=Transport("ops.db"))`` journals each write before
+    ``httpx.Client(transport=Transport("idempotently.db"))`` journals each write before
     it is sent, adopts the ``Idempotency-Key`` header the request carries (or
-    adds one), retries through ``transport`` by the :class:`RetryPolicy`, and
+    adds one), retries through ``transport`` by the `RetryPolicy`, and
     returns the stored answer for a key that already settled. It takes the
     Session's options, ``delivery=`` included, and raises what
-    :class:`Session` raises (``KeyReuseError``, ``OperationPendingError``,
+    `Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...); other methods pass straight through.
     ``hooks=`` receive the same events as the Session's.
+
+    Args:
+        journal: The journal: a path, a `postgresql://` URL, or an open `Journal`.
+        transport: The transport that really sends (`httpx.HTTPTransport()` when None).
+        methods: The methods journaled and retried with a key (POST and PATCH);
+            others pass straight through.
+        delivery: `exactly_once` (resend with the same key) or `at_most_once`
+            (never resend what may have arrived).
+        policy: How hard each call tries (`RetryPolicy()` when None).
+        profile: How the server spells the contract (`profiles.GENERIC`; see the
+            catalog in `idempotently.profiles`).
+        redact_headers: More request headers never to journal (credentials such as
+            `Authorization` and `X-Api-Key` never are).
+        fingerprint_headers: Request headers that take part in the request's
+            fingerprint, so a call that differs in them is a `KeyReuseError`.
+        lease_duration: Seconds a sender's lease lasts before another process may
+            take the operation over (renewed while the attempt runs).
+        host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
+            the hostname).
+        key_expiry_margin: Seconds before the key's lifetime ends after which an
+            operation is no longer resent, but goes to `needs_reconcile`.
+        clock: The time, in seconds since the epoch (inject one in tests).
+        sleep: How to wait between attempts.
+        hooks: Functions called with every event.
     """
 
     def __init__(
@@ -294,9 +318,25 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
 
 
 class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase):
-    """The async twin of :class:`Transport`, on asyncio or trio (anyio).
+    """The async twin of `Transport`, on asyncio or trio (anyio).
 
     ``hooks=`` take plain or async functions, run on the event loop: keep them quick.
+
+    Args:
+        journal: As for `Transport`.
+        transport: The async transport that really sends (`httpx.AsyncHTTPTransport()`).
+        methods: As for `Transport`.
+        delivery: As for `Transport`.
+        policy: As for `Transport`.
+        profile: As for `Transport`.
+        redact_headers: As for `Transport`.
+        fingerprint_headers: As for `Transport`.
+        lease_duration: As for `Transport`.
+        host_id: As for `Transport`.
+        key_expiry_margin: As for `Transport`.
+        clock: As for `Transport`.
+        sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
+        hooks: Plain or async functions called with every event.
     """
 
     def __init__(

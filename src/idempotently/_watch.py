@@ -1,6 +1,6 @@
 """A resume worker: keeps resuming pending operations as they fall due.
 
-``idempotently resume --watch`` runs :func:`watch`. Each round claims a batch of
+``idempotently resume --watch`` runs `watch`. Each round claims a batch of
 due operations (pending, lease expired, ``not_before`` passed) in one journal
 transaction (``ClaimDue``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, one
 ``BEGIN IMMEDIATE`` on SQLite), so workers on several hosts never resume one
@@ -11,7 +11,7 @@ When nothing is due it sleeps ``interval`` seconds.
 An operation a round leaves pending with nothing to wait for (the retry budget
 ran out, an answer that settles nothing, a request that cannot be sent) is
 *parked*: this worker keeps its lease for ``interval`` seconds, doubling each
-time it comes back pending (at most :data:`MAX_PARK`), so a dead server or a
+time it comes back pending (at most `MAX_PARK`), so a dead server or a
 refused credential is not hammered in a loop. Nothing is written to the
 operation but its lease.
 

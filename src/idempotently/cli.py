@@ -3,8 +3,8 @@
 Each command opens the journal, makes one library call and prints the result:
 an aligned table for people, or ``--format json|csv|nl|...`` for scripts. No command creates a
 journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
-any :class:`JournalError` becomes a one-line error (exit 1).
-Usage errors (bad option values) exit 2. Reference: https://idempotently.readthedocs.io/en/latest/cli/
+any `JournalError` becomes a one-line error (exit 1).
+Usage errors (bad option values) exit 2. Reference: the command-line page of the docs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from idempotently import __version__, _early_signals
+from idempotently import __version__, _cli_watch, _early_signals
 from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     OPERATION_FIELDS,
@@ -41,6 +41,7 @@ from idempotently._cli_format import (
     printable,
     stats_lines,
     stats_prometheus,
+    wrap_words,
 )
 from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
 from idempotently._codec import check_codec
@@ -260,14 +261,25 @@ def terminal_width() -> int:
     return shutil.get_terminal_size().columns
 
 
+def prose_width() -> int | None:
+    """Columns to wrap sentences at on a terminal (its width, or ``COLUMNS``); None (no
+    wrapping) when the output goes to a pipe or a file, so a script reads each value on
+    one line."""
+    return terminal_width() if _cli_watch.stdout_is_terminal() else None
+
+
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
     for line in lines:
         click.echo(printable(f"{indent}{line}".rstrip()))
 
 
-def fail(message: str) -> None:
-    """Exit 1 with the reason on stderr, after the normal output was printed."""
-    click.echo(f"idempotently: {message}", err=True)
+def fail(message: str, *, wrap: bool = False) -> None:
+    """Exit 1 with the reason on stderr, after the normal output was printed.
+
+    ``wrap``: a long sentence for people is broken between words at the terminal's width.
+    """
+    text = f"idempotently: {message}"
+    click.echo("\n".join(wrap_words(text, terminal_width())) if wrap else text, err=True)
     raise click.exceptions.Exit(1)
 
 
@@ -358,7 +370,13 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
         echo_json({**operation_detail_json(operation), **operator_json(operation, entries)})
     else:
         now = time.time()
-        echo_lines([*operation_lines(operation, now), "", *operator_lines(operation, entries, now)])
+        echo_lines(
+            [
+                *operation_lines(operation, now, width=prose_width()),
+                "",
+                *operator_lines(operation, entries, now),
+            ]
+        )
     if operation.unreadable is not None:
         # Printed without its bodies: a script must not take them for empty ones.
         shown = printable(operation.operation_id)
@@ -412,7 +430,7 @@ def stats_command(
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
     else:
-        echo_lines(stats_lines(stats, journal.path, stuck_after))
+        echo_lines(stats_lines(stats, journal.path, stuck_after, width=prose_width()))
     reconcile = stats.counts["needs_reconcile"]
     if fail_on_stuck and (stats.stuck or reconcile):
         problems = []
@@ -719,9 +737,11 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     "profile",
     callback=profile_option,
     metavar="NAME",
-    help="Read answers with this profile: generic, stripe, ietf, or module:NAME for a "
-    "ServerProfile of your own (default: the one each operation was journaled under; an "
-    "operation whose stored profile differs is refused unless --force-profile).",
+    help="Read answers with this profile: a built-in's name (generic, stripe, ietf, "
+    "django-idempotency-key, asgi-idempotency-header, express-idempotency, rocket-rides, "
+    "adyen, paypal), or module:NAME for a ServerProfile of your own (default: the one "
+    "each operation was journaled under; an operation whose stored profile differs is "
+    "refused unless --force-profile).",
 )
 @click.option(
     "--force-profile",
@@ -897,7 +917,8 @@ def resume_command(
         fail(
             (f"{ended}; " if ended else "") + f"{journal.path} has {left['pending']} pending and "
             f"{left['needs_reconcile']} needs_reconcile "
-            "(`idempotently list --status pending --status needs_reconcile`)"
+            "(`idempotently list --status pending --status needs_reconcile`)",
+            wrap=stderr_is_terminal(),
         )
 
 
@@ -972,7 +993,9 @@ def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: boo
     counts = Counter(result.action for result in results)
     summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
     verb = "planned" if dry_run else "resumed"
-    click.echo(f"\n{verb} {plural(len(results), 'operation')}: {summary}")
+    line = f"{verb} {plural(len(results), 'operation')}: {summary}"
+    width = prose_width()
+    click.echo("\n" + ("\n".join(wrap_words(line, width)) if width else line))
 
 
 # -- reconcile: the lookup reconciler ----------------------------------------------

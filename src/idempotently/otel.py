@@ -5,7 +5,7 @@ Needs the ``otel`` extra (``pip install 'idempotently[otel]'``, which brings
 
     from idempotently.otel import OpenTelemetryHook
 
-    session = idempotently.Session("ops.db", hooks=[OpenTelemetryHook()])
+    session = idempotently.Session("idempotently.db", hooks=[OpenTelemetryHook()])
 
 Each time a call or a resume sends an operation: one span ``idempotently.operation``
 (a child of the caller's current span) with one child ``idempotently.attempt``

@@ -1,13 +1,24 @@
-"""Built-in server profiles (``GENERIC``, the default, ``STRIPE`` and ``IETF``) and the
-pieces to describe another server: ``body_mentions`` and ``error_type`` build a
-payload-mismatch matcher, ``never`` matches nothing."""
+"""Built-in server profiles and the pieces to describe another server.
+
+``GENERIC`` is the default; ``STRIPE``, ``IETF`` and a catalog of the server-side
+libraries and payment APIs users meet most (``DJANGO_IDEMPOTENCY_KEY``,
+``ASGI_IDEMPOTENCY_HEADER``, ``EXPRESS_IDEMPOTENCY``, ``ROCKET_RIDES``, ``ADYEN``,
+``PAYPAL``), each also in ``BUILTIN_PROFILES`` by its name, the name ``--profile``
+takes. ``body_mentions`` and ``error_type`` build a payload-mismatch matcher, ``never``
+matches nothing."""
 
 from __future__ import annotations
 
 from idempotently._profiles import (
+    ADYEN,
+    ASGI_IDEMPOTENCY_HEADER,
     BUILTIN_PROFILES,
+    DJANGO_IDEMPOTENCY_KEY,
+    EXPRESS_IDEMPOTENCY,
     GENERIC,
     IETF,
+    PAYPAL,
+    ROCKET_RIDES,
     STRIPE,
     MismatchMatcher,
     ServerProfile,
@@ -17,9 +28,15 @@ from idempotently._profiles import (
 )
 
 __all__ = [
+    "ADYEN",
+    "ASGI_IDEMPOTENCY_HEADER",
     "BUILTIN_PROFILES",
+    "DJANGO_IDEMPOTENCY_KEY",
+    "EXPRESS_IDEMPOTENCY",
     "GENERIC",
     "IETF",
+    "PAYPAL",
+    "ROCKET_RIDES",
     "STRIPE",
     "MismatchMatcher",
     "ServerProfile",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import attrs
 import httpx
+import pytest
 
 import idempotently
 import idempotently.testing
@@ -20,6 +21,8 @@ from idempotently.testing._faults import FAULT_KINDS
 from idempotently.testing.pytest_plugin import MockServerFactory
 
 from .conftest import charge
+
+pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # Children import the package from this checkout, installed or not.
@@ -150,3 +153,61 @@ def test_server_survives_a_client_killed_mid_request(
     assert {("u", "k-1"): 1} == server.charge_count_by_key()
     with server.client(token="u") as survivor:
         assert 200 == survivor.get("/v1/charges").status_code
+
+
+def test_mock_server_stops_on_ctrl_c_with_exit_0_and_no_abort_message() -> None:
+    """Ctrl-C (SIGINT) is the documented way to stop `mock-server`: exit 0, no "Aborted!"."""
+    command = [
+        sys.executable,
+        "-c",
+        "from idempotently.testing.cli import mock_server_command; mock_server_command()",
+        "--port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
+    # A child started from a shell in the background may inherit SIGINT ignored;
+    # a terminal's Ctrl-C reaches a process whose SIGINT has its default handler.
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as process:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        assert 401 == httpx.get(f"{url}/v1/charges").status_code  # it is serving
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=20)
+
+    assert 0 == process.returncode, stderr
+    assert "Aborted" not in stderr
+    assert "Traceback" not in stderr
+
+
+MOCK_FIXTURE_TEST = """
+import sys
+
+sys.modules["starlette"] = sys.modules["uvicorn"] = None  # as if the extra were missing
+
+
+def test_uses_the_fixture(idempotently_session):
+    pass
+"""
+
+
+def test_the_session_fixture_without_the_mock_extra_names_the_extra(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`idempotently_session` without starlette/uvicorn fails with the pip command, no traceback."""
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    pytester.makepyfile(MOCK_FIXTURE_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*need the [[]mock[]] extra*pip install 'idempotently[[]mock[]]'*"]
+    )
+    assert "ModuleNotFoundError" not in result.stdout.str()

@@ -1,10 +1,10 @@
 """The journal: a facade over one store (SQLite or PostgreSQL) and its one writer.
 
 ``Journal(path)`` opens a SQLite file; ``Journal("postgresql://...")`` a
-PostgreSQL database. Both stores implement :class:`Store`
+PostgreSQL database. Both stores implement `Store`
 (``_journal/_store.py``) side by side; neither knows the other. Every write,
 whoever makes it (a call, a resume, the heartbeat, a watch worker), goes
-through the journal's :class:`Writer`: one queue, batched commits, durability
+through the journal's `Writer`: one queue, batched commits, durability
 decided once per batch.
 """
 
@@ -122,14 +122,23 @@ class Journal:
         row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
-        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
+        journal's cost per call (the performance page of the docs).
 
-        ``codec`` (e.g. :class:`~idempotently.FernetCodec`) encodes the request and
+        ``codec`` (e.g. `FernetCodec`) encodes the request and
         answer bodies of every operation this journal makes (encryption at rest);
         each row names its codec, and a row whose codec is not this one is read with
         its bodies left out (``Operation.unreadable`` says why) and never sent.
         ``redact_query`` names query parameters journaled redacted, besides the
         built-in list (``api_key``, ``token``, ``password``, ``signature``, ...).
+
+        Args:
+            path: The SQLite file, or a `postgresql://` URL.
+            create: Create the file (and its tables) if missing.
+            readonly: Open it read-only; nothing is ever written.
+            busy_timeout: Seconds to wait for another process's lock before a clear error.
+            durability: `"fsync"` or `"os"`, as above.
+            codec: Encodes stored bodies at rest (None: stored in clear).
+            redact_query: More query parameters to journal redacted.
         """
         # Data at rest: checked before anything is opened.
         self._codec = None if codec is None else check_codec(codec)
@@ -216,7 +225,7 @@ class Journal:
         self.close()
 
     def close(self) -> None:
-        """Close the file (or pool). Any later use raises :class:`JournalError`; closing
+        """Close the file (or pool). Any later use raises `JournalError`; closing
         again is a no-op."""
         self._closed = True
         if self._forked_from is None:
@@ -259,7 +268,7 @@ class Journal:
 
         With ``expiring_within`` (seconds), also how many pending operations have a
         key that expires by ``now + expiring_within``; with the key-expiry margin
-        (:data:`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
+        (`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
         """
         self._check_usable()
         return self._store.stats(now=now, stuck_after=stuck_after, expiring_within=expiring_within)
@@ -453,7 +462,7 @@ class Journal:
     # -- the outbox: commands on the application's own connection ------------------------
 
     def _on_connection(self, command: JournalCommand) -> Any:
-        """An :class:`Enqueue` (or the :class:`Find` after one) on the application's
+        """An `Enqueue` (or the `Find` after one) on the application's
         connection, in its transaction: the one write that bypasses the writer."""
         if isinstance(command, Enqueue):
             return self._store.enqueue_on(command.connection, command.new)
@@ -464,7 +473,7 @@ class Journal:
         raise TypeError(f"not a command for an application's connection: {command!r}")
 
     async def _aexecute(self, command: JournalCommand) -> Any:
-        """:meth:`_on_connection` for an async session: awaited on the event loop for an
+        """`_on_connection` for an async session: awaited on the event loop for an
         async connection (psycopg's AsyncConnection); a sqlite3 connection is used where
         the application uses it, on the loop's thread."""
         try:
@@ -483,7 +492,7 @@ class Journal:
 
     def _execute_many(self, commands: Sequence[JournalCommand]) -> list[Any]:
         """Several commands (an async session's tasks'): each one's reply or a
-        :class:`Failed`; the writes among them in one batch of the writer."""
+        `Failed`; the writes among them in one batch of the writer."""
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):

@@ -901,7 +901,7 @@ class PostgresStore:
     # -- the writes -------------------------------------------------------------------
 
     def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
-        """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
+        """Run ``writes`` in one transaction; each one's result, or a `Failed`.
 
         ``durable`` makes the commit wait for the WAL flush (``synchronous_commit =
         on``). A lone write is one autocommitted statement: one round trip. Several run
@@ -1008,7 +1008,7 @@ class PostgresStore:
     ) -> psycopg.Cursor[dict[str, Any]] | None:
         """Send ``write``'s one statement; its cursor (None if there is nothing to send).
 
-        In a pipeline the cursor's results arrive later: :meth:`_result` reads them.
+        In a pipeline the cursor's results arrive later: `_result` reads them.
         """
         if isinstance(write, Insert):
             return conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
@@ -1144,7 +1144,7 @@ class PostgresStore:
         raise TypeError(f"not a journal write: {write!r}")
 
     def _result(self, write: Write, cursor: psycopg.Cursor[dict[str, Any]] | None) -> Any:
-        """What ``write`` returns, read from the cursor :meth:`_send` gave."""
+        """What ``write`` returns, read from the cursor `_send` gave."""
         if isinstance(write, (Record, Release)):
             return None
         if isinstance(write, ClaimDue):
@@ -1239,19 +1239,19 @@ class PostgresStore:
     def find_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """:meth:`find`, read in the application's transaction on ``connection``."""
+        """`find`, read in the application's transaction on ``connection``."""
         conn = self._application_connection(connection, None, asynchronous=False)
         return cast("Operation | None", self._run_on(conn, self._find_steps(operation_id, key)))
 
     async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
-        """:meth:`enqueue_on` on psycopg's AsyncConnection, awaited on its event loop."""
+        """`enqueue_on` on psycopg's AsyncConnection, awaited on its event loop."""
         conn = self._application_connection(connection, new, asynchronous=True)
         return cast(bool, await self._arun_on(conn, self._enqueue_steps(new), new))
 
     async def afind_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """:meth:`find_on` on psycopg's AsyncConnection."""
+        """`find_on` on psycopg's AsyncConnection."""
         conn = self._application_connection(connection, None, asynchronous=True)
         return cast(
             "Operation | None", await self._arun_on(conn, self._find_steps(operation_id, key))
@@ -1360,7 +1360,7 @@ class PostgresStore:
         return result
 
     async def _arun_on(self, conn: Any, steps: _Steps, new: NewOperation | None = None) -> Any:
-        """:meth:`_run_on` on the application's AsyncConnection."""
+        """`_run_on` on the application's AsyncConnection."""
         import anyio
         import psycopg
         from psycopg.rows import dict_row

@@ -1,11 +1,11 @@
-"""The SQLite journal: one row per operation, one per attempt (a :class:`Store`).
+"""The SQLite journal: one row per operation, one per attempt (a `Store`).
 
 Durability: a batch of writes holding a key to be made durable commits with
 ``synchronous=FULL`` (the WAL is fsync'd) before any of those keys is sent;
 every other batch (attempt rows, completions, leases) commits with
 ``synchronous=NORMAL``: losing one to a power cut only means a resume gets a
 replay from the server, which the key makes harmless. With ``durability="os"``
-no batch is fsync'd. See https://idempotently.readthedocs.io/en/latest/journal/
+no batch is fsync'd. See the journal page of the docs.
 
 Audits stay fast on large journals without scanning them: triggers keep the
 counts per status and per kind of attempt in one row, a partial index holds
@@ -547,11 +547,11 @@ class _ClosedConnection:
 
 
 class SqliteStore:
-    """The journal in one SQLite file (WAL mode): a :class:`~idempotently._journal.Store`.
+    """The journal in one SQLite file (WAL mode): a `Store`.
 
     Safe to share between threads (one connection, behind a lock); several
     processes may open the same file. Writes arrive in batches from the
-    journal's one writer (:meth:`commit`).
+    journal's one writer (`commit`).
     """
 
     def __init__(
@@ -575,7 +575,7 @@ class SqliteStore:
         row is committed and fsync'd. ``"os"``: committed, never fsync'd; it
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
-        journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
+        journal's cost per call (the performance page of the docs).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -803,7 +803,7 @@ class SqliteStore:
             self._upgrade(0)
 
     def close(self) -> None:
-        """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
+        """Close the file. Any later use raises `JournalError` (closing again is a no-op)."""
         with self._lock:
             self._conn.close()
             # Not sqlite3's "Cannot operate on a closed database": say which journal.
@@ -853,7 +853,7 @@ class SqliteStore:
         return found.st_dev, found.st_ino
 
     def check_identity(self) -> None:
-        """Raise :class:`JournalMovedError` unless ``path`` is still the file this Journal has open.
+        """Raise `JournalMovedError` unless ``path`` is still the file this Journal has open.
 
         One ``os.stat``. Call it before journaling a new key: a file deleted or
         renamed over while open keeps taking writes, but nobody would resume them.
@@ -949,11 +949,11 @@ class SqliteStore:
     # -- the writes ----------------------------------------------------------------
 
     def commit(self, writes: Sequence[Write], durable: bool) -> list[Any]:
-        """Run ``writes`` in one transaction; each one's result, or a :class:`Failed`.
+        """Run ``writes`` in one transaction; each one's result, or a `Failed`.
 
         ``durable`` fsyncs the WAL at commit (the batch holds a key about to be
         sent). Writes that may start a send (a new key, a lease taken or renewed,
-        a claim) are refused with :class:`JournalMovedError` if the path no longer
+        a claim) are refused with `JournalMovedError` if the path no longer
         names the file open here, checked with a ``stat`` before the batch (nothing
         of theirs is written then) and after it: in WAL mode a write to a deleted or
         replaced file succeeds silently and nobody would ever resume it. With several
@@ -1326,11 +1326,11 @@ class SqliteStore:
     def find_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """:meth:`find`, read on the application's ``connection`` (its transaction's view)."""
+        """`find`, read on the application's ``connection`` (its transaction's view)."""
         return self.find(operation_id, key, self._application_connection(connection, None))
 
     async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
-        """:meth:`enqueue_on` for an async session: on the calling thread, the event loop's,
+        """`enqueue_on` for an async session: on the calling thread, the event loop's,
         where the application runs its own statements on that connection (a sqlite3
         connection is bound to the thread that made it). It commits nothing, so it never
         waits for an fsync; it waits for the write lock only if the application's
@@ -1340,7 +1340,7 @@ class SqliteStore:
     async def afind_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """:meth:`find_on` for an async session (on the calling thread, as above)."""
+        """`find_on` for an async session (on the calling thread, as above)."""
         return self.find_on(connection, operation_id, key)
 
     def _application_connection(
@@ -1613,7 +1613,7 @@ class SqliteStore:
 
         With ``expiring_within`` (seconds), also how many pending operations have a
         key that expires by ``now + expiring_within``; with the key-expiry margin
-        (:data:`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
+        (`DEFAULT_EXPIRING_WITHIN`), exactly those ``resume`` no longer resends.
         That count reads one row per pending operation; without it, stats reads the
         pending operations' index alone.
         """

@@ -2,7 +2,7 @@
 
 A store owns the storage (a file, a connection pool) and nothing else: it
 neither queues nor batches. The journal's one writer (``_writer.py``) hands it
-batches of writes (:meth:`Store.commit`); reads go to it directly. The row
+batches of writes (`Store.commit`); reads go to it directly. The row
 types it reads and writes (``idempotently._rows``) belong to no store.
 """
 
@@ -50,18 +50,18 @@ class Store(Protocol):
     def find_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """:meth:`find`, read on the application's ``connection``."""
+        """`find`, read on the application's ``connection``."""
         ...
 
     async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
-        """:meth:`enqueue_on` for an async session (an async connection where the database
+        """`enqueue_on` for an async session (an async connection where the database
         driver has one)."""
         ...
 
     async def afind_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """:meth:`find_on` for an async session."""
+        """`find_on` for an async session."""
         ...
 
     def find(self, operation_id: str | None, key: str | None) -> Operation | None:

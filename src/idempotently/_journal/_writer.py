@@ -2,7 +2,7 @@
 
 A write is a value (``_commands.py``: a key to insert, an attempt to record, a
 lease to take, extend or renew...). A caller hands its writes to
-:meth:`Writer.write_many`. If no batch is being committed, the caller leads: it
+`Writer.write_many`. If no batch is being committed, the caller leads: it
 takes every write waiting (its own included) and commits them in one
 transaction on its own thread, durable (fsync'd) if any of them must be. If a
 batch is being committed, it waits; when that batch is done, the next waiter
@@ -69,7 +69,7 @@ class Writer:
         """Commit ``writes`` together (with whatever else is waiting); each one's outcome.
 
         All of them are in one transaction. An outcome is the write's result, or a
-        :class:`Failed` holding this caller's own copy of its error.
+        `Failed` holding this caller's own copy of its error.
         """
         jobs = [_Job(write, self._durable(write)) for write in writes]
         lead: list[_Job] | None = None

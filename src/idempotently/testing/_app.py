@@ -611,7 +611,13 @@ def create_app(
     clock: Clock | None = None,
     db: str | os.PathLike[str] = ":memory:",
 ) -> MockApp:
-    """A fresh mock server app (nothing listens: mount it with `httpx.ASGITransport` or uvicorn)."""
+    """A fresh mock server app (nothing listens: mount it with `httpx.ASGITransport` or uvicorn).
+
+    Args:
+        config: How the server behaves (`MockServerConfig()`: Leach's server).
+        clock: Its clock (`SystemClock()`; a `VirtualClock` stands still until advanced).
+        db: The SQLite file for its keys, charges and ledger (`":memory:"`: none).
+    """
     return MockApp(config, clock=clock, db=db)
 
 

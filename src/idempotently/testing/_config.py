@@ -33,37 +33,41 @@ ClaimStyle = Literal["atomic", "naive"]
 class MockServerConfig:
     """How the mock server behaves; the defaults are the server of
     Leach's "Implementing Stripe-like Idempotency Keys in Postgres".
-
-    - `stale_after`: age of an `in_progress` lock after which one retry may take it over.
-    - `key_ttl`: how long a key is remembered before the sweeper deletes it.
-    - `provider_latency`: seconds every call to the fake provider takes, so
-      concurrent retries overlap with the request doing the work.
-    - `in_progress`: answer a key in progress with `"409"` (as Leach's article does),
-      `"423"` plus `Retry-After` (some API gateways), or `"wait"`: hold the
-      request until the first one finishes and replay its response.
-    - `mismatch`: answer a reused key with a different payload with `"422"`
-      (problem+json) or `"stripe"` (400 with an `idempotency_error` body).
-    - `store_server_errors`: replay a 500 that happened after the side effect
-      (Stripe's rule, the default) or mark the key `failed` so a retry runs again.
-    - `key_format`: take the `Idempotency-Key` header verbatim (`"bare"`) or
-      require an RFC 8941 sf-string (`"quoted"`, the IETF draft).
-    - `claim`: the race-free `INSERT … ON CONFLICT DO NOTHING RETURNING`
-      (`"atomic"`), or `"naive"` (SELECT, await `naive_gap`, INSERT), which
-      exists only so a test can show that the concurrency test can fail.
     """
 
     stale_after: float = DEFAULT_STALE_AFTER
+    """Age of an `in_progress` lock after which one retry may take it over."""
     key_ttl: float = DEFAULT_KEY_TTL
+    """How long a key is remembered before the sweeper deletes it."""
     provider_latency: float = 0.0
+    """Seconds every call to the fake provider takes, so concurrent retries overlap with the
+    request doing the work."""
     in_progress: InProgressStyle = "409"
+    """Answer a key in progress with `"409"` (as Leach's article does), `"423"` plus
+    `Retry-After` (some API gateways), or `"wait"`: hold the request until the first one
+    finishes and replay its response."""
     in_progress_retry_after: int = DEFAULT_IN_PROGRESS_RETRY_AFTER
+    """The Retry-After, in seconds, of a 423 answer (with `in_progress="423"`)."""
     in_progress_wait: float = DEFAULT_IN_PROGRESS_WAIT
+    """With `in_progress="wait"`: the longest a request waits, in seconds, for the one doing the
+    work."""
     mismatch: MismatchStyle = "422"
+    """Answer a reused key with a different payload with `"422"` (problem+json) or `"stripe"`
+    (400 with an `idempotency_error` body)."""
     store_server_errors: bool = True
+    """Replay a 500 that happened after the side effect (Stripe's rule, the default) or mark the
+    key `failed` so a retry runs again."""
     key_format: KeyFormat = "bare"
+    """Take the `Idempotency-Key` header verbatim (`"bare"`) or require an RFC 8941 sf-string
+    (`"quoted"`, the IETF draft)."""
     max_key_length: int = DEFAULT_MAX_KEY_LENGTH
+    """The longest `Idempotency-Key` accepted; a longer one is a 400."""
     claim: ClaimStyle = "atomic"
+    """The race-free `INSERT … ON CONFLICT DO NOTHING RETURNING` (`"atomic"`), or `"naive"`
+    (SELECT, await `naive_gap`, INSERT), which exists only so a test can show that the
+    concurrency test can fail."""
     naive_gap: float = DEFAULT_NAIVE_GAP
+    """With `claim="naive"`: seconds between the SELECT and the INSERT, the window a race needs."""
 
     def __attrs_post_init__(self) -> None:
         _choose("in_progress", self.in_progress, ("409", "423", "wait"))

@@ -19,8 +19,11 @@ class FakeTime:
     """
 
     now: float = 1_800_000_000.0
+    """The current time, in seconds since the epoch; each sleep adds to it."""
     sleeps: list[float] = attrs.field(factory=list)
+    """Every sleep requested, in seconds, in order."""
     server_clock: VirtualClock | None = None
+    """A mock server's `VirtualClock` that each sleep advances too, or None."""
 
     def clock(self) -> float:
         """The current fake time, seconds since the epoch."""

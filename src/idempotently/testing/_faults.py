@@ -41,7 +41,10 @@ class Fault:
     """
 
     kind: FaultKind
+    """Which fault: `unavailable`, `rate_limited`, `delay`, `error_after_work`, `lose_response`
+    or `crash` (the names `POST /v1/_faults` takes)."""
     seconds: float | None = None
+    """The Retry-After of `rate_limited`, or how long `delay` waits; None otherwise."""
 
     @classmethod
     def unavailable(cls, retry_after: float | None = None) -> Fault:
@@ -112,9 +115,13 @@ class ScheduledFault:
     """A fault waiting for a request; `None` targets match any request."""
 
     fault: Fault
+    """What goes wrong."""
     key: str | None = None
+    """Only a request with this `Idempotency-Key` meets it (None: any)."""
     user: str | None = None
+    """Only a request from this user (bearer token) meets it (None: any)."""
     order_id: str | None = None
+    """Only a request whose `metadata.order_id` is this meets it (None: any)."""
 
     def matches(self, *, user: str, key: str, order_id: str | None) -> bool:
         return (

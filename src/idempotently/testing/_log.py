@@ -22,14 +22,23 @@ class LoggedRequest:
     """
 
     method: str
+    """The request's HTTP method."""
     path: str
+    """The request's path."""
     user: str | None
+    """The user its bearer token named, or None when refused before it was read."""
     key: str | None
+    """Its `Idempotency-Key`, or None when refused before it was read."""
     body: bytes
+    """The request body's bytes."""
     document: dict[str, Any] | None
+    """The charge it carried (JSON or form, decoded the same way), or None when invalid."""
     status: int
+    """The status the server answered (or would have, for `lose_response` and `crash`)."""
     replayed: bool
+    """The answer carried `Idempotent-Replayed: true`."""
     fault: str | None = None
+    """The scripted fault it met, or None."""
 
     def json(self) -> Any:
         """The body decoded as JSON (raises ValueError for a form or malformed body)."""

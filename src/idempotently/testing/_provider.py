@@ -31,13 +31,21 @@ class Charge:
     """A charge the provider made: money that moved."""
 
     id: str
+    """The charge's id (`ch_…`)."""
     user: str
+    """Whose charge it is (the bearer token's user)."""
     key: str
+    """The idempotency key of the request that made it."""
     amount: int
+    """The amount, in the currency's smallest unit."""
     currency: str
+    """The three-letter currency code."""
     customer: str
+    """The customer charged."""
     metadata: dict[str, str]
+    """The request's metadata (string values), e.g. `order_id`."""
     created: int
+    """When it was made (seconds since the epoch, by the server's clock)."""
 
     @property
     def order_id(self) -> str | None:

@@ -153,6 +153,11 @@ def in_process(
     `httpx.ASGITransport` is async only, so this serves `AsyncSession`,
     `AsyncTransport` and `server.async_client()`; a lost response arrives as
     the same `httpx.RemoteProtocolError` as over a socket. No thread, no port.
+
+    Args:
+        config: How the server behaves (`MockServerConfig()`: Leach's server).
+        clock: Its clock (`SystemClock()`; a `VirtualClock` stands still until advanced).
+        db: The SQLite file for its keys, charges and ledger (`":memory:"`: none).
     """
     app = MockApp(config, clock=clock, db=db)
     try:
@@ -218,6 +223,16 @@ def serve(
     `port=0` picks a free port (see `server.url`). The server keeps running
     whatever its clients do (a client process killed mid-request leaves the
     request to finish or to stay claimed); leaving the block stops it.
+
+    Args:
+        config: How the server behaves (`MockServerConfig()`: Leach's server).
+        clock: Its clock (`SystemClock()`; a `VirtualClock` stands still until advanced).
+        db: The SQLite file for its keys, charges and ledger (`":memory:"`: none).
+        host: The loopback address to listen on.
+        port: The port (0: a free one; a fixed one keeps `server.url` the same
+            from run to run).
+        log_level: uvicorn's log level.
+        startup_timeout: Seconds to wait for the server to listen before an error.
     """
     app = MockApp(config, clock=clock, db=db)
     sock = _bind(host, port)

@@ -40,32 +40,30 @@ class Tally:
 
 @attrs.frozen(kw_only=True)
 class Stats:
-    """A snapshot of the mock server's health.
-
-    - `requests`: `POST /v1/charges` requests received, refused ones included.
-    - `created`: requests that did the work and answered 201.
-    - `replays` / `replay_rate`: stored responses replayed, per request.
-    - `conflicts` / `conflict_rate`: "in progress" answers (409, or 423), per request.
-    - `mismatches`: keys reused with a different payload.
-    - `rejected`: refused before any work (401, 400).
-    - `faults`: injected faults that met a request.
-    - `charges`: charges the provider made (the ledger).
-    - `keys`: idempotency keys by status.
-    - `stuck`: `in_progress` keys older than `stale_after`, the operations currently stuck.
-    - `swept`: keys deleted by the sweeper since start.
-    """
+    """A snapshot of the mock server's health."""
 
     requests: int
+    """`POST /v1/charges` requests received, refused ones included."""
     created: int
+    """Requests that did the work and answered 201."""
     replays: int
+    """Stored responses replayed (`replay_rate`: per request)."""
     conflicts: int
+    """Answers saying "in progress", 409 or 423 (`conflict_rate`: per request)."""
     mismatches: int
+    """Keys reused with a different payload."""
     rejected: int
+    """Refused before any work (401, 400)."""
     faults: int
+    """Injected faults that met a request."""
     charges: int
+    """Charges the provider made (the ledger)."""
     keys: dict[str, int]
+    """Idempotency keys by status."""
     stuck: int
+    """`in_progress` keys older than `stale_after`, the operations currently stuck."""
     swept: int
+    """Keys deleted by the sweeper since start."""
 
     @property
     def replay_rate(self) -> float:

@@ -25,13 +25,21 @@ class IdempotencyRecord:
     """One row of `idempotency_key`."""
 
     user_id: str
+    """Whose key it is."""
     key: str
+    """The idempotency key."""
     request_hash: str
+    """A digest of the first request's payload; a different one is a mismatch."""
     status: KeyStatus
+    """`in_progress`, `completed` or `failed`."""
     response_code: int | None
+    """The stored response's status, or None while in progress."""
     response_body: str | None
+    """The stored response's body, or None while in progress."""
     locked_at: float
+    """When the request doing the work claimed it (stale after `stale_after`)."""
     expires_at: float
+    """When the sweeper may delete it."""
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> IdempotencyRecord:

@@ -109,8 +109,17 @@ def mock_server_command(
     """Run the companion mock payments server on loopback.
 
     It serves POST/GET /v1/charges. Prints the server's URL on the first line
-    of stdout. Faults, the clock and the ledger are driven over HTTP: see
-    https://idempotently.readthedocs.io/en/latest/mock-server/
+    of stdout; Ctrl-C stops it (exit 0). Faults, the clock and the ledger are
+    driven over HTTP:
+
+    \b
+      POST/GET/DELETE /v1/_faults   schedule, list, clear faults
+      GET/POST /v1/_clock           read or advance the virtual clock
+      GET /v1/_stats, /v1/_ledger, /v1/_keys; POST /v1/_sweep
+
+    \b
+    The Python API, with every fault and switch:
+      python -m pydoc idempotently.testing
     """
     try:
         from idempotently.testing._app import MockApp
@@ -145,3 +154,7 @@ def mock_server_command(
         run(app, host=host, port=port, log_level=log_level, on_ready=announce)
     except OSError as error:
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
+    except KeyboardInterrupt:
+        # Ctrl-C is how this command is meant to stop: the server has shut down
+        # cleanly, so it is a success, not click's "Aborted!" and exit 1.
+        return

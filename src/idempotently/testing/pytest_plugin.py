@@ -29,6 +29,22 @@ if TYPE_CHECKING:
 
 ALLOW_UNUSED_FAULTS_MARKER = "idempotently_allow_unused_faults"
 
+MOCK_EXTRA_MESSAGE = (
+    "the idempotently mock-server fixtures need the [mock] extra (starlette, uvicorn):"
+    " pip install 'idempotently[mock]'"
+)
+
+
+@contextlib.contextmanager
+def _needs_the_mock_extra() -> Iterator[None]:
+    """Turn a missing starlette or uvicorn into a test failure that names the extra."""
+    try:
+        yield
+    except ImportError as error:
+        if (error.name or "").partition(".")[0] in ("starlette", "uvicorn"):
+            pytest.fail(MOCK_EXTRA_MESSAGE, pytrace=False)
+        raise
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -75,7 +91,8 @@ def idempotently_mock_server_factory(
 
     Servers default to a `VirtualClock`: time stands still unless the test advances it.
     """
-    from idempotently.testing._server import serve
+    with _needs_the_mock_extra():
+        from idempotently.testing._server import serve
 
     checked: list[MockServer] = []
     with contextlib.ExitStack() as stack:
@@ -113,7 +130,8 @@ def idempotently_in_process_mock_server(request: pytest.FixtureRequest) -> Itera
     or `AsyncSession(path, client=server.async_client())`. Virtual clock, unused
     faults checked, as for `idempotently_mock_server`.
     """
-    from idempotently.testing._server import in_process
+    with _needs_the_mock_extra():
+        from idempotently.testing._server import in_process
 
     with in_process(clock=VirtualClock()) as server:
         yield server
