@@ -210,7 +210,7 @@ class OperatorActionError(IdempotentlyError, ValueError):
     exist, its state makes the action senseless (settling a completed operation, forking
     a pending one), or another operator changed it first. Nothing was written.
 
-    A live lease held by a caller sending it is an :class:`OperationInProgressError`.
+    A live lease held by a caller sending it is an `OperationInProgressError`.
     """
 
 

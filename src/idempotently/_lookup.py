@@ -8,7 +8,7 @@ and reads the answer: one object carrying the operation's id settles it
 never guessed); none is absence, which proves the operation never happened only
 if its request carried the id where the lookup looks and the server has had
 ``absent_after`` seconds to list it. What the lookup concluded is a
-:class:`Verdict`; the flow journals it (``_flow.Engine.apply_verdict``).
+`Verdict`; the flow journals it (``_flow.Engine.apply_verdict``).
 """
 
 from __future__ import annotations
@@ -83,15 +83,28 @@ class Lookup:
     """
 
     url: str = attrs.field(validator=attrs.validators.instance_of(str))
+    """The lookup's URL, relative to the client's ``base_url`` (or the operation's own
+    origin); ``{operation_id}`` and ``{key}`` are filled in URL-encoded."""
     params: Mapping[str, str] | None = attrs.field(default=None, kw_only=True)
+    """Query parameters of the GET, each value a template like ``url``'s."""
     found: Found | None = attrs.field(default=None, kw_only=True)
+    """``found(response)``: the object the answer holds for the operation, or None.
+    None: a JSON list (``data`` or the top level) filtered by ``match``."""
     absent: Absent = attrs.field(
         default="keep", kw_only=True, validator=attrs.validators.in_(ABSENT_CHOICES)
     )
+    """What nothing found means: ``"keep"`` (it stays), ``"failed"`` or ``"resend"``
+    (settled failed and forked), the last two only once absence proves something."""
     absent_after: float = attrs.field(default=DEFAULT_ABSENT_AFTER, kw_only=True)
+    """The server's consistency window, in seconds: absence proves nothing until the
+    last attempt that may have been delivered is older than this."""
     match: str | None = attrs.field(default=None, kw_only=True)
+    """The dotted path of the operation id in each object; None: the profile's
+    ``operation_id_field``, else ``metadata.operation_id``."""
     backoff: float = attrs.field(default=DEFAULT_BACKOFF, kw_only=True)
+    """Seconds before an operation left needs_reconcile is looked up again (journaled)."""
     clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True, repr=False)
+    """The time, in seconds since the epoch (inject one in tests)."""
 
     def __attrs_post_init__(self) -> None:
         if not self.url:

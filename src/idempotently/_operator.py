@@ -3,7 +3,7 @@
 An operator paged at night acts on one operation (``Journal.settle``, ``abandon``,
 ``retry_now``, ``fork``; the CLI's ``settle``, ``abandon``, ``retry``, ``fork``).
 This module decides, from the operation as read, whether the action makes sense
-now and which one write (:class:`~idempotently._commands.Act`) carries it out,
+now and which one write (`idempotently._commands.Act`) carries it out,
 audit entries included. The journal hands that write to its one writer, where it
 is a compare-and-swap on the row read: if anyone changed the operation meanwhile
 (another operator, a live call taking its lease), nothing is written and the
@@ -180,8 +180,8 @@ def plan(
     key_expiry_margin: float = 3600.0,
 ) -> Plan:
     """The write that carries out ``action`` on ``operation`` (as read), or the error
-    that says why it makes no sense now (:class:`OperatorActionError`, or
-    :class:`OperationInProgressError` while a live lease is held)."""
+    that says why it makes no sense now (`OperatorActionError`, or
+    `OperationInProgressError` while a live lease is held)."""
     ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
     current = operation.status
     if live_lease(operation, now, lease_alive):

@@ -466,13 +466,16 @@ class AuditEntry:
     seq: int
     """Its place in the journal's audit trail (increasing)."""
     operation_id: str
+    """The operation it is about."""
     at: float
+    """When it was written (seconds since the epoch)."""
     actor: str
     """``user@host`` (an operator), or ``lookup`` (the lookup reconciler)."""
     action: str
     """``settle``, ``abandon``, ``retry``, ``fork``, ``forked`` (the new operation's
     entry) or ``lookup``."""
     note: str | None
+    """The operator's own words (why they did it), or the lookup's finding."""
     detail: str | None
     """JSON: what changed (``{"from": ..., "to": ..., "fork": ...}``)."""
 

@@ -59,7 +59,7 @@ from idempotently._vocabulary import Delivery
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
 JournalArg = str | os.PathLike[str] | Journal
 Reconciler = Callable[[Operation, httpx.Client], "Settlement | Verdict | None"]
-"""A reconciler: a Settlement (or a :class:`~idempotently.Lookup`'s verdict), or None."""
+"""A reconciler: a Settlement (or a `idempotently.Lookup`'s verdict), or None."""
 AsyncReconciler = Callable[[Operation, httpx.AsyncClient], Awaitable["Settlement | Verdict | None"]]
 OnResult = Callable[[ResumeResult], object]
 
@@ -689,7 +689,7 @@ class Session(_SessionBase[httpx.Client]):
         concurrency: int = 1,
     ) -> list[ResumeResult]:
         """Hand every needs_reconcile operation to ``reconciler`` (a
-        :class:`~idempotently.Lookup`, or your own), oldest first; nothing pending is
+        `idempotently.Lookup`, or your own), oldest first; nothing pending is
         resent. One result per operation, each also passed to ``on_result``."""
         check_resume_arguments(
             base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
@@ -1037,7 +1037,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         concurrency: int = 1,
     ) -> list[ResumeResult]:
         """Hand every needs_reconcile operation to ``reconciler``; see
-        :meth:`Session.reconcile`."""
+        `Session.reconcile`."""
         check_resume_arguments(
             base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )

@@ -309,8 +309,8 @@ class Journal:
         operation: ``succeeded`` (it took effect) or ``failed`` (it provably did not).
 
         Journaled with an audit entry (``actor``, default ``user@host``; the time;
-        ``note``). Refused (:class:`OperatorActionError`) for a completed operation, and
-        (:class:`OperationInProgressError`) while a live caller holds its lease. With
+        ``note``). Refused (`OperatorActionError`) for a completed operation, and
+        (`OperationInProgressError`) while a live caller holds its lease. With
         ``dry_run``, everything is checked and nothing written. Returns the operation
         as it is afterwards (as it would be, with ``dry_run``)."""
         return self._act("settle", operation_id, note, actor, dry_run, status=status)
@@ -319,7 +319,7 @@ class Journal:
         self, operation_id: str, *, note: str, actor: str | None = None, dry_run: bool = False
     ) -> Operation:
         """Give up a pending or needs_reconcile operation: it is never sent again (its
-        audit entry says who decided, when and why). See :meth:`settle`."""
+        audit entry says who decided, when and why). See `settle`."""
         return self._act("abandon", operation_id, note, actor, dry_run)
 
     def retry_now(
@@ -332,7 +332,7 @@ class Journal:
     ) -> Operation:
         """Make a pending operation due now: its ``not_before`` and lookup backoff are
         cleared, so the next resume sends it with its key. Never revives a key past its
-        lifetime (refused: fork it instead). See :meth:`settle`."""
+        lifetime (refused: fork it instead). See `settle`."""
         return self._act("retry", operation_id, note, actor, dry_run, required=False)
 
     def fork(

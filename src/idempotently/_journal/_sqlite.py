@@ -1783,7 +1783,7 @@ class SqliteStore:
 
     def _count_prunable(self, cutoff: float) -> int:
         """How many finished operations prune would delete: those idle since before
-        ``cutoff`` (:meth:`_count_idle`), less those a fork links to (kept)."""
+        ``cutoff`` (`_count_idle`), less those a fork links to (kept)."""
         return self._count_idle(cutoff) - self._linked_prunable(cutoff)
 
     def _count_idle(self, cutoff: float) -> int:
