@@ -9,11 +9,13 @@ from __future__ import annotations
 # _early_signals first, before the slow imports: a `resume --watch` worker notes an
 # early SIGTERM instead of dying of it (nothing happens in any other process).
 from idempotently import _early_signals, profiles  # noqa: F401
+from idempotently._budget import RetryBudget
 from idempotently._events import (
     AttemptFinished,
     Event,
     OperationFinished,
     OperationStarted,
+    RetryRefused,
     RetryScheduled,
 )
 from idempotently._exceptions import (
@@ -31,6 +33,7 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
     RequestNotSentError,
+    RetryBudgetError,
     RetryLaterError,
     StoredProfileError,
 )
@@ -70,8 +73,11 @@ __all__ = [
     "Receipt",
     "RequestNotSentError",
     "ResumeResult",
+    "RetryBudget",
+    "RetryBudgetError",
     "RetryLaterError",
     "RetryPolicy",
+    "RetryRefused",
     "RetryScheduled",
     "ServerProfile",
     "Session",

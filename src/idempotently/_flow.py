@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._commands import (
     Command,
     Emit,
@@ -50,6 +51,7 @@ from idempotently._events import (
     Event,
     OperationFinished,
     OperationStarted,
+    RetryRefused,
     RetryScheduled,
     finished_level,
     heard,
@@ -65,6 +67,7 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
     RequestNotSentError,
+    RetryBudgetError,
     RetryLaterError,
     StoredProfileError,
 )
@@ -96,6 +99,7 @@ from idempotently._policy import (
     classify_error,
     decide,
     may_have_been_delivered,
+    refused,
 )
 from idempotently._profiles import (
     GENERIC,
@@ -414,6 +418,24 @@ def check_timeouts(request: httpx.Request) -> None:
             raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
 
 
+_SHORTEST_TIMEOUT = 0.001
+"""An attempt started at (or past) the deadline still gets this long: its connect
+fails fast and it is recorded, instead of a send with no timeout at all."""
+
+
+def capped_timeouts(timeouts: Any, remaining: float) -> dict[str, float | None]:
+    """The request's timeouts (httpx's ``timeout`` extension), each capped by the
+    ``remaining`` seconds of the call: an attempt never waits past the deadline for any
+    phase (connect, write, read, pool). A timeout so cut after the request may have
+    been sent is ``maybe_delivered``: the operation stays pending."""
+    cap = max(remaining, _SHORTEST_TIMEOUT)
+    phases = timeouts if isinstance(timeouts, dict) else {}
+    return {
+        phase: cap if (value := phases.get(phase)) is None else min(value, cap)
+        for phase in ("connect", "read", "write", "pool")
+    }
+
+
 # A random tag of this process, at the start of every owner token it makes: another
 # process with the same host id and the same pid (pid 1 in two containers that share
 # a hostname) is told apart from an ended flow of ours. Made again after a fork.
@@ -512,6 +534,8 @@ class Engine:
 
     hooks: tuple[AsyncHook, ...] = ()
     """Called with every event (``_events.py``), through the driver."""
+    budgets: RetryBudgets = BUDGETS
+    """The retry ledgers per origin the policy's budget is spent from: the process's."""
 
     # -- one call ------------------------------------------------------------------------
 
@@ -746,6 +770,10 @@ class Engine:
             error = NeedsReconcileError(f"{decision.reason}; {RECONCILE_HINT}", **ids)
         elif action == "abandon":
             error = OperationAbandonedError(f"{decision.reason}; {ABANDON_HINT}", **ids)
+        elif decision.refused_by is not None:
+            error = RetryBudgetError(
+                f"{decision.reason}; " + RESUME_HINT, origin=decision.refused_by, **ids
+            )
         else:
             attempts = decision.state.attempts
             error = OperationPendingError(
@@ -786,8 +814,24 @@ class Engine:
                     at=began,
                 )
             )
+        budget = self.policy.budget
+        origin = None if budget is None else origin_of(request.url)
+        first = True
+        limit = self._time_limit(state)
+        timeouts = request.extensions.get("timeout")
         while True:
             started = self.clock()
+            if limit is not None:
+                request.extensions = {
+                    **request.extensions,
+                    "timeout": capped_timeouts(timeouts, limit - started),
+                }
+            if first:
+                first = False
+                if origin is not None:
+                    # A resume's (or a call's) first send of the operation: what the
+                    # budget's ratio of retries is counted against.
+                    self.budgets.first_attempt(origin, started)
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             if owner is not None and started > held.lease_until - self.lease_duration / 2:
                 # Half the lease gone before the bytes leave (a slow hook, a long wait):
@@ -815,6 +859,13 @@ class Engine:
                 else classify_error(reply, secrets=secrets)
             )
             decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
+            if (
+                decision.action == "retry"
+                and budget is not None
+                and origin is not None
+                and not self.budgets.try_retry(budget, origin, now)
+            ):
+                decision = refused(decision, origin)
             state = decision.state
             action = decision.action
             retrying = action == "retry"
@@ -871,6 +922,16 @@ class Engine:
                         elapsed=now - started,
                     )
                 )
+            if decision.refused_by is not None:
+                yield from self._emit(
+                    RetryRefused(
+                        operation_id=operation_id,
+                        key=key,
+                        attempt=attempts,
+                        origin=decision.refused_by,
+                        reason=decision.reason,
+                    )
+                )
             if retrying:
                 yield from self._emit(
                     RetryScheduled(
@@ -899,6 +960,14 @@ class Engine:
                     )
                 )
             return End(operation_id, key, decision, attempts, response, error)
+
+    def _time_limit(self, state: CallState) -> float | None:
+        """When this call's attempts must be over: its policy's deadline (unless a custom
+        ``stop=`` replaced it) or the operation's own deadline, whichever comes first."""
+        limits = [] if self.policy.stop is not None else [state.started_at + self.policy.deadline]
+        if state.deadline_at is not None:
+            limits.append(state.deadline_at)
+        return min(limits) if limits else None
 
     def _emit(self, event: Event) -> Flow[None]:
         """Log ``event``; hand it to the hooks, if there are any (through the driver)."""

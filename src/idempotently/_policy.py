@@ -23,6 +23,7 @@ import attrs
 import httpx
 import tenacity as _t
 
+from idempotently._budget import RetryBudget
 from idempotently._profiles import ServerProfile
 from idempotently._retry_after import server_wait
 from idempotently._text import storable_text
@@ -91,6 +92,10 @@ class RetryPolicy:
     ``stop_after_attempt(max_attempts) | stop_before_delay(deadline)``), e.g.
     ``RetryPolicy(stop=tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(10))``.
     The server's Retry-After and the operation's own deadline still apply.
+
+    ``budget=`` bounds the retries of the whole process per origin (default
+    ``RetryBudget()``; None turns it off): a retry it refuses is not sent, and
+    :class:`~idempotently.RetryBudgetError` says which origin's budget ran out.
     """
 
     max_attempts: int = attrs.field(
@@ -130,6 +135,12 @@ class RetryPolicy:
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
     """A tenacity stop strategy replacing ``max_attempts`` and ``deadline``."""
+    budget: RetryBudget | None = attrs.field(
+        factory=RetryBudget,
+        validator=attrs.validators.optional(attrs.validators.instance_of(RetryBudget)),
+    )
+    """The process's retry budget per origin (:class:`~idempotently.RetryBudget`);
+    None: every retry this policy allows is sent."""
 
     def backoff(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
         """The backoff before retry number ``retry_number`` (1 for the first retry)."""
@@ -344,6 +355,20 @@ class Decision:
     """The call's state after this attempt, for the next decision."""
     wait: float = 0.0
     not_before: float | None = None
+    refused_by: str | None = None
+    """The origin whose retry budget refused the retry this decision would have been."""
+
+
+def refused(decision: Decision, origin: str) -> Decision:
+    """The retry ``decision`` was, refused by ``origin``'s retry budget: not sent, the
+    operation stays pending with its key."""
+    return Decision(
+        "pending",
+        f"{decision.reason}: the retry budget of {origin} is spent (too many retries to "
+        "it from this process in the last 10s); the retry was not sent",
+        decision.state,
+        refused_by=origin,
+    )
 
 
 def decide(
