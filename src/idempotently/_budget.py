@@ -136,6 +136,15 @@ class RetryBudgets:
                 self.refusals[origin] = self.refusals.get(origin, 0) + 1
         return not refused
 
+    def spent(self, budget: RetryBudget, origin: str, now: float) -> bool:
+        """Whether ``origin``'s budget would refuse a retry now (nothing is counted)."""
+        ledger = self._ledgers.get(origin)
+        if ledger is None:
+            return False
+        with ledger.lock:
+            firsts, retries = ledger._window(now)
+        return retries + 1 > budget.allowance(firsts)
+
     def clear(self) -> None:
         """Forget every ledger and count (tests)."""
         with self._lock:

@@ -1183,6 +1183,20 @@ class Engine:
                 f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
                 f"its state; see `idempotently show {operation.operation_id}`",
             )
+        budget = self.policy.budget
+        if budget is not None:
+            # What the origin's retries have met so far in this process: nothing but
+            # failures (the budget spent). A resume then leaves the rest of that origin's
+            # operations pending instead of trying every one in turn.
+            origin = origin_of(request.url)
+            if self.budgets.spent(budget, origin, self.clock()):
+                return ResumeResult.of(
+                    operation,
+                    "pending",
+                    "still_pending",
+                    f"not sent: the retry budget of {origin} is spent (its recent retries "
+                    "met only failures); it stays pending with its key for a later resume",
+                )
         # A claimed lease is renewed by the same compare-and-swap on the row just read:
         # it fails only if the claim expired and another caller took the operation.
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
