@@ -97,7 +97,9 @@ from idempotently._policy import (
     RetryPolicy,
     classify,
     classify_error,
+    classify_read,
     decide,
+    decide_read,
     may_have_been_delivered,
     refused,
 )
@@ -960,6 +962,56 @@ class Engine:
                     )
                 )
             return End(operation_id, key, decision, attempts, response, error)
+
+    # -- reads: retried, never journaled ----------------------------------------------------
+
+    def read(self, request: httpx.Request) -> Flow[httpx.Response]:
+        """Send a read (a method the server may repeat) until its answer is final, under
+        the same policy and retry budget as the writes; nothing is journaled and no key
+        is added. Returns the last answer, or raises the last error, as they came."""
+        started = self.clock()
+        state = CallState(started_at=started)
+        budget = self.policy.budget
+        origin = None if budget is None else origin_of(request.url)
+        if origin is not None:
+            self.budgets.first_attempt(origin, started)
+        limit = self._time_limit(state)
+        timeouts = request.extensions.get("timeout")
+        while True:
+            if limit is not None:
+                request.extensions = {
+                    **request.extensions,
+                    "timeout": capped_timeouts(timeouts, limit - self.clock()),
+                }
+            reply = yield Send(request)
+            now = self.clock()
+            response = reply if isinstance(reply, httpx.Response) else None
+            signal = (
+                classify_read(self.profile, response, now=now)
+                if response is not None
+                else classify_error(reply)
+            )
+            decision = decide_read(self.policy, state, signal, now=now, rand=self.rand)
+            state = decision.state
+            if (
+                decision.action == "retry"
+                and budget is not None
+                and origin is not None
+                and not self.budgets.try_retry(budget, origin, now)
+            ):
+                logger.info(
+                    "a %s to %s is not retried: the retry budget of that origin is spent "
+                    "(%s); its last answer or error is returned",
+                    request.method,
+                    origin,
+                    decision.reason,
+                )
+            elif decision.action == "retry":
+                yield Sleep(decision.wait)
+                continue
+            if response is not None:
+                return response
+            raise reply
 
     def _time_limit(self, state: CallState) -> float | None:
         """When this call's attempts must be over: its policy's deadline (unless a custom

@@ -488,6 +488,62 @@ def decide(
     return _retry_or_stop(policy, state, f"{status}", signal.server_wait, now=now, rand=rand)
 
 
+# -- reads: no journal, no key ------------------------------------------------------------
+
+READ_RETRY_STATUS_CODES = frozenset({408, 425, 429})
+"""Besides every 5xx: the statuses a read is retried on."""
+
+
+def read_is_retryable(status: int) -> bool:
+    """Whether a read's answer with ``status`` is one a retry may change."""
+    return status >= 500 or status in READ_RETRY_STATUS_CODES
+
+
+def classify_read(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
+    """A read's answer: only its status, hint header and Retry-After matter."""
+    status = response.status_code
+    retryable = read_is_retryable(status)
+    return Answer(
+        status_code=status,
+        hint=profile.retry_hint(response) if retryable else None,
+        server_wait=server_wait(response.headers, now=now) if retryable else None,
+    )
+
+
+def decide_read(
+    policy: RetryPolicy,
+    state: CallState,
+    signal: Signal,
+    *,
+    now: float,
+    rand: Callable[[], float] = random.random,
+) -> Decision:
+    """The next step after one attempt of a read (GET, HEAD, OPTIONS; PUT and DELETE when
+    asked): a method the server may repeat, so any network error, 5xx, 408, 425 or 429 is
+    retried under the policy; anything else is the answer. ``retry`` or ``succeed`` (the
+    last answer or error is let through)."""
+    state = state.after(signal, now=now)
+    if isinstance(signal, Failure):
+        if signal.unsendable or signal.unreadable:
+            return Decision("succeed", signal.text, state)
+        what = signal.text
+    else:
+        if not read_is_retryable(signal.status_code) or signal.hint is False:
+            return Decision("succeed", f"{signal.status_code}", state)
+        what = f"{signal.status_code}"
+    decision = _retry_or_stop(
+        policy,
+        state,
+        what,
+        None if isinstance(signal, Failure) else signal.server_wait,
+        now=now,
+        rand=rand,
+    )
+    if decision.action == "retry":
+        return decision
+    return Decision("succeed", decision.reason, state)
+
+
 def _retry_or_stop(
     policy: RetryPolicy,
     state: CallState,
