@@ -21,7 +21,7 @@ import idempotently
 from idempotently._budget import BUDGETS, WINDOW, RetryBudgets, origin_of
 from tests.scripted_server import Answer, ScriptedApp
 from tests.support import FakeTime
-from tests.test_otel import Telemetry, telemetry  # noqa: F401 (a fixture)
+from tests.test_otel import Telemetry
 
 ORIGIN = "https://api.example.test:443"
 URL = "https://api.example.test/v1/charges"
@@ -182,9 +182,11 @@ def test_the_budget_refusal_is_an_event_naming_the_origin(
     """Hooks receive RetryRefused with the operation, its key, the attempt and the origin."""
     transport, _ = dead_server()
     events: list[idempotently.Event] = []
-    with session(tmp_path, fake_time, transport, hooks=[events.append]) as s:
-        with pytest.raises(idempotently.RetryBudgetError) as raised:
-            s.post(URL, json={}, operation_id="op-1")
+    with (
+        session(tmp_path, fake_time, transport, hooks=[events.append]) as s,
+        pytest.raises(idempotently.RetryBudgetError) as raised,
+    ):
+        s.post(URL, json={}, operation_id="op-1")
     [refusal] = [event for event in events if isinstance(event, idempotently.RetryRefused)]
     assert ("op-1", raised.value.key, 2, ORIGIN) == (
         refusal.operation_id,
@@ -231,9 +233,11 @@ async def test_async_tasks_share_the_budget_with_threads(
     Session spent: its retry is refused at once."""
     transport, sent = dead_server()
     policy = idempotently.RetryPolicy(**_fields(POLICY), budget=ONE_RETRY)
-    with session(tmp_path, fake_time, transport, policy=policy) as s:
-        with pytest.raises(idempotently.RetryBudgetError):
-            s.post(URL, json={"n": 0}, operation_id="sync")
+    with (
+        session(tmp_path, fake_time, transport, policy=policy) as s,
+        pytest.raises(idempotently.RetryBudgetError),
+    ):
+        s.post(URL, json={"n": 0}, operation_id="sync")
     assert 2 == len(sent)
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -266,9 +270,11 @@ def test_a_transport_spends_the_same_budget(tmp_path: Path, fake_time: FakeTime)
     """A Transport (an SDK's client) and a Session of one process share the origin's budget."""
     transport, sent = dead_server()
     policy = idempotently.RetryPolicy(**_fields(POLICY), budget=ONE_RETRY)
-    with session(tmp_path, fake_time, transport, policy=policy) as s:
-        with pytest.raises(idempotently.RetryBudgetError):
-            s.post(URL, json={}, operation_id="session")
+    with (
+        session(tmp_path, fake_time, transport, policy=policy) as s,
+        pytest.raises(idempotently.RetryBudgetError),
+    ):
+        s.post(URL, json={}, operation_id="session")
     wrapped = idempotently.Transport(
         tmp_path / "sdk.db",
         transport=transport,
@@ -336,6 +342,28 @@ def test_a_loopback_server_sees_no_more_than_the_budget(
     assert 20 + 5 == len(app.arrivals)
     assert refused >= 15
     assert BUDGETS.refusals[origin_of(httpx.URL(url))] == refused
+
+
+@pytest.fixture
+def telemetry() -> Telemetry:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from idempotently.otel import OpenTelemetryHook
+
+    spans, reader, tracer_provider = (
+        InMemorySpanExporter(),
+        InMemoryMetricReader(),
+        TracerProvider(),
+    )
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    hook = OpenTelemetryHook(
+        tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader])
+    )
+    return Telemetry(hook, spans, reader, tracer_provider)
 
 
 def test_refusals_are_an_opentelemetry_metric_by_origin(
