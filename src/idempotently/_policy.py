@@ -24,7 +24,7 @@ import httpx
 import tenacity as _t
 
 from idempotently._budget import RetryBudget
-from idempotently._profiles import ServerProfile
+from idempotently._profiles import VERDICTS, ServerProfile, Verdict
 from idempotently._retry_after import server_wait
 from idempotently._text import storable_text
 from idempotently._vocabulary import Action, Delivery, Outcome
@@ -185,6 +185,11 @@ class Answer:
     """The server's explicit "retry this?" header, if any."""
     server_wait: float | None = None
     """Seconds the server asks to wait (Retry-After, retry-after-ms), clamped."""
+    verdict: Verdict | None = None
+    """What the profile's ``classify`` made of it (None: the built-in table decides)."""
+    classifier_error: str | None = None
+    """Why the profile's ``classify`` gave no usable verdict (it raised, or returned
+    something else): the operation stays pending."""
 
     @property
     def outcome(self) -> Outcome:
@@ -241,15 +246,43 @@ def may_have_been_delivered(operation: Operation) -> bool:
 
 def classify(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
     status = response.status_code
-    mismatch = profile.is_payload_mismatch(response)
+    verdict, failure = (None, None) if profile.classify is None else _verdict(profile, response)
+    if verdict is not None:
+        mismatch = verdict == "mismatch"
+        in_progress = verdict == "in_progress"
+    else:
+        mismatch = profile.is_payload_mismatch(response)
+        in_progress = status in profile.in_progress_statuses and not mismatch
     return Answer(
         status_code=status,
         replayed=profile.is_replay(response),
-        in_progress=status in profile.in_progress_statuses and not mismatch,
+        in_progress=in_progress,
         mismatch=mismatch,
         hint=profile.retry_hint(response),
-        server_wait=server_wait(response.headers, now=now) if status >= 400 else None,
+        server_wait=server_wait(response.headers, now=now)
+        if status >= 400 or verdict in ("retry", "in_progress")
+        else None,
+        verdict=verdict,
+        classifier_error=failure,
     )
+
+
+def _verdict(profile: ServerProfile, response: httpx.Response) -> tuple[Verdict | None, str | None]:
+    """The profile's classifier on ``response``: its verdict, or why it gave none usable."""
+    assert profile.classify is not None
+    name = getattr(profile.classify, "__qualname__", repr(profile.classify))
+    try:
+        verdict = profile.classify(response.status_code, response.headers, response.content)
+    except Exception as error:  # the user's code: whatever it raises, the answer is kept
+        return None, storable_text(
+            f"the profile's classify ({name}) raised {type(error).__name__}: {_message(error)}"
+        )
+    if verdict is not None and verdict not in VERDICTS:
+        return None, storable_text(
+            f"the profile's classify ({name}) returned {verdict!r:.60}, not one of "
+            "'retry', 'final', 'in_progress', 'mismatch' or None"
+        )
+    return verdict, None
 
 
 _NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -426,7 +459,20 @@ def decide(
         return _retry_or_stop(policy, state, signal.text, None, now=now, rand=rand)
 
     status = signal.status_code
-    if status < 400:
+    if signal.classifier_error is not None:
+        return decision(
+            "pending",
+            f"{status}: {signal.classifier_error}; the answer is journaled and the operation "
+            "stays pending with its key (fix the classifier, then resume)",
+        )
+    verdict = signal.verdict
+    if verdict == "final":
+        if status < 400:
+            return decision("succeed", f"{status} (final, says the profile's classify)")
+        return final(signal, f"{status} (final, says the profile's classify)")
+    if verdict == "retry":
+        return _retry_verdict(policy, state, signal, now=now, rand=rand)
+    if status < 400 and verdict is None:
         return decision("succeed", f"{status}")
     if signal.mismatch:
         if before.acted and not signal.replayed:
@@ -437,7 +483,7 @@ def decide(
             )
         return decision("fail", f"{status}: the server says this key was used with another payload")
     hint = signal.hint
-    if status >= 500:
+    if status >= 500 and verdict is None:
         if signal.replayed:
             return decision(
                 "reconcile",
@@ -542,6 +588,26 @@ def decide_read(
     if decision.action == "retry":
         return decision
     return Decision("succeed", decision.reason, state)
+
+
+def _retry_verdict(
+    policy: RetryPolicy,
+    state: CallState,
+    signal: Answer,
+    *,
+    now: float,
+    rand: Callable[[], float],
+) -> Decision:
+    """The classifier says "try again": retried like a 503 (an at-most-once operation
+    the server may have acted on is not)."""
+    what = f"{signal.status_code} (retry, says the profile's classify)"
+    if state.delivery == "at_most_once" and signal.status_code not in NOT_ACTED_STATUS_CODES:
+        return Decision(
+            "abandon",
+            f"{what}: an at-most-once operation the server may have acted on is never resent",
+            state,
+        )
+    return _retry_or_stop(policy, state, what, signal.server_wait, now=now, rand=rand)
 
 
 def _retry_or_stop(

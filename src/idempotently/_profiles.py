@@ -34,6 +34,12 @@ RETRY_HINT_HEADERS = ("Stripe-Should-Retry", "X-Should-Retry")
 MismatchMatcher = Callable[[httpx.Response], bool]
 """Says whether an answer means "this key was used with another payload"."""
 
+Verdict = Literal["retry", "final", "in_progress", "mismatch"]
+"""What a classifier makes of an answer."""
+VERDICTS: frozenset[str] = frozenset({"retry", "final", "in_progress", "mismatch"})
+Classifier = Callable[[int, httpx.Headers, bytes], "Verdict | None"]
+"""``classify(status, headers, body)``: a :data:`Verdict`, or None for the built-in table."""
+
 
 @attrs.frozen
 class BodyMentions:
@@ -191,6 +197,14 @@ class ServerProfile:
         default=RETRY_HINT_HEADERS, converter=tuple, validator=_header_names
     )
     """Response headers saying true/false to "should this be retried"."""
+    classify: Classifier | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
+    """``fn(status, headers, body) -> "retry" | "final" | "in_progress" | "mismatch" |
+    None``, for servers that say "try again" in a 200 or "in progress" in a 202; None
+    (its answer, or no classifier) leaves the built-in table to decide. It can never
+    make an answer after an attempt that may have been delivered ``failed``; one that
+    raises leaves the operation pending. Journaled as its ``module:qualname``."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
@@ -308,6 +322,10 @@ _CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
 ``module:qualname`` resume imports."""
 
 
+_OMITTED_AT_DEFAULT = frozenset({"classify"})
+"""Fields a spec leaves out at their default."""
+
+
 class ProfileSpecError(ValueError):
     """A journaled profile spec that cannot be read back (a callable that cannot be
     imported, a field this version does not know)."""
@@ -325,6 +343,10 @@ def profile_spec(profile: ServerProfile) -> str:
         if not field.init:
             continue
         value = getattr(profile, field.name)
+        if field.name in _OMITTED_AT_DEFAULT and value == field.default:
+            # A field added later, at its default: the spec stays what an earlier version
+            # wrote for the same profile (a stored profile still agrees with its own).
+            continue
         if field.name in _CALLABLE_FIELDS:
             fields[field.name] = (
                 None if value is None else _callable_spec(profile, field.name, value)
