@@ -92,6 +92,7 @@ class MemoryStore:
                 updated_at=new.created_at,
                 key_expires_at=new.key_expires_at,
                 deadline_at=new.deadline_at,
+                overrides=new.overrides,
                 not_before=None,
                 lease_owner=write.owner,
                 lease_until=write.lease_until,

@@ -90,6 +90,7 @@ from idempotently._keys import (
     secret_values,
     stored_header,
 )
+from idempotently._overrides import read_overrides
 from idempotently._policy import (
     Answer,
     CallState,
@@ -343,6 +344,8 @@ class Call:
     deadline_at: float | None = None
     new_operation_id: str | None = None
     """The id a new operation gets when ``operation_id`` is None (else a random one)."""
+    overrides: str | None = None
+    """The call's own policy and timeouts, journaled (``_overrides.py``) for resume."""
 
 
 @attrs.frozen
@@ -526,6 +529,16 @@ class Engine:
     """This host's identity: lease owners are ``host_id:pid:token``; the pid of an owner
     is checked only when its host id is this one."""
 
+    def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
+        """This engine for one call with its own policy or profile (itself without)."""
+        if policy is None and profile is None:
+            return self
+        return attrs.evolve(
+            self,
+            policy=self.policy if policy is None else policy,
+            profile=self.profile if profile is None else profile,
+        )
+
     def new_owner(self) -> str:
         """A new lease owner of this engine's host."""
         return new_lease_owner(self.host_id)
@@ -670,6 +683,7 @@ class Engine:
             created_at=now,
             key_expires_at=now + self.profile.key_lifetime,
             deadline_at=call.deadline_at,
+            overrides=call.overrides,
         )
         return new, self.new_owner()
 
@@ -1249,6 +1263,22 @@ class Engine:
                     f"not sent: the retry budget of {origin} is spent (its recent retries "
                     "met only failures); it stays pending with its key for a later resume",
                 )
+        engine = self
+        if operation.overrides is not None:
+            # The caller's own policy and timeouts, as journaled with the operation.
+            try:
+                policy, timeouts = read_overrides(operation.overrides)
+            except ValueError as error:
+                return ResumeResult.of(
+                    operation,
+                    "pending",
+                    "not_sent",
+                    f"{error}; nothing was sent and it stays pending (see "
+                    f"`idempotently show {operation.operation_id}`)",
+                )
+            engine = self.overridden(policy, None)
+            if timeouts is not None:
+                request.extensions = {**request.extensions, "timeout": timeouts}
         # A claimed lease is renewed by the same compare-and-swap on the row just read:
         # it fails only if the claim expired and another caller took the operation.
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
@@ -1260,7 +1290,7 @@ class Engine:
             return ResumeResult.of(
                 operation, "pending", "leased", "another caller took its lease first"
             )
-        end = yield from self._attempts(
+        end = yield from engine._attempts(
             operation.operation_id,
             operation.key,
             request,

@@ -116,6 +116,8 @@ class NewOperation:
     created_at: float
     key_expires_at: float
     deadline_at: float | None
+    # Retry control (schema v4): the call's own policy and timeouts, for resume.
+    overrides: str | None = None
 
     def row(self, owner: str, lease_until: float) -> tuple[Any, ...]:
         """The values of the insert that journals it (both stores' column order)."""
@@ -136,6 +138,7 @@ class NewOperation:
             self.deadline_at,
             owner,
             lease_until,
+            self.overrides,  # retry control (schema v4)
         )
 
 

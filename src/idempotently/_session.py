@@ -50,6 +50,7 @@ from idempotently._flow import (
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
+from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile, journaled_profile
 from idempotently._vocabulary import Delivery
@@ -271,20 +272,38 @@ class _SessionBase(Generic[ClientT]):
         idempotency_key: str | None,
         delivery: Delivery,
         deadline_at: float | None,
+        *,
+        profile: ServerProfile | None = None,
+        overrides: str | None = None,
     ) -> Call:
-        key = adopted_key(self.profile, request, idempotency_key)
+        key = adopted_key(profile or self.profile, request, idempotency_key)
         return Call(
             request,
             operation_id=operation_id,
             key=key,
             delivery=delivery,
             deadline_at=None if deadline_at is None else float(deadline_at),
+            overrides=overrides,
         )
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
         )
+
+
+def check_call_overrides(policy: object, profile: object) -> None:
+    """A call's own ``policy=`` and ``profile=``, checked before anything is journaled:
+    both are journaled with the operation, so that resume uses them."""
+    if policy is not None:
+        check_call_policy(policy)
+    if profile is not None:
+        if not isinstance(profile, ServerProfile):
+            raise TypeError(
+                "profile must be an idempotently.ServerProfile (e.g. "
+                f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
+            )
+        journaled_profile(profile)
 
 
 def adopted_key(
@@ -391,6 +410,8 @@ class Session(_SessionBase[httpx.Client]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """POST once, whatever happens on the wire; see :meth:`request`."""
         return self.request(
@@ -409,6 +430,8 @@ class Session(_SessionBase[httpx.Client]):
             idempotency_key=idempotency_key,
             delivery=delivery,
             deadline_at=deadline_at,
+            policy=policy,
+            profile=profile,
         )
 
     def request(
@@ -429,6 +452,8 @@ class Session(_SessionBase[httpx.Client]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """Send one operation; return its final answer (2xx, 3xx or a final 4xx).
 
@@ -438,7 +463,10 @@ class Session(_SessionBase[httpx.Client]):
         with its stored key. ``idempotency_key`` (or the profile's key header
         set on the request) is used as the key instead of a random one.
         ``deadline_at`` (seconds since the epoch) is the operation's own
-        deadline, kept across restarts.
+        deadline, kept across restarts. ``policy=``, ``profile=`` and ``timeout=``
+        replace the session's for this call, and are journaled with the
+        operation: a resume sends it under them too (a policy with a custom
+        ``wait=`` or ``stop=`` cannot be journaled and is refused).
         """
         check_call_arguments(
             operation_id=operation_id,
@@ -446,6 +474,7 @@ class Session(_SessionBase[httpx.Client]):
             delivery=delivery,
             deadline_at=deadline_at,
         )
+        check_call_overrides(policy, profile)
         request = self.client.build_request(
             method,
             url,
@@ -462,11 +491,25 @@ class Session(_SessionBase[httpx.Client]):
         check_timeouts(request)
         request.read()
         live = _httpx2.to_httpx_request(request) if self._httpx2 else request
-        call = self._call(live, operation_id, idempotency_key, delivery, deadline_at)
+        call = self._call(
+            live,
+            operation_id,
+            idempotency_key,
+            delivery,
+            deadline_at,
+            profile=profile,
+            overrides=overrides_json(
+                policy,
+                None
+                if timeout is httpx.USE_CLIENT_DEFAULT
+                else dict(live.extensions.get("timeout") or {}),
+            ),
+        )
+        engine = self._engine.overridden(policy, profile)
         held = Held()
         try:
             return run(
-                self._engine.call(call, self._build, held),
+                engine.call(call, self._build, held),
                 held,
                 self.journal,
                 send=self._send,
@@ -646,6 +689,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """POST once, whatever happens on the wire; see :meth:`Session.request`."""
         return await self.request(
@@ -664,6 +709,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             idempotency_key=idempotency_key,
             delivery=delivery,
             deadline_at=deadline_at,
+            policy=policy,
+            profile=profile,
         )
 
     async def request(
@@ -684,6 +731,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """Send one operation; see :meth:`Session.request`."""
         check_call_arguments(
@@ -692,6 +741,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             delivery=delivery,
             deadline_at=deadline_at,
         )
+        check_call_overrides(policy, profile)
         request = self.client.build_request(
             method,
             url,
@@ -708,11 +758,25 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         check_timeouts(request)
         await request.aread()
         live = _httpx2.to_httpx_request(request) if self._httpx2 else request
-        call = self._call(live, operation_id, idempotency_key, delivery, deadline_at)
+        call = self._call(
+            live,
+            operation_id,
+            idempotency_key,
+            delivery,
+            deadline_at,
+            profile=profile,
+            overrides=overrides_json(
+                policy,
+                None
+                if timeout is httpx.USE_CLIENT_DEFAULT
+                else dict(live.extensions.get("timeout") or {}),
+            ),
+        )
+        engine = self._engine.overridden(policy, profile)
         held = Held()
         try:
             return await arun(
-                self._engine.call(call, self._build, held),
+                engine.call(call, self._build, held),
                 held,
                 self.journal,
                 send=self._send,

@@ -261,8 +261,10 @@ _INSERT_OPERATION: Final = f"""
 INSERT INTO {SCHEMA}.operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-    lease_owner, lease_until
-) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    lease_owner, lease_until,
+    overrides
+) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+    %s)
 ON CONFLICT DO NOTHING
 """
 

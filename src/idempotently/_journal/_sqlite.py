@@ -378,8 +378,10 @@ _INSERT_OPERATION = """
 INSERT INTO operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-    lease_owner, lease_until
-) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    lease_owner, lease_until,
+    overrides
+) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    ?)
 ON CONFLICT DO NOTHING
 """
 
