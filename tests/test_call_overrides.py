@@ -65,15 +65,17 @@ def test_resume_uses_the_journaled_policy_and_timeout(tmp_path: Path, fake_time:
     """An operation made with max_attempts=2 and timeout=3.5 is resumed with both, by a
     session whose own policy allows five attempts and whose timeout is 20 s."""
     transport, sent = recording()
-    with session(tmp_path / "j.db", fake_time, transport) as s:
-        with pytest.raises(idempotently.OperationPendingError):
-            s.post(
-                URL,
-                json={},
-                operation_id="op",
-                policy=idempotently.RetryPolicy(max_attempts=2, initial_backoff=0.0, budget=None),
-                timeout=3.5,
-            )
+    with (
+        session(tmp_path / "j.db", fake_time, transport) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(
+            URL,
+            json={},
+            operation_id="op",
+            policy=idempotently.RetryPolicy(max_attempts=2, initial_backoff=0.0, budget=None),
+            timeout=3.5,
+        )
     assert 2 == len(sent)
     sent.clear()
     with session(tmp_path / "j.db", fake_time, transport, timeout=20.0) as s:
@@ -147,9 +149,11 @@ def test_a_policy_that_cannot_be_journaled_is_refused_before_anything(
 def test_damaged_overrides_keep_the_operation_pending(tmp_path: Path, fake_time: FakeTime) -> None:
     """Overrides that cannot be read back: resume sends nothing and says why."""
     transport, sent = recording()
-    with session(tmp_path / "j.db", fake_time, transport) as s:
-        with pytest.raises(idempotently.OperationPendingError):
-            s.post(URL, json={}, operation_id="op", policy=idempotently.RetryPolicy(max_attempts=1))
+    with (
+        session(tmp_path / "j.db", fake_time, transport) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(URL, json={}, operation_id="op", policy=idempotently.RetryPolicy(max_attempts=1))
     with sqlite3.connect(tmp_path / "j.db") as conn:
         conn.execute("""UPDATE operations SET overrides = '{"policy": {"max_attempts": "lots"}}'""")
     conn.close()
