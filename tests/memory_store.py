@@ -16,6 +16,8 @@ from idempotently._commands import (
     ExtendLeases,
     Find,
     Insert,
+    PauseOrigin,
+    Pauses,
     Queue,
     Record,
     Release,
@@ -23,9 +25,10 @@ from idempotently._commands import (
     SetStatus,
     Settle,
     TakeLease,
+    Unpause,
     Write,
 )
-from idempotently._rows import Attempt, Durability, Failed, JournalStats, Operation
+from idempotently._rows import Attempt, Durability, Failed, JournalStats, Operation, OriginPause
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
 
 
@@ -40,6 +43,7 @@ class MemoryStore:
         self.commits: list[tuple[int, bool]] = []
         self._lock = threading.Lock()
         self._namespace = uuid.uuid4()
+        self.pauses: dict[tuple[str, str], OriginPause] = {}
 
     @property
     def namespace(self) -> uuid.UUID:
@@ -70,6 +74,18 @@ class MemoryStore:
             return results
 
     def _apply(self, write: Write) -> Any:
+        if isinstance(write, PauseOrigin):
+            known = self.pauses.get((write.origin, write.credentials))
+            if known is None or write.until > known.until:
+                self.pauses[(write.origin, write.credentials)] = OriginPause(
+                    write.origin, write.credentials, write.until, write.reason, write.set_at
+                )
+            return None
+        if isinstance(write, Unpause):
+            lifted = [pause for pause in self.pauses.values() if pause.origin == write.origin]
+            for pause in lifted:
+                del self.pauses[(pause.origin, pause.credentials)]
+            return lifted
         if isinstance(write, Insert):
             new = write.new
             if new.operation_id in self.rows or any(
@@ -238,12 +254,19 @@ class MemoryStore:
             lease_owner=row.lease_owner if record.lease_until > 0 else None,
         )
 
+    def origin_pauses(self, *, now: float) -> list[OriginPause]:
+        with self._lock:
+            running = [pause for pause in self.pauses.values() if pause.until > now]
+        return sorted(running, key=lambda pause: pause.until)
+
     def _execute(self, command: Any) -> Any:
         """What ``Journal._execute`` does: a read here, a write as a batch of one."""
         if isinstance(command, Find):
             return self.find(command.operation_id, command.key)
         if isinstance(command, Queue):
             return self.operations(status=list(command.statuses), newest_first=False)
+        if isinstance(command, Pauses):
+            return self.origin_pauses(now=command.now)
         (outcome,) = self.commit([command], False)
         if isinstance(outcome, Failed):
             raise outcome.error

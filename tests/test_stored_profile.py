@@ -147,6 +147,7 @@ CHANGES: dict[str, Any] = {
     "replay_headers": ("X-Replayed",),
     "retry_hint_headers": ("X-Retry",),
     "classify": classify_nothing,
+    "pause_origin": False,
 }
 
 

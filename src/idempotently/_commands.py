@@ -141,6 +141,33 @@ class ClaimDue:
     limit: int
 
 
+@attrs.frozen
+class Pauses:
+    """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
+
+    now: float
+    operation_id: str | None = None
+    """The operation about to be sent, for the error a failed read raises."""
+
+
+@attrs.frozen
+class PauseOrigin:
+    """Pause an origin for some credentials until ``until`` (a later pause wins)."""
+
+    origin: str
+    credentials: str
+    until: float
+    reason: str
+    set_at: float
+
+
+@attrs.frozen
+class Unpause:
+    """Lift every pause of ``origin``; replies the pauses it lifted."""
+
+    origin: str
+
+
 Write = (
     Insert
     | TakeLease
@@ -151,9 +178,11 @@ Write = (
     | RenewLease
     | ExtendLeases
     | ClaimDue
+    | PauseOrigin
+    | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
-Read = Find | Queue
+Read = Find | Queue | Pauses
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,
@@ -165,6 +194,8 @@ WRITES: tuple[type, ...] = (
     RenewLease,
     ExtendLeases,
     ClaimDue,
+    PauseOrigin,
+    Unpause,
 )
 
 # -- commands for the driver ------------------------------------------------------------------

@@ -32,6 +32,8 @@ from idempotently._commands import (
     Find,
     Insert,
     Lease,
+    PauseOrigin,
+    Pauses,
     Queue,
     Reconcile,
     Record,
@@ -91,6 +93,7 @@ from idempotently._keys import (
     stored_header,
 )
 from idempotently._overrides import read_overrides
+from idempotently._pauses import PAUSE_STATUS_CODES, PauseBoard, credentials_digest
 from idempotently._policy import (
     Answer,
     CallState,
@@ -111,7 +114,7 @@ from idempotently._profiles import (
     journaled_profile,
     stored_profile,
 )
-from idempotently._rows import AttemptRecord, NewOperation, Operation
+from idempotently._rows import AttemptRecord, NewOperation, Operation, OriginPause
 from idempotently._text import storable, storable_text
 from idempotently._vocabulary import (
     DELIVERIES,
@@ -551,6 +554,8 @@ class Engine:
     """Called with every event (``_events.py``), through the driver."""
     budgets: RetryBudgets = BUDGETS
     """The retry ledgers per origin the policy's budget is spent from: the process's."""
+    pauses: PauseBoard = attrs.Factory(PauseBoard)
+    """What this engine last read of its journal's origin pauses."""
 
     # -- one call ------------------------------------------------------------------------
 
@@ -571,6 +576,11 @@ class Engine:
         )
         print_ = request_digest(request.method, request.url, headers.fingerprinted)
         secrets = headers.secrets
+        pause = yield from self._origin_pause(
+            self.profile, request.url, secrets, started, call.operation_id
+        )
+        if pause is not None:
+            yield from self._wait_out(pause, call, started)
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
@@ -906,6 +916,13 @@ class Engine:
                 response_body=response.content if keep and response else None,
             )
             yield Record(operation_id, record, now, owner, key)
+            if (
+                answer is not None
+                and answer.server_wait
+                and answer.status_code in PAUSE_STATUS_CODES
+                and profile.pause_origin
+            ):
+                yield from self._pause(request.url, secrets, answer, now)
             if retrying:
                 held.lease_until = record.lease_until
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
@@ -1026,6 +1043,67 @@ class Engine:
             if response is not None:
                 return response
             raise reply
+
+    # -- origin pauses -------------------------------------------------------------------
+
+    def _origin_pause(
+        self,
+        profile: ServerProfile,
+        url: httpx.URL,
+        secrets: Sequence[str],
+        now: float,
+        operation_id: str | None = None,
+    ) -> Flow[OriginPause | None]:
+        """The journal's pause of ``url``'s origin for these credentials, if one runs now
+        (the journal read again at most once a second)."""
+        if not profile.pause_origin:
+            return None
+        board = self.pauses
+        if board.stale(now):
+            # One flow reads for all: the others go on with what was read last meanwhile.
+            board.read_at = now
+            board.replace((yield Pauses(now, operation_id)), now)
+        if not board.by_origin:
+            return None
+        origin = origin_of(url)
+        if not board.has(origin):
+            return None
+        return board.find(origin, credentials_digest(self.namespace, secrets), now)
+
+    def _wait_out(self, pause: OriginPause, call: Call, now: float) -> Flow[None]:
+        """Sleep until the pause ends, or raise RetryLaterError, before anything is
+        journaled, when that is longer than this call may wait."""
+        limit = self._time_limit(CallState(started_at=now, deadline_at=call.deadline_at))
+        wait = pause.until - now
+        if wait > self.policy.max_retry_after or (limit is not None and pause.until > limit):
+            key = call.key
+            if key is None and call.operation_id is not None and self.namespace is not None:
+                key = derived_key(self.namespace, call.operation_id)
+            raise RetryLaterError(
+                f"{pause.origin} is paused until {_iso(pause.until)} ({pause.reason}), longer "
+                f"than this call may wait (max_retry_after={self.policy.max_retry_after:g}s, "
+                "or its deadline): nothing was journaled or sent; call again after that, or "
+                f"lift the pause with `idempotently unpause {pause.origin}`",
+                not_before=pause.until,
+                operation_id=call.operation_id,
+                key=key,
+            )
+        yield Sleep(wait)
+
+    def _pause(
+        self, url: httpx.URL, secrets: Sequence[str], answer: Answer, now: float
+    ) -> Flow[None]:
+        """Journal the pause a 429 or 503 with Retry-After asks of its whole origin."""
+        wait = answer.server_wait or 0.0
+        pause = OriginPause(
+            origin=origin_of(url),
+            credentials=credentials_digest(self.namespace, secrets),
+            until=now + wait,
+            reason=f"{answer.status_code} with Retry-After {wait:g}s",
+            set_at=now,
+        )
+        yield PauseOrigin(pause.origin, pause.credentials, pause.until, pause.reason or "", now)
+        self.pauses.add(pause)
 
     def _time_limit(self, state: CallState) -> float | None:
         """When this call's attempts must be over: its policy's deadline (unless a custom
@@ -1263,6 +1341,18 @@ class Engine:
                     f"not sent: the retry budget of {origin} is spent (its recent retries "
                     "met only failures); it stays pending with its key for a later resume",
                 )
+        secrets = secret_values(request.headers, self.redact_headers, request.url)
+        pause = yield from self._origin_pause(
+            profile, request.url, secrets, self.clock(), operation.operation_id
+        )
+        if pause is not None:
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "waiting",
+                f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
+                f"({pause.reason}); it stays pending with its key",
+            )
         engine = self
         if operation.overrides is not None:
             # The caller's own policy and timeouts, as journaled with the operation.
@@ -1298,7 +1388,7 @@ class Engine:
             profile,
             operation.attempt_count,
             held,
-            secret_values(request.headers, self.redact_headers, request.url),
+            secrets,
         )
         decision = end.decision
         code = None if end.response is None else end.response.status_code

@@ -205,6 +205,10 @@ class ServerProfile:
     (its answer, or no classifier) leaves the built-in table to decide. It can never
     make an answer after an attempt that may have been delivered ``failed``; one that
     raises leaves the operation pending. Journaled as its ``module:qualname``."""
+    pause_origin: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    """Whether a 429 or 503 with Retry-After pauses its whole origin (for the same
+    credentials), journaled, so every thread, process and resume worker sharing the
+    journal waits it out; False for APIs that limit per resource."""
     _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
@@ -322,7 +326,7 @@ _CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
 ``module:qualname`` resume imports."""
 
 
-_OMITTED_AT_DEFAULT = frozenset({"classify"})
+_OMITTED_AT_DEFAULT = frozenset({"classify", "pause_origin"})
 """Fields a spec leaves out at their default."""
 
 

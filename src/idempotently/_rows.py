@@ -143,6 +143,24 @@ class NewOperation:
 
 
 @attrs.frozen
+class OriginPause:
+    """An origin the server asked every client to leave alone until ``until`` (a 429 or
+    503 with Retry-After), for the credentials whose digest is ``credentials``."""
+
+    origin: str
+    """``scheme://host:port``."""
+    credentials: str
+    """A keyed digest of the credentials it was answered to ('' without any), never
+    their value: one tenant's pause does not pause another's."""
+    until: float
+    reason: str | None
+    set_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
 class AttemptRecord:
     """One attempt's result and the operation's state after it."""
 

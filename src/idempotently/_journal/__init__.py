@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from idempotently._commands import (
     Find,
     Insert,
     JournalCommand,
+    Pauses,
     Queue,
     Record,
     Release,
@@ -30,6 +32,7 @@ from idempotently._commands import (
     SetStatus,
     Settle,
     TakeLease,
+    Unpause,
 )
 from idempotently._exceptions import IdempotentlyError, JournalError
 from idempotently._journal._sqlite import SqliteStore
@@ -48,6 +51,7 @@ from idempotently._rows import (
     JournalStats,
     NewOperation,
     Operation,
+    OriginPause,
 )
 from idempotently._vocabulary import Status
 
@@ -222,6 +226,24 @@ class Journal:
         self._check_usable()
         return self._store.stats(now=now, stuck_after=stuck_after, expiring_within=expiring_within)
 
+    # -- origin pauses (retry control) -------------------------------------------------
+
+    def origin_pauses(self, *, now: float | None = None) -> list[OriginPause]:
+        """The origins a server asked to leave alone (429 or 503 with Retry-After) whose
+        pause still runs at ``now`` (default: the time now), soonest over first."""
+        self._check_usable()
+        return self._store.origin_pauses(now=time.time() if now is None else now)
+
+    def unpause(self, origin: str) -> list[OriginPause]:
+        """Lift every pause of ``origin`` (``scheme://host:port``, for all credentials);
+        returns the pauses lifted (none: it was not paused)."""
+        if not isinstance(origin, str):
+            raise TypeError(
+                f"origin must be a str (scheme://host:port), not {type(origin).__name__}"
+            )
+        lifted: list[OriginPause] = self._execute(Unpause(origin))
+        return lifted
+
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
         self._check_usable()
@@ -274,6 +296,8 @@ class Journal:
                 return self._store.find(command.operation_id, command.key)
             if isinstance(command, Queue):
                 return self._store.operations(status=list(command.statuses), newest_first=False)
+            if isinstance(command, Pauses):
+                return self._store.origin_pauses(now=command.now)
             return self._writer.write(command)
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
@@ -284,7 +308,7 @@ class Journal:
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):
-            if isinstance(command, (Find, Queue)):
+            if isinstance(command, (Find, Queue, Pauses)):
                 try:
                     outcomes[index] = self._execute(command)
                 except Exception as error:
@@ -430,7 +454,7 @@ def _closed_message(path: str, command: Any) -> str:
         )
     if isinstance(command, (Release, ExtendLeases, RenewLease)):
         return f"{closed}: the lease was left to expire; nothing else changed"
-    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue)):
+    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses)):
         return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
     return f"{closed}; this write was not journaled. Open the journal again to retry it"
 
