@@ -22,7 +22,7 @@ from idempotently._cli_durations import format_age, format_duration
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered
 from idempotently._profiles import profile_label
-from idempotently._rows import Attempt, JournalStats, Operation
+from idempotently._rows import Attempt, JournalStats, Operation, OriginPause
 
 # The journal never stores these; a CLI that prints headers still refuses to,
 # in case a journal was written by something else or a newer redaction list.
@@ -458,8 +458,10 @@ def percent(rate: float) -> str:
     return f"{rate * 100:.1f}%"
 
 
-def stats_lines(stats: JournalStats, path: str, stuck_after: float) -> list[str]:
-    """``stats`` for people: one named figure per line."""
+def stats_lines(
+    stats: JournalStats, path: str, stuck_after: float, pauses: Sequence[OriginPause] = ()
+) -> list[str]:
+    """``stats`` for people: one named figure per line, then the paused origins."""
     age = stats.oldest_pending_age
     oldest = stats.oldest_pending_created_at
     fields = [
@@ -484,8 +486,21 @@ def stats_lines(stats: JournalStats, path: str, stuck_after: float) -> list[str]
                 f"{format_duration(stats.expiring_within)} or has expired)",
             )
         )
+    fields.append(("paused origins", str(len(pauses))))
+    fields.extend(
+        (
+            f"  {printable(pause.origin)}",
+            f"until {iso(pause.until)} ({printable(pause.reason or '')})",
+        )
+        for pause in pauses
+    )
     width = max(len(name) for name, _ in fields)
     return [f"{name.ljust(width)}  {value}" for name, value in fields]
+
+
+def pause_json(pause: OriginPause) -> dict[str, Any]:
+    """An origin pause for scripts: its times as ISO 8601 too."""
+    return {**pause.to_json(), "until_iso": iso(pause.until), "set_at_iso": iso(pause.set_at)}
 
 
 def _label(value: str) -> str:

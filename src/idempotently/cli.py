@@ -30,11 +30,13 @@ from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     OPERATION_FIELDS,
     csv_text,
+    iso,
     nl_lines,
     operation_detail_json,
     operation_json,
     operation_lines,
     operations_table,
+    pause_json,
     plural,
     printable,
     stats_lines,
@@ -349,12 +351,20 @@ def stats_command(
     many pending keys are about to expire.
     """
     stats = journal.stats(now=time.time(), stuck_after=stuck_after, expiring_within=expiring_within)
+    pauses = journal.origin_pauses(now=stats.now)
     if output_format == "json":
-        echo_json({"journal": journal.path, **stats.to_json(), "stuck_after": stuck_after})
+        echo_json(
+            {
+                "journal": journal.path,
+                **stats.to_json(),
+                "stuck_after": stuck_after,
+                "paused_origins": [pause_json(pause) for pause in pauses],
+            }
+        )
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
     else:
-        echo_lines(stats_lines(stats, journal.path, stuck_after))
+        echo_lines(stats_lines(stats, journal.path, stuck_after, pauses))
     reconcile = stats.counts["needs_reconcile"]
     if fail_on_stuck and (stats.stuck or reconcile):
         problems = []
@@ -768,6 +778,40 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, output_for
         f"{verb} {plural(count, 'finished operation')} idle over "
         f"{format_duration(older_than)} from {journal.path}"
     )
+
+
+# -- unpause (retry control) -----------------------------------------------------------
+
+
+@cli.command("unpause")
+@click.argument("origin")
+@click.option(
+    "--actor", default=None, help="Who lifts the pause, for the audit log (default: user@host)."
+)
+@format_option("text", "json")
+@with_journal()
+def unpause_command(journal: Journal, origin: str, actor: str | None, output_format: str) -> None:
+    """Lift the pause a server put on ORIGIN (a 429 or 503 with Retry-After).
+
+    ORIGIN is scheme://host[:port]; every credentials' pause of it is lifted, and
+    each is logged with who lifted it. Calls and resumes send to it again at
+    once (other processes within a second).
+    """
+    try:
+        lifted = journal.unpause(origin, actor=actor)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="ORIGIN") from None
+    if output_format == "json":
+        echo_json({"origin": origin, "lifted": [pause_json(pause) for pause in lifted]})
+        return
+    if not lifted:
+        click.echo(f"{printable(origin)} was not paused in {journal.path}")
+        return
+    for pause in lifted:
+        click.echo(
+            f"unpaused {printable(pause.origin)}: it was paused until {iso(pause.until)} "
+            f"({printable(pause.reason or '')}), set {iso(pause.set_at)}"
+        )
 
 
 # -- companion commands --------------------------------------------------------------

@@ -11,13 +11,20 @@ decided once per batch.
 from __future__ import annotations
 
 import copy
+import datetime
+import getpass
+import logging
 import os
+import socket
 import time
 import uuid
 import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
+import httpx
+
+from idempotently._budget import origin_of
 from idempotently._commands import (
     ClaimDue,
     ExtendLeases,
@@ -234,14 +241,38 @@ class Journal:
         self._check_usable()
         return self._store.origin_pauses(now=time.time() if now is None else now)
 
-    def unpause(self, origin: str) -> list[OriginPause]:
-        """Lift every pause of ``origin`` (``scheme://host:port``, for all credentials);
-        returns the pauses lifted (none: it was not paused)."""
+    def unpause(self, origin: str, *, actor: str | None = None) -> list[OriginPause]:
+        """Lift every pause of ``origin`` (a URL: its scheme, host and port count), for
+        all credentials; returns the pauses lifted (none: it was not paused).
+
+        Audited: a log record on the ``idempotently`` logger names the actor (default
+        ``user@host``), the origin, and each pause lifted (until when, why, set when)."""
         if not isinstance(origin, str):
             raise TypeError(
                 f"origin must be a str (scheme://host:port), not {type(origin).__name__}"
             )
-        lifted: list[OriginPause] = self._execute(Unpause(origin))
+        try:
+            name = origin_of(httpx.URL(origin))
+        except (httpx.InvalidURL, TypeError, ValueError) as error:
+            raise ValueError(f"{origin!r} is not an origin URL ({error})") from None
+        if not name.startswith(("http://", "https://")):
+            raise ValueError(
+                f"{origin!r} is not an origin: give scheme://host[:port], e.g. https://api.example.com"
+            )
+        lifted: list[OriginPause] = self._execute(Unpause(name))
+        who = actor or default_actor()
+        for pause in lifted:
+            _logger.warning(
+                "origin %s unpaused by %s: it was paused until %s (%s), set at %s",
+                name,
+                who,
+                _iso(pause.until),
+                pause.reason,
+                _iso(pause.set_at),
+                extra={
+                    "idempotently": {"event": "origin_unpaused", "actor": who, **pause.to_json()}
+                },
+            )
         return lifted
 
     def counts(self) -> dict[str, int]:
@@ -421,6 +452,26 @@ class Journal:
     @property
     def _version(self) -> int:
         return int(getattr(self._store, "_version", 0))
+
+
+_logger = logging.getLogger("idempotently")
+
+
+def default_actor() -> str:
+    """``user@host``: who an operator action is recorded as, unless told."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname() or 'localhost'}"
+
+
+def _iso(timestamp: float) -> str:
+    try:
+        moment = datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp:g}"
+    return moment.isoformat(timespec="seconds")
 
 
 def _ids_of(command: Any) -> tuple[str | None, str | None]:

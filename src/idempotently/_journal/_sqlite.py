@@ -1004,7 +1004,7 @@ class SqliteStore:
             return None
         if isinstance(write, Unpause):
             lifted = [
-                OriginPause(**dict(row))
+                OriginPause(*tuple(row))
                 for row in conn.execute(
                     "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
                     "WHERE origin = ?",
