@@ -348,8 +348,8 @@ def profile_spec(profile: ServerProfile) -> str:
             continue
         value = getattr(profile, field.name)
         if field.name in _OMITTED_AT_DEFAULT and value == field.default:
-            # A field added later, at its default: the spec stays what an earlier version
-            # wrote for the same profile (a stored profile still agrees with its own).
+            # A field added later, at its default: left out, so the JSON stays what an
+            # earlier version wrote for the same profile (a stored one still agrees).
             continue
         if field.name in _CALLABLE_FIELDS:
             fields[field.name] = (
