@@ -791,7 +791,7 @@ def prune_command(journal: Journal, older_than: float, dry_run: bool, output_for
 @format_option("text", "json")
 @with_journal()
 def unpause_command(journal: Journal, origin: str, actor: str | None, output_format: str) -> None:
-    """Lift the pause a server put on ORIGIN (a 429 or 503 with Retry-After).
+    """Lift the pause a 429 or 503 put on ORIGIN.
 
     ORIGIN is scheme://host[:port]; every credentials' pause of it is lifted, and
     each is logged with who lifted it. Calls and resumes send to it again at
