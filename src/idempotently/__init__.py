@@ -38,7 +38,7 @@ from idempotently._exceptions import (
     StoredProfileError,
 )
 from idempotently._flow import Receipt, ResumeResult, Settlement
-from idempotently._journal import Attempt, Journal, JournalStats, Operation
+from idempotently._journal import Attempt, Journal, JournalStats, Operation, OriginPause
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
@@ -70,6 +70,7 @@ __all__ = [
     "OperationInProgressError",
     "OperationPendingError",
     "OperationStarted",
+    "OriginPause",
     "Receipt",
     "RequestNotSentError",
     "ResumeResult",

@@ -17,7 +17,7 @@ import contextlib
 import random
 import re
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import attrs
 import httpx
@@ -282,7 +282,7 @@ def _verdict(profile: ServerProfile, response: httpx.Response) -> tuple[Verdict 
             f"the profile's classify ({name}) returned {verdict!r:.60}, not one of "
             "'retry', 'final', 'in_progress', 'mismatch' or None"
         )
-    return verdict, None
+    return cast("Verdict | None", verdict), None
 
 
 _NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)

@@ -37,8 +37,9 @@ MismatchMatcher = Callable[[httpx.Response], bool]
 Verdict = Literal["retry", "final", "in_progress", "mismatch"]
 """What a classifier makes of an answer."""
 VERDICTS: frozenset[str] = frozenset({"retry", "final", "in_progress", "mismatch"})
-Classifier = Callable[[int, httpx.Headers, bytes], "Verdict | None"]
-"""``classify(status, headers, body)``: a :data:`Verdict`, or None for the built-in table."""
+Classifier = Callable[[int, httpx.Headers, bytes], "str | None"]
+"""``classify(status, headers, body)``: a :data:`Verdict` (checked when it answers), or
+None for the built-in table."""
 
 
 @attrs.frozen

@@ -75,6 +75,7 @@ __all__ = [
     "JournalStats",
     "NewOperation",
     "Operation",
+    "OriginPause",
     "Store",
 ]
 
