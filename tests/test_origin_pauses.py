@@ -147,8 +147,8 @@ def test_pause_origin_false_neither_pauses_nor_waits(tmp_path: Path, fake_time: 
 def test_a_resume_leaves_a_paused_origins_operations_unsent(
     tmp_path: Path, fake_time: FakeTime
 ) -> None:
-    """Resume does not send to a paused origin: each of its operations is reported
-    waiting, still pending with its key."""
+    """Resume does not send to a paused origin: its operations stay pending with their
+    keys, reported still_pending (so a watch worker parks them)."""
     transport, sent = server(httpx.Response(503), limited("600"))
     with session(tmp_path / "j.db", fake_time, transport) as s:
         with pytest.raises(idempotently.OperationPendingError):
@@ -159,7 +159,7 @@ def test_a_resume_leaves_a_paused_origins_operations_unsent(
     with session(tmp_path / "j.db", fake_time, transport) as s:
         results = s.resume()
     assert 2 == len(sent)
-    assert ["waiting", "waiting"] == [result.action for result in results]
+    assert ["still_pending", "waiting"] == [result.action for result in results]
     # The operation the 429 answered waits for its own not_before; the other for the pause.
     assert f"{ORIGIN} is paused until" in results[0].detail
 

@@ -1346,10 +1346,12 @@ class Engine:
             profile, request.url, secrets, self.clock(), operation.operation_id
         )
         if pause is not None:
+            # still_pending, not waiting (a not_before of its own): a watch worker parks
+            # it with its backoff instead of claiming it again at once.
             return ResumeResult.of(
                 operation,
                 "pending",
-                "waiting",
+                "still_pending",
                 f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
                 f"({pause.reason}); it stays pending with its key",
             )
