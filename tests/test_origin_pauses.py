@@ -281,3 +281,47 @@ def test_another_process_on_the_journal_honours_the_pause(
     assert 0 == result.exit_code, result.output
     assert {"status": 201} == run_child(journal_target, f"{url}/charges")
     assert 2 == len(app.arrivals)
+
+
+def test_a_watch_worker_sends_nothing_to_a_paused_origin_and_parks(tmp_path: Path) -> None:
+    """A `resume --watch` worker meeting a paused origin sends nothing to it: the
+    operations are parked (their lease held for the interval), not claimed in a loop."""
+    import threading
+
+    from idempotently._watch import Batch, watch
+
+    fake = FakeTime()
+    transport, sent = server(httpx.Response(503), httpx.Response(503), limited("3600"))
+    path = tmp_path / "j.db"
+    with session(path, fake, transport) as s:
+        for operation_id in ("a", "b"):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={"n": operation_id}, operation_id=operation_id)
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="limited")
+    assert 3 == len(sent)
+    fake.now += 1
+    stop = threading.Event()
+    batches: list[Batch] = []
+
+    def on_batch(batch: Batch) -> None:
+        batches.append(batch)
+        stop.set()
+
+    with session(path, fake, transport, host_id="worker-1") as worker:
+        watch(
+            worker._engine,
+            worker.journal,
+            worker._build,
+            send=worker.client.send,
+            stop=stop,
+            interval=10.0,
+            concurrency=1,
+            on_result=None,
+            on_batch=on_batch,
+        )
+    assert 3 == len(sent)  # nothing more was sent
+    [batch] = batches
+    assert {("a", "still_pending"), ("b", "still_pending")} == {
+        (result.operation_id, result.action) for result in batch.results
+    }
