@@ -1020,7 +1020,10 @@ class Engine:
             signal = (
                 classify_read(self.profile, response, now=now)
                 if response is not None
-                else classify_error(reply)
+                else classify_error(
+                    reply,
+                    secrets=secret_values(request.headers, self.redact_headers, request.url),
+                )
             )
             decision = decide_read(self.policy, state, signal, now=now, rand=self.rand)
             state = decision.state
