@@ -13,6 +13,7 @@ import attrs
 
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Find,
     Insert,
@@ -86,6 +87,9 @@ class MemoryStore:
             for pause in lifted:
                 del self.pauses[(pause.origin, pause.credentials)]
             return lifted
+        if isinstance(write, Enqueue):
+            # Enqueued: unleased, its first send not begun.
+            return self._apply(Insert(write.new, None, 0.0))  # type: ignore[arg-type]
         if isinstance(write, Insert):
             new = write.new
             if new.operation_id in self.rows or any(
@@ -118,6 +122,8 @@ class MemoryStore:
                 response_headers=None,
                 response_body=None,
                 reason=None,
+                enqueued_at=new.enqueued_at,
+                first_send_at=new.created_at if new.enqueued_at is None else None,
             )
             return True
         if isinstance(write, Record):
@@ -137,6 +143,13 @@ class MemoryStore:
                 return False
             self._set(row, lease_owner=write.owner, lease_until=write.lease_until)
             self._set(self.rows[row.operation_id], updated_at=write.now)
+            if row.enqueued_at is not None and row.first_send_at is None:
+                # The first send of an enqueued operation begins with this lease.
+                self._set(
+                    self.rows[row.operation_id],
+                    first_send_at=write.now,
+                    key_expires_at=write.now + (row.key_expires_at - row.created_at),
+                )
             return True
         if isinstance(write, RenewLease):
             row = self.rows.get(write.operation_id)

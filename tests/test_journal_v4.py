@@ -175,3 +175,20 @@ def test_a_postgres_version_1_journal_is_read_only_read_and_upgraded_to_write(
             "SELECT value FROM idempotently.journal_meta WHERE name = 'schema_version'"
         ).fetchone()
     assert row == (str(_postgres.SCHEMA_VERSION),)
+
+
+def test_a_column_a_later_version_adds_while_the_journal_is_open_is_ignored(
+    tmp_path: Path,
+) -> None:
+    """A rolling upgrade: a newer idempotently adds a column to the open journal; this
+    process still finds and lists its operations (it reads the columns it knows)."""
+    path = tmp_path / "ops.db"
+    with Journal(path) as journal:
+        insert(journal, new_operation())
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("ALTER TABLE operations ADD COLUMN from_the_future TEXT")
+            other.execute("UPDATE operations SET from_the_future = 'x'")
+        shown = journal.operation("op-1")
+        listed = journal.operations()
+    assert shown is not None and shown.operation_id == "op-1"
+    assert ["op-1"] == [op.operation_id for op in listed]

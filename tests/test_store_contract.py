@@ -7,10 +7,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Insert,
     Record,
@@ -96,6 +98,35 @@ def test_an_insert_is_found_by_id_and_by_key_and_taken_only_once(store: Store) -
     assert by_id.operation_id == by_key.operation_id
     assert None is store.find("op-2", None)
     assert b'{"amount": 1000}' == by_id.request_body
+
+
+def test_an_enqueued_operation_is_unleased_and_unsent_until_a_lease_is_taken(
+    store: Store,
+) -> None:
+    """An enqueue journals the operation pending, unleased and without a first send (its
+    id or key taken is refused, as an insert's); the lease that is taken to send it marks
+    its first send and starts its key's lifetime then. An insert's first send is its
+    creation."""
+    queued = attrs.evolve(new("op-1"), enqueued_at=NOW)
+    assert True is one(store, Enqueue(queued), durable=True)
+    assert False is one(store, Enqueue(queued))
+    assert False is one(store, Insert(new("op-1"), "me", NOW + 30))
+    found = store.find("op-1", None)
+    assert found is not None
+    assert (None, 0.0, NOW, None) == (
+        found.lease_owner,
+        found.lease_until,
+        found.enqueued_at,
+        found.first_send_at,
+    )
+    later = NOW + 2 * 86400
+    assert True is one(store, TakeLease(found, "relay", later + 30, later))
+    taken = store.find("op-1", None)
+    assert taken is not None
+    assert (later, later + 86400) == (taken.first_send_at, taken.key_expires_at)
+    one(store, Insert(new("op-2"), "me", NOW + 30))
+    posted = store.find("op-2", None)
+    assert posted is not None and (None, NOW) == (posted.enqueued_at, posted.first_send_at)
 
 
 def test_a_record_settles_only_while_its_owner_holds_the_lease(store: Store) -> None:

@@ -20,7 +20,7 @@ import wcwidth
 
 from idempotently._cli_durations import format_age, format_duration
 from idempotently._keys import SENSITIVE_HEADERS
-from idempotently._policy import may_have_been_delivered
+from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
 from idempotently._rows import Attempt, JournalStats, Operation, OriginPause
 
@@ -188,6 +188,8 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
         else [list(pair) for pair in visible_headers(operation.response_headers)],
         "response_body": body_json(operation.response_body),
         "may_have_been_delivered": may_have_been_delivered(operation),
+        "enqueued_at": iso(operation.enqueued_at),
+        "first_send_at": iso(operation.first_send_at),
         "history": [attempt_json(attempt) for attempt in operation.attempts],
     }
 
@@ -206,6 +208,10 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         ("updated", when(op.updated_at, now)),
         ("key expires", when(op.key_expires_at, now)),
     ]
+    if op.enqueued_at is not None:
+        fields.append(("enqueued", when(op.enqueued_at, now)))
+        sent = "not yet" if op.first_send_at is None else when(op.first_send_at, now)
+        fields.append(("first send", sent))
     if op.deadline_at is not None:
         fields.append(("deadline", when(op.deadline_at, now)))
     if op.not_before is not None:
@@ -234,6 +240,8 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         out += _indent(table(headers, rows, right="#,status,elapsed,wait"))
         # Errors are prose: whole, under the table, so the table fits 80 columns.
         out += [f"  attempt {a.number}: {a.error}" for a in op.attempts if a.error]
+    elif never_sent(op):
+        out.append("  (none: enqueued and not sent yet, so nothing can have been delivered)")
     else:
         # The key is committed just before the first send begins: no attempt means that
         # send is in flight or was cut off (its process killed) before it was journaled.

@@ -32,6 +32,9 @@ class Find:
 
     operation_id: str | None
     key: str | None
+    connection: object | None = attrs.field(default=None, eq=False, repr=False)
+    """Read on the application's own connection (and so inside its transaction), not
+    the journal's: what an :class:`Enqueue` on that connection finds taken."""
 
 
 @attrs.frozen
@@ -41,6 +44,20 @@ class Insert:
     new: NewOperation
     owner: str
     lease_until: float
+
+
+@attrs.frozen
+class Enqueue:
+    """Journal a new operation as pending, not yet sent and unleased; False if its id or
+    key is taken.
+
+    With ``connection`` (the application's own, inside its own transaction) the row is
+    written there and commits or rolls back with the application's writes: the one
+    write that does not pass through the journal's writer. Without, it is a write like
+    an :class:`Insert`, durable before it returns."""
+
+    new: NewOperation
+    connection: object | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -170,6 +187,7 @@ class Unpause:
 
 Write = (
     Insert
+    | Enqueue
     | TakeLease
     | Record
     | SetStatus
@@ -186,6 +204,7 @@ Read = Find | Queue | Pauses
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,
+    Enqueue,
     TakeLease,
     Record,
     SetStatus,

@@ -152,7 +152,11 @@ async def arun(
             else:
                 # Not abandoned on cancellation: the write completes, then the
                 # cancellation is delivered here, before anything is sent.
-                reply = await _journal(store, command)
+                if getattr(command, "connection", None) is not None:
+                    # The application's own connection (the outbox): on its loop.
+                    reply = await store._aexecute(command)
+                else:
+                    reply = await _journal(store, command)
                 if isinstance(command, Record):
                     held.recorded(command)
                 await anyio.lowlevel.checkpoint_if_cancelled()

@@ -29,6 +29,7 @@ from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._commands import (
     Command,
     Emit,
+    Enqueue,
     Find,
     Insert,
     Lease,
@@ -105,6 +106,7 @@ from idempotently._policy import (
     decide,
     decide_read,
     may_have_been_delivered,
+    never_sent,
     refused,
 )
 from idempotently._profiles import (
@@ -697,6 +699,53 @@ class Engine:
         )
         return new, self.new_owner()
 
+    # -- enqueue: the client-side outbox ---------------------------------------------------
+
+    def enqueue(self, call: Call, connection: object | None) -> Flow[Operation]:
+        """Journal ``call`` as a pending operation that nothing has sent yet; send nothing.
+
+        Rendered and journaled exactly as :meth:`call` journals a new operation (the
+        same key, headers, body bytes, fingerprint and profile), but unleased and marked
+        enqueued, with no first send: until a send begins it is provably undelivered,
+        and its key's lifetime starts at that first send. On ``connection`` it is written
+        inside the application's transaction. An operation id already journaled (the
+        application's transaction run again) returns that operation, unchanged, after
+        the same check a call makes (:class:`KeyReuseError` for another request).
+        """
+        request = call.request
+        headers = read_request_headers(
+            request.headers,
+            self.redact_headers,
+            request.url,
+            self.fingerprint_headers,
+            self.profile.key_header,
+        )
+        print_ = request_digest(request.method, request.url, headers.fingerprinted)
+        now = self.clock()
+        if call.deadline_at is not None and call.deadline_at <= now:
+            raise ValueError(
+                f"deadline_at ({_iso(call.deadline_at)}) has already passed for operation "
+                f"{call.operation_id!r}: nothing was journaled; give a deadline in the future, "
+                "or none"
+            )
+        new, _ = self._new_operation(call, print_, headers, now)
+        new = attrs.evolve(new, enqueued_at=now)
+        if (yield Enqueue(new, connection)):
+            return new.as_enqueued()
+        found: Operation | None = yield Find(call.operation_id, new.key, connection)
+        if found is None:
+            # Taken when the insert ran, gone when we looked (pruned meanwhile): the
+            # caller's transaction is the one to run again.
+            raise OperationInProgressError(
+                f"operation {new.operation_id!r} was journaled by another transaction and "
+                "removed before this one could read it; nothing was journaled here: run "
+                "your transaction again",
+                operation_id=new.operation_id,
+                key=new.key,
+            )
+        self._check_same(found, call, print_)
+        return found
+
     def key_for(self, operation_id: str | None) -> str:
         """A new operation's key: derived for a named operation, random otherwise.
 
@@ -869,8 +918,9 @@ class Engine:
                     raise OperationInProgressError(
                         f"the lease of operation {operation_id!r} ran out before this call "
                         "could send it (a hook or a wait took longer than lease_duration), and "
-                        "another caller took it over: this call sent nothing; that caller "
-                        "sends it with the same key",
+                        "meanwhile another caller or a resume took it over, or it was settled: "
+                        "this call sent nothing. Call again with the same operation_id for its "
+                        "outcome (the same key, so it is never sent twice)",
                         operation_id=operation_id,
                         key=key,
                     )
@@ -1175,11 +1225,19 @@ class Engine:
                     else ""
                 )
             )
-        if now > operation.key_expires_at - self.key_expiry_margin:
+        # An enqueued operation not sent yet has a key no server has seen, so none can
+        # have forgotten it: its lifetime starts when the lease to send it is taken.
+        if not never_sent(operation) and now > operation.key_expires_at - self.key_expiry_margin:
+            # An enqueued operation's key lived from its first send, not its creation.
+            born = (
+                operation.first_send_at
+                if operation.enqueued_at is not None and operation.first_send_at is not None
+                else operation.created_at
+            )
             return "expired", (
-                f"the key was created at {_iso(operation.created_at)} and the server may have "
-                f"forgotten it (key lifetime "
-                f"{operation.key_expires_at - operation.created_at:g}s, safety margin "
+                f"the key was {'first sent' if born != operation.created_at else 'created'} at "
+                f"{_iso(born)} and the server may have forgotten it (key lifetime "
+                f"{operation.key_expires_at - born:g}s, safety margin "
                 f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
                 "up and settle it"
             )

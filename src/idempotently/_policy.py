@@ -222,6 +222,18 @@ def maybe_acted(status_code: int | None, outcome: Outcome) -> bool:
     return outcome == "answered" and status_code not in NOT_ACTED_STATUS_CODES
 
 
+def never_sent(operation: Operation) -> bool:
+    """An enqueued operation whose first send has not begun: nothing of it went out.
+
+    A row from before ``first_send_at`` existed has ``enqueued_at`` NULL too: never
+    taken for unsent."""
+    return (
+        operation.enqueued_at is not None
+        and operation.first_send_at is None
+        and operation.attempt_count == 0
+    )
+
+
 def may_have_been_delivered(operation: Operation) -> bool:
     """Whether the server may have acted on a journaled operation: then a final 4xx
     that is not a replay proves nothing (it is never ``failed``, the promise that
@@ -234,10 +246,13 @@ def may_have_been_delivered(operation: Operation) -> bool:
     Attempts the operation counts but does not carry (a listing) count as maybe
     delivered too.
 
-    The one exception to come: an operation journaled but never sent (the planned
-    ``Session.enqueue``) will have no attempt and be provably undelivered; this is
-    the place to tell it apart, from a journaled mark, not from its attempt count.
+    The one exception: an operation enqueued (``Session.enqueue``) and not sent
+    since. Its row says so, not its attempt count: ``enqueued_at`` set and
+    ``first_send_at`` still NULL (it is set by the very write that takes the lease to
+    send, before any byte goes out), so nothing can have reached the server.
     """
+    if never_sent(operation):
+        return False
     attempts = operation.attempts
     if operation.attempt_count == 0 or len(attempts) < operation.attempt_count:
         return True

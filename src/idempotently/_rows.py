@@ -93,10 +93,17 @@ class Operation:
     @classmethod
     def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
         values = dict(row)
+        if not values.keys() <= _OPERATION_FIELDS:
+            # Columns a later idempotently added while this process had the journal
+            # open (a rolling upgrade): read what this version knows.
+            values = {name: value for name, value in values.items() if name in _OPERATION_FIELDS}
         values["request_headers"] = headers_from_json(values["request_headers"])
         if values["response_headers"] is not None:
             values["response_headers"] = headers_from_json(values["response_headers"])
         return cls(**values, attempts=attempts)
+
+
+_OPERATION_FIELDS: Final = frozenset(field.name for field in attrs.fields(Operation)) - {"attempts"}
 
 
 @attrs.frozen
@@ -116,10 +123,15 @@ class NewOperation:
     created_at: float
     key_expires_at: float
     deadline_at: float | None
+    # The outbox: set for an operation enqueued to be sent later (Session.enqueue).
+    enqueued_at: float | None = None
+    """None: made by a call that sends at once, so its first send begins at
+    ``created_at`` (written as ``first_send_at`` by the same insert, no extra
+    statement); else unsent until a lease to send it is taken."""
     # Retry control (schema v4): the call's own policy and timeouts, for resume.
     overrides: str | None = None
 
-    def row(self, owner: str, lease_until: float) -> tuple[Any, ...]:
+    def row(self, owner: str | None, lease_until: float) -> tuple[Any, ...]:
         """The values of the insert that journals it (both stores' column order)."""
         return (
             self.operation_id,
@@ -138,7 +150,40 @@ class NewOperation:
             self.deadline_at,
             owner,
             lease_until,
+            self.enqueued_at,
+            self.created_at if self.enqueued_at is None else None,
             self.overrides,  # retry control (schema v4)
+        )
+
+    def as_enqueued(self) -> Operation:
+        """The row an :class:`~idempotently._commands.Enqueue` of it just wrote."""
+        return Operation(
+            operation_id=self.operation_id,
+            key=self.key,
+            status="pending",
+            delivery=self.delivery,
+            method=self.method,
+            url=self.url,
+            request_headers=tuple(self.request_headers),
+            request_body=self.request_body,
+            fingerprint=self.fingerprint,
+            profile=self.profile,
+            key_header=self.key_header,
+            created_at=self.created_at,
+            updated_at=self.created_at,
+            key_expires_at=self.key_expires_at,
+            deadline_at=self.deadline_at,
+            not_before=None,
+            lease_owner=None,
+            lease_until=0.0,
+            attempt_count=0,
+            last_status_code=None,
+            response_status=None,
+            response_headers=None,
+            response_body=None,
+            reason=None,
+            enqueued_at=self.enqueued_at,
+            overrides=self.overrides,
         )
 
 
@@ -252,6 +297,9 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "response_headers": (_TEXT, True, ()),
     "response_body": (_BLOB, True, ()),
     "reason": (_TEXT, True, ()),
+    # The outbox (version 4).
+    "enqueued_at": (_REAL, True, ()),
+    "first_send_at": (_REAL, True, ()),
     "number": (_INT, False, ()),
     "started_at": (_REAL, False, ()),
     "elapsed": (_REAL, False, ()),

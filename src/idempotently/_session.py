@@ -286,6 +286,32 @@ class _SessionBase(Generic[ClientT]):
             overrides=overrides,
         )
 
+    def _enqueue_request(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: object,
+        idempotency_key: object,
+        deadline_at: object,
+        **parts: Any,
+    ) -> httpx.Request:
+        """The request an enqueue journals, built exactly as :meth:`request` builds it
+        (not yet read); its arguments checked first."""
+        if operation_id is None:
+            raise TypeError(
+                "enqueue needs an operation_id (e.g. 'order-42:charge'): the relay sends the "
+                "operation later, and your transaction may run again; the id is what makes "
+                "it one operation"
+            )
+        check_call_arguments(
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            delivery="exactly_once",
+            deadline_at=deadline_at,
+        )
+        return self.client.build_request(method, url, **parts)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
@@ -517,6 +543,66 @@ class Session(_SessionBase[httpx.Client]):
             )
         except Exception as error:
             raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    def enqueue(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: str,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        idempotency_key: str | None = None,
+        deadline_at: float | None = None,
+        connection: Any = None,
+    ) -> Operation:
+        """Journal an operation to be sent later, exactly as :meth:`request` would send it,
+        and send nothing: the client-side outbox.
+
+        With ``connection`` (your own open connection, inside your own transaction, on
+        the journal's database: a ``sqlite3.Connection`` or ``sqlite_utils.Database`` on
+        the journal's file, a ``psycopg.Connection`` for a PostgreSQL journal), the
+        operation commits or rolls back with your own writes; nothing is committed here.
+        Without it, the operation is its own durable transaction. ``resume`` (or
+        ``idempotently resume --watch``) sends it, once. Until a send begins it is not
+        "maybe delivered", and its key's lifetime starts at that first send.
+
+        Returns the journaled :class:`Operation` (its ``operation_id`` and ``key``);
+        an ``operation_id`` already journaled returns that operation, unchanged, or
+        raises :class:`KeyReuseError` if its request differs. A SQLite write
+        transaction of yours that is still open makes every other write to the journal
+        wait for it: commit before this Session sends anything.
+        """
+        request = self._enqueue_request(
+            method,
+            url,
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            deadline_at=deadline_at,
+            content=content,
+            data=data,
+            files=files,
+            json=json,
+            params=params,
+            headers=headers,
+            cookies=cookies,
+        )
+        request.read()
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
+        held = Held()
+        return run(
+            self._engine.enqueue(call, connection),
+            held,
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
 
     def _send(self, request: httpx.Request) -> httpx.Response:
         if not self._httpx2:
@@ -784,6 +870,57 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             )
         except Exception as error:
             raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    async def enqueue(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: str,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        idempotency_key: str | None = None,
+        deadline_at: float | None = None,
+        connection: Any = None,
+    ) -> Operation:
+        """Journal an operation to be sent later; see :meth:`Session.enqueue`.
+
+        ``connection`` is a ``psycopg.AsyncConnection`` for a PostgreSQL journal (its
+        statements are awaited on this event loop), or a ``sqlite3.Connection`` on the
+        journal's file, used where you use it: on the loop's thread, as your own
+        statements on it are (it commits nothing, so it never waits for an fsync).
+        Without ``connection`` the write runs off the loop, as every journal write does.
+        """
+        request = self._enqueue_request(
+            method,
+            url,
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            deadline_at=deadline_at,
+            content=content,
+            data=data,
+            files=files,
+            json=json,
+            params=params,
+            headers=headers,
+            cookies=cookies,
+        )
+        await request.aread()
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
+        held = Held()
+        return await arun(
+            self._engine.enqueue(call, connection),
+            held,
+            self.journal,
+            send=self._send,
+            sleep=self._sleep,
+        )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         if not self._httpx2:

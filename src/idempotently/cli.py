@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import click
@@ -43,7 +43,7 @@ from idempotently._cli_format import (
     stats_prometheus,
 )
 from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
-from idempotently._exceptions import JournalError, StoredProfileError
+from idempotently._exceptions import JournalError, JournalMissingError, StoredProfileError
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
@@ -51,7 +51,7 @@ from idempotently._flow import (
     ResumeResult,
     check_host_id,
 )
-from idempotently._journal import MAX_LIMIT, Journal
+from idempotently._journal import MAX_LIMIT, Journal, migration_sql
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
 from idempotently._session import (
@@ -812,6 +812,69 @@ def unpause_command(journal: Journal, origin: str, actor: str | None, output_for
             f"unpaused {printable(pause.origin)}: it was paused until {iso(pause.until)} "
             f"({printable(pause.reason or '')}), set {iso(pause.set_at)}"
         )
+
+
+# -- migrate -------------------------------------------------------------------------
+
+
+@cli.command("migrate")
+@click.option(
+    "--sql",
+    "print_sql",
+    is_flag=True,
+    help="Print the statements instead (for your own migrations); change nothing.",
+)
+@click.option(
+    "--from-version",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="With --sql: print the statements from schema version N (0: no journal yet) "
+    "without reading the journal; only its kind (file or URL) is taken from --journal.",
+)
+@click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="PATH",
+    help="The journal (same as the global --journal, given after the command).",
+)
+@click.pass_context
+def migrate_command(
+    ctx: click.Context, journal_path: str | None, print_sql: bool, from_version: int | None
+) -> None:
+    """Create the journal's tables, or upgrade them to this version.
+
+    For a postgresql:// URL, in that database (its own schema, idempotently),
+    so they can live in your application's database: what Session.enqueue(...,
+    connection=...) needs. With --sql, print the statements that would run,
+    from the journal's present version (all of them when there is none yet),
+    for applications that keep their own migrations.
+    """
+    path = journal_path or ctx.find_root().params["journal_path"]
+    if from_version is not None and not print_sql:
+        raise click.UsageError("--from-version goes with --sql (it prints; it changes nothing)")
+    with journal_errors():
+        refuse_special_file(path)
+        if print_sql:
+            try:
+                script = migration_sql(path, from_version)
+            except ValueError as error:
+                raise click.BadParameter(str(error), param_hint="--from-version") from None
+            click.echo(script, nl=False)
+            return
+        before = 0
+        with suppress(JournalMissingError), Journal(path, create=False, readonly=True) as found:
+            before = found._version
+        with Journal(path) as journal:
+            after = journal._version
+    if before == after:
+        click.echo(f"{journal.path} is at journal schema version {after}: nothing to do")
+    elif before == 0:
+        click.echo(f"created the journal's tables in {journal.path} (schema version {after})")
+    else:
+        click.echo(f"upgraded {journal.path} from journal schema version {before} to {after}")
 
 
 # -- companion commands --------------------------------------------------------------

@@ -28,12 +28,17 @@ def session_calls(session: idempotently.Session) -> None:
     session.post(URL, delivery="twice")  # type: ignore[arg-type]
     session.post(URL, operation_id=42)  # type: ignore[arg-type]
     session.post(URL, deadline_at="tomorrow")  # type: ignore[arg-type]
+    queued = session.enqueue("POST", URL, json={"amount": 1}, operation_id="order-43")
+    assert_type(queued, idempotently.Operation)
+    session.enqueue("POST", URL, json={"amount": 1})  # type: ignore[call-arg]
 
 
 async def async_session_calls(session: idempotently.AsyncSession) -> None:
     assert_type(await session.post(URL, json={"amount": 1}), httpx.Response)
     assert_type(await session.resume(), list[idempotently.ResumeResult])
     await session.post(URL, delivery="twice")  # type: ignore[arg-type]
+    queued = await session.enqueue("POST", URL, json={"amount": 1}, operation_id="order-43")
+    assert_type(queued, idempotently.Operation)
 
 
 def constructors() -> None:

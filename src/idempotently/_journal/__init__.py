@@ -27,6 +27,7 @@ import httpx
 from idempotently._budget import origin_of
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Find,
     Insert,
@@ -41,7 +42,7 @@ from idempotently._commands import (
     TakeLease,
     Unpause,
 )
-from idempotently._exceptions import IdempotentlyError, JournalError
+from idempotently._exceptions import IdempotentlyError, JournalError, JournalMissingError
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
@@ -295,7 +296,7 @@ class Journal:
     def _durable(self, write: Any) -> bool:
         """Whether a write must be flushed before its caller goes on: a new key, with
         durability "fsync"."""
-        return self._fsync_keys and isinstance(write, Insert)
+        return self._fsync_keys and isinstance(write, (Insert, Enqueue))
 
     def _check_usable(self, command: Any = None) -> None:
         refusal = self._refusal(command)
@@ -324,6 +325,8 @@ class Journal:
         """Run one journal command: a read against the store, a write through the writer."""
         try:
             self._check_usable(command)
+            if getattr(command, "connection", None) is not None:
+                return self._on_connection(command)
             if isinstance(command, Find):
                 return self._store.find(command.operation_id, command.key)
             if isinstance(command, Queue):
@@ -331,6 +334,33 @@ class Journal:
             if isinstance(command, Pauses):
                 return self._store.origin_pauses(now=command.now)
             return self._writer.write(command)
+        except IdempotentlyError as error:
+            raise _with_ids(error, command) from error.__cause__
+
+    # -- the outbox: commands on the application's own connection ------------------------
+
+    def _on_connection(self, command: JournalCommand) -> Any:
+        """An :class:`Enqueue` (or the :class:`Find` after one) on the application's
+        connection, in its transaction: the one write that bypasses the writer."""
+        if isinstance(command, Enqueue):
+            return self._store.enqueue_on(command.connection, command.new)
+        if isinstance(command, Find):
+            return self._store.find_on(command.connection, command.operation_id, command.key)
+        raise TypeError(f"not a command for an application's connection: {command!r}")
+
+    async def _aexecute(self, command: JournalCommand) -> Any:
+        """:meth:`_on_connection` for an async session: awaited on the event loop for an
+        async connection (psycopg's AsyncConnection); a sqlite3 connection is used where
+        the application uses it, on the loop's thread."""
+        try:
+            self._check_usable(command)
+            if isinstance(command, Enqueue):
+                return await self._store.aenqueue_on(command.connection, command.new)
+            if isinstance(command, Find):
+                return await self._store.afind_on(
+                    command.connection, command.operation_id, command.key
+                )
+            raise TypeError(f"not a command for an application's connection: {command!r}")
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
 
@@ -473,6 +503,31 @@ def _iso(timestamp: float) -> str:
     except (OverflowError, OSError, ValueError):
         return f"{timestamp:g}"
     return moment.isoformat(timespec="seconds")
+
+
+def migration_sql(path: str | os.PathLike[str], from_version: int | None = None) -> str:
+    """The statements that would create the journal at ``path`` (a file or a PostgreSQL
+    URL) or bring it to this version, changing nothing: the journal is read, if there is
+    one, only for its schema version; with ``from_version`` (0: no journal yet) it is not
+    read at all, only the kind of store is taken from ``path``."""
+    postgres = isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
+    from idempotently._journal import _postgres, _sqlite
+
+    script_from = _postgres.migration_sql if postgres else _sqlite.migration_sql
+    if from_version is not None:
+        latest = _postgres.SCHEMA_VERSION if postgres else _sqlite.SCHEMA_VERSION
+        if not 0 <= from_version <= latest:
+            raise ValueError(
+                f"from_version must be 0 (no journal yet) to {latest} for a "
+                f"{'PostgreSQL' if postgres else 'SQLite'} journal, not {from_version}"
+            )
+        return script_from(from_version)
+    try:
+        with Journal(path, create=False, readonly=True) as journal:
+            version = journal._version
+    except JournalMissingError:
+        version = 0
+    return script_from(version)
 
 
 def _ids_of(command: Any) -> tuple[str | None, str | None]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
@@ -46,6 +46,7 @@ import attrs
 
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Insert,
     PauseOrigin,
@@ -59,6 +60,7 @@ from idempotently._commands import (
     Write,
 )
 from idempotently._exceptions import (
+    ErrorContext,
     JournalCorruptError,
     JournalError,
     JournalMissingError,
@@ -74,6 +76,7 @@ from idempotently._rows import (
     Durability,
     Failed,
     JournalStats,
+    NewOperation,
     Operation,
     OriginPause,
     check_number,
@@ -96,6 +99,10 @@ SCHEMA_VERSION: Final = 2
 """The PostgreSQL journal's own schema version (SQLite journals count theirs apart)."""
 _ADVISORY_LOCK: Final = 0x49444D50  # "IDMP", as the SQLite application_id
 """pg_advisory_xact_lock key held while the schema is created or migrated."""
+
+_Steps = Generator[tuple[Any, Any], tuple[list[dict[str, Any]], int], Any]
+"""Statements to run on an application's connection: each yields (sql, params) and
+receives (rows, rowcount); the generator's value is the result."""
 
 _POOL_MAX = 16
 """Connections per Journal: enough for an AsyncSession at concurrency 16."""
@@ -244,6 +251,47 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
+_NAMESPACE_INSERT: Final = (
+    f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)"
+)
+"""The journal's random key namespace: a uuid4 bound by the store, drawn by the server
+(gen_random_uuid) in the script ``migrate --sql`` prints."""
+
+
+def upgrade_statements(version: int) -> list[str]:
+    """Every statement from schema ``version`` (0: no journal) to SCHEMA_VERSION, in order:
+    what opening the journal to write runs, in one transaction under the advisory lock."""
+    statements = list(_MIGRATIONS[version:])
+    if version == 0:
+        statements.append(_NAMESPACE_INSERT)
+    statements.append(
+        f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
+        f"VALUES ('schema_version', '{SCHEMA_VERSION}') "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+    )
+    return statements
+
+
+def migration_sql(version: int) -> str:
+    """The script that brings a PostgreSQL journal from ``version`` (0: a database without
+    one) to this version, for applications that run their own migrations: one
+    transaction, under the advisory lock every opener takes."""
+    if version >= SCHEMA_VERSION:
+        return f"-- The journal is at schema version {version}: nothing to do.\n"
+    lines = [
+        f"-- idempotently journal (PostgreSQL, schema {SCHEMA}): version {version} to "
+        f"{SCHEMA_VERSION}.",
+        "BEGIN;",
+        f"SELECT pg_advisory_xact_lock({_ADVISORY_LOCK});",
+    ]
+    for statement in upgrade_statements(version):
+        if statement == _NAMESPACE_INSERT:
+            statement = statement.replace("%s", "gen_random_uuid()::text")
+        lines.append(re.sub(r"(?m)^    ", "", statement).strip().rstrip(";") + ";")
+    lines.append("COMMIT;")
+    return "\n".join(lines) + "\n"
+
+
 _OPERATION_COLUMNS: Final = tuple(
     field.name for field in attrs.fields(Operation) if field.name != "attempts"
 )
@@ -264,11 +312,24 @@ _INSERT_OPERATION: Final = f"""
 INSERT INTO {SCHEMA}.operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-    lease_owner, lease_until,
+    lease_owner, lease_until, enqueued_at, first_send_at,
     overrides
-) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
     %s)
 ON CONFLICT DO NOTHING
+"""
+
+# As the SQLite journal's: the lease to send is taken here, so an enqueued operation's
+# first send begins with it (first_send_at, and its key's lifetime from now).
+_TAKE_LEASE: Final = f"""
+UPDATE {SCHEMA}.operations SET lease_owner = %(owner)s, lease_until = %(lease_until)s,
+    updated_at = %(now)s,
+    key_expires_at = CASE WHEN first_send_at IS NULL AND enqueued_at IS NOT NULL
+                          THEN %(now)s + (key_expires_at - created_at) ELSE key_expires_at END,
+    first_send_at = coalesce(first_send_at,
+                             CASE WHEN enqueued_at IS NOT NULL THEN %(now)s END)
+WHERE operation_id = %(operation_id)s AND status = 'pending'
+  AND lease_until = %(read_until)s AND lease_owner IS NOT DISTINCT FROM %(read_owner)s::text
 """
 
 # The operation's row is updated (and so locked) first and the attempt takes
@@ -570,19 +631,9 @@ class PostgresStore:
                 version = self._read_version(conn) or 0
                 if version > SCHEMA_VERSION:
                     raise self._newer(version)
-                for migration in _MIGRATIONS[version:]:
-                    conn.execute(migration)
-                if version == 0:
-                    conn.execute(
-                        f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)",
-                        (str(uuid.uuid4()),),
-                    )
-                conn.execute(
-                    f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
-                    "VALUES ('schema_version', %s) "
-                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                    (str(SCHEMA_VERSION),),
-                )
+                for statement in upgrade_statements(version):
+                    params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else None
+                    conn.execute(statement, params)
                 version = SCHEMA_VERSION
         if version is None:
             raise JournalMissingError(f"no journal in {self.path}")
@@ -773,7 +824,9 @@ class PostgresStore:
             return []
         # A fleet's leases and statuses wait for the flush too (a database server that
         # restarts must not hand a live lease to another host); attempts need not.
-        synchronous = durable or not all(isinstance(write, (Insert, Record)) for write in writes)
+        synchronous = durable or not all(
+            isinstance(write, (Insert, Enqueue, Record)) for write in writes
+        )
         with (
             self._errors("cannot write the journal", JournalWriteError),
             self._pool_for(synchronous).connection() as conn,
@@ -869,6 +922,8 @@ class PostgresStore:
         """
         if isinstance(write, Insert):
             return conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
+        if isinstance(write, Enqueue):
+            return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0))
         if isinstance(write, Record):
             record = write.record
             response_headers = (
@@ -926,19 +981,15 @@ class PostgresStore:
         if isinstance(write, TakeLease):
             operation = write.operation
             return conn.execute(
-                f"""
-                UPDATE {SCHEMA}.operations SET lease_owner = %s, lease_until = %s, updated_at = %s
-                WHERE operation_id = %s AND status = 'pending'
-                  AND lease_until = %s AND lease_owner IS NOT DISTINCT FROM %s::text
-                """,
-                (
-                    write.owner,
-                    write.lease_until,
-                    write.now,
-                    operation.operation_id,
-                    operation.lease_until,
-                    operation.lease_owner,
-                ),
+                _TAKE_LEASE,
+                {
+                    "owner": write.owner,
+                    "lease_until": write.lease_until,
+                    "now": write.now,
+                    "operation_id": operation.operation_id,
+                    "read_until": operation.lease_until,
+                    "read_owner": operation.lease_owner,
+                },
             )
         if isinstance(write, RenewLease):
             return conn.execute(
@@ -1015,6 +1066,197 @@ class PostgresStore:
         if isinstance(write, ExtendLeases):
             return cursor.rowcount
         return cursor.rowcount == 1
+
+    # -- the outbox: writes in the application's own transaction -------------------------
+    #
+    # The application's connection is its own: its transaction, its settings, its
+    # row factory. Each step runs in a savepoint, so a statement of ours that fails
+    # leaves the application's transaction as it was, never aborted; nothing is
+    # committed here. The steps are written once (plain generators of statements) and
+    # run by a sync driver for psycopg.Connection and an async one for AsyncConnection.
+
+    def enqueue_on(self, connection: object, new: NewOperation) -> bool:
+        """Insert ``new`` (enqueued, unleased) in the application's open transaction on
+        ``connection``; False if the id or key is taken. Nothing is committed here."""
+        conn = self._application_connection(connection, new, asynchronous=False)
+        return cast(bool, self._run_on(conn, self._enqueue_steps(new), new))
+
+    def find_on(
+        self, connection: object, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        """:meth:`find`, read in the application's transaction on ``connection``."""
+        conn = self._application_connection(connection, None, asynchronous=False)
+        return cast("Operation | None", self._run_on(conn, self._find_steps(operation_id, key)))
+
+    async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
+        """:meth:`enqueue_on` on psycopg's AsyncConnection, awaited on its event loop."""
+        conn = self._application_connection(connection, new, asynchronous=True)
+        return cast(bool, await self._arun_on(conn, self._enqueue_steps(new), new))
+
+    async def afind_on(
+        self, connection: object, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        """:meth:`find_on` on psycopg's AsyncConnection."""
+        conn = self._application_connection(connection, None, asynchronous=True)
+        return cast(
+            "Operation | None", await self._arun_on(conn, self._find_steps(operation_id, key))
+        )
+
+    def _enqueue_steps(self, new: NewOperation) -> _Steps:
+        rows, _ = yield f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'namespace'", ()
+        found = rows[0]["value"] if rows else None
+        if found != str(self.namespace):
+            raise JournalError(
+                f"the connection given to enqueue is on another journal's database (its key "
+                f"namespace is {short(found)}, this journal's {str(self.namespace)!r}), not on "
+                f"{self.path}: the operation could not commit with your transaction; connect "
+                "it to the journal's database (or open the Journal on your database's URL); "
+                "nothing was journaled",
+                operation_id=new.operation_id,
+                key=new.key,
+            )
+        _, inserted = yield _INSERT_OPERATION, new.row(None, 0.0)
+        return inserted == 1
+
+    def _find_steps(self, operation_id: str | None, key: str | None) -> _Steps:
+        rows, _ = yield _FIND, {"operation_id": operation_id, "key": key}
+        found = self._with_attempts(rows)
+        return found[0] if found else None
+
+    def _application_connection(
+        self, connection: object, new: NewOperation | None, *, asynchronous: bool
+    ) -> Any:
+        """``connection`` as a usable psycopg connection of the right kind, inside (or about
+        to begin) a transaction; else a clear error, and nothing written."""
+        pg, _ = _psycopg()
+        from psycopg.pq import TransactionStatus
+
+        ids: ErrorContext = (
+            {} if new is None else {"operation_id": new.operation_id, "key": new.key}
+        )
+        wanted = pg.AsyncConnection if asynchronous else pg.Connection
+        if not isinstance(connection, wanted):
+            if isinstance(connection, pg.AsyncConnection):
+                hint = "a psycopg.AsyncConnection goes to AsyncSession.enqueue"
+            elif isinstance(connection, pg.Connection):
+                hint = "a psycopg.Connection goes to Session.enqueue"
+            else:
+                hint = f"not {type(connection).__name__}"
+            raise TypeError(
+                f"connection must be the psycopg.{wanted.__name__} your transaction runs on, "
+                f"connected to the journal's database {self.path} ({hint}); nothing was "
+                "journaled"
+            )
+        self._check_writable()
+        if connection.closed:
+            raise JournalError(
+                "the connection given to enqueue is closed; pass the open connection your "
+                "transaction runs on; nothing was journaled",
+                **ids,
+            )
+        status = connection.info.transaction_status
+        problem = None
+        if status == TransactionStatus.INERROR:
+            problem = (
+                "its transaction has already failed (a statement in it raised): roll it back "
+                "and run it again"
+            )
+        elif status == TransactionStatus.IDLE and connection.autocommit:
+            problem = (
+                "it is in autocommit mode with no transaction open, so the operation would "
+                "commit on its own, not with your writes: open one (with conn.transaction(): "
+                "...), or leave connection out to journal it on its own"
+            )
+        elif status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
+            problem = (
+                "it is busy (a query or pipeline in progress) or its link to the server is broken"
+            )
+        if problem is not None:
+            raise JournalError(
+                f"cannot enqueue on the connection given: {problem}; nothing was journaled",
+                **ids,
+            )
+        return connection
+
+    def _run_on(self, conn: Any, steps: _Steps, new: NewOperation | None = None) -> Any:
+        """Run ``steps`` on the application's sync connection, in a savepoint."""
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with self._application_errors(new):
+            conn.execute(b"SAVEPOINT idempotently_enqueue")
+            try:
+                reply: Any = None
+                while True:
+                    try:
+                        sql, params = steps.send(reply)
+                    except StopIteration as stop:
+                        result = stop.value
+                        break
+                    cursor = conn.cursor(row_factory=dict_row)
+                    cursor.execute(sql, params)
+                    reply = (cursor.fetchall() if cursor.description else [], cursor.rowcount)
+            except BaseException:
+                with suppress(psycopg.Error):
+                    conn.execute(b"ROLLBACK TO SAVEPOINT idempotently_enqueue")
+                    conn.execute(b"RELEASE SAVEPOINT idempotently_enqueue")
+                raise
+            conn.execute(b"RELEASE SAVEPOINT idempotently_enqueue")
+        return result
+
+    async def _arun_on(self, conn: Any, steps: _Steps, new: NewOperation | None = None) -> Any:
+        """:meth:`_run_on` on the application's AsyncConnection."""
+        import anyio
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with self._application_errors(new):
+            await conn.execute(b"SAVEPOINT idempotently_enqueue")
+            try:
+                reply: Any = None
+                while True:
+                    try:
+                        sql, params = steps.send(reply)
+                    except StopIteration as stop:
+                        result = stop.value
+                        break
+                    cursor = conn.cursor(row_factory=dict_row)
+                    await cursor.execute(sql, params)
+                    rows = await cursor.fetchall() if cursor.description else []
+                    reply = (rows, cursor.rowcount)
+            except BaseException:
+                # Shielded: a cancelled enqueue still leaves the transaction as it was.
+                with anyio.CancelScope(shield=True), suppress(psycopg.Error):
+                    await conn.execute(b"ROLLBACK TO SAVEPOINT idempotently_enqueue")
+                    await conn.execute(b"RELEASE SAVEPOINT idempotently_enqueue")
+                raise
+            await conn.execute(b"RELEASE SAVEPOINT idempotently_enqueue")
+        return result
+
+    @contextmanager
+    def _application_errors(self, new: NewOperation | None) -> Iterator[None]:
+        """A psycopg error on the application's connection as one clear JournalError."""
+        import psycopg
+
+        try:
+            yield
+        except psycopg.errors.UndefinedTable:
+            raise JournalError(
+                "the connection given to enqueue is on a database without the journal's "
+                f"tables (schema {SCHEMA}), so not on {self.path}: connect it to the "
+                "journal's database, or create the tables there with `idempotently --journal "
+                "URL migrate`; nothing was journaled, your transaction is as it was",
+                operation_id=None if new is None else new.operation_id,
+                key=None if new is None else new.key,
+            ) from None
+        except psycopg.Error as error:
+            failure = self._error("cannot journal the operation in your transaction on", error)
+            raise type(failure)(
+                f"{failure.message}; nothing was journaled, and your transaction is as it "
+                "was (or, if the connection broke, gone): roll it back and run it again",
+                operation_id=None if new is None else new.operation_id,
+                key=None if new is None else new.key,
+            ) from None
 
     # -- reading ------------------------------------------------------------------------
 
@@ -1175,13 +1417,20 @@ class PostgresStore:
                 FROM {SCHEMA}.attempts
                 """,
             )[0]
+            # An enqueued operation not sent yet: its key's lifetime has not started.
+            unsent = (
+                "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)"
+                if self._version >= 2
+                else ""
+            )
             pending = self._rows(
                 conn,
                 f"""
                 SELECT min(created_at) AS oldest,
                        count(*) FILTER (WHERE lease_until < %(now)s AND updated_at < %(idle)s
                                         AND coalesce(not_before, 0) <= %(now)s) AS stuck,
-                       count(*) FILTER (WHERE key_expires_at <= %(soon)s) AS expiring
+                       count(*) FILTER (WHERE key_expires_at <= %(soon)s
+                                        {unsent}) AS expiring
                 FROM {SCHEMA}.operations WHERE status = 'pending'
                 """,
                 {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},

@@ -33,6 +33,7 @@ import sqlite_utils
 
 from idempotently._commands import (
     ClaimDue,
+    Enqueue,
     ExtendLeases,
     Insert,
     PauseOrigin,
@@ -46,6 +47,7 @@ from idempotently._commands import (
     Write,
 )
 from idempotently._exceptions import (
+    ErrorContext,
     JournalCorruptError,
     JournalError,
     JournalMissingError,
@@ -62,6 +64,7 @@ from idempotently._rows import (
     Durability,
     Failed,
     JournalStats,
+    NewOperation,
     Operation,
     OriginPause,
     check_number,
@@ -358,6 +361,53 @@ INSERT OR REPLACE INTO journal_counts SELECT 1,
 FROM attempts
 """
 
+_NAMESPACE_INSERT: Final = "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)"
+"""The journal's random key namespace: a uuid4 bound by the store, drawn by SQLite in
+the script ``migrate --sql`` prints (so one script applied to two files gives two)."""
+_RANDOM_UUID_SQL: Final = (
+    "(SELECT substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-4' || substr(h, 14, 3) || '-' "
+    "|| substr('89ab', 1 + (abs(random()) % 4), 1) || substr(h, 18, 3) || '-' "
+    "|| substr(h, 21, 12) FROM (SELECT lower(hex(randomblob(16))) AS h))"
+)
+
+
+def upgrade_statements(version: int) -> list[str]:
+    """Every statement from schema ``version`` (0: an empty file) to SCHEMA_VERSION, in
+    order: what opening the journal to write runs in one transaction."""
+    statements: list[str] = []
+    if version < 1:
+        statements += _split_statements(_SCHEMA)
+        statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
+    if version < 2:
+        statements += _split_statements(_SCHEMA_V2)
+        statements += [_RECOUNT.strip(), _NAMESPACE_INSERT]
+    if version < 3:
+        statements += _split_statements(_SCHEMA_V3)
+    if version < 4:
+        statements += _split_statements(_SCHEMA_V4)
+    statements.append(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return statements
+
+
+def migration_sql(version: int) -> str:
+    """The script that brings a SQLite journal from ``version`` (0: a new file) to this
+    version, for applications that run their own migrations: the statements opening it
+    runs, in one transaction, after the switch to WAL mode."""
+    if version >= SCHEMA_VERSION:
+        return f"-- The journal is at schema version {version}: nothing to do.\n"
+    lines = [
+        f"-- idempotently journal (SQLite): schema version {version} to {SCHEMA_VERSION}.",
+        "PRAGMA journal_mode = WAL;",
+        "BEGIN IMMEDIATE;",
+    ]
+    for statement in upgrade_statements(version):
+        if statement == _NAMESPACE_INSERT:
+            statement = statement.replace("?", _RANDOM_UUID_SQL)
+        lines.append(statement.rstrip().rstrip(";") + ";")
+    lines.append("COMMIT;")
+    return "\n".join(lines) + "\n"
+
+
 _COUNTERS: Final = (
     *STATUSES,
     "unknown_status",
@@ -381,9 +431,9 @@ _INSERT_OPERATION = """
 INSERT INTO operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
-    lease_owner, lease_until,
+    lease_owner, lease_until, enqueued_at, first_send_at,
     overrides
-) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
     ?)
 ON CONFLICT DO NOTHING
 """
@@ -398,9 +448,24 @@ FROM operations WHERE operation_id = ?
 """
 
 
-_STARTS_SENDS: Final = (Insert, TakeLease, RenewLease, ClaimDue)
-"""Writes after which the caller may send: refused if the journal's file moved."""
-_ONE_STATEMENT: Final = (Insert, TakeLease, RenewLease, SetStatus, Release, Settle)
+# The lease to send is taken by this compare-and-swap, and so the first send of an
+# enqueued operation begins with it: first_send_at is set here, and the key's
+# lifetime (journaled as key_expires_at - created_at) starts now. Rows made by a call
+# that sends at once have first_send_at from their insert; rows from before version 4
+# (enqueued_at NULL) keep theirs NULL.
+_TAKE_LEASE = """
+UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ?,
+    key_expires_at = CASE WHEN first_send_at IS NULL AND enqueued_at IS NOT NULL
+                          THEN ? + (key_expires_at - created_at) ELSE key_expires_at END,
+    first_send_at = coalesce(first_send_at, CASE WHEN enqueued_at IS NOT NULL THEN ? END)
+WHERE operation_id = ? AND status = 'pending'
+  AND lease_until = ? AND lease_owner IS ?
+"""
+
+_STARTS_SENDS: Final = (Insert, Enqueue, TakeLease, RenewLease, ClaimDue)
+"""Writes after which the caller may send (or a relay will): refused if the journal's
+file moved."""
+_ONE_STATEMENT: Final = (Insert, Enqueue, TakeLease, RenewLease, SetStatus, Release, Settle)
 """Writes of a single statement: alone in a batch, SQLite commits them by itself."""
 
 _WRITE_ADVICE = {
@@ -446,6 +511,12 @@ def _is_corruption(error: sqlite3.Error) -> bool:
         return True
     message = str(error).lower()
     return "malformed" in message or "not a database" in message
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """The (device, inode) naming a file, as the store's moved-file check compares them."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
 
 
 class _ClosedConnection:
@@ -655,25 +726,11 @@ class SqliteStore:
             self._upgrade(int(self._conn.execute("PRAGMA user_version").fetchone()[0]))
 
     def _upgrade(self, version: int) -> None:
-        """Every step from ``version`` to SCHEMA_VERSION, inside the caller's transaction."""
-        if version < 2:
-            self._create_v2_schema()
-        if version < 3:
-            for statement in _split_statements(_SCHEMA_V3):
-                self._conn.execute(statement)
-        if version < 4:
-            for statement in _split_statements(_SCHEMA_V4):
-                self._conn.execute(statement)
-        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _create_v2_schema(self) -> None:
-        for statement in _split_statements(_SCHEMA_V2):
-            self._conn.execute(statement)
-        self._conn.execute(_RECOUNT)
-        self._conn.execute(
-            "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)",
-            (str(uuid.uuid4()),),
-        )
+        """Every step from ``version`` (0: an empty file) to SCHEMA_VERSION, inside the
+        caller's transaction: the statements ``idempotently migrate --sql`` prints."""
+        for statement in upgrade_statements(version):
+            params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else ()
+            self._conn.execute(statement, params)
 
     def _read_namespace(self) -> uuid.UUID:
         with self._lock:
@@ -740,10 +797,7 @@ class SqliteStore:
                 if version < SCHEMA_VERSION:
                     self._upgrade(version)
                 return
-            for statement in _split_statements(_SCHEMA):
-                self._conn.execute(statement)
-            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self._upgrade(1)
+            self._upgrade(0)
 
     def close(self) -> None:
         """Close the file. Any later use raises :class:`JournalError` (closing again is a no-op)."""
@@ -962,19 +1016,19 @@ class SqliteStore:
         if isinstance(write, Insert):
             cursor = conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
             return cursor.rowcount == 1
+        if isinstance(write, Enqueue):
+            return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0)).rowcount == 1
         if isinstance(write, Record):
             return self._record(conn, write)
         if isinstance(write, TakeLease):
             operation = write.operation
             cursor = conn.execute(
-                """
-                UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ?
-                WHERE operation_id = ? AND status = 'pending'
-                  AND lease_until = ? AND lease_owner IS ?
-                """,
+                _TAKE_LEASE,
                 (
                     write.owner,
                     write.lease_until,
+                    write.now,
+                    write.now,
                     write.now,
                     operation.operation_id,
                     operation.lease_until,
@@ -1152,13 +1206,136 @@ class SqliteStore:
             claimed.append(self._with_attempts(rows[0]))
         return claimed
 
+    # -- the outbox: writes in the application's own transaction ----------------------
+
+    def enqueue_on(self, connection: object, new: NewOperation) -> bool:
+        """Insert ``new`` (enqueued, unleased) on the application's ``connection``, inside
+        its open transaction; False if the id or key is taken. Nothing is committed
+        here: the operation commits or rolls back with the application's own writes."""
+        conn = self._application_connection(connection, new)
+        try:
+            return conn.execute(_INSERT_OPERATION, new.row(None, 0.0)).rowcount == 1
+        except sqlite3.DatabaseError as error:
+            raise self._enqueue_error(error, new) from error
+
+    def find_on(
+        self, connection: object, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        """:meth:`find`, read on the application's ``connection`` (its transaction's view)."""
+        return self.find(operation_id, key, self._application_connection(connection, None))
+
+    async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
+        """:meth:`enqueue_on` for an async session: on the calling thread, the event loop's,
+        where the application runs its own statements on that connection (a sqlite3
+        connection is bound to the thread that made it). It commits nothing, so it never
+        waits for an fsync; it waits for the write lock only if the application's
+        transaction has not written yet, as the application's own next statement would."""
+        return self.enqueue_on(connection, new)
+
+    async def afind_on(
+        self, connection: object, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        """:meth:`find_on` for an async session (on the calling thread, as above)."""
+        return self.find_on(connection, operation_id, key)
+
+    def _application_connection(
+        self, connection: object, new: NewOperation | None
+    ) -> sqlite3.Connection:
+        """``connection`` as a sqlite3.Connection open on this journal's own file, inside
+        (or about to open) a transaction; else a clear error, and nothing written."""
+        ids: ErrorContext = (
+            {} if new is None else {"operation_id": new.operation_id, "key": new.key}
+        )
+        if isinstance(connection, sqlite_utils.Database):
+            connection = connection.conn  # sqlite-utils wrapping the application's connection
+        if not isinstance(connection, sqlite3.Connection):
+            raise TypeError(
+                f"connection must be the sqlite3.Connection (or sqlite_utils.Database) your "
+                f"transaction runs on, opened on the journal's file {self.path}, not "
+                f"{type(connection).__name__}; nothing was journaled"
+            )
+        self._check_writable()
+        if self._file_id is None:
+            raise JournalError(
+                f"the journal {self.path} is an in-memory database, which no other connection "
+                "can open: enqueue with a connection needs a journal file; nothing was journaled",
+                **ids,
+            )
+        try:
+            cursor = connection.cursor()
+            cursor.row_factory = None  # tuples, whatever the application's row_factory
+            rows = cursor.execute("PRAGMA database_list").fetchall()
+        except sqlite3.ProgrammingError as error:
+            raise JournalError(
+                f"cannot use the connection given to enqueue ({error}): it must be open, and "
+                "used from the thread that made it (or made with check_same_thread=False); "
+                "nothing was journaled",
+                **ids,
+            ) from None
+        except sqlite3.DatabaseError as error:
+            raise self._enqueue_error(error, new) from error
+        main = next((str(row[2]) for row in rows if row[1] == "main"), "")
+        try:
+            same = bool(main) and _identity(main) == self._file_id
+        except OSError:
+            same = False
+        if not same:
+            raise JournalError(
+                f"the connection given to enqueue is open on {main or 'an in-memory database'!r}, "
+                f"not on the journal's file {self._abspath}: the operation could not commit "
+                "with your transaction; open your connection on the journal's file (your "
+                "tables and the journal's live in one database), or leave connection out; "
+                "nothing was journaled",
+                **ids,
+            )
+        # Python 3.12's autocommit=True, or the legacy isolation_level=None: no implicit
+        # transaction. (autocommit=False always has one open.)
+        autocommit = getattr(connection, "autocommit", -1) is True or (
+            connection.isolation_level is None and getattr(connection, "autocommit", -1) == -1
+        )
+        if not connection.in_transaction and autocommit:
+            raise JournalError(
+                "the connection given to enqueue is in autocommit mode with no transaction "
+                "open, so the operation would commit on its own, not with your writes: "
+                "execute BEGIN first (or use the connection's default isolation_level), or "
+                "leave connection out to journal it on its own; nothing was journaled",
+                **ids,
+            )
+        return connection
+
+    def _enqueue_error(self, error: sqlite3.DatabaseError, new: NewOperation | None) -> Exception:
+        """A failed enqueue on the application's connection: what to do, and what stands."""
+        failure = self._write_error(error)
+        if not isinstance(failure, JournalError):
+            return failure
+        failure = type(failure)(
+            failure.message.replace(" (nothing was lost: the previous state stands)", "")
+            + "; the operation was not journaled, and your transaction is as it was: roll it "
+            "back and run it again"
+        )
+        if new is not None:
+            failure.operation_id, failure.key = new.operation_id, new.key
+        return failure
+
     # -- reading ---------------------------------------------------------------
 
-    def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+    def _query(
+        self,
+        sql: str,
+        params: Sequence[Any] | dict[str, Any] = (),
+        conn: sqlite3.Connection | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows as dicts, each checked; on ``conn`` (an application's connection) if given."""
         with self._lock:
             cursor = None
             try:
-                cursor = self._conn.execute(sql, params)
+                if conn is None:
+                    cursor = self._conn.execute(sql, params)
+                else:
+                    # Tuples whatever row_factory the application set on its connection.
+                    cursor = conn.cursor()
+                    cursor.row_factory = None
+                    cursor.execute(sql, params)
                 columns = [description[0] for description in cursor.description]
                 rows = [dict(zip(columns, row, strict=True)) for row in cursor]
             except sqlite3.DatabaseError as error:
@@ -1205,7 +1382,9 @@ class SqliteStore:
             return None
         return self._with_attempts(rows[0])
 
-    def _with_attempts(self, row: dict[str, Any]) -> Operation:
+    def _with_attempts(
+        self, row: dict[str, Any], conn: sqlite3.Connection | None = None
+    ) -> Operation:
         attempts = tuple(
             Attempt(
                 number=attempt["number"],
@@ -1220,19 +1399,22 @@ class SqliteStore:
             for attempt in self._query(
                 "SELECT * FROM attempts WHERE operation_id = ? ORDER BY number",
                 (row["operation_id"],),
+                conn,
             )
         )
         return Operation._from_row(row, attempts)
 
-    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
+    def find(
+        self, operation_id: str | None, key: str | None, conn: sqlite3.Connection | None = None
+    ) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts."""
         try:
             for column, value in (("operation_id", operation_id), ("key", key)):
                 if value is None:
                     continue
-                rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,))
+                rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,), conn)
                 if rows:
-                    return self._with_attempts(rows[0])
+                    return self._with_attempts(rows[0], conn)
         except JournalError:
             # A file replaced under this Journal (and its -wal and -shm left behind)
             # reads as a broken journal: say what happened instead.
@@ -1359,6 +1541,12 @@ class SqliteStore:
         expiring = (
             "NULL" if expiring_within is None else "coalesce(sum(key_expires_at <= :soon), 0)"
         )
+        if expiring_within is not None and self._version >= 4:
+            # An enqueued operation not sent yet: its key's lifetime has not started.
+            expiring = (
+                "coalesce(sum(key_expires_at <= :soon "
+                "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)), 0)"
+            )
         pending = self._query(
             f"""
             SELECT min(created_at) AS oldest,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from idempotently._commands import Write
-from idempotently._rows import Durability, JournalStats, Operation, OriginPause
+from idempotently._rows import Durability, JournalStats, NewOperation, Operation, OriginPause
 from idempotently._vocabulary import Status
 
 
@@ -39,6 +39,29 @@ class Store(Protocol):
         """Run ``writes`` in one transaction (durable: flushed before it returns); each
         write's result, or a ``Failed`` for one that failed alone (the others commit).
         Raises if the transaction itself fails: then none was written."""
+        ...
+
+    def enqueue_on(self, connection: object, new: NewOperation) -> bool:
+        """Insert ``new``, enqueued, on the application's own ``connection`` inside its
+        transaction (no commit); False if its id or key is taken. A connection that is
+        not the journal's database, closed, or in autocommit is a clear error."""
+        ...
+
+    def find_on(
+        self, connection: object, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        """:meth:`find`, read on the application's ``connection``."""
+        ...
+
+    async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
+        """:meth:`enqueue_on` for an async session (an async connection where the database
+        driver has one)."""
+        ...
+
+    async def afind_on(
+        self, connection: object, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        """:meth:`find_on` for an async session."""
         ...
 
     def find(self, operation_id: str | None, key: str | None) -> Operation | None:
