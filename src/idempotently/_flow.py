@@ -433,6 +433,15 @@ _SHORTEST_TIMEOUT = 0.001
 fails fast and it is recorded, instead of a send with no timeout at all."""
 
 
+def longest_timeout(timeouts: Any) -> float:
+    """The longest of the request's timeouts (infinite if a phase has none): while more
+    time than that is left, the timeouts need no cap (the common case, not rebuilt)."""
+    if not isinstance(timeouts, dict) or len(timeouts) < 4:
+        return _INFINITY
+    values = timeouts.values()
+    return _INFINITY if None in values else float(max(values))
+
+
 def capped_timeouts(timeouts: Any, remaining: float) -> dict[str, float | None]:
     """The request's timeouts (httpx's ``timeout`` extension), each capped by the
     ``remaining`` seconds of the call: an attempt never waits past the deadline for any
@@ -894,9 +903,10 @@ class Engine:
         first = True
         limit = self._time_limit(state)
         timeouts = request.extensions.get("timeout")
+        longest = longest_timeout(timeouts)
         while True:
             started = self.clock()
-            if limit is not None:
+            if limit is not None and limit - started < longest:
                 request.extensions = {
                     **request.extensions,
                     "timeout": capped_timeouts(timeouts, limit - started),
@@ -1058,8 +1068,9 @@ class Engine:
             self.budgets.first_attempt(origin, started)
         limit = self._time_limit(state)
         timeouts = request.extensions.get("timeout")
+        longest = longest_timeout(timeouts)
         while True:
-            if limit is not None:
+            if limit is not None and limit - self.clock() < longest:
                 request.extensions = {
                     **request.extensions,
                     "timeout": capped_timeouts(timeouts, limit - self.clock()),
