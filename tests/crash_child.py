@@ -22,6 +22,7 @@ Every line is flushed as it is written, so a test waits on lines, never on sleep
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -201,6 +202,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
     parser.add_argument("--barrier", action="store_true")
     parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
+    parser.add_argument("--codec", help="module:NAME of the journal's codec (bodies encoded)")
     return parser.parse_args(argv)
 
 
@@ -215,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace, idempotently.Session], None] = (
         charge if args.mode == "charge" else resume
     )
+    codec = None
+    if args.codec is not None:
+        module, _, name = args.codec.partition(":")
+        codec = getattr(importlib.import_module(module), name)
     with idempotently.Session(
-        idempotently.Journal(args.journal, durability=args.durability),
+        idempotently.Journal(args.journal, durability=args.durability, codec=codec),
         base_url=args.url,
         headers={"Authorization": f"Bearer {USER}"},
         policy=idempotently.RetryPolicy(initial_backoff=0.001, max_backoff=0.01),

@@ -124,6 +124,9 @@ class MemoryStore:
                 reason=None,
                 enqueued_at=new.enqueued_at,
                 first_send_at=new.created_at if new.enqueued_at is None else None,
+                codec=new.codec,
+                secret_params=new.secret_params,
+                credentials_digest=new.credentials_digest,
             )
             return True
         if isinstance(write, Record):

@@ -39,6 +39,8 @@ class Arrival:
     authorization: str | None
     key_in_journal: bool | None
     at: float
+    query: bytes = b""
+    """The raw query string as it reached the server."""
 
 
 @attrs.define
@@ -89,6 +91,7 @@ class ScriptedApp:
                 authorization=headers.get("authorization"),
                 key_in_journal=self._key_in_journal(key),
                 at=time.monotonic(),
+                query=scope.get("query_string", b""),
             )
         )
         answer = self.script.popleft() if self.script else Answer()

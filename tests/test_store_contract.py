@@ -273,3 +273,25 @@ def test_listings_counts_stats_and_prune_agree(store: Store) -> None:
     assert 2 == store.prune(older_than=0, now=NOW + 100, dry_run=True)
     assert 2 == store.prune(older_than=0, now=NOW + 100)
     assert ["op-3", "op-2"] == ids(store.operations())
+
+
+def test_an_inserts_data_at_rest_columns_round_trip(store: Store) -> None:
+    """The codec's name, the redacted query parameters and the credentials record an insert
+    carries are read back as written, by id, by key and in listings; an insert without
+    them reads None."""
+    written = attrs.evolve(
+        new("op-1"),
+        codec="fernet",
+        secret_params='["api_key"]',
+        credentials_digest='{"names":["header:authorization"],"digest":"ab"}',
+    )
+    one(store, Insert(written, "me", NOW + 30))
+    one(store, Insert(new("op-2"), "me", NOW + 30))
+    by_id, by_key = store.find("op-1", None), store.find(None, "key-op-1")
+    listed = {operation.operation_id: operation for operation in store.operations()}
+    expected = (written.codec, written.secret_params, written.credentials_digest)
+    for found in (by_id, by_key, listed["op-1"]):
+        assert found is not None
+        assert expected == (found.codec, found.secret_params, found.credentials_digest)
+    plain = listed["op-2"]
+    assert (None, None, None) == (plain.codec, plain.secret_params, plain.credentials_digest)

@@ -148,6 +148,7 @@ CHANGES: dict[str, Any] = {
     "retry_hint_headers": ("X-Retry",),
     "classify": classify_nothing,
     "pause_origin": False,
+    "key_bound_to_credentials": True,
 }
 
 
@@ -491,3 +492,18 @@ def test_cli_show_names_a_custom_profile_without_its_json(tmp_path: Path) -> Non
     journal_pending(tmp_path / "j.db", RELEASES)
     result = run("--journal", str(tmp_path / "j.db"), "show", "op")
     assert "profile releases (custom)" in result.stdout
+
+
+def test_a_spec_journaled_before_a_field_existed_agrees_with_a_profile_at_its_default() -> None:
+    """A custom profile's spec without a field added since (it reads as the default) is the
+    same profile as one given with that field at its default: no disagreement."""
+    from idempotently._profiles import stored_profile
+
+    spec = json.loads(profile_spec(RELEASES))
+    del spec["key_bound_to_credentials"]
+    older = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    read = stored_profile(older, RELEASES, "checked", operation_id="op", key="k")
+    assert RELEASES == read
+    other = attrs.evolve(RELEASES, key_bound_to_credentials=True)
+    with pytest.raises(idempotently.StoredProfileError, match="key_bound_to_credentials"):
+        stored_profile(older, other, "checked", operation_id="op", key="k")

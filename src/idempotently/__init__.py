@@ -10,6 +10,7 @@ from __future__ import annotations
 # early SIGTERM instead of dying of it (nothing happens in any other process).
 from idempotently import _early_signals, profiles  # noqa: F401
 from idempotently._budget import RetryBudget
+from idempotently._codec import Codec, FernetCodec
 from idempotently._events import (
     AttemptFinished,
     Event,
@@ -19,6 +20,8 @@ from idempotently._events import (
     RetryScheduled,
 )
 from idempotently._exceptions import (
+    CodecError,
+    CredentialsMismatchError,
     IdempotentlyError,
     InvalidKeyError,
     JournalCorruptError,
@@ -51,7 +54,11 @@ __all__ = [
     "AsyncTransport",
     "Attempt",
     "AttemptFinished",
+    "Codec",
+    "CodecError",
+    "CredentialsMismatchError",
     "Event",
+    "FernetCodec",
     "IdempotentlyError",
     "InvalidKeyError",
     "Journal",

@@ -19,6 +19,8 @@ from typing import Any, Literal
 import wcwidth
 
 from idempotently._cli_durations import format_age, format_duration
+from idempotently._credentials import described, read_record
+from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
@@ -147,7 +149,7 @@ def operation_json(operation: Operation) -> dict[str, Any]:
         "reason": operation.reason,
         "delivery": operation.delivery,
         "method": operation.method,
-        "url": operation.url,
+        "url": shown_url(operation.url),
         "attempts": operation.attempt_count,
         "last_status_code": operation.last_status_code,
         "created_at": iso(operation.created_at),
@@ -187,6 +189,7 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
         if operation.response_headers is None
         else [list(pair) for pair in visible_headers(operation.response_headers)],
         "response_body": body_json(operation.response_body),
+        **at_rest_json(operation),
         "may_have_been_delivered": may_have_been_delivered(operation),
         "enqueued_at": iso(operation.enqueued_at),
         "first_send_at": iso(operation.first_send_at),
@@ -203,7 +206,7 @@ def operation_lines(op: Operation, now: float) -> list[str]:
         ("key", f"{op.key}  ({op.key_header}, profile {profile_label(op.profile)})"),
         ("status", status),
         ("delivery", op.delivery),
-        ("request", f"{op.method} {op.url}"),
+        ("request", f"{op.method} {shown_url(op.url)}"),
         ("created", when(op.created_at, now)),
         ("updated", when(op.updated_at, now)),
         ("key expires", when(op.key_expires_at, now)),
@@ -219,6 +222,7 @@ def operation_lines(op: Operation, now: float) -> list[str]:
     if op.lease_until > now:
         fields.append(("leased by", f"{op.lease_owner} until {when(op.lease_until, now)}"))
     fields.append(("attempts", str(op.attempt_count)))
+    fields += at_rest_fields(op)
     width = max(len(name) for name, _ in fields)
     out += [f"{name.ljust(width)}  {value}" for name, value in fields]
 
@@ -249,16 +253,62 @@ def operation_lines(op: Operation, now: float) -> list[str]:
 
     out += ["", "request headers"]
     out += _indent(f"{name}: {value}" for name, value in visible_headers(op.request_headers))
-    out += ["", f"request body ({_bytes(len(op.request_body))})"]
-    out += _indent(body_lines(op.request_body))
+    if op.unreadable is not None:
+        out += ["", f"request body (not shown: {op.unreadable})"]
+    else:
+        out += ["", f"request body ({_bytes(len(op.request_body))})"]
+        out += _indent(body_lines(op.request_body))
 
     if op.response_status is None:
         return [*out, "", "response: none stored"]
     out += ["", f"response {op.response_status}"]
     out += _indent(f"{name}: {value}" for name, value in visible_headers(op.response_headers))
+    if op.unreadable is not None:
+        return [*out, "", "response body (not shown: encoded, see the request body)"]
     out += ["", f"response body ({_bytes(len(op.response_body or b''))})"]
     out += _indent(body_lines(op.response_body))
     return out
+
+
+# -- data at rest: what show says of codecs, redacted parameters, bound credentials ----------
+
+
+def _listed(text: str | None) -> list[str]:
+    try:
+        names = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
+def at_rest_fields(op: Operation) -> list[tuple[str, str]]:
+    """The ``show`` lines for a codec, redacted query parameters and bound credentials."""
+    fields = []
+    if op.codec is not None:
+        fields.append(("codec", op.codec + (" (bodies not decoded here)" if op.unreadable else "")))
+    if op.secret_params:
+        fields.append(("redacted", "query " + ", ".join(_listed(op.secret_params))))
+    if op.credentials_digest:
+        try:
+            names = list(read_record(op.credentials_digest)[0])
+        except ValueError:
+            names = []
+        fields.append(("key bound to", described(names) + " (a salted digest; never the values)"))
+    return fields
+
+
+def at_rest_json(op: Operation) -> dict[str, Any]:
+    """``show --json``'s fields for data at rest; bodies are null when not decoded."""
+    shown: dict[str, Any] = {
+        "codec": op.codec,
+        "secret_params": _listed(op.secret_params),
+        "key_bound_to_credentials": op.credentials_digest is not None,
+        "bodies_unreadable": op.unreadable,
+    }
+    if op.unreadable is not None:
+        shown["request_body"] = None
+        shown["response_body"] = None
+    return shown
 
 
 def _indent(lines: Iterable[str]) -> list[str]:
@@ -388,7 +438,7 @@ def operations_table(
                 op.operation_id,
                 op.status,
                 op.method,
-                op.url,
+                shown_url(op.url),
                 op.attempt_count,
                 op.last_status_code,
                 format_age(op.created_at, now),

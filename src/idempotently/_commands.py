@@ -269,4 +269,13 @@ class Emit:
     hooks: tuple[AsyncHook, ...]
 
 
-Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit
+@attrs.frozen
+class DigestCredentials:
+    """Compute a credentials digest this process has not computed yet (scrypt, slow by
+    design: the async driver runs it off its event loop); reply: the digest."""
+
+    key: tuple[bytes, tuple[str, ...], tuple[bytes, ...]] = attrs.field(repr=False)
+    """(salt, names, values): the values are credentials, never shown."""
+
+
+Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit | DigestCredentials

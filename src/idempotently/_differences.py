@@ -19,29 +19,12 @@ from typing import Any
 import httpx
 
 from idempotently._keys import canonical_body, header_value, normalised_url
+from idempotently._secret_params import DEFAULT_SECRET_PARAMS, REDACTED
 
-SECRET_QUERY_PARAMETERS = frozenset(
-    {
-        "access_token",
-        "api_key",
-        "apikey",
-        "api-key",
-        "auth",
-        "client_secret",
-        "key",
-        "password",
-        "refresh_token",
-        "secret",
-        "sig",
-        "signature",
-        "token",
-        "x-amz-signature",
-        "x-goog-signature",
-    }
-)
-"""Query parameters whose values are shown as ``[redacted]``: credentials by their common names."""
+SECRET_QUERY_PARAMETERS = DEFAULT_SECRET_PARAMS | {"key"}
+"""Query parameters whose values are shown as ``[redacted]``: those the journal redacts,
+and ``key`` (printing costs nothing; the journal keeps it, see ``DEFAULT_SECRET_PARAMS``)."""
 
-REDACTED = "[redacted]"
 _SECRETISH = re.compile(r"(?i)(^|[_-])(token|secret|password|passwd|signature|api[_-]?key)$")
 
 

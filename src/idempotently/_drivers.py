@@ -29,6 +29,7 @@ import sniffio
 
 from idempotently._commands import (
     Command,
+    DigestCredentials,
     Emit,
     JournalCommand,
     Reconcile,
@@ -38,6 +39,7 @@ from idempotently._commands import (
     Send,
     Sleep,
 )
+from idempotently._credentials import compute_digest
 from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError
 from idempotently._flow import Flow, Held
@@ -89,6 +91,8 @@ def run(
                 unfinished.saw(command.event, command.hooks)
                 deliver(command.event, command.hooks)
                 reply = None
+            elif isinstance(command, DigestCredentials):
+                reply = compute_digest(command.key)
             else:
                 reply = store._execute(command)
                 if isinstance(command, Record):
@@ -149,6 +153,9 @@ async def arun(
                 unfinished.saw(command.event, command.hooks)
                 await adeliver(command.event, command.hooks)
                 reply = None
+            elif isinstance(command, DigestCredentials):
+                # scrypt takes tens of milliseconds: never on the event loop.
+                reply = await anyio.to_thread.run_sync(compute_digest, command.key)
             else:
                 # Not abandoned on cancellation: the write completes, then the
                 # cancellation is delivered here, before anything is sent.

@@ -6,14 +6,16 @@
     │   ├── JournalVersionError       written by a newer idempotently
     │   ├── JournalCorruptError       not a journal, or damaged
     │   ├── JournalMovedError         deleted or replaced while open
-    │   └── JournalWriteError         disk full, read-only, locked
+    │   ├── JournalWriteError         disk full, read-only, locked
+    │   └── CodecError                stored bodies cannot be encoded or decoded here
     ├── KeyReuseError (ValueError)    same operation id, different request
     ├── InvalidKeyError (ValueError)  key rejected by the server profile
     ├── OperationInProgressError      another live caller holds the lease
     ├── RequestNotSentError           the request cannot be sent (bad URL, illegal header)
     ├── OperationPendingError         retries ran out, outcome unknown
     │   ├── RetryLaterError           the server asked us to come back later
-    │   └── RetryBudgetError          the origin's retry budget refused the retry
+    │   ├── RetryBudgetError          the origin's retry budget refused the retry
+    │   └── CredentialsMismatchError  the key is bound to other credentials
     ├── NeedsReconcileError           only a human or a reconciler can decide
     ├── StoredProfileError            the profile it was journaled under cannot be used
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
@@ -110,6 +112,12 @@ class JournalWriteError(JournalError):
     """A write to the journal failed (disk full, read-only file, lock timeout)."""
 
 
+class CodecError(JournalError):
+    """The operation's stored bodies cannot be read or written with this journal's
+    codec (none given, another one, a failed decode): nothing is sent, and the
+    operation keeps its state. Open the journal with the codec it was written with."""
+
+
 class KeyReuseError(IdempotentlyError, ValueError):
     """The operation id was used before for a different request.
 
@@ -174,6 +182,13 @@ class RetryBudgetError(OperationPendingError):
     ) -> None:
         super().__init__(message, operation_id=operation_id, key=key, response=response)
         self.origin = origin
+
+
+class CredentialsMismatchError(OperationPendingError):
+    """The operation's key is bound to the credentials it was made with (its profile's
+    ``key_bound_to_credentials``), and these credentials differ: the server would take
+    the resend for a new request. Nothing is sent; it stays pending, to be sent with the
+    original credentials (or settled once its key's lifetime runs out)."""
 
 
 class NeedsReconcileError(IdempotentlyError):

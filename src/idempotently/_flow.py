@@ -11,6 +11,7 @@ with every journal command off its event loop. The same flow serves
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import random
@@ -26,8 +27,10 @@ import attrs
 import httpx
 
 from idempotently._budget import BUDGETS, RetryBudgets, origin_of
+from idempotently._codec import Codec, encoded
 from idempotently._commands import (
     Command,
+    DigestCredentials,
     Emit,
     Enqueue,
     Find,
@@ -47,6 +50,15 @@ from idempotently._commands import (
     Sleep,
     TakeLease,
 )
+from idempotently._credentials import (
+    cached_digest,
+    credential_names,
+    credentials_record,
+    described,
+    digest_key,
+    read_record,
+    same_digest,
+)
 from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
     AsyncHook,
@@ -62,6 +74,8 @@ from idempotently._events import (
 )
 from idempotently._exceptions import (
     RESUME_HINT,
+    CodecError,
+    CredentialsMismatchError,
     ErrorContext,
     IdempotentlyError,
     KeyReuseError,
@@ -83,7 +97,6 @@ from idempotently._keys import (
     is_journaled,
     journaled_request_headers,
     journaled_response_headers,
-    journaled_url,
     new_key,
     new_operation_id,
     read_request_headers,
@@ -117,6 +130,14 @@ from idempotently._profiles import (
     stored_profile,
 )
 from idempotently._rows import AttemptRecord, NewOperation, Operation, OriginPause
+from idempotently._secret_params import (
+    LiveValues,
+    MissingParams,
+    reapplied_url,
+    redacted_url,
+    secret_param_names,
+    values_in_url,
+)
 from idempotently._text import storable, storable_text
 from idempotently._vocabulary import (
     DELIVERIES,
@@ -542,6 +563,11 @@ class Engine:
     host_id: str = _HOST
     """This host's identity: lease owners are ``host_id:pid:token``; the pid of an owner
     is checked only when its host id is this one."""
+    # Data at rest: the journal's codec and secret query parameters, and where a resume
+    # finds the values of redacted parameters (the session's client params, --param-env).
+    codec: Codec | None = None
+    secret_params: frozenset[str] = attrs.field(factory=secret_param_names)
+    param_values: LiveValues | None = None
 
     def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
         """This engine for one call with its own policy or profile (itself without)."""
@@ -618,6 +644,10 @@ class Engine:
                         "give a deadline in the future, or none"
                     )
                 new, owner = self._new_operation(call, print_, headers, now)
+                if self.profile.key_bound_to_credentials:
+                    new = attrs.evolve(
+                        new, credentials_digest=(yield from self._credentials_of(request, new))
+                    )
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
@@ -627,7 +657,15 @@ class Engine:
                         started_at=started, deadline_at=call.deadline_at, delivery=call.delivery
                     )
                     end = yield from self._attempts(
-                        new.operation_id, new.key, request, state, self.profile, 0, held, secrets
+                        new.operation_id,
+                        new.key,
+                        request,
+                        state,
+                        self.profile,
+                        0,
+                        held,
+                        secrets,
+                        self.codec,
                     )
                     return self._finish(end)
                 held.lease = None
@@ -637,6 +675,12 @@ class Engine:
                 taken_key = new.key
                 insert_first = False
                 continue
+            if operation.unreadable is not None:
+                raise CodecError(
+                    f"operation cannot be read with this journal: {operation.unreadable}; "
+                    "nothing was sent and it keeps its state",
+                    **_ids(operation),
+                )
             self._check_same(operation, call, print_)
             if operation.status != "pending":
                 return self.stored_response(operation, build)
@@ -645,6 +689,12 @@ class Engine:
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
                 raise _blocker_error(operation, blocker[0], blocker[1])
+            if blocker is None and operation.credentials_digest is not None:
+                differ = yield from self._credentials_differ(
+                    operation, self.rebuild(operation, build, live=request)
+                )
+                if differ is not None:
+                    raise CredentialsMismatchError(differ, **_ids(operation))
             owner = self.new_owner()
             now = self.clock()
             if blocker is None:
@@ -671,6 +721,7 @@ class Engine:
                 operation.attempt_count,
                 held,
                 secrets,
+                self._codec_of(operation),
             )
             return self._finish(end)
 
@@ -690,14 +741,17 @@ class Engine:
             journaled = list(headers.journaled)
             if is_journaled(key_header, self.redact_headers):
                 journaled.append((key_header, rendered))
+        # Data at rest: secret query values redacted, the body encoded by the codec.
+        url, redacted = redacted_url(request.url, self.secret_params)
+        codec = self.codec
         new = NewOperation(
             operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
             key=key,
             delivery=call.delivery,
             method=request.method,
-            url=journaled_url(request.url),
+            url=url,
             request_headers=journaled,
-            request_body=request.content,
+            request_body=request.content if codec is None else encoded(codec, request.content),
             fingerprint=print_,
             profile=journaled_profile(self.profile),
             key_header=self.profile.key_header,
@@ -705,6 +759,8 @@ class Engine:
             key_expires_at=now + self.profile.key_lifetime,
             deadline_at=call.deadline_at,
             overrides=call.overrides,
+            codec=None if codec is None else codec.name,
+            secret_params=json.dumps(list(redacted)) if redacted else None,
         )
         return new, self.new_owner()
 
@@ -739,8 +795,13 @@ class Engine:
             )
         new, _ = self._new_operation(call, print_, headers, now)
         new = attrs.evolve(new, enqueued_at=now)
+        if self.profile.key_bound_to_credentials:
+            new = attrs.evolve(
+                new, credentials_digest=(yield from self._credentials_of(request, new))
+            )
         if (yield Enqueue(new, connection)):
-            return new.as_enqueued()
+            # What a read of the row would return: its body in clear.
+            return attrs.evolve(new.as_enqueued(), request_body=request.content)
         found: Operation | None = yield Find(call.operation_id, new.key, connection)
         if found is None:
             # Taken when the insert ran, gone when we looked (pruned meanwhile): the
@@ -754,6 +815,58 @@ class Engine:
             )
         self._check_same(found, call, print_)
         return found
+
+    # -- data at rest: codecs, secret query parameters, credentials -------------------------
+
+    def _codec_of(self, operation: Operation) -> Codec | None:
+        """The codec an answer to ``operation`` is stored with: the journal's, when the
+        row's bodies are encoded (it was read, so with this codec); None for a row in clear."""
+        return self.codec if operation.codec is not None else None
+
+    def _salt(self) -> bytes:
+        return b"" if self.namespace is None else self.namespace.bytes
+
+    def _credentials_of(self, request: httpx.Request, new: NewOperation) -> Flow[str]:
+        """The credentials record of a new operation whose key is bound to them."""
+        secret = json.loads(new.secret_params) if new.secret_params else []
+        names = credential_names(request, self.redact_headers, secret)
+        key = digest_key(self._salt(), request, names)
+        digest = cached_digest(key)
+        if digest is None:
+            digest = yield DigestCredentials(key)
+        return credentials_record(names, digest)
+
+    def _credentials_differ(self, operation: Operation, request: httpx.Request) -> Flow[str | None]:
+        """None when ``request`` carries the credentials ``operation`` was made with (its
+        digest agrees), else why it must not be sent."""
+        try:
+            names, digest = read_record(operation.credentials_digest or "")
+        except ValueError as error:
+            return (
+                f"its key is bound to its credentials and their digest cannot be checked "
+                f"({error}); nothing was sent and it stays pending"
+            )
+        key = digest_key(self._salt(), request, names)
+        live = cached_digest(key)
+        if live is None:
+            live = yield DigestCredentials(key)
+        if same_digest(live, digest):
+            return None
+        return (
+            f"credentials differ from those it was made with ({described(names)}, compared "
+            "by digest): its profile says the server binds the key to them, so a resend "
+            "would be a new request there. Nothing was sent and it stays pending: send it "
+            "again with the original credentials"
+        )
+
+    def _redacted_request(self, request: httpx.Request) -> httpx.Request:
+        """``request`` with its URL as it would be journaled (for messages)."""
+        url, redacted = redacted_url(request.url, self.secret_params)
+        if not redacted:
+            return request
+        return httpx.Request(
+            request.method, url, headers=request.headers.raw, content=request.content
+        )
 
     def key_for(self, operation_id: str | None) -> str:
         """A new operation's key: derived for a named operation, random otherwise.
@@ -790,9 +903,14 @@ class Engine:
                 url=operation.url,
                 headers=operation.request_headers,
                 body=operation.request_body,
-                request=call.request,
+                request=self._redacted_request(call.request),
                 fingerprint_headers=self.fingerprint_headers,
             )
+            if difference is None and operation.secret_params:
+                difference = (
+                    "the value of a secret query parameter "
+                    f"({', '.join(json.loads(operation.secret_params))}; values are not shown)"
+                )
             raise KeyReuseError(
                 f"operation {operation.operation_id!r} was first sent as "
                 f"{operation.method} {shown_url(operation.url)} and this call differs in "
@@ -879,6 +997,7 @@ class Engine:
         attempts: int,
         held: Held,
         secrets: Sequence[str],
+        codec: Codec | None = None,
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt."""
         owner = held.lease[1] if held.lease is not None else None
@@ -973,7 +1092,11 @@ class Engine:
                 response_headers=journaled_response_headers(response.headers, self.redact_headers)
                 if keep and response
                 else None,
-                response_body=response.content if keep and response else None,
+                response_body=(
+                    (response.content if codec is None else encoded(codec, response.content))
+                    if keep and response
+                    else None
+                ),
             )
             yield Record(operation_id, record, now, owner, key)
             if (
@@ -1206,6 +1329,17 @@ class Engine:
 
     # -- what stops a pending operation ---------------------------------------------------
 
+    def _missing_params(self, operation: Operation) -> list[str]:
+        """The redacted query parameters of ``operation`` that a resume has no value for."""
+        if not operation.secret_params:
+            return []
+        source = self.param_values
+        return [
+            name
+            for name in json.loads(operation.secret_params)
+            if source is None or not source(name)
+        ]
+
     def blocker(
         self, operation: Operation, *, resuming: bool = False, claimed_by: str | None = None
     ) -> tuple[Blocker, str] | None:
@@ -1341,6 +1475,16 @@ class Engine:
             result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
             if reconciling and result.status == "needs_reconcile":
                 current = (yield Find(operation.operation_id, None)) or operation
+                if current.unreadable is not None:
+                    # Its answer could not be stored encoded, nor its request read.
+                    result = ResumeResult.of(
+                        current,
+                        current.status,
+                        "skipped",
+                        f"not reconciled: {current.unreadable}",
+                    )
+                    yield Report(result)
+                    return result
                 settlement = yield Reconcile(current)
                 if settlement is not None and not isinstance(settlement, Settlement):
                     raise TypeError(
@@ -1362,6 +1506,18 @@ class Engine:
                 self.profile_for(operation)
             except StoredProfileError as error:
                 return ResumeResult.of(operation, "pending", "not_sent", error.message)
+            if operation.unreadable is not None:
+                return ResumeResult.of(
+                    operation,
+                    "pending",
+                    "not_sent",
+                    f"{operation.unreadable}; nothing would be sent",
+                )
+            missing = self._missing_params(operation)
+            if missing:
+                return ResumeResult.of(
+                    operation, "pending", "not_sent", _missing_params_reason(missing)
+                )
             return ResumeResult.of(operation, "pending", "would_send", "would resend its key")
         kind, reason = blocked
         return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
@@ -1389,8 +1545,19 @@ class Engine:
             profile = self.profile_for(operation)
         except StoredProfileError as error:
             return ResumeResult.of(operation, "pending", "not_sent", error.message)
+        if operation.unreadable is not None:
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "not_sent",
+                f"{operation.unreadable}; nothing was sent and it stays pending",
+            )
         try:
             request = self.rebuild(operation, build, base_url=base_url)
+        except MissingParams as missing:
+            return ResumeResult.of(
+                operation, "pending", "not_sent", _missing_params_reason(missing.names)
+            )
         except (httpx.HTTPError, ValueError, TypeError) as error:
             return ResumeResult.of(
                 operation,
@@ -1443,6 +1610,10 @@ class Engine:
             engine = self.overridden(policy, None)
             if timeouts is not None:
                 request.extensions = {**request.extensions, "timeout": timeouts}
+        if operation.credentials_digest is not None:
+            differ = yield from self._credentials_differ(operation, request)
+            if differ is not None:
+                return ResumeResult.of(operation, "pending", "not_sent", differ)
         # A claimed lease is renewed by the same compare-and-swap on the row just read:
         # it fails only if the claim expired and another caller took the operation.
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
@@ -1463,6 +1634,7 @@ class Engine:
             operation.attempt_count,
             held,
             secrets,
+            self._codec_of(operation),
         )
         decision = end.decision
         code = None if end.response is None else end.response.status_code
@@ -1490,7 +1662,13 @@ class Engine:
             None
             if response is None
             else journaled_response_headers(response.headers, self.redact_headers),
-            None if response is None else response.content,
+            None
+            if response is None
+            else (
+                response.content
+                if (codec := self._codec_of(operation)) is None
+                else encoded(codec, response.content)
+            ),
         )
         return ResumeResult.of(
             operation,
@@ -1509,8 +1687,11 @@ class Engine:
         *,
         live: httpx.Request | None = None,
         base_url: str | None = None,
+        strict: bool = True,
     ) -> httpx.Request:
-        """The journaled request, byte for byte, with live credentials re-applied.
+        """The journaled request, byte for byte, with live credentials re-applied (and
+        the values of its redacted query parameters: :class:`MissingParams` if one has
+        none, unless not ``strict``: a request that is not to be sent).
 
         ``base_url`` moves it to another origin (scheme, host, port), keeping path and query.
         """
@@ -1518,6 +1699,15 @@ class Engine:
         if base_url is not None:
             base = httpx.URL(base_url)
             url = url.copy_with(scheme=base.scheme, host=base.host, port=base.port)
+        if operation.secret_params:
+            # Redacted in the journal: the live request's values, else the session's.
+            names = json.loads(operation.secret_params)
+            source = values_in_url(live.url) if live is not None else self.param_values
+            try:
+                url = reapplied_url(url, names, source or (lambda name: None))
+            except MissingParams:
+                if strict:
+                    raise
         if live is not None and live.url.userinfo and live.url.host == url.host:
             url = url.copy_with(username=live.url.username, password=live.url.password)
         headers = [
@@ -1562,7 +1752,7 @@ class Engine:
                 for name, value in operation.response_headers or ()
             ],
             content=operation.response_body or b"",
-            request=self.rebuild(operation, build),
+            request=self.rebuild(operation, build, strict=False),
         )
         response.extensions = {
             **response.extensions,
@@ -1575,6 +1765,17 @@ class Engine:
             ),
         }
         return response
+
+
+def _missing_params_reason(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(name) for name in names)
+    return (
+        f"the secret query parameter{'s' if len(names) > 1 else ''} {listed} "
+        f"{'were' if len(names) > 1 else 'was'} journaled redacted and this resume has no "
+        "value for it: give the session's client params={...} with it, or "
+        "`idempotently resume --param-env NAME=ENVVAR` (or call again with the same "
+        "operation_id and the full URL); nothing was sent and it stays pending"
+    )
 
 
 def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> IdempotentlyError:

@@ -87,6 +87,11 @@ class Operation:
     """When it was enqueued to be sent later (None: made by a call that sends at once)."""
     first_send_at: float | None = None
     """When its first send began. None with ``enqueued_at`` set: never sent."""
+    # Data at rest: not a column. Set by the journal when it reads a row whose bodies
+    # it cannot decode; the bodies are then left out (empty), never shown encoded.
+    unreadable: str | None = attrs.field(default=None, metadata={"column": False})
+    """Why the stored bodies could not be read here (a codec missing, another codec, a
+    failed decode); None when they are clear or decoded. Such an operation is never sent."""
     attempts: tuple[Attempt, ...] = ()
     """Filled in by :meth:`Journal.operation`; empty in listings."""
 
@@ -103,7 +108,9 @@ class Operation:
         return cls(**values, attempts=attempts)
 
 
-_OPERATION_FIELDS: Final = frozenset(field.name for field in attrs.fields(Operation)) - {"attempts"}
+_OPERATION_FIELDS: Final = frozenset(
+    field.name for field in attrs.fields(Operation) if field.metadata.get("column", True)
+) - {"attempts"}
 
 
 @attrs.frozen
@@ -128,6 +135,11 @@ class NewOperation:
     """None: made by a call that sends at once, so its first send begins at
     ``created_at`` (written as ``first_send_at`` by the same insert, no extra
     statement); else unsent until a lease to send it is taken."""
+    # Data at rest (schema version 4): the codec the request body is encoded in, the
+    # query parameters redacted from ``url`` (JSON list), the credentials digest.
+    codec: str | None = None
+    secret_params: str | None = None
+    credentials_digest: str | None = None
     # Retry control (schema v4): the call's own policy and timeouts, for resume.
     overrides: str | None = None
 
@@ -152,11 +164,15 @@ class NewOperation:
             lease_until,
             self.enqueued_at,
             self.created_at if self.enqueued_at is None else None,
+            # Data at rest.
+            self.codec,
+            self.secret_params,
+            self.credentials_digest,
             self.overrides,  # retry control (schema v4)
         )
 
     def as_enqueued(self) -> Operation:
-        """The row an :class:`~idempotently._commands.Enqueue` of it just wrote."""
+        """The row an `Enqueue` of it just wrote."""
         return Operation(
             operation_id=self.operation_id,
             key=self.key,
@@ -183,6 +199,9 @@ class NewOperation:
             response_body=None,
             reason=None,
             enqueued_at=self.enqueued_at,
+            codec=self.codec,
+            secret_params=self.secret_params,
+            credentials_digest=self.credentials_digest,
             overrides=self.overrides,
         )
 
@@ -308,6 +327,10 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "replayed": (_INT, False, ()),
     "error": (_TEXT, True, ()),
     "wait": (_REAL, True, ()),
+    # Data at rest (schema version 4).
+    "codec": (_TEXT, True, ()),
+    "secret_params": (_TEXT, True, ()),
+    "credentials_digest": (_TEXT, True, ()),
 }
 _HEADER_COLUMNS = ("request_headers", "response_headers")
 
@@ -324,6 +347,13 @@ def column_problem(column: str, value: object) -> str | None:
         return f"{column} holds {type(value).__name__} {short(value)}"
     if choices and value not in choices:
         return f"{column} is {short(value)}, not one of {', '.join(choices)}"
+    if column == "secret_params":
+        try:
+            names = json.loads(str(value))
+        except ValueError as error:
+            return f"secret_params is not valid JSON ({error})"
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            return "secret_params is not a list of parameter names"
     if column in _HEADER_COLUMNS:
         try:
             pairs = json.loads(str(value))

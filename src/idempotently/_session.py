@@ -11,7 +11,7 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
@@ -53,6 +53,7 @@ from idempotently._keys import redaction_set
 from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile, journaled_profile
+from idempotently._secret_params import values_in_params
 from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
@@ -209,6 +210,17 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
+        if profile.key_bound_to_credentials and (
+            client_options.get("auth") is not None
+            or (client is not None and getattr(client, "auth", None) is not None)
+        ):
+            # httpx applies auth= while sending, after the journal digested the request:
+            # the key would be bound to no credentials at all.
+            raise ValueError(
+                f"profile {profile.name!r} binds keys to credentials, and an httpx auth= "
+                "adds them only while sending, unseen by the journal: give them as headers "
+                "instead (headers={'Authorization': ...})"
+            )
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
@@ -218,6 +230,8 @@ class _SessionBase(Generic[ClientT]):
         )
         self.policy = policy or RetryPolicy()
         self.profile = profile
+        self._params_given: dict[str, str] = {}
+        """Values of secret query parameters given apart from the client (``--param-env``)."""
         self._engine = Engine(
             policy=self.policy,
             profile=profile,
@@ -229,7 +243,15 @@ class _SessionBase(Generic[ClientT]):
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
             hooks=checked_hooks,
+            codec=self.journal.codec,
+            secret_params=self.journal.redact_query,
+            param_values=self._param_values,
         )
+
+    def _param_values(self, name: str) -> Sequence[str] | None:
+        """The live values of a redacted query parameter, for a resume: the command
+        line's ``--param-env`` first, then the client's ``params``."""
+        return values_in_params(self._params_given, self.client.params)(name)
 
     def _build(
         self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
@@ -240,8 +262,14 @@ class _SessionBase(Generic[ClientT]):
             url = url.copy_with(username=base.username, password=base.password)
         if self._httpx2:
             built = self.client.build_request(method, str(url), headers=headers, content=body)
-            return _httpx2.to_httpx_request(built)
-        return self.client.build_request(method, url, headers=headers, content=body)
+            request = _httpx2.to_httpx_request(built)
+        else:
+            request = self.client.build_request(method, url, headers=headers, content=body)
+        if self.client.params:
+            # httpx replaces a URL's whole query with the client's params: the journaled
+            # query (its own parameters, and the client's as first sent) goes out as it is.
+            request.url = url
+        return request
 
     def _timeout(self, timeout: Any) -> Any:
         """httpx's "client default" marker, in the client's own library."""

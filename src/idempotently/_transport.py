@@ -133,6 +133,8 @@ class _TransportBase:
             host_id=host,
             key_expiry_margin=float(key_expiry_margin),
             namespace=self.journal._namespace,
+            codec=self.journal.codec,
+            secret_params=self.journal.redact_query,
             hooks=checked_hooks,
         )
 

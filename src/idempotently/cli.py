@@ -43,6 +43,7 @@ from idempotently._cli_format import (
     stats_prometheus,
 )
 from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
+from idempotently._codec import check_codec
 from idempotently._exceptions import JournalError, JournalMissingError, StoredProfileError
 from idempotently._flow import (
     DEFAULT_KEY_EXPIRY_MARGIN,
@@ -122,10 +123,11 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
         def wrapper(ctx: click.Context, /, journal_path: str | None, **options: Any) -> Any:
             path = journal_path or ctx.find_root().params["journal_path"]
             read_only = readonly or bool(readonly_if and options[readonly_if])
+            codec = options.pop("codec", None)  # from codec_option, on commands that read bodies
             with journal_errors():
                 # Before any open: SQLite's open of a FIFO blocks until a writer comes.
                 refuse_special_file(path)
-                journal = Journal(path, create=False, readonly=read_only)
+                journal = Journal(path, create=False, readonly=read_only, codec=codec)
             with journal_errors(), journal:
                 return command(journal, **options)
 
@@ -141,6 +143,51 @@ def with_journal(*, readonly: bool = False, readonly_if: str | None = None) -> C
         return decorated  # type: ignore[return-value]  # one parameter less than F
 
     return decorate
+
+
+def imported_object(value: str, what: str, ctx: click.Context, param: click.Parameter) -> Any:
+    """The object ``package.module:NAME`` names, or a usage error saying why not."""
+    module_name, sep, attribute = value.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(f"{value!r} is not module:NAME ({what})", ctx, param)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # an import error of the user's module, whatever it is
+        raise click.BadParameter(
+            f"cannot import {module_name!r} ({type(error).__name__}: {error}); is it on "
+            "PYTHONPATH?",
+            ctx,
+            param,
+        ) from None
+    found: Any = module
+    for part in attribute.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
+def codec_argument(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """``--codec module:NAME``: the codec the journal's bodies were encoded with."""
+    if value is None:
+        return None
+    codec = imported_object(value, "the codec object, e.g. myapp.journal:CODEC", ctx, param)
+    try:
+        return check_codec(codec)
+    except (TypeError, ValueError) as error:
+        raise click.BadParameter(f"{value!r}: {error}", ctx, param) from None
+
+
+def codec_option(command: F) -> F:
+    """``--codec module:NAME`` for a command that reads or resends stored bodies
+    (``with_journal`` opens the journal with it)."""
+    return click.option(
+        "--codec",
+        "codec",
+        callback=codec_argument,
+        metavar="MODULE:NAME",
+        help="The codec the journal's bodies were encoded with (Journal(codec=...)), named as "
+        "module:NAME, e.g. myapp.journal:CODEC. Without it, encoded bodies are not "
+        "shown and their operations are not sent.",
+    )(command)
 
 
 FORMAT_MEANINGS = {
@@ -289,6 +336,7 @@ def list_command(
 @cli.command("show")
 @click.argument("operation_id_or_key", metavar="OPERATION_ID_OR_KEY")
 @format_option("text", "json")
+@codec_option
 @with_journal(readonly=True)
 def show_command(journal: Journal, operation_id_or_key: str, output_format: str) -> None:
     """Show one operation: its attempts, headers and bodies.
@@ -305,8 +353,12 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
         )
     if output_format == "json":
         echo_json(operation_detail_json(operation))
-        return
-    echo_lines(operation_lines(operation, time.time()))
+    else:
+        echo_lines(operation_lines(operation, time.time()))
+    if operation.unreadable is not None:
+        # Printed without its bodies: a script must not take them for empty ones.
+        shown = printable(operation.operation_id)
+        fail(f"the bodies of {shown} are not shown: {operation.unreadable}")
 
 
 # -- stats -------------------------------------------------------------------------
@@ -426,6 +478,42 @@ def headers_from_env(
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
+def params_from_env(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    """``NAME=ENVVAR`` pairs to the values of redacted query parameters, from the
+    environment (never argv); the value is never quoted in a message."""
+    params: dict[str, str] = {}
+    for value in values:
+        name, sep, envvar = value.partition("=")
+        if not sep or not name.strip() or not envvar.strip():
+            raise click.BadParameter(
+                f"{value!r} is not NAME=ENVVAR (e.g. api_key=MY_API_KEY)", ctx, param
+            )
+        name, envvar = name.strip(), envvar.strip()
+        if not name.isprintable():
+            raise click.BadParameter(
+                f"{name!r} is not a query parameter name (printable characters)", ctx, param
+            )
+        if envvar not in os.environ:
+            raise click.BadParameter(
+                f"environment variable {envvar} is not set (needed for the {name} query parameter)",
+                ctx,
+                param,
+            )
+        secret = os.environ[envvar]
+        if not secret or secret != secret.strip() or not secret.isprintable():
+            raise click.BadParameter(
+                f"environment variable {envvar} (for the {name} query parameter) is empty, "
+                "starts or ends with whitespace, or holds a control character (check for a "
+                "stray newline); nothing was sent",
+                ctx,
+                param,
+            )
+        params[name] = secret
+    return params
+
+
 def header_value_problem(value: str) -> str | None:
     """What makes ``value`` unsendable as a header value, without quoting it; None if fine."""
     try:
@@ -458,24 +546,12 @@ def profile_option(
         return None
     if value in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[value]
-    module_name, sep, attribute = value.partition(":")
-    if not sep or not module_name or not attribute:
-        raise click.BadParameter(
-            f"{value!r} is neither a built-in profile ({', '.join(sorted(BUILTIN_PROFILES))}) "
-            "nor module:NAME",
-            ctx,
-            param,
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # an import error of the user's module, whatever it is
-        raise click.BadParameter(
-            f"cannot import {module_name!r} ({type(error).__name__}: {error}); is it on "
-            "PYTHONPATH?",
-            ctx,
-            param,
-        ) from None
-    profile = getattr(module, attribute, None)
+    profile = imported_object(
+        value,
+        f"nor a built-in profile: {', '.join(sorted(BUILTIN_PROFILES))}",
+        ctx,
+        param,
+    )
     if not isinstance(profile, ServerProfile):
         raise click.BadParameter(
             f"{value!r} is not an idempotently.ServerProfile (found {type(profile).__name__})",
@@ -514,6 +590,16 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     callback=headers_from_env,
     help="Send header NAME with the value of environment variable ENVVAR; repeatable.",
 )
+@click.option(
+    "--param-env",
+    "params",
+    multiple=True,
+    metavar="NAME=ENVVAR",
+    callback=params_from_env,
+    help="Give the secret query parameter NAME (journaled redacted) the value of environment "
+    "variable ENVVAR; repeatable.",
+)
+@codec_option
 @click.option(
     "--profile",
     "profile",
@@ -586,6 +672,7 @@ def resume_command(
     dry_run: bool,
     base_url: str | None,
     headers: dict[str, str],
+    params: dict[str, str],
     profile: ServerProfile | None,
     force_profile: bool,
     concurrency: int,
@@ -644,6 +731,8 @@ def resume_command(
     session._engine.profile_rule = (
         "stored_only" if profile is None else "forced" if force_profile else "checked"
     )
+    # Only the operations that were journaled with these parameters redacted get them.
+    session._params_given = params
     with session:
         refuse_disagreeing_profiles(session, journal)
         if watch:

@@ -176,3 +176,29 @@ def retry_control(session: idempotently.Session, journal: idempotently.Journal) 
         session.post("/v1/charges")
     except idempotently.RetryBudgetError as error:
         assert_type(error.origin, str)
+
+
+class ReversingCodec:
+    """A user's own codec: any class with a name and bytes in, bytes out."""
+
+    name = "reversed"
+
+    def encode(self, data: bytes) -> bytes:
+        return data[::-1]
+
+    def decode(self, data: bytes) -> bytes:
+        return data[::-1]
+
+
+def data_at_rest(key: bytes) -> None:
+    fernet: idempotently.Codec = idempotently.FernetCodec(key)
+    own: idempotently.Codec = ReversingCodec()
+    idempotently.Journal("ops.db", codec=fernet, redact_query=["session_key"])
+    idempotently.Journal("ops.db", codec=own)
+    idempotently.Journal("ops.db", codec="fernet")  # type: ignore[arg-type]
+    idempotently.FernetCodec([key, key], name="fernet-2026")
+    profile = profiles.GENERIC
+    assert_type(profile.key_bound_to_credentials, bool)
+    operation = idempotently.Journal("ops.db").operation("op")
+    if operation is not None:
+        assert_type(operation.unreadable, str | None)

@@ -19,12 +19,14 @@ import socket
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
+import attrs
 import httpx
 
 from idempotently._budget import origin_of
+from idempotently._codec import Codec, check_codec, decoded
 from idempotently._commands import (
     ClaimDue,
     Enqueue,
@@ -61,6 +63,7 @@ from idempotently._rows import (
     Operation,
     OriginPause,
 )
+from idempotently._secret_params import check_param_names, secret_param_names
 from idempotently._vocabulary import Status
 
 __all__ = [
@@ -103,6 +106,8 @@ class Journal:
         readonly: bool = False,
         busy_timeout: float = 30.0,
         durability: Durability = "fsync",
+        codec: Codec | None = None,
+        redact_query: Iterable[str] = (),
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
@@ -117,7 +122,17 @@ class Journal:
         survives the process being killed (SIGKILL, OOM) but not a power cut or
         an OS crash before the OS writes it back, and roughly halves the
         journal's cost per call (https://idempotently.readthedocs.io/en/latest/performance/).
+
+        ``codec`` (e.g. :class:`~idempotently.FernetCodec`) encodes the request and
+        answer bodies of every operation this journal makes (encryption at rest);
+        each row names its codec, and a row whose codec is not this one is read with
+        its bodies left out (``Operation.unreadable`` says why) and never sent.
+        ``redact_query`` names query parameters journaled redacted, besides the
+        built-in list (``api_key``, ``token``, ``password``, ``signature``, ...).
         """
+        # Data at rest: checked before anything is opened.
+        self._codec = None if codec is None else check_codec(codec)
+        self._secret_params = secret_param_names(check_param_names(redact_query))
         store: Store
         if isinstance(path, str) and path.startswith(POSTGRES_SCHEMES):
             from idempotently._journal._postgres import PostgresStore
@@ -165,6 +180,17 @@ class Journal:
         return self._store.readonly
 
     @property
+    def codec(self) -> Codec | None:
+        """The codec this journal encodes stored bodies with (None: stored in clear)."""
+        return self._codec
+
+    @property
+    def redact_query(self) -> frozenset[str]:
+        """The query parameters (lowercase) whose values are journaled redacted: the
+        built-in list and ``redact_query=``."""
+        return self._secret_params
+
+    @property
     def namespace(self) -> uuid.UUID:
         """The journal's own random namespace: made with the journal, never changed.
 
@@ -200,7 +226,7 @@ class Journal:
     def operation(self, operation_id_or_key: str) -> Operation | None:
         """One operation with all its attempts, by operation id or by key."""
         self._check_usable()
-        return self._store.operation(operation_id_or_key)
+        return self._opened(self._store.operation(operation_id_or_key))
 
     def operations(
         self,
@@ -215,8 +241,10 @@ class Journal:
         ``since`` is seconds since the epoch: only operations created since then.
         """
         self._check_usable()
-        return self._store.operations(
-            status=status, since=since, limit=limit, newest_first=newest_first
+        return self._opened_all(
+            self._store.operations(
+                status=status, since=since, limit=limit, newest_first=newest_first
+            )
         )
 
     def stats(
@@ -328,9 +356,13 @@ class Journal:
             if getattr(command, "connection", None) is not None:
                 return self._on_connection(command)
             if isinstance(command, Find):
-                return self._store.find(command.operation_id, command.key)
+                return self._opened(self._store.find(command.operation_id, command.key))
             if isinstance(command, Queue):
-                return self._store.operations(status=list(command.statuses), newest_first=False)
+                return self._opened_all(
+                    self._store.operations(status=list(command.statuses), newest_first=False)
+                )
+            if isinstance(command, ClaimDue):
+                return self._opened_all(self._writer.write(command))
             if isinstance(command, Pauses):
                 return self._store.origin_pauses(now=command.now)
             return self._writer.write(command)
@@ -345,7 +377,9 @@ class Journal:
         if isinstance(command, Enqueue):
             return self._store.enqueue_on(command.connection, command.new)
         if isinstance(command, Find):
-            return self._store.find_on(command.connection, command.operation_id, command.key)
+            return self._opened(
+                self._store.find_on(command.connection, command.operation_id, command.key)
+            )
         raise TypeError(f"not a command for an application's connection: {command!r}")
 
     async def _aexecute(self, command: JournalCommand) -> Any:
@@ -357,8 +391,10 @@ class Journal:
             if isinstance(command, Enqueue):
                 return await self._store.aenqueue_on(command.connection, command.new)
             if isinstance(command, Find):
-                return await self._store.afind_on(
-                    command.connection, command.operation_id, command.key
+                return self._opened(
+                    await self._store.afind_on(
+                        command.connection, command.operation_id, command.key
+                    )
                 )
             raise TypeError(f"not a command for an application's connection: {command!r}")
         except IdempotentlyError as error:
@@ -394,11 +430,39 @@ class Journal:
                 except Exception as error:
                     written = [Failed(copy.copy(error)) for _ in writes]
             for index, outcome in zip(writes, written, strict=True):
+                if isinstance(commands[index], ClaimDue) and isinstance(outcome, list):
+                    outcome = self._opened_all(outcome)
                 outcomes[index] = outcome
         for command, outcome in zip(commands, outcomes, strict=True):
             if isinstance(outcome, Failed) and isinstance(outcome.error, IdempotentlyError):
                 _with_ids(outcome.error, command)
         return outcomes
+
+    # -- data at rest: bodies decoded as they are read -----------------------------------
+
+    def _opened(self, operation: Operation | None) -> Operation | None:
+        """``operation`` with its bodies decoded by this journal's codec; with them left
+        out and ``unreadable`` saying why, when they cannot be (never the encoded bytes)."""
+        if operation is None or operation.codec is None:
+            return operation
+        request = decoded(self._codec, operation.codec, operation.request_body)
+        response: bytes | str | None = None
+        if isinstance(request, bytes) and operation.response_body is not None:
+            response = decoded(self._codec, operation.codec, operation.response_body)
+        if isinstance(request, str) or isinstance(response, str):
+            problem = request if isinstance(request, str) else response
+            return attrs.evolve(
+                operation,
+                request_body=b"",
+                response_body=None if operation.response_body is None else b"",
+                unreadable=cast(str, problem),
+            )
+        return attrs.evolve(operation, request_body=request, response_body=response)
+
+    def _opened_all(self, operations: list[Operation]) -> list[Operation]:
+        if not any(operation.codec is not None for operation in operations):
+            return operations
+        return [cast(Operation, self._opened(operation)) for operation in operations]
 
     # -- the writes by name: for tests and tools that make one by hand ------------------
 

@@ -293,7 +293,9 @@ def migration_sql(version: int) -> str:
 
 
 _OPERATION_COLUMNS: Final = tuple(
-    field.name for field in attrs.fields(Operation) if field.name != "attempts"
+    field.name
+    for field in attrs.fields(Operation)
+    if field.name != "attempts" and field.metadata.get("column", True)
 )
 _SELECT_OPERATION: Final = ", ".join(_OPERATION_COLUMNS)
 _ADDED_IN_V2: Final = frozenset(
@@ -313,9 +315,10 @@ INSERT INTO {SCHEMA}.operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
     lease_owner, lease_until, enqueued_at, first_send_at,
+    codec, secret_params, credentials_digest,
     overrides
 ) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-    %s)
+    %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
 

@@ -432,9 +432,10 @@ INSERT INTO operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
     lease_owner, lease_until, enqueued_at, first_send_at,
+    codec, secret_params, credentials_digest,
     overrides
 ) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    ?)
+    ?, ?, ?, ?)
 ON CONFLICT DO NOTHING
 """
 
