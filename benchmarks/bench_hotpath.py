@@ -26,9 +26,19 @@ import httpx
 PAYLOAD = {"amount": 1000, "currency": "usd", "customer": "cus_42"}
 WARM_UP = 20
 URL = "https://api.example.test/v1/charges"
-CLIENTS = ("bare", "session-os", "session-fsync", "bare-async16", "async16-os", "flow-only")
+CLIENTS = (
+    "bare",
+    "session-os",
+    "session-os-nobudget",
+    "session-fsync",
+    "bare-async16",
+    "async16-os",
+    "flow-only",
+)
 """``flow-only``: a Session whose journal commands are answered by a stub (no SQLite),
-to tell the flow's own Python from the journal's."""
+to tell the flow's own Python from the journal's. ``session-os-nobudget``: the same
+Session with ``RetryPolicy(budget=None)``, so that the retry budget's cost on the happy
+path is its difference from ``session-os``."""
 
 
 def _answer(request: httpx.Request) -> httpx.Response:
@@ -43,14 +53,16 @@ def _run_sync(client_name: str, ops: int) -> None:
         for _ in range(WARM_UP + ops):
             client.post(URL, json=PAYLOAD)
         return
-    durability = client_name.rpartition("-")[2]
+    budget = not client_name.endswith("-nobudget")
+    durability = client_name.removesuffix("-nobudget").rpartition("-")[2]
+    policy = idempotently.RetryPolicy() if budget else idempotently.RetryPolicy(budget=None)
     with tempfile.TemporaryDirectory() as directory:
         journal = idempotently.Journal(
             Path(directory, "ops.db"), durability="os" if durability == "only" else durability
         )
         if client_name == "flow-only":
             _stub_commands(journal)
-        with idempotently.Session(journal, client=client) as session:
+        with idempotently.Session(journal, client=client, policy=policy) as session:
             for i in range(WARM_UP + ops):
                 session.post(URL, json=PAYLOAD, operation_id=f"o-{i}")
         journal.close()

@@ -37,6 +37,17 @@ def scripted(_scripted: tuple[ScriptedApp, str]) -> Iterator[tuple[ScriptedApp, 
     app.reset()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_retry_budgets() -> Iterator[None]:
+    """Each test starts with empty retry ledgers: the process's budget per origin would
+    otherwise carry one test's retries (under a fake clock) into the next."""
+    from idempotently._budget import BUDGETS
+
+    BUDGETS.clear()
+    yield
+    BUDGETS.clear()
+
+
 @pytest.fixture
 def fake_time() -> FakeTime:
     """A clock that moves only when the code under test sleeps."""

@@ -19,6 +19,8 @@ from idempotently._commands import (
     Find,
     Insert,
     LookUpLater,
+    PauseOrigin,
+    Pauses,
     Queue,
     Record,
     Release,
@@ -26,6 +28,7 @@ from idempotently._commands import (
     SetStatus,
     Settle,
     TakeLease,
+    Unpause,
     Write,
 )
 from idempotently._rows import (
@@ -36,6 +39,7 @@ from idempotently._rows import (
     JournalStats,
     NewOperation,
     Operation,
+    OriginPause,
 )
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
 
@@ -52,6 +56,7 @@ class MemoryStore:
         self.commits: list[tuple[int, bool]] = []
         self._lock = threading.Lock()
         self._namespace = uuid.uuid4()
+        self.pauses: dict[tuple[str, str], OriginPause] = {}
 
     @property
     def namespace(self) -> uuid.UUID:
@@ -83,6 +88,18 @@ class MemoryStore:
             return results
 
     def _apply(self, write: Write) -> Any:
+        if isinstance(write, PauseOrigin):
+            known = self.pauses.get((write.origin, write.credentials))
+            if known is None or write.until > known.until:
+                self.pauses[(write.origin, write.credentials)] = OriginPause(
+                    write.origin, write.credentials, write.until, write.reason, write.set_at
+                )
+            return None
+        if isinstance(write, Unpause):
+            lifted = [pause for pause in self.pauses.values() if pause.origin == write.origin]
+            for pause in lifted:
+                del self.pauses[(pause.origin, pause.credentials)]
+            return lifted
         if isinstance(write, Enqueue):
             # Enqueued: unleased, its first send not begun.
             return self._apply(Insert(write.new, None, 0.0))  # type: ignore[arg-type]
@@ -108,6 +125,7 @@ class MemoryStore:
                 updated_at=new.created_at,
                 key_expires_at=new.key_expires_at,
                 deadline_at=new.deadline_at,
+                overrides=new.overrides,
                 not_before=None,
                 lease_owner=write.owner,
                 lease_until=write.lease_until,
@@ -375,12 +393,19 @@ class MemoryStore:
             lease_owner=row.lease_owner if record.lease_until > 0 else None,
         )
 
+    def origin_pauses(self, *, now: float) -> list[OriginPause]:
+        with self._lock:
+            running = [pause for pause in self.pauses.values() if pause.until > now]
+        return sorted(running, key=lambda pause: pause.until)
+
     def _execute(self, command: Any) -> Any:
         """What ``Journal._execute`` does: a read here, a write as a batch of one."""
         if isinstance(command, Find):
             return self.find(command.operation_id, command.key)
         if isinstance(command, Queue):
             return self.operations(status=list(command.statuses), newest_first=False)
+        if isinstance(command, Pauses):
+            return self.origin_pauses(now=command.now)
         (outcome,) = self.commit([command], False)
         if isinstance(outcome, Failed):
             raise outcome.error

@@ -128,6 +128,11 @@ def test_every_builtin_survives_a_spec_round_trip(builtin: str) -> None:
     assert profile == profile_from_spec(profile_spec(profile))
 
 
+def classify_nothing(status: int, headers: httpx.Headers, body: bytes) -> None:
+    """A classifier importable by name (it leaves every answer to the built-in table)."""
+    return None
+
+
 CHANGES: dict[str, Any] = {
     "name": "other",
     "key_header": "X-Request-Key",
@@ -141,6 +146,8 @@ CHANGES: dict[str, Any] = {
     "stores_server_errors": False,
     "replay_headers": ("X-Replayed",),
     "retry_hint_headers": ("X-Retry",),
+    "classify": classify_nothing,
+    "pause_origin": False,
     "key_bound_to_credentials": True,
     "operation_id_field": "metadata.operation_id",
 }

@@ -139,13 +139,26 @@ def test_422_is_returned_after_one_send(tmp_path: Path, fake_time: FakeTime) -> 
     assert [] == fake_time.sleeps
 
 
-def test_get_passes_through_unjournaled(tmp_path: Path, fake_time: FakeTime) -> None:
-    """Methods outside `methods` go straight to the wrapped transport, untouched."""
-    script = Script([httpx.Response(503)])
+def test_get_is_retried_unjournaled(tmp_path: Path, fake_time: FakeTime) -> None:
+    """A GET is retried after a 503, without a journal row or a key."""
+    script = Script([httpx.Response(503), httpx.Response(200)])
     with sdk_client(tmp_path, fake_time, script) as client:
         response = client.get(URL)
+    assert 200 == response.status_code
+    assert [] == journal_rows(tmp_path / "journal.db")
+    assert 2 == len(script.sent)
+    assert not any("idempotency-key" in sent.headers for sent in script.sent)
+
+
+def test_put_passes_through_unjournaled(tmp_path: Path, fake_time: FakeTime) -> None:
+    """Methods neither journaled nor retried (PUT, by default) go straight to the
+    wrapped transport, untouched and once."""
+    script = Script([httpx.Response(503)])
+    with sdk_client(tmp_path, fake_time, script) as client:
+        response = client.put(URL, json={})
     assert 503 == response.status_code
     assert [] == journal_rows(tmp_path / "journal.db")
+    assert 1 == len(script.sent)
     assert "idempotency-key" not in script.sent[0].headers
 
 

@@ -147,6 +147,8 @@ def test_every_public_error_is_exported() -> None:
 def make(cls: type[idempotently.IdempotentlyError], **context: Any) -> Any:
     if issubclass(cls, idempotently.RetryLaterError):
         return cls("come back later", not_before=1_800_000_123.5, **context)
+    if issubclass(cls, idempotently.RetryBudgetError):
+        return cls("budget spent", origin="https://api.example.com:443", **context)
     return cls("it went wrong", **context)
 
 
@@ -166,6 +168,7 @@ def test_every_error_survives_a_pickle_round_trip(
         copy.response,
     )
     assert getattr(error, "not_before", None) == getattr(copy, "not_before", None)
+    assert getattr(error, "origin", None) == getattr(copy, "origin", None)
     assert str(error) == str(copy)
     assert error.args == copy.args
 

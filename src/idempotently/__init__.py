@@ -9,12 +9,14 @@ from __future__ import annotations
 # _early_signals first, before the slow imports: a `resume --watch` worker notes an
 # early SIGTERM instead of dying of it (nothing happens in any other process).
 from idempotently import _early_signals, profiles  # noqa: F401
+from idempotently._budget import RetryBudget
 from idempotently._codec import Codec, FernetCodec
 from idempotently._events import (
     AttemptFinished,
     Event,
     OperationFinished,
     OperationStarted,
+    RetryRefused,
     RetryScheduled,
 )
 from idempotently._exceptions import (
@@ -36,11 +38,19 @@ from idempotently._exceptions import (
     OperationPendingError,
     OperatorActionError,
     RequestNotSentError,
+    RetryBudgetError,
     RetryLaterError,
     StoredProfileError,
 )
 from idempotently._flow import Receipt, ResumeResult, Settlement
-from idempotently._journal import Attempt, AuditEntry, Journal, JournalStats, Operation
+from idempotently._journal import (
+    Attempt,
+    AuditEntry,
+    Journal,
+    JournalStats,
+    Operation,
+    OriginPause,
+)
 from idempotently._lookup import Lookup
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
@@ -81,11 +91,15 @@ __all__ = [
     "OperationPendingError",
     "OperationStarted",
     "OperatorActionError",
+    "OriginPause",
     "Receipt",
     "RequestNotSentError",
     "ResumeResult",
+    "RetryBudget",
+    "RetryBudgetError",
     "RetryLaterError",
     "RetryPolicy",
+    "RetryRefused",
     "RetryScheduled",
     "ServerProfile",
     "Session",

@@ -24,7 +24,7 @@ from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
-from idempotently._rows import Attempt, AuditEntry, JournalStats, Operation
+from idempotently._rows import Attempt, AuditEntry, JournalStats, Operation, OriginPause
 
 # The journal never stores these; a CLI that prints headers still refuses to,
 # in case a journal was written by something else or a newer redaction list.
@@ -606,9 +606,14 @@ def percent(rate: float) -> str:
 
 
 def stats_lines(
-    stats: JournalStats, path: str, stuck_after: float, width: int | None = None
+    stats: JournalStats,
+    path: str,
+    stuck_after: float,
+    pauses: Sequence[OriginPause] = (),
+    width: int | None = None,
 ) -> list[str]:
-    """``stats`` for people: one named figure per line (wrapped between words within ``width``)."""
+    """``stats`` for people: one named figure per line, then the paused origins (wrapped
+    between words within ``width``)."""
     age = stats.oldest_pending_age
     oldest = stats.oldest_pending_created_at
     fields = [
@@ -633,7 +638,20 @@ def stats_lines(
                 f"{format_duration(stats.expiring_within)} or has expired)",
             )
         )
+    fields.append(("paused origins", str(len(pauses))))
+    fields.extend(
+        (
+            f"  {printable(pause.origin)}",
+            f"until {iso(pause.until)} ({printable(pause.reason or '')})",
+        )
+        for pause in pauses
+    )
     return field_lines(fields, width)
+
+
+def pause_json(pause: OriginPause) -> dict[str, Any]:
+    """An origin pause for scripts: its times as ISO 8601 too."""
+    return {**pause.to_json(), "until_iso": iso(pause.until), "set_at_iso": iso(pause.set_at)}
 
 
 def _label(value: str) -> str:

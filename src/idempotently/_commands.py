@@ -215,6 +215,33 @@ class LookUpLater:
     audit: AuditNote
 
 
+@attrs.frozen
+class Pauses:
+    """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
+
+    now: float
+    operation_id: str | None = None
+    """The operation about to be sent, for the error a failed read raises."""
+
+
+@attrs.frozen
+class PauseOrigin:
+    """Pause an origin for some credentials until ``until`` (a later pause wins)."""
+
+    origin: str
+    credentials: str
+    until: float
+    reason: str
+    set_at: float
+
+
+@attrs.frozen
+class Unpause:
+    """Lift every pause of ``origin``; replies the pauses it lifted."""
+
+    origin: str
+
+
 Write = (
     Insert
     | Enqueue
@@ -228,9 +255,11 @@ Write = (
     | ClaimDue
     | Act
     | LookUpLater
+    | PauseOrigin
+    | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
-Read = Find | Queue
+Read = Find | Queue | Pauses
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,
@@ -245,6 +274,8 @@ WRITES: tuple[type, ...] = (
     ClaimDue,
     Act,
     LookUpLater,
+    PauseOrigin,
+    Unpause,
 )
 
 # -- commands for the driver ------------------------------------------------------------------

@@ -123,8 +123,26 @@ class OperationFinished:
     """Seconds since `OperationStarted`, by the session's clock."""
 
 
-Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished
-"""One of the four events a hook receives."""
+@attrs.frozen(kw_only=True)
+class RetryRefused:
+    """The process's retry budget for ``origin`` refused a retry the policy allowed:
+    it is not sent, and the operation stays pending with its key."""
+
+    name: ClassVar[str] = "retry_refused"
+    operation_id: str
+    """The operation whose retry was refused."""
+    key: str
+    """Its idempotency key (it stays pending with it)."""
+    attempt: int
+    """The attempt that would have been retried."""
+    origin: str
+    """``scheme://host:port`` whose budget is spent."""
+    reason: str
+    """Why, in words (the budget's figures)."""
+
+
+Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished | RetryRefused
+"""One of the five events a hook receives."""
 
 Hook = Callable[[Event], object]
 """A hook: called with each event, in the caller's thread (or on the event loop)."""
@@ -155,7 +173,7 @@ def heard(hooks: tuple[AsyncHook, ...], level: int) -> bool:
 
 def log(event: Event) -> None:
     """One log record on the ``idempotently`` logger, its fields at ``record.idempotently``."""
-    if isinstance(event, RetryScheduled):
+    if isinstance(event, (RetryScheduled, RetryRefused)):
         level = logging.INFO
     elif isinstance(event, OperationFinished):
         level = finished_level(event.status)
@@ -193,6 +211,14 @@ def log(event: Event) -> None:
             event.attempt,
             event.reason,
             event.wait,
+            extra=extra,
+        )
+    elif isinstance(event, RetryRefused):
+        logger.info(
+            "operation %s (key %s) attempt %d: retry refused by the retry budget of %s",
+            *ids,
+            event.attempt,
+            event.origin,
             extra=extra,
         )
     else:

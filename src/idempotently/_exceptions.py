@@ -14,6 +14,7 @@
     ├── RequestNotSentError           the request cannot be sent (bad URL, illegal header)
     ├── OperationPendingError         retries ran out, outcome unknown
     │   ├── RetryLaterError           the server asked us to come back later
+    │   ├── RetryBudgetError          the origin's retry budget refused the retry
     │   └── CredentialsMismatchError  the key is bound to other credentials
     ├── NeedsReconcileError           only a human or a reconciler can decide
     ├── StoredProfileError            the profile it was journaled under cannot be used
@@ -163,6 +164,26 @@ class RetryLaterError(OperationPendingError):
     ) -> None:
         super().__init__(message, operation_id=operation_id, key=key, response=response)
         self.not_before = not_before
+
+
+class RetryBudgetError(OperationPendingError):
+    """The process's retry budget for ``origin`` (scheme, host and port) refused a retry.
+
+    The retry was not sent: the operation stays pending with its key, and a resume (or
+    a call again with its operation id) continues it once the origin recovers.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        origin: str,
+        operation_id: str | None = None,
+        key: str | None = None,
+        response: httpx.Response | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, key=key, response=response)
+        self.origin = origin
 
 
 class CredentialsMismatchError(OperationPendingError):

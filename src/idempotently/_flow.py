@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._codec import Codec, encoded
 from idempotently._commands import (
     AuditNote,
@@ -37,6 +38,8 @@ from idempotently._commands import (
     Insert,
     Lease,
     LookUpLater,
+    PauseOrigin,
+    Pauses,
     Queue,
     Reconcile,
     Record,
@@ -65,6 +68,7 @@ from idempotently._events import (
     Event,
     OperationFinished,
     OperationStarted,
+    RetryRefused,
     RetryScheduled,
     finished_level,
     heard,
@@ -83,6 +87,7 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
     RequestNotSentError,
+    RetryBudgetError,
     RetryLaterError,
     StoredProfileError,
 )
@@ -106,6 +111,8 @@ from idempotently._keys import (
 )
 from idempotently._lookup import Verdict
 from idempotently._operator import plan as plan_action
+from idempotently._overrides import read_overrides
+from idempotently._pauses import PAUSE_STATUS_CODES, PauseBoard, credentials_digest
 from idempotently._policy import (
     Answer,
     CallState,
@@ -113,9 +120,12 @@ from idempotently._policy import (
     RetryPolicy,
     classify,
     classify_error,
+    classify_read,
     decide,
+    decide_read,
     may_have_been_delivered,
     never_sent,
+    refused,
 )
 from idempotently._profiles import (
     GENERIC,
@@ -124,7 +134,7 @@ from idempotently._profiles import (
     journaled_profile,
     stored_profile,
 )
-from idempotently._rows import AttemptRecord, NewOperation, Operation
+from idempotently._rows import AttemptRecord, NewOperation, Operation, OriginPause
 from idempotently._secret_params import (
     LiveValues,
     MissingParams,
@@ -390,6 +400,8 @@ class Call:
     deadline_at: float | None = None
     new_operation_id: str | None = None
     """The id a new operation gets when ``operation_id`` is None (else a random one)."""
+    overrides: str | None = None
+    """The call's own policy and timeouts, journaled (``_overrides.py``) for resume."""
 
 
 @attrs.frozen
@@ -465,6 +477,33 @@ def check_timeouts(request: httpx.Request) -> None:
             )
         if not (0 <= value < _INFINITY):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
+
+
+_SHORTEST_TIMEOUT = 0.001
+"""An attempt started at (or past) the deadline still gets this long: its connect
+fails fast and it is recorded, instead of a send with no timeout at all."""
+
+
+def longest_timeout(timeouts: Any) -> float:
+    """The longest of the request's timeouts (infinite if a phase has none): while more
+    time than that is left, the timeouts need no cap (the common case, not rebuilt)."""
+    if not isinstance(timeouts, dict) or len(timeouts) < 4:
+        return _INFINITY
+    values = timeouts.values()
+    return _INFINITY if None in values else float(max(values))
+
+
+def capped_timeouts(timeouts: Any, remaining: float) -> dict[str, float | None]:
+    """The request's timeouts (httpx's ``timeout`` extension), each capped by the
+    ``remaining`` seconds of the call: an attempt never waits past the deadline for any
+    phase (connect, write, read, pool). A timeout so cut after the request may have
+    been sent is ``maybe_delivered``: the operation stays pending."""
+    cap = max(remaining, _SHORTEST_TIMEOUT)
+    phases = timeouts if isinstance(timeouts, dict) else {}
+    return {
+        phase: cap if (value := phases.get(phase)) is None else min(value, cap)
+        for phase in ("connect", "read", "write", "pool")
+    }
 
 
 # A random tag of this process, at the start of every owner token it makes: another
@@ -560,6 +599,16 @@ class Engine:
     secret_params: frozenset[str] = attrs.field(factory=secret_param_names)
     param_values: LiveValues | None = None
 
+    def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
+        """This engine for one call with its own policy or profile (itself without)."""
+        if policy is None and profile is None:
+            return self
+        return attrs.evolve(
+            self,
+            policy=self.policy if policy is None else policy,
+            profile=self.profile if profile is None else profile,
+        )
+
     def new_owner(self) -> str:
         """A new lease owner of this engine's host."""
         return new_lease_owner(self.host_id)
@@ -570,6 +619,10 @@ class Engine:
 
     hooks: tuple[AsyncHook, ...] = ()
     """Called with every event (``_events.py``), through the driver."""
+    budgets: RetryBudgets = BUDGETS
+    """The retry ledgers per origin the policy's budget is spent from: the process's."""
+    pauses: PauseBoard = attrs.Factory(PauseBoard)
+    """What this engine last read of its journal's origin pauses."""
 
     # -- one call ------------------------------------------------------------------------
 
@@ -590,6 +643,11 @@ class Engine:
         )
         print_ = request_digest(request.method, request.url, headers.fingerprinted)
         secrets = headers.secrets
+        pause = yield from self._origin_pause(
+            self.profile, request.url, secrets, started, call.operation_id
+        )
+        if pause is not None:
+            yield from self._wait_out(pause, call, started)
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
@@ -730,6 +788,7 @@ class Engine:
             created_at=now,
             key_expires_at=now + self.profile.key_lifetime,
             deadline_at=call.deadline_at,
+            overrides=call.overrides,
             codec=None if codec is None else codec.name,
             secret_params=json.dumps(list(redacted)) if redacted else None,
         )
@@ -943,6 +1002,10 @@ class Engine:
             error = NeedsReconcileError(f"{decision.reason}; {RECONCILE_HINT}", **ids)
         elif action == "abandon":
             error = OperationAbandonedError(f"{decision.reason}; {ABANDON_HINT}", **ids)
+        elif decision.refused_by is not None:
+            error = RetryBudgetError(
+                f"{decision.reason}; " + RESUME_HINT, origin=decision.refused_by, **ids
+            )
         else:
             attempts = decision.state.attempts
             error = OperationPendingError(
@@ -984,8 +1047,25 @@ class Engine:
                     at=began,
                 )
             )
+        budget = self.policy.budget
+        origin = None if budget is None else origin_of(request.url)
+        first = True
+        limit = self._time_limit(state)
+        timeouts = request.extensions.get("timeout")
+        longest = longest_timeout(timeouts)
         while True:
             started = self.clock()
+            if limit is not None and limit - started < longest:
+                request.extensions = {
+                    **request.extensions,
+                    "timeout": capped_timeouts(timeouts, limit - started),
+                }
+            if first:
+                first = False
+                if origin is not None:
+                    # A resume's (or a call's) first send of the operation: what the
+                    # budget's ratio of retries is counted against.
+                    self.budgets.first_attempt(origin, started)
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             if owner is not None and started > held.lease_until - self.lease_duration / 2:
                 # Half the lease gone before the bytes leave (a slow hook, a long wait):
@@ -1014,6 +1094,13 @@ class Engine:
                 else classify_error(reply, secrets=secrets)
             )
             decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
+            if (
+                decision.action == "retry"
+                and budget is not None
+                and origin is not None
+                and not self.budgets.try_retry(budget, origin, now)
+            ):
+                decision = refused(decision, origin)
             state = decision.state
             action = decision.action
             retrying = action == "retry"
@@ -1042,6 +1129,13 @@ class Engine:
                 ),
             )
             yield Record(operation_id, record, now, owner, key)
+            if (
+                answer is not None
+                and answer.server_wait
+                and answer.status_code in PAUSE_STATUS_CODES
+                and profile.pause_origin
+            ):
+                yield from self._pause(request.url, secrets, answer, now)
             if retrying:
                 held.lease_until = record.lease_until
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
@@ -1074,6 +1168,16 @@ class Engine:
                         elapsed=now - started,
                     )
                 )
+            if decision.refused_by is not None:
+                yield from self._emit(
+                    RetryRefused(
+                        operation_id=operation_id,
+                        key=key,
+                        attempt=attempts,
+                        origin=decision.refused_by,
+                        reason=decision.reason,
+                    )
+                )
             if retrying:
                 yield from self._emit(
                     RetryScheduled(
@@ -1102,6 +1206,129 @@ class Engine:
                     )
                 )
             return End(operation_id, key, decision, attempts, response, error)
+
+    # -- reads: retried, never journaled ----------------------------------------------------
+
+    def read(self, request: httpx.Request) -> Flow[httpx.Response]:
+        """Send a read (a method the server may repeat) until its answer is final, under
+        the same policy and retry budget as the writes; nothing is journaled and no key
+        is added. Returns the last answer, or raises the last error, as they came."""
+        started = self.clock()
+        state = CallState(started_at=started)
+        budget = self.policy.budget
+        origin = None if budget is None else origin_of(request.url)
+        if origin is not None:
+            self.budgets.first_attempt(origin, started)
+        limit = self._time_limit(state)
+        timeouts = request.extensions.get("timeout")
+        longest = longest_timeout(timeouts)
+        while True:
+            if limit is not None and limit - self.clock() < longest:
+                request.extensions = {
+                    **request.extensions,
+                    "timeout": capped_timeouts(timeouts, limit - self.clock()),
+                }
+            reply = yield Send(request)
+            now = self.clock()
+            response = reply if isinstance(reply, httpx.Response) else None
+            signal = (
+                classify_read(self.profile, response, now=now)
+                if response is not None
+                else classify_error(
+                    reply,
+                    secrets=secret_values(request.headers, self.redact_headers, request.url),
+                )
+            )
+            decision = decide_read(self.policy, state, signal, now=now, rand=self.rand)
+            state = decision.state
+            if (
+                decision.action == "retry"
+                and budget is not None
+                and origin is not None
+                and not self.budgets.try_retry(budget, origin, now)
+            ):
+                logger.info(
+                    "a %s to %s is not retried: the retry budget of that origin is spent "
+                    "(%s); its last answer or error is returned",
+                    request.method,
+                    origin,
+                    decision.reason,
+                )
+            elif decision.action == "retry":
+                yield Sleep(decision.wait)
+                continue
+            if response is not None:
+                return response
+            raise reply
+
+    # -- origin pauses -------------------------------------------------------------------
+
+    def _origin_pause(
+        self,
+        profile: ServerProfile,
+        url: httpx.URL,
+        secrets: Sequence[str],
+        now: float,
+        operation_id: str | None = None,
+    ) -> Flow[OriginPause | None]:
+        """The journal's pause of ``url``'s origin for these credentials, if one runs now
+        (the journal read again at most once a second)."""
+        if not profile.pause_origin:
+            return None
+        board = self.pauses
+        if board.stale(now):
+            # One flow reads for all: the others go on with what was read last meanwhile.
+            board.read_at = now
+            board.replace((yield Pauses(now, operation_id)), now)
+        if not board.by_origin:
+            return None
+        origin = origin_of(url)
+        if not board.has(origin):
+            return None
+        return board.find(origin, credentials_digest(self.namespace, secrets), now)
+
+    def _wait_out(self, pause: OriginPause, call: Call, now: float) -> Flow[None]:
+        """Sleep until the pause ends, or raise RetryLaterError, before anything is
+        journaled, when that is longer than this call may wait."""
+        limit = self._time_limit(CallState(started_at=now, deadline_at=call.deadline_at))
+        wait = pause.until - now
+        if wait > self.policy.max_retry_after or (limit is not None and pause.until > limit):
+            key = call.key
+            if key is None and call.operation_id is not None and self.namespace is not None:
+                key = derived_key(self.namespace, call.operation_id)
+            raise RetryLaterError(
+                f"{pause.origin} is paused until {_iso(pause.until)} ({pause.reason}), longer "
+                f"than this call may wait (max_retry_after={self.policy.max_retry_after:g}s, "
+                "or its deadline): nothing was journaled or sent; call again after that, or "
+                f"lift the pause with `idempotently unpause {pause.origin}`",
+                not_before=pause.until,
+                operation_id=call.operation_id,
+                key=key,
+            )
+        yield Sleep(wait)
+
+    def _pause(
+        self, url: httpx.URL, secrets: Sequence[str], answer: Answer, now: float
+    ) -> Flow[None]:
+        """Journal the pause a 429 or 503 with Retry-After asks of its whole origin."""
+        wait = answer.server_wait or 0.0
+        pause = OriginPause(
+            origin=origin_of(url),
+            credentials=credentials_digest(self.namespace, secrets),
+            until=now + wait,
+            reason=f"{answer.status_code} with Retry-After {wait:g}s",
+            set_at=now,
+        )
+        yield PauseOrigin(pause.origin, pause.credentials, pause.until, pause.reason or "", now)
+        self.pauses.add(pause)
+
+    def _time_limit(self, state: CallState) -> float | None:
+        """When this call's attempts must be over: its policy's deadline (unless a custom
+        ``stop=`` replaced it) or the operation's own deadline, whichever comes first."""
+        limits = [] if self.policy.stop is not None else [state.started_at + self.policy.deadline]
+        if state.deadline_at is not None:
+            limits.append(state.deadline_at)
+        return min(limits) if limits else None
 
     def _emit(self, event: Event) -> Flow[None]:
         """Log ``event``; hand it to the hooks, if there are any (through the driver)."""
@@ -1451,6 +1678,50 @@ class Engine:
                 f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
                 f"its state; see `idempotently show {operation.operation_id}`",
             )
+        budget = self.policy.budget
+        if budget is not None:
+            # What the origin's retries have met so far in this process: nothing but
+            # failures (the budget spent). A resume then leaves the rest of that origin's
+            # operations pending instead of trying every one in turn.
+            origin = origin_of(request.url)
+            if self.budgets.spent(budget, origin, self.clock()):
+                return ResumeResult.of(
+                    operation,
+                    "pending",
+                    "still_pending",
+                    f"not sent: the retry budget of {origin} is spent (its recent retries "
+                    "met only failures); it stays pending with its key for a later resume",
+                )
+        secrets = secret_values(request.headers, self.redact_headers, request.url)
+        pause = yield from self._origin_pause(
+            profile, request.url, secrets, self.clock(), operation.operation_id
+        )
+        if pause is not None:
+            # still_pending, not waiting (a not_before of its own): a watch worker parks
+            # it with its backoff instead of claiming it again at once.
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "still_pending",
+                f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
+                f"({pause.reason}); it stays pending with its key",
+            )
+        engine = self
+        if operation.overrides is not None:
+            # The caller's own policy and timeouts, as journaled with the operation.
+            try:
+                policy, timeouts = read_overrides(operation.overrides)
+            except ValueError as error:
+                return ResumeResult.of(
+                    operation,
+                    "pending",
+                    "not_sent",
+                    f"{error}; nothing was sent and it stays pending (see "
+                    f"`idempotently show {operation.operation_id}`)",
+                )
+            engine = self.overridden(policy, None)
+            if timeouts is not None:
+                request.extensions = {**request.extensions, "timeout": timeouts}
         if operation.credentials_digest is not None:
             differ = yield from self._credentials_differ(operation, request)
             if differ is not None:
@@ -1466,7 +1737,7 @@ class Engine:
             return ResumeResult.of(
                 operation, "pending", "leased", "another caller took its lease first"
             )
-        end = yield from self._attempts(
+        end = yield from engine._attempts(
             operation.operation_id,
             operation.key,
             request,
@@ -1474,7 +1745,7 @@ class Engine:
             profile,
             operation.attempt_count,
             held,
-            secret_values(request.headers, self.redact_headers, request.url),
+            secrets,
             self._codec_of(operation),
         )
         decision = end.decision

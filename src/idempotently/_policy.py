@@ -17,13 +17,14 @@ import contextlib
 import random
 import re
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import attrs
 import httpx
 import tenacity as _t
 
-from idempotently._profiles import ServerProfile
+from idempotently._budget import RetryBudget
+from idempotently._profiles import VERDICTS, ServerProfile, Verdict
 from idempotently._retry_after import server_wait
 from idempotently._text import storable_text
 from idempotently._vocabulary import Action, Delivery, Outcome
@@ -91,6 +92,10 @@ class RetryPolicy:
     ``stop_after_attempt(max_attempts) | stop_before_delay(deadline)``), e.g.
     ``RetryPolicy(stop=tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(10))``.
     The server's Retry-After and the operation's own deadline still apply.
+
+    ``budget=`` bounds the retries of the whole process per origin (default
+    ``RetryBudget()``; None turns it off): a retry it refuses is not sent, and
+    `idempotently.RetryBudgetError` says which origin's budget ran out.
     """
 
     max_attempts: int = attrs.field(
@@ -138,6 +143,12 @@ class RetryPolicy:
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
     """A tenacity stop strategy replacing ``max_attempts`` and ``deadline``."""
+    budget: RetryBudget | None = attrs.field(
+        factory=RetryBudget,
+        validator=attrs.validators.optional(attrs.validators.instance_of(RetryBudget)),
+    )
+    """The process's retry budget per origin (`idempotently.RetryBudget`);
+    None: every retry this policy allows is sent."""
 
     def backoff(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
         """The backoff before retry number ``retry_number`` (1 for the first retry)."""
@@ -182,6 +193,11 @@ class Answer:
     """The server's explicit "retry this?" header, if any."""
     server_wait: float | None = None
     """Seconds the server asks to wait (Retry-After, retry-after-ms), clamped."""
+    verdict: Verdict | None = None
+    """What the profile's ``classify`` made of it (None: the built-in table decides)."""
+    classifier_error: str | None = None
+    """Why the profile's ``classify`` gave no usable verdict (it raised, or returned
+    something else): the operation stays pending."""
 
     @property
     def outcome(self) -> Outcome:
@@ -253,15 +269,43 @@ def may_have_been_delivered(operation: Operation) -> bool:
 
 def classify(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
     status = response.status_code
-    mismatch = profile.is_payload_mismatch(response)
+    verdict, failure = (None, None) if profile.classify is None else _verdict(profile, response)
+    if verdict is not None:
+        mismatch = verdict == "mismatch"
+        in_progress = verdict == "in_progress"
+    else:
+        mismatch = profile.is_payload_mismatch(response)
+        in_progress = status in profile.in_progress_statuses and not mismatch
     return Answer(
         status_code=status,
         replayed=profile.is_replay(response),
-        in_progress=status in profile.in_progress_statuses and not mismatch,
+        in_progress=in_progress,
         mismatch=mismatch,
         hint=profile.retry_hint(response),
-        server_wait=server_wait(response.headers, now=now) if status >= 400 else None,
+        server_wait=server_wait(response.headers, now=now)
+        if status >= 400 or verdict in ("retry", "in_progress")
+        else None,
+        verdict=verdict,
+        classifier_error=failure,
     )
+
+
+def _verdict(profile: ServerProfile, response: httpx.Response) -> tuple[Verdict | None, str | None]:
+    """The profile's classifier on ``response``: its verdict, or why it gave none usable."""
+    assert profile.classify is not None
+    name = getattr(profile.classify, "__qualname__", repr(profile.classify))
+    try:
+        verdict = profile.classify(response.status_code, response.headers, response.content)
+    except Exception as error:  # the user's code: whatever it raises, the answer is kept
+        return None, storable_text(
+            f"the profile's classify ({name}) raised {type(error).__name__}: {_message(error)}"
+        )
+    if verdict is not None and verdict not in VERDICTS:
+        return None, storable_text(
+            f"the profile's classify ({name}) returned {verdict!r:.60}, not one of "
+            "'retry', 'final', 'in_progress', 'mismatch' or None"
+        )
+    return cast("Verdict | None", verdict), None
 
 
 _NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -367,6 +411,20 @@ class Decision:
     """The call's state after this attempt, for the next decision."""
     wait: float = 0.0
     not_before: float | None = None
+    refused_by: str | None = None
+    """The origin whose retry budget refused the retry this decision would have been."""
+
+
+def refused(decision: Decision, origin: str) -> Decision:
+    """The retry ``decision`` was, refused by ``origin``'s retry budget: not sent, the
+    operation stays pending with its key."""
+    return Decision(
+        "pending",
+        f"{decision.reason}: the retry budget of {origin} is spent (too many retries to "
+        "it from this process in the last 10s); the retry was not sent",
+        decision.state,
+        refused_by=origin,
+    )
 
 
 def decide(
@@ -424,7 +482,20 @@ def decide(
         return _retry_or_stop(policy, state, signal.text, None, now=now, rand=rand)
 
     status = signal.status_code
-    if status < 400:
+    if signal.classifier_error is not None:
+        return decision(
+            "pending",
+            f"{status}: {signal.classifier_error}; the answer is journaled and the operation "
+            "stays pending with its key (fix the classifier, then resume)",
+        )
+    verdict = signal.verdict
+    if verdict == "final":
+        if status < 400:
+            return decision("succeed", f"{status} (final, says the profile's classify)")
+        return final(signal, f"{status} (final, says the profile's classify)")
+    if verdict == "retry":
+        return _retry_verdict(policy, state, signal, now=now, rand=rand)
+    if status < 400 and verdict is None:
         return decision("succeed", f"{status}")
     if signal.mismatch:
         if before.acted and not signal.replayed:
@@ -435,7 +506,7 @@ def decide(
             )
         return decision("fail", f"{status}: the server says this key was used with another payload")
     hint = signal.hint
-    if status >= 500:
+    if status >= 500 and verdict is None:
         if signal.replayed:
             return decision(
                 "reconcile",
@@ -484,6 +555,82 @@ def decide(
             f"{status}: an at-most-once operation the server may have acted on is never resent",
         )
     return _retry_or_stop(policy, state, f"{status}", signal.server_wait, now=now, rand=rand)
+
+
+# -- reads: no journal, no key ------------------------------------------------------------
+
+READ_RETRY_STATUS_CODES = frozenset({408, 425, 429})
+"""Besides every 5xx: the statuses a read is retried on."""
+
+
+def read_is_retryable(status: int) -> bool:
+    """Whether a read's answer with ``status`` is one a retry may change."""
+    return status >= 500 or status in READ_RETRY_STATUS_CODES
+
+
+def classify_read(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
+    """A read's answer: only its status, hint header and Retry-After matter."""
+    status = response.status_code
+    retryable = read_is_retryable(status)
+    return Answer(
+        status_code=status,
+        hint=profile.retry_hint(response) if retryable else None,
+        server_wait=server_wait(response.headers, now=now) if retryable else None,
+    )
+
+
+def decide_read(
+    policy: RetryPolicy,
+    state: CallState,
+    signal: Signal,
+    *,
+    now: float,
+    rand: Callable[[], float] = random.random,
+) -> Decision:
+    """The next step after one attempt of a read (GET, HEAD, OPTIONS; PUT and DELETE when
+    asked): a method the server may repeat, so any network error, 5xx, 408, 425 or 429 is
+    retried under the policy; anything else is the answer. ``retry`` or ``succeed`` (the
+    last answer or error is let through)."""
+    state = state.after(signal, now=now)
+    if isinstance(signal, Failure):
+        if signal.unsendable or signal.unreadable:
+            return Decision("succeed", signal.text, state)
+        what = signal.text
+    else:
+        if not read_is_retryable(signal.status_code) or signal.hint is False:
+            return Decision("succeed", f"{signal.status_code}", state)
+        what = f"{signal.status_code}"
+    decision = _retry_or_stop(
+        policy,
+        state,
+        what,
+        None if isinstance(signal, Failure) else signal.server_wait,
+        now=now,
+        rand=rand,
+    )
+    if decision.action == "retry":
+        return decision
+    return Decision("succeed", decision.reason, state)
+
+
+def _retry_verdict(
+    policy: RetryPolicy,
+    state: CallState,
+    signal: Answer,
+    *,
+    now: float,
+    rand: Callable[[], float],
+) -> Decision:
+    """The classifier says "try again": retried like a 503 (an at-most-once operation
+    the server may have acted on is not)."""
+    what = f"{signal.status_code} (retry, says the profile's classify)"
+    if state.delivery == "at_most_once" and signal.status_code not in NOT_ACTED_STATUS_CODES:
+        return Decision(
+            "abandon",
+            f"{what}: an at-most-once operation the server may have acted on is never resent",
+            state,
+        )
+    return _retry_or_stop(policy, state, what, signal.server_wait, now=now, rand=rand)
 
 
 def _retry_or_stop(

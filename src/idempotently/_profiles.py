@@ -34,6 +34,13 @@ RETRY_HINT_HEADERS = ("Stripe-Should-Retry", "X-Should-Retry")
 MismatchMatcher = Callable[[httpx.Response], bool]
 """Says whether an answer means "this key was used with another payload"."""
 
+Verdict = Literal["retry", "final", "in_progress", "mismatch"]
+"""What a classifier makes of an answer."""
+VERDICTS: frozenset[str] = frozenset({"retry", "final", "in_progress", "mismatch"})
+Classifier = Callable[[int, httpx.Headers, bytes], "str | None"]
+"""``classify(status, headers, body)``: a `Verdict` (checked when it answers), or
+None for the built-in table."""
+
 
 @attrs.frozen
 class BodyMentions:
@@ -269,6 +276,18 @@ class ServerProfile:
         default=RETRY_HINT_HEADERS, converter=tuple, validator=_header_names
     )
     """Response headers saying true/false to "should this be retried"."""
+    classify: Classifier | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
+    """``fn(status, headers, body) -> "retry" | "final" | "in_progress" | "mismatch" |
+    None``, for servers that say "try again" in a 200 or "in progress" in a 202; None
+    (its answer, or no classifier) leaves the built-in table to decide. It can never
+    make an answer after an attempt that may have been delivered ``failed``; one that
+    raises leaves the operation pending. Journaled as its ``module:qualname``."""
+    pause_origin: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    """Whether a 429 or 503 with Retry-After pauses its whole origin (for the same
+    credentials), journaled, so every thread, process and resume worker sharing the
+    journal waits it out; False for APIs that limit per resource."""
     key_bound_to_credentials: bool = attrs.field(
         default=False, validator=attrs.validators.instance_of(bool)
     )
@@ -481,6 +500,10 @@ _CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
 ``module:qualname`` resume imports."""
 
 
+_OMITTED_AT_DEFAULT = frozenset({"classify", "pause_origin"})
+"""Fields a spec leaves out at their default."""
+
+
 class ProfileSpecError(ValueError):
     """A journaled profile spec that cannot be read back (a callable that cannot be
     imported, a field this version does not know)."""
@@ -498,6 +521,10 @@ def profile_spec(profile: ServerProfile) -> str:
         if not field.init:
             continue
         value = getattr(profile, field.name)
+        if field.name in _OMITTED_AT_DEFAULT and value == field.default:
+            # A field added later, at its default: left out, so the JSON stays what an
+            # earlier version wrote for the same profile (a stored one still agrees).
+            continue
         if field.name in _CALLABLE_FIELDS:
             fields[field.name] = (
                 None if value is None else _callable_spec(profile, field.name, value)

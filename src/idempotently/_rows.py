@@ -177,6 +177,8 @@ class NewOperation:
     codec: str | None = None
     secret_params: str | None = None
     credentials_digest: str | None = None
+    # Retry control (schema v4): the call's own policy and timeouts, for resume.
+    overrides: str | None = None
 
     def row(self, owner: str | None, lease_until: float) -> tuple[Any, ...]:
         """The values of the insert that journals it (both stores' column order)."""
@@ -203,6 +205,7 @@ class NewOperation:
             self.codec,
             self.secret_params,
             self.credentials_digest,
+            self.overrides,  # retry control (schema v4)
         )
 
     def as_enqueued(self) -> Operation:
@@ -236,7 +239,30 @@ class NewOperation:
             codec=self.codec,
             secret_params=self.secret_params,
             credentials_digest=self.credentials_digest,
+            overrides=self.overrides,
         )
+
+
+@attrs.frozen
+class OriginPause:
+    """An origin the server asked every client to leave alone until ``until`` (a 429 or
+    503 with Retry-After), for the credentials whose digest is ``credentials``."""
+
+    origin: str
+    """``scheme://host:port``."""
+    credentials: str
+    """A keyed digest of the credentials it was answered to ('' without any), never
+    their value: one tenant's pause does not pause another's."""
+    until: float
+    """When the pause ends (seconds since the epoch), clamped to the policy's
+    ``max_retry_after``."""
+    reason: str | None
+    """What paused it, e.g. ``429 with Retry-After 600s``."""
+    set_at: float
+    """When it was set (seconds since the epoch)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
 
 
 @attrs.frozen

@@ -51,6 +51,7 @@ from idempotently._flow import (
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
 from idempotently._lookup import Verdict
+from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile, carry_operation_id, journaled_profile
 from idempotently._secret_params import values_in_params
@@ -247,6 +248,7 @@ class _SessionBase(Generic[ClientT]):
             codec=self.journal.codec,
             secret_params=self.journal.redact_query,
             param_values=self._param_values,
+            pauses=self.journal._pause_board,
         )
 
     def _param_values(self, name: str) -> Sequence[str] | None:
@@ -301,14 +303,18 @@ class _SessionBase(Generic[ClientT]):
         idempotency_key: str | None,
         delivery: Delivery,
         deadline_at: float | None,
+        *,
+        profile: ServerProfile | None = None,
+        overrides: str | None = None,
     ) -> Call:
-        key = adopted_key(self.profile, request, idempotency_key)
+        key = adopted_key(profile or self.profile, request, idempotency_key)
         return Call(
             request,
             operation_id=operation_id,
             key=key,
             delivery=delivery,
             deadline_at=None if deadline_at is None else float(deadline_at),
+            overrides=overrides,
         )
 
     def _enqueue_request(
@@ -348,6 +354,20 @@ class _SessionBase(Generic[ClientT]):
         return (
             f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
         )
+
+
+def check_call_overrides(policy: object, profile: object) -> None:
+    """A call's own ``policy=`` and ``profile=``, checked before anything is journaled:
+    both are journaled with the operation, so that resume uses them."""
+    if policy is not None:
+        check_call_policy(policy)
+    if profile is not None:
+        if not isinstance(profile, ServerProfile):
+            raise TypeError(
+                "profile must be an idempotently.ServerProfile (e.g. "
+                f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
+            )
+        journaled_profile(profile)
 
 
 def adopted_key(
@@ -478,6 +498,8 @@ class Session(_SessionBase[httpx.Client]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """POST once, whatever happens on the wire; see `request`."""
         return self.request(
@@ -496,6 +518,8 @@ class Session(_SessionBase[httpx.Client]):
             idempotency_key=idempotency_key,
             delivery=delivery,
             deadline_at=deadline_at,
+            policy=policy,
+            profile=profile,
         )
 
     def request(
@@ -516,6 +540,8 @@ class Session(_SessionBase[httpx.Client]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """Send one operation; return its final answer (2xx, 3xx or a final 4xx).
 
@@ -525,7 +551,10 @@ class Session(_SessionBase[httpx.Client]):
         with its stored key. ``idempotency_key`` (or the profile's key header
         set on the request) is used as the key instead of a random one.
         ``deadline_at`` (seconds since the epoch) is the operation's own
-        deadline, kept across restarts.
+        deadline, kept across restarts. ``policy=``, ``profile=`` and ``timeout=``
+        replace the session's for this call, and are journaled with the
+        operation: a resume sends it under them too (a policy with a custom
+        ``wait=`` or ``stop=`` cannot be journaled and is refused).
         """
         check_call_arguments(
             operation_id=operation_id,
@@ -533,9 +562,10 @@ class Session(_SessionBase[httpx.Client]):
             delivery=delivery,
             deadline_at=deadline_at,
         )
+        check_call_overrides(policy, profile)
         # A lookup finds the object by the id the profile carries into the body.
         json, data = carry_operation_id(
-            self.profile.operation_id_field, operation_id, json=json, data=data
+            (profile or self.profile).operation_id_field, operation_id, json=json, data=data
         )
         request = self.client.build_request(
             method,
@@ -553,11 +583,25 @@ class Session(_SessionBase[httpx.Client]):
         check_timeouts(request)
         request.read()
         live = _httpx2.to_httpx_request(request) if self._httpx2 else request
-        call = self._call(live, operation_id, idempotency_key, delivery, deadline_at)
+        call = self._call(
+            live,
+            operation_id,
+            idempotency_key,
+            delivery,
+            deadline_at,
+            profile=profile,
+            overrides=overrides_json(
+                policy,
+                None
+                if timeout is httpx.USE_CLIENT_DEFAULT
+                else dict(live.extensions.get("timeout") or {}),
+            ),
+        )
+        engine = self._engine.overridden(policy, profile)
         held = Held()
         try:
             return run(
-                self._engine.call(call, self._build, held),
+                engine.call(call, self._build, held),
                 held,
                 self.journal,
                 send=self._send,
@@ -849,6 +893,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """POST once, whatever happens on the wire; see `Session.request`."""
         return await self.request(
@@ -867,6 +913,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             idempotency_key=idempotency_key,
             delivery=delivery,
             deadline_at=deadline_at,
+            policy=policy,
+            profile=profile,
         )
 
     async def request(
@@ -887,6 +935,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         idempotency_key: str | None = None,
         delivery: Delivery = "exactly_once",
         deadline_at: float | None = None,
+        policy: RetryPolicy | None = None,
+        profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """Send one operation; see `Session.request`."""
         check_call_arguments(
@@ -895,9 +945,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             delivery=delivery,
             deadline_at=deadline_at,
         )
+        check_call_overrides(policy, profile)
         # A lookup finds the object by the id the profile carries into the body.
         json, data = carry_operation_id(
-            self.profile.operation_id_field, operation_id, json=json, data=data
+            (profile or self.profile).operation_id_field, operation_id, json=json, data=data
         )
         request = self.client.build_request(
             method,
@@ -915,11 +966,25 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         check_timeouts(request)
         await request.aread()
         live = _httpx2.to_httpx_request(request) if self._httpx2 else request
-        call = self._call(live, operation_id, idempotency_key, delivery, deadline_at)
+        call = self._call(
+            live,
+            operation_id,
+            idempotency_key,
+            delivery,
+            deadline_at,
+            profile=profile,
+            overrides=overrides_json(
+                policy,
+                None
+                if timeout is httpx.USE_CLIENT_DEFAULT
+                else dict(live.extensions.get("timeout") or {}),
+            ),
+        )
+        engine = self._engine.overridden(policy, profile)
         held = Held()
         try:
             return await arun(
-                self._engine.call(call, self._build, held),
+                engine.call(call, self._build, held),
                 held,
                 self.journal,
                 send=self._send,

@@ -30,7 +30,7 @@ from idempotently._flow import (
     default_host_id,
 )
 from idempotently._keys import redaction_set
-from idempotently._policy import RetryPolicy
+from idempotently._policy import RetryPolicy, read_is_retryable
 from idempotently._profiles import GENERIC, ServerProfile
 from idempotently._session import JournalArg, adopted_key, check_engine_options, open_journal
 from idempotently._vocabulary import DELIVERIES, Delivery
@@ -41,6 +41,10 @@ DELIVERY_HEADER = "Idempotency-Delivery"
 """A request header choosing ``exactly_once`` or ``at_most_once`` for one request;
 it is not sent on to the server."""
 DEFAULT_METHODS = frozenset({"POST", "PATCH"})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Retried without a journal or a key: the server may repeat them."""
+IDEMPOTENT_METHODS = frozenset({"PUT", "DELETE"})
+"""Retried so too with ``retry_idempotent_methods=True``."""
 
 if TYPE_CHECKING:
     # The transports are httpx2 transports too when httpx2 is installed, so that
@@ -79,7 +83,13 @@ class _TransportBase:
         clock: Callable[[], float],
         sleep: object,
         hooks: Iterable[AsyncHook] = (),
+        retry_idempotent_methods: bool = False,
     ) -> None:
+        if not isinstance(retry_idempotent_methods, bool):
+            raise TypeError(
+                "retry_idempotent_methods must be True or False, not "
+                f"{type(retry_idempotent_methods).__name__}"
+            )
         redact_headers = (
             redact_headers if isinstance(redact_headers, str) else tuple(redact_headers)
         )
@@ -108,6 +118,10 @@ class _TransportBase:
         self.journal, self._owns_journal = open_journal(journal)
         self.profile = profile
         self.methods = frozenset(method.upper() for method in methods)
+        self.retried_methods = (
+            READ_METHODS | (IDEMPOTENT_METHODS if retry_idempotent_methods else frozenset())
+        ) - self.methods
+        """Methods retried without a journal (a journaled method is never among them)."""
         self.delivery: Delivery = delivery
         self._engine = Engine(
             policy=policy or RetryPolicy(),
@@ -122,10 +136,14 @@ class _TransportBase:
             codec=self.journal.codec,
             secret_params=self.journal.redact_query,
             hooks=checked_hooks,
+            pauses=self.journal._pause_board,
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
         return request.method.upper() in self.methods
+
+    def _retried(self, request: httpx.Request) -> bool:
+        return request.method.upper() in self.retried_methods
 
     def _call(self, request: httpx.Request) -> Call:
         """The call a request (its body read) stands for: its key, operation and delivery.
@@ -177,8 +195,11 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     returns the stored answer for a key that already settled. It takes the
     Session's options, ``delivery=`` included, and raises what
     `Session` raises (``KeyReuseError``, ``OperationPendingError``,
-    ``RetryLaterError``, ...); other methods pass straight through.
-    ``hooks=`` receive the same events as the Session's.
+    ``RetryLaterError``, ...). GET, HEAD and OPTIONS (and PUT and DELETE with
+    ``retry_idempotent_methods=True``) are retried on network errors, 5xx, 408,
+    425 and 429 under the same policy and retry budget, without a journal or a
+    key: the last answer or error comes through as it came. Other methods pass
+    straight through. ``hooks=`` receive the same events as the Session's.
 
     Args:
         journal: The journal: a path, a `postgresql://` URL, or an open `Journal`.
@@ -203,6 +224,8 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts.
         hooks: Functions called with every event.
+        retry_idempotent_methods: Also retry PUT and DELETE (without a journal or a
+            key), for a server whose PUT and DELETE are idempotent.
     """
 
     def __init__(
@@ -222,6 +245,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
+        retry_idempotent_methods: bool = False,
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
@@ -242,6 +266,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             clock=clock,
             sleep=sleep,
             hooks=hooks,
+            retry_idempotent_methods=retry_idempotent_methods,
         )
         # Without transport=, requests go out through the library they came from:
         # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
@@ -268,6 +293,20 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         """Journal and send a write; pass anything else through. httpx or httpx2 alike."""
         from_httpx2 = _httpx2.is_httpx2(request)
         inner = self._inner(from_httpx2)
+        if self._retried(request):
+            request.read()
+            live = _as_httpx(request)
+            try:
+                response = run(
+                    self._engine.read(live),
+                    Held(),
+                    self.journal,
+                    send=lambda sent: self._send_read(inner, sent),
+                    sleep=self._sleep,
+                )
+            except Exception as error:
+                raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+            return _returned(response, request)
         if not self._journaled(request):
             if from_httpx2 == _httpx2.is_httpx2(inner):
                 return inner.handle_request(request)
@@ -309,6 +348,19 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             response.close()
         return response  # type: ignore[no-any-return]
 
+    def _send_read(self, inner: Any, request: httpx.Request) -> httpx.Response:
+        """One attempt of a read: a final answer comes back unread (a download streams
+        as it would without us); one that will be retried is read and closed."""
+        if _httpx2.is_httpx2(inner):
+            return self._send_with(inner, request)
+        response: httpx.Response = inner.handle_request(request)
+        if read_is_retryable(response.status_code):
+            try:
+                response.read()
+            finally:
+                response.close()
+        return response
+
     def close(self) -> None:
         self.transport.close()
         if self._httpx2_transport is not None:
@@ -337,6 +389,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         clock: As for `Transport`.
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
+        retry_idempotent_methods: As for `Transport`.
     """
 
     def __init__(
@@ -356,6 +409,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),
+        retry_idempotent_methods: bool = False,
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
@@ -376,6 +430,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             clock=clock,
             sleep=sleep,
             hooks=hooks,
+            retry_idempotent_methods=retry_idempotent_methods,
         )
         self.transport: httpx.AsyncBaseTransport | Any = (
             transport if transport is not None else httpx.AsyncHTTPTransport()
@@ -400,6 +455,20 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         """Journal and send a write; pass anything else through. httpx or httpx2 alike."""
         from_httpx2 = _httpx2.is_httpx2(request)
         inner = self._inner(from_httpx2)
+        if self._retried(request):
+            await request.aread()
+            live = _as_httpx(request)
+
+            async def send_read(sent: httpx.Request) -> httpx.Response:
+                return await self._send_read(inner, sent)
+
+            try:
+                response = await arun(
+                    self._engine.read(live), Held(), self.journal, send=send_read, sleep=self._sleep
+                )
+            except Exception as error:
+                raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+            return _returned(response, request)
         if not self._journaled(request):
             if from_httpx2 == _httpx2.is_httpx2(inner):
                 return await inner.handle_async_request(request)
@@ -444,6 +513,17 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         finally:
             await response.aclose()
         return response  # type: ignore[no-any-return]
+
+    async def _send_read(self, inner: Any, request: httpx.Request) -> httpx.Response:
+        if _httpx2.is_httpx2(inner):
+            return await self._send_with(inner, request)
+        response: httpx.Response = await inner.handle_async_request(request)
+        if read_is_retryable(response.status_code):
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+        return response
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -30,6 +30,7 @@ from idempotently._cli_durations import DURATION, format_duration
 from idempotently._cli_format import (
     OPERATION_FIELDS,
     csv_text,
+    iso,
     nl_lines,
     operation_detail_json,
     operation_json,
@@ -37,6 +38,7 @@ from idempotently._cli_format import (
     operations_table,
     operator_json,
     operator_lines,
+    pause_json,
     plural,
     printable,
     stats_lines,
@@ -425,12 +427,20 @@ def stats_command(
     many pending keys are about to expire.
     """
     stats = journal.stats(now=time.time(), stuck_after=stuck_after, expiring_within=expiring_within)
+    pauses = journal.origin_pauses(now=stats.now)
     if output_format == "json":
-        echo_json({"journal": journal.path, **stats.to_json(), "stuck_after": stuck_after})
+        echo_json(
+            {
+                "journal": journal.path,
+                **stats.to_json(),
+                "stuck_after": stuck_after,
+                "paused_origins": [pause_json(pause) for pause in pauses],
+            }
+        )
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
     else:
-        echo_lines(stats_lines(stats, journal.path, stuck_after, width=prose_width()))
+        echo_lines(stats_lines(stats, journal.path, stuck_after, pauses, width=prose_width()))
     reconcile = stats.counts["needs_reconcile"]
     if fail_on_stuck and (stats.stuck or reconcile):
         problems = []
@@ -1347,6 +1357,40 @@ def fork_command(
         dry_run=dry_run,
         output_format=output_format,
     )
+
+
+# -- unpause (retry control) -----------------------------------------------------------
+
+
+@cli.command("unpause")
+@click.argument("origin")
+@click.option(
+    "--actor", default=None, help="Who lifts the pause, for the audit log (default: user@host)."
+)
+@format_option("text", "json")
+@with_journal()
+def unpause_command(journal: Journal, origin: str, actor: str | None, output_format: str) -> None:
+    """Lift the pause a 429 or 503 put on ORIGIN.
+
+    ORIGIN is scheme://host[:port]; every credentials' pause of it is lifted, and
+    each is logged with who lifted it. Calls and resumes send to it again at
+    once (other processes within a second).
+    """
+    try:
+        lifted = journal.unpause(origin, actor=actor)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="ORIGIN") from None
+    if output_format == "json":
+        echo_json({"origin": origin, "lifted": [pause_json(pause) for pause in lifted]})
+        return
+    if not lifted:
+        click.echo(f"{printable(origin)} was not paused in {journal.path}")
+        return
+    for pause in lifted:
+        click.echo(
+            f"unpaused {printable(pause.origin)}: it was paused until {iso(pause.until)} "
+            f"({printable(pause.reason or '')}), set {iso(pause.set_at)}"
+        )
 
 
 # -- migrate -------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from idempotently._events import (
     Event,
     OperationFinished,
     OperationStarted,
+    RetryRefused,
     RetryScheduled,
 )
 
@@ -58,6 +59,7 @@ RESUMING = "idempotently.resuming"
 DELIVERY = "idempotently.delivery"
 METHOD = "http.request.method"
 STATUS_CODE = "http.response.status_code"
+ORIGIN = "idempotently.origin"
 
 
 def _nanoseconds(seconds: float) -> int:
@@ -86,6 +88,11 @@ class OpenTelemetryHook:
         )
         self._retries = meter.create_counter(
             "idempotently.retries", unit="{retry}", description="Retries decided"
+        )
+        self._refusals = meter.create_counter(
+            "idempotently.retry_budget.refusals",
+            unit="{retry}",
+            description="Retries the process's retry budget refused, by origin",
         )
         self._replays = meter.create_counter(
             "idempotently.replays",
@@ -116,6 +123,8 @@ class OpenTelemetryHook:
             self._retries.add(1)
         elif isinstance(event, OperationFinished):
             self._finished(event)
+        elif isinstance(event, RetryRefused):
+            self._refusals.add(1, {ORIGIN: event.origin})
 
     def _started(self, event: OperationStarted) -> None:
         span = self._tracer.start_span(

@@ -164,7 +164,13 @@ def test_the_cli_reads_a_journal_after_hostile_retry_afters(journal: Path) -> No
     """After many hostile waits in one journal, list, show and stats read every operation."""
     for number, value in enumerate(RETRY_AFTER):
         answer = httpx.Response(429, headers=[(b"Retry-After", value.encode("latin-1"))])
-        settle_or_wait(journal, [answer, answer], operation_id=f"op{number}")
+        _, fake, _ = settle_or_wait(journal, [answer, answer], operation_id=f"op{number}")
+        with idempotently.Journal(journal, create=False) as opened:
+            # The origin pause each 429 leaves is clamped too; lifted, so that the next
+            # operation is journaled rather than refused before it.
+            for pause in opened.origin_pauses(now=fake.now):
+                assert fake.now < pause.until <= fake.now + 366 * 24 * 3600.0
+            opened.unpause(URL)
     assert_sound(journal, operations=[f"op{number}" for number in range(len(RETRY_AFTER))])
 
 

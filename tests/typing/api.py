@@ -151,6 +151,33 @@ def hooks() -> None:
     idempotently.Session("ops.db", hooks=hook)  # type: ignore[arg-type]
 
 
+def retry_control(session: idempotently.Session, journal: idempotently.Journal) -> None:
+    """The retry budget, origin pauses, per-call overrides, classifiers and reads."""
+    policy = idempotently.RetryPolicy(budget=idempotently.RetryBudget(ratio=0.2))
+    idempotently.RetryPolicy(budget=None)
+    session.post("/v1/charges", json={}, policy=policy, profile=profiles.STRIPE, timeout=5.0)
+    session.post("/v1/charges", policy="fast")  # type: ignore[arg-type]
+    idempotently.Transport("ops.db", retry_idempotent_methods=True)
+    for pause in journal.origin_pauses():
+        assert_type(pause.until, float)
+    assert_type(journal.unpause("https://api.example.com"), list[idempotently.OriginPause])
+
+    def classify(status: int, headers: httpx.Headers, body: bytes) -> str | None:
+        return "retry" if status == 200 and b"again" in body else None
+
+    idempotently.ServerProfile(name="says-again", classify=classify)
+
+    def refused(event: idempotently.Event) -> None:
+        if isinstance(event, idempotently.RetryRefused):
+            assert_type(event.origin, str)
+
+    idempotently.Session("ops.db", hooks=[refused])
+    try:
+        session.post("/v1/charges")
+    except idempotently.RetryBudgetError as error:
+        assert_type(error.origin, str)
+
+
 class ReversingCodec:
     """A user's own codec: any class with a name and bytes in, bytes out."""
 

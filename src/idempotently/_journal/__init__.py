@@ -11,7 +11,11 @@ decided once per batch.
 from __future__ import annotations
 
 import copy
+import datetime
+import getpass
+import logging
 import os
+import socket
 import time
 import uuid
 import weakref
@@ -19,7 +23,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
 import attrs
+import httpx
 
+from idempotently._budget import origin_of
 from idempotently._codec import Codec, check_codec, decoded
 from idempotently._commands import (
     ClaimDue,
@@ -28,6 +34,7 @@ from idempotently._commands import (
     Find,
     Insert,
     JournalCommand,
+    Pauses,
     Queue,
     Record,
     Release,
@@ -35,6 +42,7 @@ from idempotently._commands import (
     SetStatus,
     Settle,
     TakeLease,
+    Unpause,
 )
 from idempotently._exceptions import (
     IdempotentlyError,
@@ -46,6 +54,7 @@ from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
 from idempotently._operator import ActionName, check_actor, check_note, plan
+from idempotently._pauses import PauseBoard
 from idempotently._rows import (
     DEFAULT_EXPIRING_WITHIN,
     DURABILITIES,
@@ -60,6 +69,7 @@ from idempotently._rows import (
     JournalStats,
     NewOperation,
     Operation,
+    OriginPause,
 )
 from idempotently._secret_params import check_param_names, secret_param_names
 from idempotently._vocabulary import Status
@@ -78,6 +88,7 @@ __all__ = [
     "JournalStats",
     "NewOperation",
     "Operation",
+    "OriginPause",
     "Store",
 ]
 
@@ -142,6 +153,9 @@ class Journal:
         """
         # Data at rest: checked before anything is opened.
         self._codec = None if codec is None else check_codec(codec)
+        self._pause_board = PauseBoard()
+        """What the sessions and transports on this Journal last read of its origin
+        pauses, shared, so that `unpause` here lifts a pause for all of them at once."""
         self._secret_params = secret_param_names(check_param_names(redact_query))
         store: Store
         if isinstance(path, str) and path.startswith(POSTGRES_SCHEMES):
@@ -272,6 +286,49 @@ class Journal:
         """
         self._check_usable()
         return self._store.stats(now=now, stuck_after=stuck_after, expiring_within=expiring_within)
+
+    # -- origin pauses (retry control) -------------------------------------------------
+
+    def origin_pauses(self, *, now: float | None = None) -> list[OriginPause]:
+        """The origins a server asked to leave alone (429 or 503 with Retry-After) whose
+        pause still runs at ``now`` (default: the time now), soonest over first."""
+        self._check_usable()
+        return self._store.origin_pauses(now=time.time() if now is None else now)
+
+    def unpause(self, origin: str, *, actor: str | None = None) -> list[OriginPause]:
+        """Lift every pause of ``origin`` (a URL: its scheme, host and port count), for
+        all credentials; returns the pauses lifted (none: it was not paused).
+
+        Audited: a log record on the ``idempotently`` logger names the actor (default
+        ``user@host``), the origin, and each pause lifted (until when, why, set when)."""
+        if not isinstance(origin, str):
+            raise TypeError(
+                f"origin must be a str (scheme://host:port), not {type(origin).__name__}"
+            )
+        try:
+            name = origin_of(httpx.URL(origin))
+        except (httpx.InvalidURL, TypeError, ValueError) as error:
+            raise ValueError(f"{origin!r} is not an origin URL ({error})") from None
+        if not name.startswith(("http://", "https://")):
+            raise ValueError(
+                f"{origin!r} is not an origin: give scheme://host[:port], e.g. https://api.example.com"
+            )
+        lifted: list[OriginPause] = self._execute(Unpause(name))
+        self._pause_board.remove(name)
+        who = actor or default_actor()
+        for pause in lifted:
+            _logger.warning(
+                "origin %s unpaused by %s: it was paused until %s (%s), set at %s",
+                name,
+                who,
+                _iso(pause.until),
+                pause.reason,
+                _iso(pause.set_at),
+                extra={
+                    "idempotently": {"event": "origin_unpaused", "actor": who, **pause.to_json()}
+                },
+            )
+        return lifted
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
@@ -455,6 +512,8 @@ class Journal:
                 )
             if isinstance(command, ClaimDue):
                 return self._opened_all(self._writer.write(command))
+            if isinstance(command, Pauses):
+                return self._store.origin_pauses(now=command.now)
             return self._writer.write(command)
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
@@ -496,7 +555,7 @@ class Journal:
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):
-            if isinstance(command, (Find, Queue)):
+            if isinstance(command, (Find, Queue, Pauses)):
                 try:
                     outcomes[index] = self._execute(command)
                 except Exception as error:
@@ -639,6 +698,26 @@ class Journal:
         return int(getattr(self._store, "_version", 0))
 
 
+_logger = logging.getLogger("idempotently")
+
+
+def default_actor() -> str:
+    """``user@host``: who an operator action is recorded as, unless told."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname() or 'localhost'}"
+
+
+def _iso(timestamp: float) -> str:
+    try:
+        moment = datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp:g}"
+    return moment.isoformat(timespec="seconds")
+
+
 def migration_sql(path: str | os.PathLike[str], from_version: int | None = None) -> str:
     """The statements that would create the journal at ``path`` (a file or a PostgreSQL
     URL) or bring it to this version, changing nothing: the journal is read, if there is
@@ -695,7 +774,7 @@ def _closed_message(path: str, command: Any) -> str:
         )
     if isinstance(command, (Release, ExtendLeases, RenewLease)):
         return f"{closed}: the lease was left to expire; nothing else changed"
-    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue)):
+    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses)):
         return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
     return f"{closed}; this write was not journaled. Open the journal again to retry it"
 

@@ -51,12 +51,14 @@ from idempotently._commands import (
     ExtendLeases,
     Insert,
     LookUpLater,
+    PauseOrigin,
     Record,
     Release,
     RenewLease,
     SetStatus,
     Settle,
     TakeLease,
+    Unpause,
     Write,
 )
 from idempotently._exceptions import (
@@ -79,6 +81,7 @@ from idempotently._rows import (
     JournalStats,
     NewOperation,
     Operation,
+    OriginPause,
     audit_entry_problem,
     check_number,
     column_problem,
@@ -316,9 +319,10 @@ INSERT INTO {SCHEMA}.operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
     lease_owner, lease_until, enqueued_at, first_send_at,
-    codec, secret_params, credentials_digest
+    codec, secret_params, credentials_digest,
+    overrides
 ) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-    %s, %s, %s)
+    %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
 
@@ -1041,6 +1045,24 @@ class PostgresStore:
                     "wait": record.wait,
                 },
             )
+        if isinstance(write, PauseOrigin):
+            # Retry control: the longer of two pauses wins, whoever wrote first.
+            return conn.execute(
+                f"""
+                INSERT INTO {SCHEMA}.origin_pauses (origin, credentials, until, reason, set_at)
+                VALUES (%s, %s, %s, %s, %s)
+                ON CONFLICT (origin, credentials) DO UPDATE SET
+                    until = excluded.until, reason = excluded.reason, set_at = excluded.set_at
+                WHERE excluded.until > {SCHEMA}.origin_pauses.until
+                """,
+                (write.origin, write.credentials, write.until, write.reason, write.set_at),
+            )
+        if isinstance(write, Unpause):
+            return conn.execute(
+                f"DELETE FROM {SCHEMA}.origin_pauses WHERE origin = %s "
+                "RETURNING origin, credentials, until, reason, set_at",
+                (write.origin,),
+            )
         if isinstance(write, SetStatus):
             return conn.execute(
                 f"""
@@ -1145,8 +1167,10 @@ class PostgresStore:
 
     def _result(self, write: Write, cursor: psycopg.Cursor[dict[str, Any]] | None) -> Any:
         """What ``write`` returns, read from the cursor `_send` gave."""
-        if isinstance(write, (Record, Release)):
+        if isinstance(write, (Record, Release, PauseOrigin)):
             return None
+        if isinstance(write, Unpause):
+            return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
         if isinstance(write, ClaimDue):
             return [] if cursor is None else self._with_attempts(cursor.fetchall())
         assert cursor is not None
@@ -1522,6 +1546,19 @@ class PostgresStore:
         """Operations per status; every status is present, zero included."""
         with self._read() as conn:
             return self._counts(conn)
+
+    def origin_pauses(self, *, now: float) -> list[OriginPause]:
+        """The origin pauses still running at ``now``, soonest over first."""
+        if self._version < 2:
+            return []  # an older journal opened read-only keeps none
+        with self._read() as conn:
+            rows = self._rows(
+                conn,
+                f"SELECT origin, credentials, until, reason, set_at FROM {SCHEMA}.origin_pauses "
+                "WHERE until > %s ORDER BY until",
+                (now,),
+            )
+        return [OriginPause(**row) for row in rows]
 
     def _counts(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[str, int]:
         counts: dict[str, int] = dict.fromkeys(STATUSES, 0)

@@ -38,12 +38,14 @@ from idempotently._commands import (
     ExtendLeases,
     Insert,
     LookUpLater,
+    PauseOrigin,
     Record,
     Release,
     RenewLease,
     SetStatus,
     Settle,
     TakeLease,
+    Unpause,
     Write,
 )
 from idempotently._exceptions import (
@@ -67,6 +69,7 @@ from idempotently._rows import (
     JournalStats,
     NewOperation,
     Operation,
+    OriginPause,
     audit_entry_problem,
     check_number,
     column_problem,
@@ -433,9 +436,10 @@ INSERT INTO operations (
     operation_id, key, status, delivery, method, url, request_headers, request_body,
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
     lease_owner, lease_until, enqueued_at, first_send_at,
-    codec, secret_params, credentials_digest
+    codec, secret_params, credentials_digest,
+    overrides
 ) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    ?, ?, ?)
+    ?, ?, ?, ?)
 ON CONFLICT DO NOTHING
 """
 
@@ -1046,6 +1050,30 @@ class SqliteStore:
                 (write.lease_until, write.operation_id, write.owner),
             )
             return cursor.rowcount == 1
+        if isinstance(write, PauseOrigin):
+            # Retry control: the longer of two pauses wins, whoever wrote first.
+            conn.execute(
+                """
+                INSERT INTO origin_pauses (origin, credentials, until, reason, set_at)
+                VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (origin, credentials) DO UPDATE SET
+                    until = excluded.until, reason = excluded.reason, set_at = excluded.set_at
+                WHERE excluded.until > origin_pauses.until
+                """,
+                (write.origin, write.credentials, write.until, write.reason, write.set_at),
+            )
+            return None
+        if isinstance(write, Unpause):
+            lifted = [
+                OriginPause(*tuple(row))
+                for row in conn.execute(
+                    "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                    "WHERE origin = ?",
+                    (write.origin,),
+                )
+            ]
+            conn.execute("DELETE FROM origin_pauses WHERE origin = ?", (write.origin,))
+            return lifted
         if isinstance(write, SetStatus):
             cursor = conn.execute(
                 """
@@ -1869,6 +1897,21 @@ class SqliteStore:
         for row in self._query("SELECT status, count(*) AS n FROM operations GROUP BY status"):
             counts[row["status"]] = row["n"]
         return counts
+
+    # -- origin pauses (retry control, version 4) --------------------------------------
+
+    def origin_pauses(self, *, now: float) -> list[OriginPause]:
+        """The origin pauses still running at ``now``, soonest over first."""
+        check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
+        if self._version < 4:
+            return []  # an older journal opened read-only keeps none
+        with self._snapshot():
+            rows = self._query(
+                "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                "WHERE until > ? ORDER BY until",
+                (now,),
+            )
+        return [OriginPause(**dict(row)) for row in rows]
 
     def _indexed_by(self, index: str) -> str:
         """Name the version-2 index: without statistics SQLite would pick operations_by_status."""

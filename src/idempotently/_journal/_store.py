@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from idempotently._commands import Write
-from idempotently._rows import AuditEntry, Durability, JournalStats, NewOperation, Operation
+from idempotently._rows import (
+    AuditEntry,
+    Durability,
+    JournalStats,
+    NewOperation,
+    Operation,
+    OriginPause,
+)
 from idempotently._vocabulary import Status
 
 
@@ -96,6 +103,11 @@ class Store(Protocol):
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
+        ...
+
+    def origin_pauses(self, *, now: float) -> list[OriginPause]:
+        """The origin pauses still running at ``now``, soonest over first (none in a
+        journal from before they were kept)."""
         ...
 
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
