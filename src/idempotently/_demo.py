@@ -34,7 +34,12 @@ from idempotently._session import Session
 
 USER = "demo_user"
 # Quick retries so the story fits in seconds; the defaults are gentler.
-DEMO_POLICY = RetryPolicy(max_attempts=8, initial_backoff=0.05, max_backoff=0.5)
+# Order 5's server stays "in progress" for the provider's latency (longer on a busy
+# machine) while full-jitter backoffs may be a few milliseconds each: wait through
+# enough 409s that the demo never depends on the machine's speed.
+DEMO_POLICY = RetryPolicy(
+    max_attempts=30, initial_backoff=0.05, max_backoff=0.5, in_progress_retries=25
+)
 PROVIDER_LATENCY = 0.25
 WORKER_ORDERS = range(7, 13)
 KILLED_ORDER = 9
