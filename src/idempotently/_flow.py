@@ -1389,8 +1389,11 @@ class Engine:
                 f"its lease runs until {_iso(operation.lease_until)}: let it finish, or "
                 "call again (or resume) after that"
             )
-        if operation.delivery == "at_most_once" and (
-            resuming or owner is not None or may_have_been_delivered(operation)
+        if (
+            operation.delivery == "at_most_once"
+            # Enqueued (or forked) and never sent: nothing went out, so it is sent.
+            and not never_sent(operation)
+            and (resuming or owner is not None or may_have_been_delivered(operation))
         ):
             return "abandon", (
                 "an at-most-once operation whose send may have gone out is never resent"
@@ -1548,6 +1551,25 @@ class Engine:
         by one audited compare-and-swap on the row as read, or left needs_reconcile
         with its note and the lookup's backoff."""
         now = self.clock()
+        if (
+            verdict.outcome in ("failed", "resend")
+            and operation.credentials_digest is not None
+            and verdict.request is not None
+        ):
+            # Its key is bound to the credentials it was made with: the server keeps
+            # one account's objects apart from another's, so absence seen under other
+            # credentials proves nothing (and a fork would charge again).
+            differ = yield from self._credentials_differ(operation, verdict.request)
+            if differ is not None:
+                verdict = attrs.evolve(
+                    verdict,
+                    outcome="stay",
+                    note=(
+                        "absent from the lookup, but the lookup was made with other "
+                        "credentials than the operation's, so absence proves nothing; look "
+                        "it up with the original ones"
+                    ),
+                )
         if verdict.outcome == "stay":
             yield LookUpLater(
                 operation.operation_id,
@@ -1718,6 +1740,15 @@ class Engine:
                     "not_sent",
                     f"{error}; nothing was sent and it stays pending (see "
                     f"`idempotently show {operation.operation_id}`)",
+                )
+            # Within this run's bounds (a resume's --max-attempts and --deadline bound
+            # each operation, so a dead host costs what the run allows): the stricter of
+            # the two. The journaled timeouts stay: the deadline caps every attempt's.
+            if policy is not None:
+                policy = attrs.evolve(
+                    policy,
+                    max_attempts=min(policy.max_attempts, self.policy.max_attempts),
+                    deadline=min(policy.deadline, self.policy.deadline),
                 )
             engine = self.overridden(policy, None)
             if timeouts is not None:

@@ -55,6 +55,9 @@ class Verdict:
     """``stay`` because the lookup itself failed (network, a non-2xx, not JSON)."""
     backoff: float = DEFAULT_BACKOFF
     """``stay``: seconds before the operation is looked up again."""
+    request: httpx.Request | None = attrs.field(default=None, eq=False, repr=False)
+    """The lookup's GET: whose credentials asked (a key bound to other credentials is
+    looked up in another account, where absence proves nothing)."""
 
 
 @attrs.frozen
@@ -163,7 +166,7 @@ class Lookup:
                 response.close()
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return self._failed(operation, error)
-        return self.judge(operation, response, body)
+        return attrs.evolve(self.judge(operation, response, body), request=request)
 
     async def _acall(self, operation: Operation, client: httpx.AsyncClient) -> Verdict:
         try:
@@ -176,7 +179,7 @@ class Lookup:
                 await response.aclose()
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return self._failed(operation, error)
-        return self.judge(operation, response, body)
+        return attrs.evolve(self.judge(operation, response, body), request=request)
 
     def _failed(self, operation: Operation, error: Exception) -> Verdict:
         # The error's class only: its text may quote a URL's query or a header.
@@ -234,8 +237,12 @@ class Lookup:
         else:
             try:
                 document = json.loads(body)
-            except ValueError:
-                return self._stay("the lookup's answer is not JSON; nothing changed", failed=True)
+            except (ValueError, RecursionError):  # a hostile answer nested too deep, too
+                return self._stay(
+                    "the lookup's answer is not JSON (or is nested too deep to read); nothing "
+                    "changed",
+                    failed=True,
+                )
             listed = document.get("data") if isinstance(document, dict) else document
             if not isinstance(listed, list):
                 return self._stay(
@@ -254,6 +261,10 @@ class Lookup:
                 answer = json.dumps(objects[0], ensure_ascii=False).encode("utf-8")
             except (TypeError, ValueError):
                 answer = json.dumps(str(objects[0])).encode("utf-8")
+            except RecursionError:
+                return self._stay(
+                    "the object found is nested too deep to store; nothing changed", failed=True
+                )
             return Verdict("found", f"found by lookup (carries its id at {match})", answer)
         if self.absent == "keep":
             return self._stay("absent from the lookup; absent='keep' leaves it to you")

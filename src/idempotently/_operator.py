@@ -29,6 +29,7 @@ from idempotently._exceptions import (
     StoredProfileError,
 )
 from idempotently._keys import derived_key
+from idempotently._policy import never_sent
 from idempotently._profiles import GENERIC, stored_profile
 from idempotently._rows import NewOperation, Operation
 from idempotently._text import storable_text
@@ -241,6 +242,12 @@ def plan(
                 f"it is already {current} ({operation.reason or 'settled'}); a completed "
                 "operation is never settled again (to send it once more, fork a failed one)"
             )
+        if status == "succeeded" and never_sent(operation):
+            raise refuse(
+                "the journal proves it was never sent (it was enqueued and no send of it "
+                "began), so it cannot have succeeded; let resume send it, or abandon it, or "
+                "settle it failed"
+            )
         reason = f"settled {status} by {actor}{said}"
         # The answer that left it undecided (a replayed 500) is not the answer of what
         # the operator settled: a call again must not return it as a success's.
@@ -273,7 +280,9 @@ def plan(
                 f"it is {current}, and retry makes a pending operation due now (fork a "
                 "failed, abandoned or needs_reconcile one to send it under a new key)"
             )
-        if now > operation.key_expires_at - key_expiry_margin:
+        # An enqueued operation never sent has a key no server has seen (its lifetime
+        # starts at its first send), the rule resume applies.
+        if not never_sent(operation) and now > operation.key_expires_at - key_expiry_margin:
             raise refuse(
                 f"its key expires at {_when(operation.key_expires_at)} (with resume's "
                 f"{key_expiry_margin:g} s margin) and the server may have forgotten it, so "

@@ -212,17 +212,11 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
         )
-        if profile.key_bound_to_credentials and (
+        check_binding_without_auth(
+            profile,
             client_options.get("auth") is not None
-            or (client is not None and getattr(client, "auth", None) is not None)
-        ):
-            # httpx applies auth= while sending, after the journal digested the request:
-            # the key would be bound to no credentials at all.
-            raise ValueError(
-                f"profile {profile.name!r} binds keys to credentials, and an httpx auth= "
-                "adds them only while sending, unseen by the journal: give them as headers "
-                "instead (headers={'Authorization': ...})"
-            )
+            or (client is not None and getattr(client, "auth", None) is not None),
+        )
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
@@ -353,6 +347,18 @@ class _SessionBase(Generic[ClientT]):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
+        )
+
+
+def check_binding_without_auth(profile: ServerProfile, has_auth: bool) -> None:
+    """Refuse a profile that binds keys to credentials on a client with httpx ``auth=``:
+    httpx applies it while sending, after the journal digested the request, so the key
+    would be bound to no credentials at all."""
+    if profile.key_bound_to_credentials and has_auth:
+        raise ValueError(
+            f"profile {profile.name!r} binds keys to credentials, and an httpx auth= "
+            "adds them only while sending, unseen by the journal: give them as headers "
+            "instead (headers={'Authorization': ...})"
         )
 
 
@@ -563,6 +569,8 @@ class Session(_SessionBase[httpx.Client]):
             deadline_at=deadline_at,
         )
         check_call_overrides(policy, profile)
+        if profile is not None:
+            check_binding_without_auth(profile, self.client.auth is not None)
         # A lookup finds the object by the id the profile carries into the body.
         json, data = carry_operation_id(
             (profile or self.profile).operation_id_field, operation_id, json=json, data=data
@@ -946,6 +954,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             deadline_at=deadline_at,
         )
         check_call_overrides(policy, profile)
+        if profile is not None:
+            check_binding_without_auth(profile, self.client.auth is not None)
         # A lookup finds the object by the id the profile carries into the body.
         json, data = carry_operation_id(
             (profile or self.profile).operation_id_field, operation_id, json=json, data=data
