@@ -37,7 +37,6 @@ from idempotently._rows import (
     Durability,
     Failed,
     JournalStats,
-    NewOperation,
     Operation,
     OriginPause,
 )
@@ -109,38 +108,7 @@ class MemoryStore:
                 row.key == new.key for row in self.rows.values()
             ):
                 return False
-            self.rows[new.operation_id] = Operation(
-                operation_id=new.operation_id,
-                key=new.key,
-                status="pending",
-                delivery=new.delivery,
-                method=new.method,
-                url=new.url,
-                request_headers=tuple(new.request_headers),
-                request_body=new.request_body,
-                fingerprint=new.fingerprint,
-                profile=new.profile,
-                key_header=new.key_header,
-                created_at=new.created_at,
-                updated_at=new.created_at,
-                key_expires_at=new.key_expires_at,
-                deadline_at=new.deadline_at,
-                overrides=new.overrides,
-                not_before=None,
-                lease_owner=write.owner,
-                lease_until=write.lease_until,
-                attempt_count=0,
-                last_status_code=None,
-                response_status=None,
-                response_headers=None,
-                response_body=None,
-                reason=None,
-                enqueued_at=new.enqueued_at,
-                first_send_at=new.created_at if new.enqueued_at is None else None,
-                codec=new.codec,
-                secret_params=new.secret_params,
-                credentials_digest=new.credentials_digest,
-            )
+            self.rows[new.operation_id] = new.as_row(write.owner, write.lease_until)
             return True
         if isinstance(write, Record):
             return self._record(write)
@@ -290,9 +258,8 @@ class MemoryStore:
         self._set(row, **changes)
         if fork is not None:
             self.rows[fork.operation_id] = attrs.evolve(
-                self._new_row(fork, None, 0.0),
+                attrs.evolve(fork, enqueued_at=write.now).as_row(),
                 forked_from=write.operation_id,
-                enqueued_at=write.now,
                 codec=row.codec,
                 secret_params=row.secret_params,
                 credentials_digest=row.credentials_digest,
@@ -301,35 +268,6 @@ class MemoryStore:
         for note in write.audit:
             self._audit(note, write.now)
         return True
-
-    @staticmethod
-    def _new_row(new: NewOperation, owner: str | None, lease_until: float) -> Operation:
-        return Operation(
-            operation_id=new.operation_id,
-            key=new.key,
-            status="pending",
-            delivery=new.delivery,
-            method=new.method,
-            url=new.url,
-            request_headers=tuple(new.request_headers),
-            request_body=new.request_body,
-            fingerprint=new.fingerprint,
-            profile=new.profile,
-            key_header=new.key_header,
-            created_at=new.created_at,
-            updated_at=new.created_at,
-            key_expires_at=new.key_expires_at,
-            deadline_at=new.deadline_at,
-            not_before=None,
-            lease_owner=owner,
-            lease_until=lease_until,
-            attempt_count=0,
-            last_status_code=None,
-            response_status=None,
-            response_headers=None,
-            response_body=None,
-            reason=None,
-        )
 
     def _audit(self, note: Any, now: float) -> None:
         self.audit_entries.append(

@@ -831,7 +831,7 @@ class Engine:
             )
         if (yield Enqueue(new, connection)):
             # What a read of the row would return: its body in clear.
-            return attrs.evolve(new.as_enqueued(), request_body=request.content)
+            return attrs.evolve(new.as_row(), request_body=request.content)
         found: Operation | None = yield Find(call.operation_id, new.key, connection)
         if found is None:
             # Taken when the insert ran, gone when we looked (pruned meanwhile): the

@@ -355,33 +355,9 @@ def _after(operation: Operation, status: Status, reason: str | None, now: float)
 
 
 def _fork_row(fork: NewOperation, parent: str, now: float) -> Operation:
-    return Operation(
-        operation_id=fork.operation_id,
-        key=fork.key,
-        status="pending",
-        delivery=fork.delivery,
-        method=fork.method,
-        url=fork.url,
-        request_headers=tuple(fork.request_headers),
-        request_body=fork.request_body,
-        fingerprint=fork.fingerprint,
-        profile=fork.profile,
-        key_header=fork.key_header,
-        created_at=fork.created_at,
-        updated_at=now,
-        key_expires_at=fork.key_expires_at,
-        deadline_at=fork.deadline_at,
-        not_before=None,
-        lease_owner=None,
-        lease_until=0.0,
-        attempt_count=0,
-        last_status_code=None,
-        response_status=None,
-        response_headers=None,
-        response_body=None,
-        reason=None,
-        forked_from=parent,
-        enqueued_at=now,
+    """The fork as the journal holds it once written: enqueued now, never sent, linked."""
+    return attrs.evolve(
+        attrs.evolve(fork, enqueued_at=now).as_row(), updated_at=now, forked_from=parent
     )
 
 

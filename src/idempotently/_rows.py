@@ -208,8 +208,8 @@ class NewOperation:
             self.overrides,  # retry control (schema v4)
         )
 
-    def as_enqueued(self) -> Operation:
-        """The row an `Enqueue` of it just wrote."""
+    def as_row(self, owner: str | None = None, lease_until: float = 0.0) -> Operation:
+        """The row the insert of `row` writes, as a read of it returns it."""
         return Operation(
             operation_id=self.operation_id,
             key=self.key,
@@ -227,8 +227,8 @@ class NewOperation:
             key_expires_at=self.key_expires_at,
             deadline_at=self.deadline_at,
             not_before=None,
-            lease_owner=None,
-            lease_until=0.0,
+            lease_owner=owner,
+            lease_until=lease_until,
             attempt_count=0,
             last_status_code=None,
             response_status=None,
@@ -236,6 +236,7 @@ class NewOperation:
             response_body=None,
             reason=None,
             enqueued_at=self.enqueued_at,
+            first_send_at=self.created_at if self.enqueued_at is None else None,
             codec=self.codec,
             secret_params=self.secret_params,
             credentials_digest=self.credentials_digest,

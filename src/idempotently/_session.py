@@ -311,6 +311,71 @@ class _SessionBase(Generic[ClientT]):
             overrides=overrides,
         )
 
+    def _built(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        operation_id: Any,
+        idempotency_key: Any,
+        delivery: Any,
+        deadline_at: Any,
+        policy: Any = None,
+        profile: Any = None,
+        **parts: Any,
+    ) -> httpx.Request:
+        """The request a call (or an enqueue) journals, built as httpx builds it (not yet
+        read), every argument checked first: the one place `request`, its async twin
+        and `enqueue` render a request."""
+        check_call_arguments(
+            operation_id=operation_id,
+            idempotency_key=idempotency_key,
+            delivery=delivery,
+            deadline_at=deadline_at,
+        )
+        check_call_overrides(policy, profile)
+        if profile is not None:
+            check_binding_without_auth(profile, self.client.auth is not None)
+        # A lookup finds the object by the id the profile carries into the body.
+        parts["json"], parts["data"] = carry_operation_id(
+            (profile or self.profile).operation_id_field,
+            operation_id,
+            json=parts.get("json"),
+            data=parts.get("data"),
+        )
+        return self.client.build_request(method, url, **parts)
+
+    def _prepared(
+        self,
+        request: httpx.Request,
+        *,
+        timeout: Any,
+        operation_id: str | None,
+        idempotency_key: str | None,
+        delivery: Delivery,
+        deadline_at: float | None,
+        policy: RetryPolicy | None,
+        profile: ServerProfile | None,
+    ) -> tuple[Call, Engine]:
+        """The call a read request stands for, with its overrides to journal, and the
+        engine that runs it (the session's, or one with the call's policy and profile)."""
+        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
+        call = self._call(
+            live,
+            operation_id,
+            idempotency_key,
+            delivery,
+            deadline_at,
+            profile=profile,
+            overrides=overrides_json(
+                policy,
+                None
+                if timeout is httpx.USE_CLIENT_DEFAULT
+                else dict(live.extensions.get("timeout") or {}),
+            ),
+        )
+        return call, self._engine.overridden(policy, profile)
+
     def _enqueue_request(
         self,
         method: str,
@@ -329,20 +394,15 @@ class _SessionBase(Generic[ClientT]):
                 "operation later, and your transaction may run again; the id is what makes "
                 "it one operation"
             )
-        check_call_arguments(
+        return self._built(
+            method,
+            url,
             operation_id=operation_id,
             idempotency_key=idempotency_key,
             delivery="exactly_once",
             deadline_at=deadline_at,
+            **parts,
         )
-        # As request() does: the id the profile carries into the body, for a lookup.
-        parts["json"], parts["data"] = carry_operation_id(
-            self.profile.operation_id_field,
-            str(operation_id),
-            json=parts.get("json"),
-            data=parts.get("data"),
-        )
-        return self.client.build_request(method, url, **parts)
 
     def __repr__(self) -> str:
         return (
@@ -562,22 +622,18 @@ class Session(_SessionBase[httpx.Client]):
         operation: a resume sends it under them too (a policy with a custom
         ``wait=`` or ``stop=`` cannot be journaled and is refused).
         """
-        check_call_arguments(
-            operation_id=operation_id,
-            idempotency_key=idempotency_key,
-            delivery=delivery,
-            deadline_at=deadline_at,
-        )
-        check_call_overrides(policy, profile)
-        if profile is not None:
-            check_binding_without_auth(profile, self.client.auth is not None)
-        # A lookup finds the object by the id the profile carries into the body.
-        json, data = carry_operation_id(
-            (profile or self.profile).operation_id_field, operation_id, json=json, data=data
-        )
-        request = self.client.build_request(
+        ids: dict[str, Any] = {
+            "operation_id": operation_id,
+            "idempotency_key": idempotency_key,
+            "delivery": delivery,
+            "deadline_at": deadline_at,
+            "policy": policy,
+            "profile": profile,
+        }
+        request = self._built(
             method,
             url,
+            **ids,
             content=content,
             data=data,
             files=files,
@@ -590,22 +646,7 @@ class Session(_SessionBase[httpx.Client]):
         )
         check_timeouts(request)
         request.read()
-        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
-        call = self._call(
-            live,
-            operation_id,
-            idempotency_key,
-            delivery,
-            deadline_at,
-            profile=profile,
-            overrides=overrides_json(
-                policy,
-                None
-                if timeout is httpx.USE_CLIENT_DEFAULT
-                else dict(live.extensions.get("timeout") or {}),
-            ),
-        )
-        engine = self._engine.overridden(policy, profile)
+        call, engine = self._prepared(request, timeout=timeout, **ids)
         held = Held()
         try:
             return run(
@@ -947,22 +988,18 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         profile: ServerProfile | None = None,
     ) -> httpx.Response:
         """Send one operation; see `Session.request`."""
-        check_call_arguments(
-            operation_id=operation_id,
-            idempotency_key=idempotency_key,
-            delivery=delivery,
-            deadline_at=deadline_at,
-        )
-        check_call_overrides(policy, profile)
-        if profile is not None:
-            check_binding_without_auth(profile, self.client.auth is not None)
-        # A lookup finds the object by the id the profile carries into the body.
-        json, data = carry_operation_id(
-            (profile or self.profile).operation_id_field, operation_id, json=json, data=data
-        )
-        request = self.client.build_request(
+        ids: dict[str, Any] = {
+            "operation_id": operation_id,
+            "idempotency_key": idempotency_key,
+            "delivery": delivery,
+            "deadline_at": deadline_at,
+            "policy": policy,
+            "profile": profile,
+        }
+        request = self._built(
             method,
             url,
+            **ids,
             content=content,
             data=data,
             files=files,
@@ -975,22 +1012,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         )
         check_timeouts(request)
         await request.aread()
-        live = _httpx2.to_httpx_request(request) if self._httpx2 else request
-        call = self._call(
-            live,
-            operation_id,
-            idempotency_key,
-            delivery,
-            deadline_at,
-            profile=profile,
-            overrides=overrides_json(
-                policy,
-                None
-                if timeout is httpx.USE_CLIENT_DEFAULT
-                else dict(live.extensions.get("timeout") or {}),
-            ),
-        )
-        engine = self._engine.overridden(policy, profile)
+        call, engine = self._prepared(request, timeout=timeout, **ids)
         held = Held()
         try:
             return await arun(
