@@ -32,6 +32,7 @@ from idempotently._commands import (
     DigestCredentials,
     Emit,
     JournalCommand,
+    PlanReconcile,
     Reconcile,
     Record,
     Release,
@@ -45,6 +46,7 @@ from idempotently._exceptions import JournalError
 from idempotently._flow import Flow, Held
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
+from idempotently._lookup import BoundReconciler
 from idempotently._rows import Failed
 from idempotently._vocabulary import Status
 
@@ -63,7 +65,7 @@ def run(
     *,
     send: Callable[[httpx.Request], httpx.Response],
     sleep: Callable[[float], object],
-    reconcile: Callable[[Any], Any] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> T:
     """Run ``flow`` to its end with blocking I/O."""
@@ -83,8 +85,14 @@ def run(
                     reply = error
             elif isinstance(command, Sleep):
                 reply = sleep(command.seconds)
+            elif isinstance(command, PlanReconcile):
+                reply = reconcile.plan(command.operation) if reconcile is not None else None
             elif isinstance(command, Reconcile):
-                reply = reconcile(command.operation) if reconcile is not None else None
+                reply = (
+                    reconcile(command.operation, command.request)
+                    if reconcile is not None
+                    else None
+                )
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             elif isinstance(command, Emit):
@@ -119,7 +127,7 @@ async def arun(
     *,
     send: Callable[[httpx.Request], Awaitable[httpx.Response]],
     sleep: Callable[[float], Awaitable[object]],
-    reconcile: Callable[[Any], Awaitable[Any]] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> T:
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
@@ -145,8 +153,14 @@ async def arun(
                         f"not {sleep!r}"
                     )
                 reply = await waited
+            elif isinstance(command, PlanReconcile):
+                reply = reconcile.plan(command.operation) if reconcile is not None else None
             elif isinstance(command, Reconcile):
-                reply = await reconcile(command.operation) if reconcile is not None else None
+                reply = (
+                    await reconcile(command.operation, command.request)
+                    if reconcile is not None
+                    else None
+                )
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             elif isinstance(command, Emit):
@@ -398,7 +412,7 @@ def run_each(
     concurrency: int,
     send: Callable[[httpx.Request], httpx.Response],
     sleep: Callable[[float], object],
-    reconcile: Callable[[Any], Any] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> list[T]:
     """Run one flow per factory, ``concurrency`` at a time in threads; results in order.
@@ -472,7 +486,7 @@ async def arun_each(
     concurrency: int,
     send: Callable[[httpx.Request], Awaitable[httpx.Response]],
     sleep: Callable[[float], Awaitable[object]],
-    reconcile: Callable[[Any], Awaitable[Any]] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> list[T]:
     """Run one flow per factory, ``concurrency`` tasks at a time; results in order.

@@ -30,6 +30,7 @@ from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._codec import Codec, encoded
 from idempotently._commands import (
     AuditNote,
+    AuditTrail,
     Command,
     DigestCredentials,
     Emit,
@@ -40,15 +41,16 @@ from idempotently._commands import (
     LookUpLater,
     PauseOrigin,
     Pauses,
+    PlanReconcile,
     Queue,
     Reconcile,
+    ReconcilePlan,
     Record,
     Release,
     RenewLease,
     Report,
     Send,
     SetStatus,
-    Settle,
     Sleep,
     TakeLease,
 )
@@ -109,7 +111,13 @@ from idempotently._keys import (
     secret_values,
     stored_header,
 )
-from idempotently._lookup import Verdict
+from idempotently._lookup import (
+    LOOKUP_ACTOR,
+    LOOKUP_DEFERRED,
+    LOOKUP_VERDICT,
+    Verdict,
+    unsettled_lookups,
+)
 from idempotently._operator import plan as plan_action
 from idempotently._overrides import read_overrides
 from idempotently._pauses import PAUSE_STATUS_CODES, PauseBoard, credentials_digest
@@ -124,6 +132,7 @@ from idempotently._policy import (
     decide,
     decide_read,
     may_have_been_delivered,
+    jittered,
     never_sent,
     refused,
 )
@@ -207,8 +216,6 @@ _HOST = socket.gethostname().replace(":", "_")[:MAX_HOST_ID_LENGTH] or "localhos
 
 SETTLED_REASONS = ("settled ", "reconciled: ")
 """How the reason of an operation an operator or a reconciler settled begins."""
-LOOKUP_ACTOR = "lookup"
-"""The actor of the lookup reconciler's audit entries."""
 
 
 def json_text(value: object) -> str:
@@ -1135,7 +1142,9 @@ class Engine:
                 and answer.status_code in PAUSE_STATUS_CODES
                 and profile.pause_origin
             ):
-                yield from self._pause(request.url, secrets, answer, now)
+                yield from self._pause(
+                    request.url, secrets, answer.status_code, answer.server_wait, now
+                )
             if retrying:
                 held.lease_until = record.lease_until
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
@@ -1308,15 +1317,21 @@ class Engine:
         yield Sleep(wait)
 
     def _pause(
-        self, url: httpx.URL, secrets: Sequence[str], answer: Answer, now: float
+        self,
+        url: httpx.URL,
+        secrets: Sequence[str],
+        status_code: int,
+        server_wait: float | None,
+        now: float,
     ) -> Flow[None]:
-        """Journal the pause a 429 or 503 with Retry-After asks of its whole origin."""
-        wait = answer.server_wait or 0.0
+        """Journal the pause a 429 or 503 with Retry-After (to a call or a lookup) asks
+        of its whole origin."""
+        wait = server_wait or 0.0
         pause = OriginPause(
             origin=origin_of(url),
             credentials=credentials_digest(self.namespace, secrets),
             until=now + wait,
-            reason=f"{answer.status_code} with Retry-After {wait:g}s",
+            reason=f"{status_code} with Retry-After {wait:g}s",
             set_at=now,
         )
         yield PauseOrigin(pause.origin, pause.credentials, pause.until, pause.reason or "", now)
@@ -1529,7 +1544,14 @@ class Engine:
                 "needs_reconcile",
                 f"looked up already; not again before {_iso(current.lookup_after)}",
             )
-        settlement = yield Reconcile(current)
+        plan: ReconcilePlan | None = yield PlanReconcile(current)
+        if plan is None:
+            return result
+        if plan.request is not None:
+            deferred = yield from self._lookup_paused(current, plan.request)
+            if deferred is not None:
+                return deferred
+        settlement = yield Reconcile(current, plan.request)
         if isinstance(settlement, Verdict):
             return (yield from self.apply_verdict(current, settlement))
         if settlement is not None and not isinstance(settlement, Settlement):
@@ -1538,8 +1560,77 @@ class Engine:
                 f"{type(settlement).__name__} (for operation {current.operation_id!r})"
             )
         if settlement is not None:
-            return (yield from self._settle(current, settlement))
+            return (yield from self._settle(current, settlement, plan.actor))
         return result
+
+    # -- lookups and origin pauses -----------------------------------------------------
+
+    def _lookup_profile(self, operation: Operation) -> ServerProfile:
+        """The profile whose ``pause_origin`` a lookup for ``operation`` honours: the
+        operation's own (the session's, if its stored one cannot be read)."""
+        try:
+            return self.profile_for(operation)
+        except StoredProfileError:
+            return self.profile
+
+    def _lookup_paused(
+        self, operation: Operation, request: httpx.Request
+    ) -> Flow[ResumeResult | None]:
+        """Hold back a lookup whose origin is paused for its credentials: nothing is sent,
+        and the operation, still needs_reconcile, is looked up once the pause is over
+        (its ``lookup_after``, with an audit entry saying so); None if not paused."""
+        now = self.clock()
+        secrets = secret_values(request.headers, self.redact_headers, request.url)
+        pause = yield from self._origin_pause(
+            self._lookup_profile(operation), request.url, secrets, now, operation.operation_id
+        )
+        if pause is None:
+            return None
+        note = (
+            f"not looked up: origin paused until {_iso(pause.until)} ({pause.origin}, "
+            f"{pause.reason}); it stays needs_reconcile and is looked up after that"
+        )
+        yield LookUpLater(
+            operation.operation_id,
+            pause.until,
+            now,
+            AuditNote(
+                operation.operation_id,
+                LOOKUP_ACTOR,
+                LOOKUP_DEFERRED,
+                note,
+                json_text({"origin": pause.origin, "paused_until": pause.until}),
+            ),
+        )
+        return ResumeResult.of(operation, "needs_reconcile", "waiting", note)
+
+    def _lookup_answered(
+        self, operation: Operation, verdict: Verdict, now: float
+    ) -> Flow[float | None]:
+        """A lookup answered 429 or 503 with Retry-After pauses its origin, as any answer
+        does; returns when the server asked to be asked again (None: it did not)."""
+        if verdict.server_wait is None or verdict.status_code is None:
+            return None
+        request = verdict.request
+        if (
+            request is not None
+            and verdict.status_code in PAUSE_STATUS_CODES
+            and verdict.server_wait > 0
+            and self._lookup_profile(operation).pause_origin
+        ):
+            secrets = secret_values(request.headers, self.redact_headers, request.url)
+            yield from self._pause(
+                request.url, secrets, verdict.status_code, verdict.server_wait, now
+            )
+        return now + verdict.server_wait
+
+    def _lookup_after(self, operation: Operation, verdict: Verdict, now: float) -> Flow[float]:
+        """When an operation a lookup left unsettled is looked up next: an exponential
+        backoff with full jitter, its ceiling doubled for each unsettled lookup in a row
+        before this one (counted from its audit trail), capped."""
+        entries = yield AuditTrail(operation.operation_id)
+        streak = unsettled_lookups(entries) + 1
+        return now + jittered(verdict.backoff, verdict.max_backoff, streak, self.rand)
 
     def reconcile_queue(self) -> Flow[list[Operation]]:
         """The needs_reconcile operations, oldest first (what ``reconcile`` works through)."""
@@ -1571,14 +1662,18 @@ class Engine:
                     ),
                 )
         if verdict.outcome == "stay":
+            lookup_after = yield from self._lookup_after(operation, verdict, now)
+            asked = yield from self._lookup_answered(operation, verdict, now)
+            if asked is not None:
+                lookup_after = max(lookup_after, asked)
             yield LookUpLater(
                 operation.operation_id,
-                now + verdict.backoff,
+                lookup_after,
                 now,
                 AuditNote(
                     operation.operation_id,
                     LOOKUP_ACTOR,
-                    "lookup",
+                    LOOKUP_VERDICT,
                     verdict.note,
                     json_text({"lookup_failed": verdict.lookup_failed}),
                 ),
@@ -1794,25 +1889,50 @@ class Engine:
             replayed,
         )
 
-    def _settle(self, operation: Operation, settlement: Settlement) -> Flow[ResumeResult]:
+    def _settle(
+        self, operation: Operation, settlement: Settlement, actor: str
+    ) -> Flow[ResumeResult]:
+        """Journal a reconciler's Settlement as an operator's settle is journaled: one
+        compare-and-swap on the row as read, with its audit entry (``actor`` names the
+        reconciler), in one transaction; refused as an operator's would be."""
+        now = self.clock()
+        try:
+            planned = plan_action(
+                "settle",
+                operation,
+                actor=actor,
+                note=storable_text(settlement.note),
+                now=now,
+                lease_alive=operation.lease_owner is not None
+                and lease_owner_alive(operation.lease_owner, self.host_id),
+                namespace=self.namespace,
+                status=settlement.status,
+                key_expiry_margin=self.key_expiry_margin,
+            )
+        except IdempotentlyError as error:
+            return ResumeResult.of(operation, operation.status, "needs_reconcile", error.message)
         response = settlement.response
-        yield Settle(
-            operation.operation_id,
-            settlement.status,
-            storable_text(f"reconciled: {settlement.note}"),
-            self.clock(),
-            None if response is None else response.status_code,
-            None
+        codec = self._codec_of(operation)
+        write = attrs.evolve(
+            planned.write,
+            reason=storable_text(f"reconciled: {settlement.note}"),
+            sets_answer=True,
+            response_status=None if response is None else response.status_code,
+            response_headers=None
             if response is None
             else journaled_response_headers(response.headers, self.redact_headers),
-            None
+            response_body=None
             if response is None
-            else (
-                response.content
-                if (codec := self._codec_of(operation)) is None
-                else encoded(codec, response.content)
-            ),
+            else (response.content if codec is None else encoded(codec, response.content)),
         )
+        if not (yield write):
+            return ResumeResult.of(
+                operation,
+                operation.status,
+                "skipped",
+                "it changed while the reconciler looked at it (another worker or an "
+                "operator); nothing was written",
+            )
         return ResumeResult.of(
             operation,
             settlement.status,
