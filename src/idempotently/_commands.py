@@ -372,12 +372,5 @@ class DigestCredentials:
 
 
 Command = (
-    JournalCommand
-    | Send
-    | Sleep
-    | PlanReconcile
-    | Reconcile
-    | Report
-    | Emit
-    | DigestCredentials
+    JournalCommand | Send | Sleep | PlanReconcile | Reconcile | Report | Emit | DigestCredentials
 )

@@ -89,9 +89,7 @@ def run(
                 reply = reconcile.plan(command.operation) if reconcile is not None else None
             elif isinstance(command, Reconcile):
                 reply = (
-                    reconcile(command.operation, command.request)
-                    if reconcile is not None
-                    else None
+                    reconcile(command.operation, command.request) if reconcile is not None else None
                 )
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None

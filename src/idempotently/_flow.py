@@ -131,8 +131,8 @@ from idempotently._policy import (
     classify_read,
     decide,
     decide_read,
-    may_have_been_delivered,
     jittered,
+    may_have_been_delivered,
     never_sent,
     refused,
 )

@@ -542,8 +542,7 @@ def lookup_options(*, prefix: str = "") -> Callable[[F], F]:
                     type=DURATION,
                     default=None,
                     metavar="DURATION",
-                    help="The cap of the lookup backoff  [default: 1h, or --backoff if "
-                    "longer]",
+                    help="The cap of the lookup backoff  [default: 1h, or --backoff if longer]",
                 ),
             ]
         ):
@@ -1113,6 +1112,14 @@ def reconcile_command(
         counts = Counter(result.action for result in results)
         summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
         click.echo(f"\nlooked up {plural(len(results), 'operation')}: {summary}")
+        # Held back by a paused origin: nothing was sent to it (the lines say until when).
+        deferred = sum(r.status == "needs_reconcile" and r.action == "waiting" for r in results)
+        if deferred:
+            click.echo(
+                f"{plural(deferred, 'operation')} not looked up: origin paused (each line "
+                "says until when; `idempotently stats` lists the pauses, `idempotently "
+                "unpause ORIGIN` lifts one)"
+            )
     left = [result for result in results if result.action != "reconciled"]
     if left:
         fail(
