@@ -1896,12 +1896,13 @@ class Engine:
         compare-and-swap on the row as read, with its audit entry (``actor`` names the
         reconciler), in one transaction; refused as an operator's would be."""
         now = self.clock()
+        note = storable_text(f"{settlement.note}")
         try:
             planned = plan_action(
                 "settle",
                 operation,
                 actor=actor,
-                note=storable_text(settlement.note),
+                note=note,
                 now=now,
                 lease_alive=operation.lease_owner is not None
                 and lease_owner_alive(operation.lease_owner, self.host_id),
@@ -1915,7 +1916,7 @@ class Engine:
         codec = self._codec_of(operation)
         write = attrs.evolve(
             planned.write,
-            reason=storable_text(f"reconciled: {settlement.note}"),
+            reason=f"reconciled: {note}",
             sets_answer=True,
             response_status=None if response is None else response.status_code,
             response_headers=None

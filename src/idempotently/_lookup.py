@@ -196,7 +196,7 @@ class Lookup:
     def __call__(
         self, operation: Operation, client: httpx.Client | httpx.AsyncClient
     ) -> Verdict | Awaitable[Verdict]:
-        return self.look_up(operation, client, None)
+        return self._look_up(operation, client, None)
 
     @property
     def backoff_cap(self) -> float:
@@ -206,7 +206,7 @@ class Lookup:
             return float(self.max_backoff)
         return max(float(self.backoff), DEFAULT_MAX_BACKOFF)
 
-    def look_up(
+    def _look_up(
         self,
         operation: Operation,
         client: httpx.Client | httpx.AsyncClient,
@@ -417,7 +417,7 @@ class BoundReconciler:
         """The verdict on ``operation`` (awaitable with an async client): a `Lookup`
         sends the planned ``request``; a reconciler of your own is called as it is."""
         if isinstance(self.reconciler, Lookup):
-            return self.reconciler.look_up(operation, self.client, request)
+            return self.reconciler._look_up(operation, self.client, request)
         return self.reconciler(operation, self.client)
 
 
