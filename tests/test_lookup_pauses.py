@@ -3,7 +3,8 @@
 While the lookup's origin is paused (a 429 or 503 with Retry-After, answered to a call
 or to a lookup), a reconcile run sends it nothing: the operation stays needs_reconcile,
 looked up once the pause is over, and its result says so. A lookup answered 429 or 503
-with Retry-After pauses the origin for every caller of the journal. Against a real
+with Retry-After pauses the origin for every caller of the journal. A lookup is a read,
+not a retry: the retry budget neither holds it back nor counts it. Against a real
 loopback server, on SQLite and PostgreSQL, sync and async (asyncio and trio).
 """
 
@@ -13,6 +14,7 @@ import json
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 import idempotently
@@ -29,8 +31,9 @@ def limited(seconds: int, status: int = 429) -> Answer:
 
 
 def session(journal: str, url: str, **options: Any) -> idempotently.Session:
+    options.setdefault("policy", POLICY)
     return idempotently.Session(
-        journal, base_url=url, headers=AUTH, policy=POLICY, sleep=lambda seconds: None, **options
+        journal, base_url=url, headers=AUTH, sleep=lambda seconds: None, **options
     )
 
 
@@ -195,3 +198,23 @@ async def test_an_async_lookup_answered_429_pauses_the_origin(
     assert "429 with Retry-After 90s" == pause.reason
     assert "needs_reconcile" == first.action
     assert_deferred(journal_target, "order-2", pause.until, second)
+
+
+def test_a_spent_retry_budget_neither_holds_a_lookup_back_nor_counts_it(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """The origin's retry budget is spent (a budget that allows no retry, as resume reads
+    it): the lookup is sent all the same, and counts as no first attempt either."""
+    from idempotently._budget import BUDGETS, origin_of
+
+    app, url = scripted
+    needs_reconcile(journal_target, url, "order-1")
+    origin = origin_of(httpx.URL(url))
+    BUDGETS.first_attempt(origin, time.time())
+    spent = idempotently.RetryPolicy(budget=idempotently.RetryBudget(ratio=0, min_per_second=0))
+    app.answer(Answer(status=200, body=b'{"data": []}'))
+    with session(journal_target, url, policy=spent) as s:
+        (result,) = s.reconcile(Lookup("/v1/charges"))
+    assert 1 == len(app.arrivals)
+    assert "absent from the lookup; absent='keep' leaves it to you" == result.detail
+    assert (1, 0) == BUDGETS._ledger(origin)._window(time.time())
