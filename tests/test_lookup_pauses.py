@@ -19,6 +19,7 @@ import pytest
 
 import idempotently
 from idempotently import Journal, Lookup
+from idempotently._budget import origin_of
 from tests.scripted_server import Answer, ScriptedApp
 from tests.test_operator_actions import make
 
@@ -123,6 +124,38 @@ def test_a_deferred_operation_is_looked_up_once_the_pause_is_over(
     assert "absent from the lookup; absent='keep' leaves it to you" == result.detail
 
 
+def test_a_deferral_is_journaled_once_per_pause(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A second run during the same pause sends nothing and writes nothing new: one audit
+    entry per pause, however often a cron job runs."""
+    app, url = scripted
+    until = pause_by_a_call(journal_target, app, url)
+    needs_reconcile(journal_target, url, "order-1")
+    with session(journal_target, url) as s:
+        s.reconcile(Lookup("/v1/charges"))
+        (again,) = s.reconcile(Lookup("/v1/charges"))
+    assert [] == app.arrivals
+    assert_deferred(journal_target, "order-1", until, again)
+
+
+def test_a_pause_lifted_early_lets_the_deferred_lookup_go_at_once(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """`unpause` lifts the pause: the next reconcile run looks the deferred operation up
+    at once, instead of waiting for the pause's planned end."""
+    app, url = scripted
+    pause_by_a_call(journal_target, app, url)
+    needs_reconcile(journal_target, url, "order-1")
+    with session(journal_target, url) as s:
+        s.reconcile(Lookup("/v1/charges"))
+        assert 1 == len(s.journal.unpause(origin_of(httpx.URL(url)), actor="alice@ops"))
+        app.answer(Answer(status=200, body=b'{"data": []}'))
+        (result,) = s.reconcile(Lookup("/v1/charges"))
+    assert 1 == len(app.arrivals)
+    assert "absent from the lookup; absent='keep' leaves it to you" == result.detail
+
+
 def test_a_lookup_answered_429_with_retry_after_pauses_the_origin(
     journal_target: str, scripted: tuple[ScriptedApp, str]
 ) -> None:
@@ -205,7 +238,7 @@ def test_a_spent_retry_budget_neither_holds_a_lookup_back_nor_counts_it(
 ) -> None:
     """The origin's retry budget is spent (a budget that allows no retry, as resume reads
     it): the lookup is sent all the same, and counts as no first attempt either."""
-    from idempotently._budget import BUDGETS, origin_of
+    from idempotently._budget import BUDGETS
 
     app, url = scripted
     needs_reconcile(journal_target, url, "order-1")

@@ -1537,7 +1537,11 @@ class Engine:
             return ResumeResult.of(
                 current, current.status, "skipped", f"not reconciled: {current.unreadable}"
             )
-        if current.lookup_after is not None and current.lookup_after > self.clock():
+        if (
+            current.lookup_after is not None
+            and current.lookup_after > self.clock()
+            and not (yield from self._deferred_by_a_pause(current))
+        ):
             return ResumeResult.of(
                 current,
                 "needs_reconcile",
@@ -1590,6 +1594,9 @@ class Engine:
             f"not looked up: origin paused until {_iso(pause.until)} ({pause.origin}, "
             f"{pause.reason}); it stays needs_reconcile and is looked up after that"
         )
+        if operation.lookup_after == pause.until:
+            # Deferred to this very pause already: nothing new to journal.
+            return ResumeResult.of(operation, "needs_reconcile", "waiting", note)
         yield LookUpLater(
             operation.operation_id,
             pause.until,
@@ -1603,6 +1610,17 @@ class Engine:
             ),
         )
         return ResumeResult.of(operation, "needs_reconcile", "waiting", note)
+
+    def _deferred_by_a_pause(self, operation: Operation) -> Flow[bool]:
+        """Whether the operation's next lookup waits for a pause (its last audit entry a
+        deferral), not for a lookup's backoff: then whether the pause still runs is read
+        again, so a pause lifted early (`idempotently unpause`) lets it be looked up at
+        once."""
+        entries = yield AuditTrail(operation.operation_id)
+        return bool(entries) and (entries[-1].actor, entries[-1].action) == (
+            LOOKUP_ACTOR,
+            LOOKUP_DEFERRED,
+        )
 
     def _lookup_answered(
         self, operation: Operation, verdict: Verdict, now: float
