@@ -100,6 +100,18 @@ def test_reconcile_exits_1_when_a_lookup_fails_or_anything_stays(
             ("reconcile", "--lookup", "/x", "--backoff", "2m", "--max-backoff", "1m"),
             "max_backoff (60 s) must be at least backoff (120 s)",
         ),
+        (
+            (
+                "resume",
+                "--reconcile-lookup",
+                "/x",
+                "--reconcile-backoff",
+                "2m",
+                "--reconcile-max-backoff",
+                "1m",
+            ),
+            "max_backoff (60 s) must be at least backoff (120 s)",
+        ),
         (("reconcile", "--lookup", "/x", "--match", "a..b"), "field names"),
     ],
 )
