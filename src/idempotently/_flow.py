@@ -1592,7 +1592,7 @@ class Engine:
             return None
         note = (
             f"not looked up: origin paused until {_iso(pause.until)} ({pause.origin}, "
-            f"{pause.reason}); it stays needs_reconcile and is looked up after that"
+            f"{pause.reason}); it is looked up after that"
         )
         if operation.lookup_after == pause.until:
             # Deferred to this very pause already: nothing new to journal.
