@@ -107,6 +107,23 @@ def test_a_resume_with_a_lookup_defers_it_too(
     assert_deferred(journal_target, "order-1", until, results["order-1"])
 
 
+def test_one_tenants_pause_does_not_defer_another_tenants_lookup(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """The pause is scoped to the credentials it was answered to: a lookup made with
+    other credentials is sent."""
+    app, url = scripted
+    pause_by_a_call(journal_target, app, url)
+    needs_reconcile(journal_target, url, "order-1")
+    app.answer(Answer(status=200, body=b'{"data": []}'))
+    with idempotently.Session(
+        journal_target, base_url=url, headers={"Authorization": "Bearer tenant-b"}
+    ) as s:
+        (result,) = s.reconcile(Lookup("/v1/charges"))
+    assert ["Bearer tenant-b"] == [arrival.authorization for arrival in app.arrivals]
+    assert "absent from the lookup; absent='keep' leaves it to you" == result.detail
+
+
 def test_a_deferred_operation_is_looked_up_once_the_pause_is_over(
     journal_target: str, scripted: tuple[ScriptedApp, str]
 ) -> None:
