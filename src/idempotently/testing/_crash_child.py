@@ -1,8 +1,8 @@
 """The child process of `crash_points`: runs the scenario, and dies where it is told.
 
-Run as ``python -m idempotently.testing._crash_child SPEC`` (SPEC: JSON). It
-writes one JSON line per event to the file descriptor the spec names, never to
-stdout or stderr (those are the scenario's, and go to a log file).
+Run as ``python -m idempotently.testing._crash_child INSTRUCTIONS`` (JSON). It
+writes one JSON line per event to the file descriptor the instructions name,
+never to stdout or stderr (those are the scenario's, and go to a log file).
 
 The seams are installed in this process only, around two places every journaled
 call passes: the store's ``commit`` (each batch of journal writes, SQLite and
@@ -30,20 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from idempotently._commands import Enqueue, Insert, Record
+from idempotently.testing._crash_points import CRASH_STEPS
 
-# The steps, in the order an operation meets them.
-BEFORE_KEY_COMMIT = "before_key_commit"
-AFTER_KEY_COMMIT = "after_key_commit"
-AFTER_REQUEST_SENT = "after_request_sent"
-AFTER_ANSWER_ARRIVED = "after_answer_arrived"
-BEFORE_ANSWER_RECORDED = "before_answer_recorded"
-STEPS = (
+# The steps, in the order an operation meets them (`CRASH_STEPS`).
+(
     BEFORE_KEY_COMMIT,
     AFTER_KEY_COMMIT,
     AFTER_REQUEST_SENT,
     AFTER_ANSWER_ARRIVED,
     BEFORE_ANSWER_RECORDED,
-)
+) = CRASH_STEPS
 
 DEFAULT_TOKEN = "user_1"
 # The name a scenario defined in a script (its ``__main__``) is loaded under.

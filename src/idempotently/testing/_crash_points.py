@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from idempotently.testing._config import MockServerConfig
-from idempotently.testing._crash_child import STEPS
 
 if TYPE_CHECKING:
     from idempotently.testing._server import MockServer
@@ -43,7 +42,13 @@ CrashStep = Literal[
     "before_answer_recorded",
 ]
 
-CRASH_STEPS: tuple[CrashStep, ...] = STEPS  # type: ignore[assignment]
+CRASH_STEPS: tuple[CrashStep, ...] = (
+    "before_key_commit",
+    "after_key_commit",
+    "after_request_sent",
+    "after_answer_arrived",
+    "before_answer_recorded",
+)
 """Where a crash can come, in the order an operation meets them:
 
 - `before_key_commit`: the key's journal write is about to commit (nothing is durable);
@@ -152,11 +157,13 @@ def _reference(function: Callable[..., Any], what: str) -> dict[str, Any]:
         )
     reference: dict[str, Any] = {"module": module, "qualname": qualname, "file": None}
     if module == "__main__":
-        path = getattr(sys.modules.get("__main__"), "__file__", None)
-        if path is None:
+        main = sys.modules.get("__main__")
+        path = getattr(main, "__file__", None)
+        if path is None or getattr(main, qualname.partition(".")[0], None) is None:
             raise TypeError(
-                f"{what} {qualname} was defined in an interactive session: put it in a"
-                " module or a script file, which the child process can load"
+                f"{what} {qualname} was not defined in a file (an interactive session, or"
+                " code run by exec): put it in a module or a script, which the child"
+                " process can load"
             )
         reference["file"] = str(Path(path).resolve())
     return reference
