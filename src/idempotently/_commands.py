@@ -308,6 +308,14 @@ class Sleep:
 
 
 @attrs.frozen
+class Discard:
+    """Close an answer the flow will not use (a read's answer it is about to retry)
+    without reading its body: a server can make that body endless. Reply: None."""
+
+    response: httpx.Response = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
 class Reconcile:
     """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement."""
 
@@ -339,4 +347,4 @@ class DigestCredentials:
     """(salt, names, values): the values are credentials, never shown."""
 
 
-Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit | DigestCredentials
+Command = JournalCommand | Send | Sleep | Discard | Reconcile | Report | Emit | DigestCredentials
