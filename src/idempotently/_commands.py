@@ -293,7 +293,8 @@ class Lease:
 
 @attrs.frozen
 class Send:
-    """Send one attempt; the reply is the response (body read) or the error that ended it."""
+    """Send one attempt; the reply is the response or the error that ended it. A call's
+    response has its body read; a read's has not (it is returned unread, or `Discard`ed)."""
 
     request: httpx.Request
     lease: Lease | None = None

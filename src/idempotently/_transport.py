@@ -197,8 +197,9 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     `Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...). GET, HEAD and OPTIONS (and PUT and DELETE with
     ``retry_idempotent_methods=True``) are retried on network errors, 5xx, 408,
-    425 and 429 under the same policy and retry budget, without a journal or a
-    key: the last answer or error comes through as it came. Other methods pass
+    425 and 429 under the same policy, retry budget and origin pauses, without a
+    key or an operation in the journal: an answer retried is closed unread, and
+    the last answer or error comes through as it came. Other methods pass
     straight through. ``hooks=`` receive the same events as the Session's.
 
     Args:
