@@ -395,12 +395,13 @@ def test_a_read_under_other_credentials_is_not_paused(tmp_path: Path, fake_time:
 
 @pytest.mark.anyio
 async def test_an_async_transports_read_waits_out_a_pause(
-    tmp_path: Path, fake_time: FakeTime
+    journal_target: str, fake_time: FakeTime
 ) -> None:
-    """AsyncTransport (asyncio and trio): the GET waits out the journaled pause."""
+    """AsyncTransport (asyncio and trio, SQLite and PostgreSQL): the GET waits out the
+    journaled pause."""
     transport, sent = server(limited("3"), httpx.Response(200))
     wrapped = idempotently.AsyncTransport(
-        tmp_path / "j.db",
+        journal_target,
         transport=transport,
         policy=POLICY,
         clock=fake_time.clock,
