@@ -9,6 +9,9 @@ How a page is run (new pages are picked up without an edit here):
   by the URL of a companion mock server started for the page
   (``idempotently.testing.serve()``): every request a block sends gets a real
   answer over loopback.
+- A block titled as a file (``title="checkout.py"``) is not run: it is saved
+  in that directory under its name, as a reader would save it, and later
+  blocks import it (all such files are saved before the first block runs).
 - A block may use ``await`` and ``async with`` at top level, as in the
   ``python -m asyncio`` console; it then runs on asyncio.
 - A DeprecationWarning is an error: the docs must not teach what is going away.
@@ -37,6 +40,11 @@ from .support import fixed_port_lock
 ROOT = Path(__file__).parent.parent
 API_PLACEHOLDER = "https://api.example.com"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# A block titled as a file (```python title="checkout.py") is a file the reader
+# saves: it is written to the page's directory, where later blocks import it.
+FILE_FENCE = re.compile(
+    r'^```python[ \t]+title="([\w.-]+\.py)"[ \t]*\n(.*?)^```[ \t]*$', re.DOTALL | re.MULTILINE
+)
 
 
 def pages() -> list[Path]:
@@ -53,7 +61,10 @@ def python_blocks(text: str) -> Iterator[tuple[int, str]]:
 def run_page(path: Path, name: str, api_url: str) -> None:
     """Run the page's blocks in order in one namespace; fail naming the block that broke."""
     namespace: dict[str, object] = {"__name__": "__main__"}
-    for line, code in python_blocks(path.read_text(encoding="utf-8")):
+    text = path.read_text(encoding="utf-8")
+    for match in FILE_FENCE.finditer(text):
+        Path(match.group(1)).write_text(match.group(2).replace(API_PLACEHOLDER, api_url))
+    for line, code in python_blocks(text):
         # Blank lines first, so that a traceback's line numbers are the page's.
         source = "\n" * (line - 1) + code.replace(API_PLACEHOLDER, api_url)
         failure = None
@@ -78,6 +89,7 @@ PAGES = [path for path in pages() if any(python_blocks(path.read_text(encoding="
 def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Python block on the page runs as written (the API placeholder on a mock server)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
     with fixed_port_lock(path.read_text(encoding="utf-8")), serve() as api:
         run_page(path, str(path.relative_to(ROOT)), api.url)
 

@@ -24,6 +24,14 @@ from idempotently.testing._config import (
     DEFAULT_STALE_AFTER,
     MockServerConfig,
 )
+from idempotently.testing._crash_points import (
+    CRASH_STEPS,
+    CrashHarnessError,
+    CrashPointResult,
+    CrashReport,
+    CrashStep,
+    crash_points,
+)
 from idempotently.testing._fake_time import FakeTime
 from idempotently.testing._faults import Fault, Faults, ScheduledFault
 from idempotently.testing._log import LoggedRequest
@@ -36,11 +44,16 @@ if TYPE_CHECKING:
     from idempotently.testing._server import MockServer, in_process, serve
 
 __all__ = [
+    "CRASH_STEPS",
     "DEFAULT_KEY_TTL",
     "DEFAULT_STALE_AFTER",
     "REPLAY_HEADER",
     "Charge",
     "Clock",
+    "CrashHarnessError",
+    "CrashPointResult",
+    "CrashReport",
+    "CrashStep",
     "FakeTime",
     "Fault",
     "Faults",
@@ -54,6 +67,7 @@ __all__ = [
     "Stats",
     "SystemClock",
     "VirtualClock",
+    "crash_points",
     "create_app",
     "in_process",
     "serve",

@@ -12,15 +12,17 @@ teardown (the scenario did not happen as written); mark a test
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pytest
 
 from idempotently.testing._clock import Clock, VirtualClock
 from idempotently.testing._config import MockServerConfig
+from idempotently.testing._crash_points import CrashPointResult, CrashReport, CrashStep
 from idempotently.testing._fake_time import FakeTime
 
 if TYPE_CHECKING:
@@ -142,6 +144,42 @@ def idempotently_in_process_mock_server(request: pytest.FixtureRequest) -> Itera
 def idempotently_fake_time() -> FakeTime:
     """A `FakeTime`: pass `clock=`/`sleep=` from it and retries never really wait."""
     return FakeTime()
+
+
+class CrashPoints(Protocol):
+    """`idempotently.testing.crash_points`, with the runs kept in the test's `tmp_path`."""
+
+    def __call__(
+        self,
+        scenario: Callable[..., Any],
+        *,
+        session: Callable[[Path, str], Any] | None = None,
+        config: MockServerConfig | None = None,
+        steps: Sequence[CrashStep] = ...,
+        operations: Sequence[int] | None = None,
+        rerun: bool = True,
+        backend: Literal["asyncio", "trio"] = "asyncio",
+        timeout: float = 60.0,
+        on_point: Callable[[CrashPointResult], object] | None = None,
+    ) -> CrashReport: ...
+
+
+@pytest.fixture
+def idempotently_crash_points(tmp_path: Path) -> CrashPoints:
+    """Kill a scenario at every journal step of every operation; see `crash_points`.
+
+    ```python
+    def test_checkout_survives_crashes(idempotently_crash_points):
+        idempotently_crash_points(place_orders).assert_exactly_once()
+    ```
+
+    `place_orders(session)` must be defined at the top level of a module (the
+    test module will do): it runs in child processes. Each run's journal and
+    logs stay under `tmp_path / "crash-points"` for a failing test to show.
+    """
+    from idempotently.testing._crash_points import crash_points
+
+    return functools.partial(crash_points, directory=tmp_path / "crash-points")
 
 
 @pytest.fixture

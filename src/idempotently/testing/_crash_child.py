@@ -1,0 +1,339 @@
+"""The child process of `crash_points`: runs the scenario, and dies where it is told.
+
+Run as ``python -m idempotently.testing._crash_child INSTRUCTIONS`` (JSON). It
+writes one JSON line per event to the file descriptor the instructions name,
+never to stdout or stderr (those are the scenario's, and go to a log file).
+
+The seams are installed in this process only, around two places every journaled
+call passes: the store's ``commit`` (each batch of journal writes, SQLite and
+PostgreSQL) and the HTTP transports' send (httpx, and httpx2 when installed).
+Operations are numbered in the order their keys are first written, so that a
+scenario whose ids are made fresh each run is still aimed at by position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from idempotently._commands import Enqueue, Insert, Record
+from idempotently.testing._crash_points import CRASH_STEPS
+
+# The steps, in the order an operation meets them (`CRASH_STEPS`).
+(
+    BEFORE_KEY_COMMIT,
+    AFTER_KEY_COMMIT,
+    AFTER_REQUEST_SENT,
+    AFTER_ANSWER_ARRIVED,
+    BEFORE_ANSWER_RECORDED,
+) = CRASH_STEPS
+
+DEFAULT_TOKEN = "user_1"
+# The name a scenario defined in a script (its ``__main__``) is loaded under.
+SCRIPT_MODULE = "_idempotently_crash_scenario"
+
+
+class Events:
+    """One JSON line per event on the parent's pipe; safe from any thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._file = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, **fields}, default=str)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+
+class Tracker:
+    """Which operation is which, which steps each has met, and where to die."""
+
+    def __init__(self, events: Events, kill: dict[str, Any] | None) -> None:
+        self._events = events
+        self._kill = (int(kill["operation"]), str(kill["step"])) if kill else None
+        self._lock = threading.RLock()
+        self._index_by_id: dict[str, int] = {}
+        self._id_by_index: dict[int, str] = {}
+        self._index_by_key: dict[str, int] = {}
+        self._key_headers: set[str] = set()
+        self._seen: set[tuple[int, str]] = set()
+
+    def new_key(self, operation_id: str, key: str, key_header: str) -> int:
+        with self._lock:
+            index = self._index_by_id.get(operation_id)
+            if index is None:
+                index = len(self._index_by_id)
+                self._index_by_id[operation_id] = index
+                self._id_by_index[index] = operation_id
+                self._events.emit("operation", index=index, operation_id=operation_id)
+            self._index_by_key[key] = index
+            self._key_headers.add(key_header.lower())
+            return index
+
+    def index_of(self, operation_id: str) -> int | None:
+        with self._lock:
+            return self._index_by_id.get(operation_id)
+
+    def index_of_request(self, headers: Any) -> tuple[int, str] | None:
+        with self._lock:
+            for name in self._key_headers:
+                key = headers.get(name)
+                if key is not None and key in self._index_by_key:
+                    return self._index_by_key[key], key
+            return None
+
+    def aimed_at(self, index: int, step: str) -> bool:
+        """This step of this operation is the one to die at, and it is met for the first time."""
+        return self._kill == (index, step) and (index, step) not in self._seen
+
+    def reach(self, index: int, step: str) -> None:
+        """Note the step (first time only); die here when it is the one aimed at."""
+        if self.note(index, step):
+            self.die(index, step)
+
+    def note(self, index: int, step: str) -> bool:
+        """Note the step (first time only): True when it is the one aimed at."""
+        with self._lock:
+            if (index, step) in self._seen:
+                return False
+            aimed = self.aimed_at(index, step)
+            self._seen.add((index, step))
+            self._events.emit("step", index=index, step=step)
+            return aimed
+
+    def sent(self, index: int, key: str) -> None:
+        """The aimed-at request is on the wire: the parent kills once the server answered."""
+        self._events.emit(
+            "sent", index=index, key=key, operation_id=self.operation_id(index), pid=os.getpid()
+        )
+
+    def operation_id(self, index: int) -> str:
+        with self._lock:
+            return self._id_by_index[index]
+
+    def die(self, index: int, step: str) -> None:
+        self._events.emit(
+            "dying", index=index, step=step, operation_id=self.operation_id(index), pid=os.getpid()
+        )
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # never reached: SIGKILL cannot be caught
+
+
+def wrap_stores(tracker: Tracker) -> None:
+    """Meet the journal steps at the one seam every write passes: a store's commit."""
+    from idempotently._journal._sqlite import SqliteStore
+
+    stores: list[type[Any]] = [SqliteStore]
+    with contextlib.suppress(ImportError):
+        from idempotently._journal._postgres import PostgresStore
+
+        stores.append(PostgresStore)
+    for store in stores:
+        store.commit = _dying_commit(store.commit, tracker)
+
+
+def _dying_commit(commit: Callable[..., list[Any]], tracker: Tracker) -> Callable[..., list[Any]]:
+    def dying_commit(self: Any, writes: Sequence[Any], durable: bool) -> list[Any]:
+        inserted: list[tuple[int, int]] = []
+        for position, write in enumerate(writes):
+            if isinstance(write, (Insert, Enqueue)):
+                new = write.new
+                index = tracker.new_key(new.operation_id, new.key, new.key_header)
+                tracker.reach(index, BEFORE_KEY_COMMIT)
+                inserted.append((position, index))
+            elif isinstance(write, Record) and write.record.status_code is not None:
+                found = tracker.index_of(write.operation_id)
+                if found is not None:
+                    tracker.reach(found, BEFORE_ANSWER_RECORDED)
+        results = commit(self, writes, durable)
+        for position, index in inserted:
+            if results[position] is True:
+                tracker.reach(index, AFTER_KEY_COMMIT)
+        return results
+
+    return dying_commit
+
+
+def _raw_request(request: Any) -> bytes | None:
+    """The request as HTTP/1.1 bytes, or None when it cannot be written by hand."""
+    url = request.url
+    if url.scheme != "http":
+        return None
+    try:
+        content = bytes(request.content)
+    except Exception:  # a streamed body not read yet: send it the normal way
+        return None
+    head = f"{request.method} {url.raw_path.decode('ascii')} HTTP/1.1\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in request.headers.items())
+    return head.encode("latin-1") + b"\r\n" + content
+
+
+def _send_and_wait(tracker: Tracker, index: int, key: str, request: Any) -> bool:
+    """Write the request whole on a socket nobody reads, and wait for the parent's SIGKILL.
+
+    The parent kills this process once the server has answered: the server acted,
+    and its answer is lost with the process. False: it cannot be written by hand.
+    """
+    raw = _raw_request(request)
+    if raw is None:
+        return False
+    url = request.url
+    sock = socket.create_connection((url.host, url.port or 80))
+    sock.sendall(raw)
+    tracker.note(index, AFTER_REQUEST_SENT)  # the parent kills, once the server answered
+    tracker.sent(index, key)
+    while True:
+        time.sleep(60)
+
+
+def wrap_transports(tracker: Tracker) -> None:
+    """Meet the wire steps inside the HTTP transports (httpx, and httpx2 if installed)."""
+    modules = [importlib.import_module("httpx")]
+    with contextlib.suppress(ImportError):
+        modules.append(importlib.import_module("httpx2"))
+    for module in modules:
+        sync_transport = module.HTTPTransport
+        sync_transport.handle_request = _dying_send(sync_transport.handle_request, tracker)
+        async_transport = module.AsyncHTTPTransport
+        async_transport.handle_async_request = _dying_async_send(
+            async_transport.handle_async_request, tracker
+        )
+
+
+def _dying_send(send: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
+    def dying_send(self: Any, request: Any) -> Any:
+        found = tracker.index_of_request(request.headers)
+        if found is None:
+            return send(self, request)
+        index, key = found
+        if tracker.aimed_at(index, AFTER_REQUEST_SENT):
+            _send_and_wait(tracker, index, key, request)
+        tracker.reach(index, AFTER_REQUEST_SENT)
+        response = send(self, request)
+        response.read()
+        tracker.reach(index, AFTER_ANSWER_ARRIVED)
+        return response
+
+    return dying_send
+
+
+def _dying_async_send(send: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
+    async def dying_send(self: Any, request: Any) -> Any:
+        found = tracker.index_of_request(request.headers)
+        if found is None:
+            return await send(self, request)
+        index, key = found
+        if tracker.aimed_at(index, AFTER_REQUEST_SENT):
+            _send_and_wait(tracker, index, key, request)
+        tracker.reach(index, AFTER_REQUEST_SENT)
+        response = await send(self, request)
+        await response.aread()
+        tracker.reach(index, AFTER_ANSWER_ARRIVED)
+        return response
+
+    return dying_send
+
+
+def resolve(reference: dict[str, Any]) -> Callable[..., Any]:
+    """The function a reference names: by module and qualified name, or by file."""
+    module_name, qualname = reference["module"], reference["qualname"]
+    if reference.get("file"):
+        spec = importlib.util.spec_from_file_location(SCRIPT_MODULE, reference["file"])
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found  # type: ignore[no-any-return]
+
+
+def default_session(journal: Path, base_url: str, *, asynchronous: bool) -> Any:
+    import idempotently
+
+    session_class = idempotently.AsyncSession if asynchronous else idempotently.Session
+    return session_class(
+        journal, base_url=base_url, headers={"Authorization": f"Bearer {DEFAULT_TOKEN}"}
+    )
+
+
+@contextlib.contextmanager
+def _opened(session: Any) -> Iterator[Any]:
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def run(spec: dict[str, Any], events: Events) -> None:
+    scenario = resolve(spec["scenario"])
+    factory = resolve(spec["session"]) if spec.get("session") else None
+    asynchronous = inspect.iscoroutinefunction(scenario)
+    journal, url = Path(spec["journal"]), spec["url"]
+
+    def make() -> Any:
+        if factory is None:
+            return default_session(journal, url, asynchronous=asynchronous)
+        return factory(journal, url)
+
+    tracker = Tracker(events, spec.get("kill"))
+    wrap_stores(tracker)
+    wrap_transports(tracker)
+    recover = spec["mode"] == "recover"
+    if not asynchronous:
+        with _opened(make()) as session:
+            if recover:
+                results = session.resume()
+                events.emit("resumed", results=[result.to_json() for result in results])
+            if not recover or spec.get("rerun", True):
+                scenario(session)
+    else:
+        import anyio
+
+        async def main() -> None:
+            session = make()
+            try:
+                if recover:
+                    results = await session.resume()
+                    events.emit("resumed", results=[result.to_json() for result in results])
+                if not recover or spec.get("rerun", True):
+                    await scenario(session)
+            finally:
+                await session.aclose()
+
+        anyio.run(main, backend=spec.get("backend", "asyncio"))
+    events.emit("finished")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    events = Events(int(spec["events_fd"]))
+    try:
+        run(spec, events)
+    except BaseException as error:  # the parent reports it, with the log's traceback
+        traceback.print_exc()
+        events.emit("error", error=f"{type(error).__name__}: {error}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
