@@ -216,6 +216,14 @@ class LookUpLater:
 
 
 @attrs.frozen
+class AuditTrail:
+    """The operation's audit entries, oldest first (a list of ``AuditEntry``): what a
+    lookup's backoff counts its unsettled lookups in a row from."""
+
+    operation_id: str
+
+
+@attrs.frozen
 class Pauses:
     """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
 
@@ -259,7 +267,7 @@ Write = (
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
-Read = Find | Queue | Pauses
+Read = Find | Queue | Pauses | AuditTrail
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,
@@ -317,10 +325,34 @@ class Discard:
 
 
 @attrs.frozen
-class Reconcile:
-    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement."""
+class PlanReconcile:
+    """Ask who will reconcile a needs_reconcile operation, and which GET it will send
+    (so the flow can hold it back while its origin is paused); reply: a `ReconcilePlan`,
+    or None without a reconciler."""
 
     operation: Operation
+
+
+@attrs.frozen
+class ReconcilePlan:
+    """The reply to `PlanReconcile`."""
+
+    actor: str
+    """Who settles it, as its audit entries name it: ``lookup``, or
+    ``reconciler:module.qualname`` for a reconciler of your own."""
+    request: httpx.Request | None = attrs.field(default=None, eq=False)
+    """The lookup's GET, built but not sent; None for a reconciler of your own (its
+    requests are its own business) or a lookup whose request cannot be built."""
+
+
+@attrs.frozen
+class Reconcile:
+    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement
+    (or a lookup's Verdict), or None."""
+
+    operation: Operation
+    request: httpx.Request | None = attrs.field(default=None, eq=False)
+    """The planned lookup GET to send (`ReconcilePlan.request`)."""
 
 
 @attrs.frozen
@@ -348,4 +380,14 @@ class DigestCredentials:
     """(salt, names, values): the values are credentials, never shown."""
 
 
-Command = JournalCommand | Send | Sleep | Discard | Reconcile | Report | Emit | DigestCredentials
+Command = (
+    JournalCommand
+    | Send
+    | Sleep
+    | Discard
+    | PlanReconcile
+    | Reconcile
+    | Report
+    | Emit
+    | DigestCredentials
+)
