@@ -104,19 +104,6 @@ class Release:
 
 
 @attrs.frozen
-class Settle:
-    """Record a reconciler's verdict on a needs_reconcile operation."""
-
-    operation_id: str
-    status: Status
-    reason: str
-    now: float
-    response_status: int | None
-    response_headers: Sequence[tuple[str, str]] | None
-    response_body: bytes | None
-
-
-@attrs.frozen
 class Queue:
     """Operations with these statuses, oldest first (what resume works through)."""
 
@@ -257,7 +244,6 @@ Write = (
     | Record
     | SetStatus
     | Release
-    | Settle
     | RenewLease
     | ExtendLeases
     | ClaimDue
@@ -276,7 +262,6 @@ WRITES: tuple[type, ...] = (
     Record,
     SetStatus,
     Release,
-    Settle,
     RenewLease,
     ExtendLeases,
     ClaimDue,

@@ -41,7 +41,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    Settle,
     TakeLease,
     Unpause,
 )
@@ -675,31 +674,6 @@ class Journal:
         expect: Status = "pending",
     ) -> bool:
         return bool(self._execute(SetStatus(operation_id, status, reason, now, expect)))
-
-    def _settle(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str,
-        now: float,
-        response_status: int | None = None,
-        response_headers: Sequence[tuple[str, str]] | None = None,
-        response_body: bytes | None = None,
-    ) -> bool:
-        return bool(
-            self._execute(
-                Settle(
-                    operation_id,
-                    status,
-                    reason,
-                    now,
-                    response_status,
-                    response_headers,
-                    response_body,
-                )
-            )
-        )
 
     def _release_lease(self, operation_id: str, *, owner: str) -> None:
         self._execute(Release(operation_id, owner))
