@@ -61,6 +61,8 @@ CRASH_STEPS: tuple[CrashStep, ...] = (
 """
 
 UNSETTLED = ("pending", "needs_reconcile")
+MAX_TIMEOUT = 24 * 60 * 60.0
+"""The longest `timeout` a process may be given, in seconds (a day)."""
 LOG_TAIL_LINES = 15
 
 
@@ -170,6 +172,12 @@ def _reference(function: Callable[..., Any], what: str) -> dict[str, Any]:
 
 
 def _check_steps(steps: Iterable[str]) -> tuple[CrashStep, ...]:
+    if isinstance(steps, str) or not isinstance(steps, Iterable):
+        raise TypeError(
+            f"steps must be a list of step names, not {steps!r}: e.g. steps=[{steps!r}]"
+            if isinstance(steps, str)
+            else f"steps must be a list of step names, not {steps!r}"
+        )
     chosen = tuple(steps)
     unknown = [step for step in chosen if step not in CRASH_STEPS]
     if unknown:
@@ -180,6 +188,20 @@ def _check_steps(steps: Iterable[str]) -> tuple[CrashStep, ...]:
     if not chosen:
         raise ValueError(f"steps is empty: choose one or more of {', '.join(CRASH_STEPS)}")
     return chosen  # type: ignore[return-value]
+
+
+def _check_directory(root: Path) -> None:
+    """``root`` exists (made if need be) and takes new files, or a clear error."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        raise CrashHarnessError(
+            f"directory {str(root)!r} cannot hold the runs' journals and logs"
+            f" ({error.strerror or error}): pass a directory this process can create and"
+            " write to, or leave it out for a temporary one"
+        ) from None
 
 
 @attrs.frozen
@@ -545,13 +567,44 @@ def crash_points(
     chosen_steps = _check_steps(steps)
     if backend not in ("asyncio", "trio"):
         raise ValueError(f"backend must be 'asyncio' or 'trio', not {backend!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds (at most {MAX_TIMEOUT:g}),"
+            f" not {timeout!r}"
+        )
     if config is not None and not isinstance(config, MockServerConfig):
         raise TypeError(f"config must be a MockServerConfig, not {config!r}")
+    if not isinstance(rerun, bool):
+        raise TypeError(f"rerun must be True or False, not {rerun!r}")
+    if on_point is not None and not callable(on_point):
+        raise TypeError(f"on_point must be a function of a CrashPointResult, not {on_point!r}")
+    if operations is not None:
+        if isinstance(operations, (str, bytes)) or not isinstance(operations, Iterable):
+            raise TypeError(
+                f"operations must be a list of operation positions (e.g. [0, 1]), not"
+                f" {operations!r}"
+            )
+        operations = list(operations)
+        if not operations:
+            raise ValueError(
+                "operations is empty, so nothing would be crashed: list the positions to"
+                " crash (e.g. [0]), or leave it out to crash every operation"
+            )
+        for index in operations:
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise ValueError(
+                    f"operations: {index!r} is not the position of an operation (0 is the"
+                    " first whose key the scenario journals, 1 the next, ...)"
+                )
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path, not {directory!r}")
     made_directory = directory is None
     root = Path(tempfile.mkdtemp(prefix="idempotently-crash-") if directory is None else directory)
-    root.mkdir(parents=True, exist_ok=True)
+    _check_directory(root)
     harness = _Harness(
         scenario_reference,
         session_reference,
@@ -561,12 +614,6 @@ def crash_points(
         directory=root,
         timeout=float(timeout),
     )
-    for index in operations or ():
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(
-                f"operations: {index!r} is not the position of an operation (0 is the first"
-                " whose key the scenario journals, 1 the next, ...)"
-            )
     ids, met, reference, statuses = harness.clean_run()
     aimed = range(len(ids)) if operations is None else operations
     for index in aimed:
