@@ -107,8 +107,8 @@ def noisy(session: idempotently.Session) -> None:
 
 
 def charges_nothing(session: idempotently.Session) -> None:
-    """Journals a POST the mock answers 404: nothing moves, so nothing can be compared."""
-    session.post("/v1/refunds", operation_id="order-1:refund", json=charge("order-1"))
+    """Every call is refused (400): nothing moves, so every crash point "holds" vacuously."""
+    session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1", -1))
 
 
 # -- misuse: each a clear error, never a hang or a stray process ---------------------

@@ -53,3 +53,10 @@ def test_a_directory_that_cannot_hold_the_runs_is_a_clear_error(tmp_path: Path) 
         with pytest.raises(CrashHarnessError, match=r"cannot hold the runs' journals and logs"):
             crash_points(crash_scenarios.place_orders, directory=directory)
     assert a_file.read_text() == "not a directory"
+
+
+def test_a_clean_run_that_charges_nothing_proves_nothing_and_says_so(tmp_path: Path) -> None:
+    # Refused by the server (a negative amount): with no charge to count, every
+    # point would "hold exactly once".
+    with pytest.raises(CrashHarnessError, match=r"1 operation\(s\) made no charge without a crash"):
+        crash_points(scenarios.charges_nothing, steps=["before_key_commit"], directory=tmp_path)

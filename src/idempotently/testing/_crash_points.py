@@ -411,6 +411,13 @@ class _Harness:
             for event in run.of("step"):
                 steps[int(event["index"])].add(str(event["step"]))
             charges = _charges(server)
+            if not charges:
+                raise CrashHarnessError(
+                    f"the scenario's {len(operations)} operation(s) made no charge without a"
+                    " crash, so there is nothing to count after one: crash_points compares"
+                    " the charges the mock server makes (POST /v1/charges that it accepts);"
+                    f" make the scenario's calls charges. Its output ({run.log}):\n{run.tail()}"
+                )
         return operations, steps, charges, self._statuses(run_directory / "idempotently.db")
 
     def _statuses(self, path: Path) -> collections.Counter[str]:
