@@ -60,3 +60,30 @@ def test_a_clean_run_that_charges_nothing_proves_nothing_and_says_so(tmp_path: P
     # point would "hold exactly once".
     with pytest.raises(CrashHarnessError, match=r"1 operation\(s\) made no charge without a crash"):
         crash_points(scenarios.charges_nothing, steps=["before_key_commit"], directory=tmp_path)
+
+
+def test_a_step_the_clean_run_never_reached_is_a_failing_point_not_a_silent_skip(
+    tmp_path: Path,
+) -> None:
+    # The wire steps are met inside httpx's transports; a transport of the user's
+    # own never meets them, so nothing was crashed there.
+    report = crash_points(
+        crash_scenarios.place_orders,
+        session=scenarios.session_on_its_own_transport,
+        steps=["after_request_sent", "before_answer_recorded"],
+        operations=[1],
+        directory=tmp_path,
+    )
+    unreached, recorded = report.points
+    assert (unreached.operation, unreached.step, unreached.killed) == (1, "after_request_sent", False)
+    assert unreached.problems == (
+        "not crashed: the clean run never reached after_request_sent of it (it was never sent,"
+        " or sent through a transport crash_points cannot see (it sees httpx's and httpx2's"
+        " HTTPTransport and AsyncHTTPTransport))",
+    )
+    assert unreached.operation_id == "order-2:charge"
+    assert recorded.ok, recorded
+    assert not report.ok
+    assert "1 of 2 crash points held exactly once" in report.describe()
+    with pytest.raises(AssertionError, match=r"FAIL operation 1 \(order-2:charge\) not killed at after_request_sent"):
+        report.assert_exactly_once()

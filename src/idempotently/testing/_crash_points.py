@@ -95,7 +95,8 @@ class CrashPointResult:
         return self.killed and not self.problems
 
     def __str__(self) -> str:
-        head = f"operation {self.operation} ({self.operation_id}) killed {self.step}"
+        verb = "killed" if self.killed else "not killed at"
+        head = f"operation {self.operation} ({self.operation_id}) {verb} {self.step}"
         if self.ok:
             return f"{head}: exactly once"
         return f"{head}: " + "; ".join(self.problems)
@@ -505,6 +506,28 @@ class _Harness:
         return problems
 
 
+def _unreached(operation: int, operation_id: str, step: CrashStep, clean: Path) -> CrashPointResult:
+    """A point the clean run never reached: not crashed, so it cannot have held."""
+    if step in ("after_request_sent", "after_answer_arrived"):
+        why = (
+            "it was never sent, or sent through a transport crash_points cannot see (it"
+            " sees httpx's and httpx2's HTTPTransport and AsyncHTTPTransport)"
+        )
+    elif step == "before_answer_recorded":
+        why = "no answer to it was ever recorded in the journal"
+    else:
+        why = "its key was never committed to the journal at the path the session was given"
+    return CrashPointResult(
+        operation=operation,
+        operation_id=operation_id,
+        step=step,
+        killed=False,
+        charges_at_crash=0,
+        problems=(f"not crashed: the clean run never reached {step} of it ({why})",),
+        directory=clean,
+    )
+
+
 def crash_points(
     scenario: Callable[..., Any],
     *,
@@ -632,9 +655,10 @@ def crash_points(
     points = []
     for index in aimed:
         for step in chosen_steps:
-            if step not in met[index]:
-                continue
-            point = harness.crash_at(index, ids[index], step, reference, statuses)
+            if step in met[index]:
+                point = harness.crash_at(index, ids[index], step, reference, statuses)
+            else:
+                point = _unreached(index, ids[index], step, root / "clean")
             points.append(point)
             if on_point is not None:
                 on_point(point)
