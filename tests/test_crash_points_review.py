@@ -87,3 +87,13 @@ def test_a_step_the_clean_run_never_reached_is_a_failing_point_not_a_silent_skip
     assert "1 of 2 crash points held exactly once" in report.describe()
     with pytest.raises(AssertionError, match=r"FAIL operation 1 \(order-2:charge\) not killed at after_request_sent"):
         report.assert_exactly_once()
+
+
+def test_a_directory_used_again_starts_each_run_afresh(tmp_path: Path) -> None:
+    # Each call's clean run journals into tmp_path/clean, and only then is
+    # operation 5 found not to exist. The second call's clean run must not meet
+    # the first one's journal (its keys went to another server, on another port).
+    for _ in range(2):
+        with pytest.raises(ValueError, match="5 is not the position of one of the scenario's 2"):
+            crash_points(crash_scenarios.place_orders, operations=[5], directory=tmp_path)
+    assert (tmp_path / "clean" / "idempotently.db").exists()

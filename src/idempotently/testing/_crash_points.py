@@ -205,6 +205,14 @@ def _check_directory(root: Path) -> None:
         ) from None
 
 
+def _fresh(run_directory: Path) -> Path:
+    """An empty directory for one run: an earlier call's journal there would answer
+    this run's calls from its own rows (or refuse them, the server being a new one)."""
+    shutil.rmtree(run_directory, ignore_errors=True)
+    run_directory.mkdir(parents=True)
+    return run_directory
+
+
 @attrs.frozen
 class _Run:
     """One child process's end: its exit, the events it wrote, its log."""
@@ -393,8 +401,7 @@ class _Harness:
         return _Child(spec, run_directory / f"{mode}.log", self._timeout)
 
     def clean_run(self) -> tuple[list[str], list[set[str]], collections.Counter[str], Any]:
-        run_directory = self._directory / "clean"
-        run_directory.mkdir(parents=True, exist_ok=True)
+        run_directory = _fresh(self._directory / "clean")
         with self._server() as server:
             run = self._child(run_directory, server, "trace").finish()
             if run.returncode != 0 or not run.of("finished"):
@@ -440,8 +447,7 @@ class _Harness:
         reference: collections.Counter[str],
         statuses: collections.Counter[str],
     ) -> CrashPointResult:
-        run_directory = self._directory / f"operation-{operation}-{step}"
-        run_directory.mkdir(parents=True, exist_ok=True)
+        run_directory = _fresh(self._directory / f"operation-{operation}-{step}")
         problems: list[str] = []
         with self._server() as server:
             child = self._child(
