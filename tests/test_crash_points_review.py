@@ -7,6 +7,9 @@ three processes.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +100,40 @@ def test_a_directory_used_again_starts_each_run_afresh(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="5 is not the position of one of the scenario's 2"):
             crash_points(crash_scenarios.place_orders, operations=[5], directory=tmp_path)
     assert (tmp_path / "clean" / "idempotently.db").exists()
+
+
+UNGUARDED_SCRIPT = """
+import idempotently
+from idempotently.testing import crash_points
+
+
+def charge_orders(session: idempotently.Session) -> None:
+    session.post("/v1/charges", operation_id="order-1:charge",
+                 json={"amount": 100, "currency": "usd", "customer": "cus_1"})
+
+
+# No `if __name__ == "__main__":`, and the child process loads this file.
+crash_points(charge_orders, steps=["after_key_commit"], timeout=20).assert_exactly_once()
+"""
+
+
+def test_a_script_that_calls_the_harness_as_it_is_imported_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    assert result.returncode == 1
+    assert (
+        "CrashHarnessError: the scenario fails with no crash at all (CrashHarnessError:"
+        " crash_points was called in one of its own child processes"
+    ) in result.stderr
+    assert 'Call it under `if __name__ == "__main__":` or in a test function' in result.stderr

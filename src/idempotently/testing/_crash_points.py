@@ -61,6 +61,9 @@ CRASH_STEPS: tuple[CrashStep, ...] = (
 """
 
 UNSETTLED = ("pending", "needs_reconcile")
+CHILD_MARKER = "IDEMPOTENTLY_CRASH_POINTS_CHILD"
+"""Set in the environment of the scenario's processes (a scenario's import calling
+`crash_points` again would start processes without end)."""
 MAX_TIMEOUT = 24 * 60 * 60.0
 """The longest `timeout` a process may be given, in seconds (a day)."""
 LOG_TAIL_LINES = 15
@@ -249,6 +252,7 @@ class _Child:
         env = dict(os.environ)
         # The child imports what this process can: the scenario's module and its own.
         env["PYTHONPATH"] = os.pathsep.join(path or os.getcwd() for path in sys.path)
+        env[CHILD_MARKER] = "1"
         with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as output:
             try:
                 self._process = subprocess.Popen(
@@ -598,6 +602,12 @@ def crash_points(
         CrashHarnessError: The scenario fails or journals nothing without a crash,
             or a process ran past `timeout`.
     """
+    if os.environ.get(CHILD_MARKER):
+        raise CrashHarnessError(
+            "crash_points was called in one of its own child processes: the module that"
+            " defines the scenario calls it as it is imported, and each child imports that"
+            ' module. Call it under `if __name__ == "__main__":` or in a test function'
+        )
     scenario_reference = _reference(scenario, "scenario")
     session_reference = _reference(session, "session") if session is not None else None
     chosen_steps = _check_steps(steps)
