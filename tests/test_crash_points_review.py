@@ -7,9 +7,12 @@ three processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +81,11 @@ def test_a_step_the_clean_run_never_reached_is_a_failing_point_not_a_silent_skip
         directory=tmp_path,
     )
     unreached, recorded = report.points
-    assert (unreached.operation, unreached.step, unreached.killed) == (1, "after_request_sent", False)
+    assert (unreached.operation, unreached.step, unreached.killed) == (
+        1,
+        "after_request_sent",
+        False,
+    )
     assert unreached.problems == (
         "not crashed: the clean run never reached after_request_sent of it (it was never sent,"
         " or sent through a transport crash_points cannot see (it sees httpx's and httpx2's"
@@ -88,7 +95,10 @@ def test_a_step_the_clean_run_never_reached_is_a_failing_point_not_a_silent_skip
     assert recorded.ok, recorded
     assert not report.ok
     assert "1 of 2 crash points held exactly once" in report.describe()
-    with pytest.raises(AssertionError, match=r"FAIL operation 1 \(order-2:charge\) not killed at after_request_sent"):
+    with pytest.raises(
+        AssertionError,
+        match=r"FAIL operation 1 \(order-2:charge\) not killed at after_request_sent",
+    ):
         report.assert_exactly_once()
 
 
@@ -137,3 +147,115 @@ def test_a_script_that_calls_the_harness_as_it_is_imported_is_a_clear_error(
         " crash_points was called in one of its own child processes"
     ) in result.stderr
     assert 'Call it under `if __name__ == "__main__":` or in a test function' in result.stderr
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux's /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def wait_until_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def children_of(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+    return found
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+
+
+@needs_proc
+def test_a_process_the_scenario_forks_neither_hangs_the_harness_nor_outlives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("CRASH_REVIEW_PIDS", str(pids))
+    started = time.monotonic()
+    report = crash_points(
+        scenarios.forks_a_sleeper,
+        steps=["after_key_commit"],
+        operations=[0],
+        timeout=30,
+        directory=tmp_path / "runs",
+    )
+    # The sleeper held the events pipe open: the harness waited for its end
+    # until the timeout, then left it running.
+    assert time.monotonic() - started < 30
+    assert report.ok, report.describe()
+    forked = [int(path.name) for path in pids.iterdir()]
+    assert len(forked) == 3  # the clean run, the crashed one, the recovery
+    assert wait_until_gone(forked) == []
+
+
+def test_a_scenario_that_leaves_a_thread_running_is_told_so_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(
+        CrashHarnessError,
+        match=r"returned with threads still running \(Thread-\d+ \(sleep\)\): join the threads",
+    ):
+        crash_points(scenarios.leaves_a_thread, timeout=30, directory=tmp_path)
+    assert time.monotonic() - started < 30  # not "ran past 30 s"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "message"),
+    [
+        (scenarios.exits_early, "its process exited with status 0 before the scenario returned"),
+        (scenarios.kills_itself, "its process was killed by SIGKILL before the scenario returned"),
+    ],
+)
+def test_a_process_that_ends_before_its_scenario_returns_says_how(
+    tmp_path: Path, scenario: Any, message: str
+) -> None:
+    with pytest.raises(CrashHarnessError, match=f"fails with no crash at all \\({message}"):
+        crash_points(scenario, directory=tmp_path)
+
+
+WAITING_HARNESS = """
+from idempotently.testing import crash_points
+from tests import crash_scenarios
+
+crash_points(crash_scenarios.hangs, timeout=300)
+"""
+
+
+@needs_proc
+def test_a_child_does_not_outlive_a_harness_killed_under_it(tmp_path: Path) -> None:
+    harness = subprocess.Popen(
+        [sys.executable, "-c", WAITING_HARNESS],
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not children and time.monotonic() < deadline:
+            time.sleep(0.1)
+            children = children_of(harness.pid)
+        assert children, "the harness started no child"
+        # Killed (a CI timeout, an OOM killer): it cannot kill its child any more.
+        harness.kill()
+        harness.wait()
+        assert wait_until_gone(children) == []
+    finally:
+        harness.kill()
+        harness.wait()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -42,6 +42,8 @@ from idempotently.testing._crash_points import CRASH_STEPS
 ) = CRASH_STEPS
 
 DEFAULT_TOKEN = "user_1"
+PARENT_CHECK = 0.2
+"""Seconds between two looks at whether the harness's process is still there."""
 # The name a scenario defined in a script (its ``__main__``) is loaded under.
 SCRIPT_MODULE = "_idempotently_crash_scenario"
 
@@ -52,8 +54,20 @@ class Events:
     def __init__(self, fd: int) -> None:
         self._file = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        # A process the scenario forks must not hold the parent's pipe open (the
+        # parent would wait for its end) nor speak on it.
+        os.register_at_fork(after_in_child=self._let_go)
+
+    def _let_go(self) -> None:
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._file.fileno())
+            os.close(devnull)
 
     def emit(self, event: str, **fields: Any) -> None:
+        if os.getpid() != self._pid:
+            return
         line = json.dumps({"event": event, **fields}, default=str)
         with self._lock:
             self._file.write(line + "\n")
@@ -323,15 +337,50 @@ def run(spec: dict[str, Any], events: Events) -> None:
     events.emit("finished")
 
 
+def watch_the_parent(parent: int) -> None:
+    """End this process if the harness's process is gone (killed, or interrupted
+    before it could kill this one): nothing else would, when it waits to be killed."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="idempotently-crash-parent", daemon=True).start()
+
+
+def threads_left_running() -> list[str]:
+    """The threads that would keep this process alive after the scenario returned."""
+    return sorted(
+        thread.name
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     events = Events(int(spec["events_fd"]))
+    if spec.get("parent"):
+        watch_the_parent(int(spec["parent"]))
     try:
         run(spec, events)
     except BaseException as error:  # the parent reports it, with the log's traceback
         traceback.print_exc()
         events.emit("error", error=f"{type(error).__name__}: {error}")
         return 1
+    left = threads_left_running()
+    if left:
+        # The process would not exit until they end; their calls would mix with the next run's.
+        message = (
+            f"the scenario returned with threads still running ({', '.join(left)}): join"
+            " the threads it starts before it returns"
+        )
+        print(message, file=sys.stderr)
+        events.emit("error", error=message)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     return 0
 
 

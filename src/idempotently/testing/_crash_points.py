@@ -64,6 +64,8 @@ UNSETTLED = ("pending", "needs_reconcile")
 CHILD_MARKER = "IDEMPOTENTLY_CRASH_POINTS_CHILD"
 """Set in the environment of the scenario's processes (a scenario's import calling
 `crash_points` again would start processes without end)."""
+IDLE_CHECK = 0.25
+"""Seconds without an event after which the harness looks whether the child is still alive."""
 MAX_TIMEOUT = 24 * 60 * 60.0
 """The longest `timeout` a process may be given, in seconds (a day)."""
 LOG_TAIL_LINES = 15
@@ -238,7 +240,16 @@ class _Run:
         errors = self.of("error")
         if errors:
             return str(errors[-1]["error"])
-        return f"exit status {self.returncode}"
+        if self.returncode < 0:
+            with contextlib.suppress(ValueError):
+                return (
+                    f"its process was killed by {signal.Signals(-self.returncode).name}"
+                    " before the scenario returned"
+                )
+        return (
+            f"its process exited with status {self.returncode} before the scenario returned"
+            " (os._exit, or a forked process returning into the scenario?)"
+        )
 
 
 class _Child:
@@ -267,6 +278,8 @@ class _Child:
                     stderr=subprocess.STDOUT,
                     pass_fds=(write_end,),
                     env=env,
+                    # Its own process group: a kill takes whatever it started along.
+                    start_new_session=True,
                 )
             finally:
                 os.close(write_end)
@@ -286,7 +299,10 @@ class _Child:
                     f"the scenario's process ran past {self._timeout} s and was killed"
                     f" (its output: {self._log})"
                 )
-            if not self._selector.select(timeout=left):
+            if not self._selector.select(timeout=min(left, IDLE_CHECK)):
+                if self._process.poll() is not None:
+                    # It exited; a process it started may still hold the pipe open.
+                    self._kill_group()
                 continue
             chunk = os.read(self._pipe.fileno(), 65536)
             if not chunk:
@@ -298,8 +314,14 @@ class _Child:
         return event
 
     def kill(self) -> None:
+        """SIGKILL the scenario's process and every process it started."""
+        self._kill_group()
         with contextlib.suppress(ProcessLookupError):
             self._process.send_signal(signal.SIGKILL)
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
 
     def finish(self) -> _Run:
         while self.next_event() is not None:
@@ -309,9 +331,23 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.kill()
             returncode = self._process.wait()
-        self._selector.close()
-        self._pipe.close()
+        self.close()
         return _Run(returncode, tuple(self.events), self._log)
+
+    def close(self) -> None:
+        """Leave nothing running and nothing open (also when the harness itself is
+        interrupted: a child waiting to be killed would wait forever)."""
+        self.kill()
+        self._process.wait()
+        if not self._pipe.closed:
+            self._selector.close()
+            self._pipe.close()
+
+    def __enter__(self) -> _Child:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _charges(server: MockServer) -> collections.Counter[str]:
@@ -396,6 +432,7 @@ class _Harness:
     def _child(self, run_directory: Path, server: MockServer, mode: str, **extra: Any) -> _Child:
         spec = {
             **self._spec,
+            "parent": os.getpid(),
             "mode": mode,
             "journal": str(run_directory / "idempotently.db"),
             "url": server.url,
@@ -407,7 +444,8 @@ class _Harness:
     def clean_run(self) -> tuple[list[str], list[set[str]], collections.Counter[str], Any]:
         run_directory = _fresh(self._directory / "clean")
         with self._server() as server:
-            run = self._child(run_directory, server, "trace").finish()
+            with self._child(run_directory, server, "trace") as child:
+                run = child.finish()
             if run.returncode != 0 or not run.of("finished"):
                 raise CrashHarnessError(
                     f"the scenario fails with no crash at all ({run.error()}); make it pass"
@@ -454,14 +492,14 @@ class _Harness:
         run_directory = _fresh(self._directory / f"operation-{operation}-{step}")
         problems: list[str] = []
         with self._server() as server:
-            child = self._child(
+            with self._child(
                 run_directory, server, "crash", kill={"operation": operation, "step": step}
-            )
-            while (event := child.next_event()) is not None:
-                if event["event"] == "sent":
-                    self._wait_for_the_answer(server, str(event["key"]))
-                    child.kill()
-            crashed = child.finish()
+            ) as child:
+                while (event := child.next_event()) is not None:
+                    if event["event"] == "sent":
+                        self._wait_for_the_answer(server, str(event["key"]))
+                        child.kill()
+                crashed = child.finish()
             charges_at_crash = len(server.charges())
             deaths = crashed.of("dying") + crashed.of("sent")
             killed = crashed.returncode == -signal.SIGKILL and bool(deaths)
@@ -475,7 +513,8 @@ class _Harness:
                     )
                 else:
                     problems.append(f"the scenario failed before the crash: {crashed.error()}")
-            recovered = self._child(run_directory, server, "recover").finish()
+            with self._child(run_directory, server, "recover") as child:
+                recovered = child.finish()
             if recovered.returncode != 0 or not recovered.of("finished"):
                 problems.append(
                     f"recovery failed: {recovered.error()} (its output: {recovered.log})"
