@@ -259,3 +259,25 @@ def test_a_child_does_not_outlive_a_harness_killed_under_it(tmp_path: Path) -> N
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_an_operation_is_aimed_at_by_its_id_when_the_order_changes_between_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setenv("CRASH_REVIEW_RUNS", str(runs))
+    report = crash_points(
+        scenarios.reordered_on_restart,
+        steps=["after_key_commit"],
+        operations=[0],
+        directory=tmp_path / "points",
+    )
+    assert report.operations == ("order-1:charge", "order-2:charge")
+    [point] = report.points
+    assert point.ok, point
+    # The crashed run charged order-2 first, then died with order-1's key
+    # committed: the point is order-1's, as the report says (by position, it
+    # was order-2 that died, and order-1 was never crashed at all).
+    assert point.operation_id == "order-1:charge"
+    assert point.charges_at_crash == 1

@@ -80,6 +80,12 @@ class Tracker:
     def __init__(self, events: Events, kill: dict[str, Any] | None) -> None:
         self._events = events
         self._kill = (int(kill["operation"]), str(kill["step"])) if kill else None
+        # Aimed at by id when the clean run's id recurs (threads, a task group, a
+        # query without ORDER BY may journal them in another order); by position
+        # when this run's ids are new ones (made fresh each run).
+        self._aimed_id = str(kill["operation_id"]) if kill and "operation_id" in kill else None
+        self._clean_ids = frozenset(map(str, kill.get("operations", ()))) if kill else frozenset()
+        self._target: int | None = None
         self._lock = threading.RLock()
         self._index_by_id: dict[str, int] = {}
         self._id_by_index: dict[int, str] = {}
@@ -94,6 +100,7 @@ class Tracker:
                 index = len(self._index_by_id)
                 self._index_by_id[operation_id] = index
                 self._id_by_index[index] = operation_id
+                self._choose_target(index, operation_id)
                 self._events.emit("operation", index=index, operation_id=operation_id)
             self._index_by_key[key] = index
             self._key_headers.add(key_header.lower())
@@ -111,9 +118,25 @@ class Tracker:
                     return self._index_by_key[key], key
             return None
 
+    def _choose_target(self, index: int, operation_id: str) -> None:
+        if self._kill is None or self._target is not None:
+            return
+        if self._aimed_id is None:
+            if index == self._kill[0]:
+                self._target = index
+        elif operation_id == self._aimed_id or (
+            operation_id not in self._clean_ids and index == self._kill[0]
+        ):
+            self._target = index
+
     def aimed_at(self, index: int, step: str) -> bool:
         """This step of this operation is the one to die at, and it is met for the first time."""
-        return self._kill == (index, step) and (index, step) not in self._seen
+        return (
+            self._kill is not None
+            and self._target == index
+            and self._kill[1] == step
+            and (index, step) not in self._seen
+        )
 
     def reach(self, index: int, step: str) -> None:
         """Note the step (first time only); die here when it is the one aimed at."""

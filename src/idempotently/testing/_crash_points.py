@@ -416,6 +416,8 @@ class _Harness:
         self._rerun = rerun
         self._directory = directory
         self._timeout = timeout
+        self._operations: list[str] = []
+        """The clean run's operation ids, in the order their keys were journaled."""
 
     @contextlib.contextmanager
     def _server(self) -> Iterator[MockServer]:
@@ -457,6 +459,7 @@ class _Harness:
                     "the scenario journaled no operation, so there is nowhere to crash: it"
                     " must send its calls through the session it is given"
                 )
+            self._operations = operations
             steps: list[set[str]] = [set() for _ in operations]
             for event in run.of("step"):
                 steps[int(event["index"])].add(str(event["step"]))
@@ -493,7 +496,15 @@ class _Harness:
         problems: list[str] = []
         with self._server() as server:
             with self._child(
-                run_directory, server, "crash", kill={"operation": operation, "step": step}
+                run_directory,
+                server,
+                "crash",
+                kill={
+                    "operation": operation,
+                    "operation_id": operation_id,
+                    "operations": self._operations,
+                    "step": step,
+                },
             ) as child:
                 while (event := child.next_event()) is not None:
                     if event["event"] == "sent":
