@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from idempotently.testing import CrashHarnessError, crash_points
+from idempotently.testing._crash_points import _charges, _Harness
+from idempotently.testing._provider import Charge
 
 from . import crash_review_scenarios as scenarios
 from . import crash_scenarios
@@ -281,3 +283,48 @@ def test_an_operation_is_aimed_at_by_its_id_when_the_order_changes_between_runs(
     # was order-2 that died, and order-1 was never crashed at all).
     assert point.operation_id == "order-1:charge"
     assert point.charges_at_crash == 1
+
+
+class FakeLedger:
+    """What `_ledger_problems` reads of a server: its charges (a wording check, no process)."""
+
+    def __init__(self, *amounts: int) -> None:
+        self._charges = [
+            Charge(
+                id=f"ch_{index}",
+                user="user_1",
+                key=f"k-{index}",
+                amount=amount,
+                currency="usd",
+                customer="cus_1",
+                metadata={},
+                created=0,
+            )
+            for index, amount in enumerate(amounts)
+        ]
+
+    def charges(self) -> list[Charge]:
+        return self._charges
+
+
+@pytest.mark.parametrize(
+    ("clean", "after", "problems"),
+    [
+        ((100,), (100, 100), ["charged twice: 100 usd to cus_1 (keys k-0, k-1)"]),
+        ((100, 100), (100, 100, 100), ["charged 3 times (twice cleanly): 100 usd to cus_1"]),
+        # A charge the clean run never made is not "charged twice".
+        ((100,), (250,), ["charged once, never in the clean run: 250 usd", "lost: 100 usd"]),
+        # Nor is a charge made once of two "never charged".
+        ((100, 100), (100,), ["lost: 100 usd to cus_1 (keys k-0) charged once, twice cleanly"]),
+        ((100, 100), (), ["lost: 100 usd to cus_1 never charged (2 missing)"]),
+    ],
+)
+def test_the_ledgers_difference_is_told_as_it_is(
+    tmp_path: Path, clean: tuple[int, ...], after: tuple[int, ...], problems: list[str]
+) -> None:
+    harness = _Harness({}, None, None, rerun=True, backend="asyncio", directory=tmp_path, timeout=1)
+    reference = _charges(FakeLedger(*clean))  # type: ignore[arg-type]
+    found = harness._ledger_problems(FakeLedger(*after), reference)  # type: ignore[arg-type]
+    assert len(found) == len(problems), found
+    for problem, start in zip(found, problems, strict=True):
+        assert problem.startswith(start), (problem, start)

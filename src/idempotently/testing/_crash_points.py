@@ -555,15 +555,26 @@ class _Harness:
     ) -> list[str]:
         after = _charges(server)
         problems = []
-        for content, extra in (after - reference).items():
-            times = "twice" if extra == 1 else f"{extra + 1} times"
+        for content in after - reference:
+            made, meant = after[content], reference[content]
+            times = _times(made) if meant == 1 else f"{_times(made)} ({_times(meant)} cleanly)"
+            if meant == 0:
+                times = f"{_times(made)}, never in the clean run"
             problems.append(f"charged {times}: {_describe_charge(content, server)}")
-        for content, missing in (reference - after).items():
-            problems.append(
-                f"lost: {_describe_charge(content, server)} never charged"
-                + (f" ({missing} missing)" if missing > 1 else "")
-            )
+        for content in reference - after:
+            made, meant = after[content], reference[content]
+            what = _describe_charge(content, server)
+            if made:
+                problems.append(f"lost: {what} charged {_times(made)}, {_times(meant)} cleanly")
+            else:
+                problems.append(
+                    f"lost: {what} never charged" + (f" ({meant} missing)" if meant > 1 else "")
+                )
         return problems
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 def _unreached(operation: int, operation_id: str, step: CrashStep, clean: Path) -> CrashPointResult:
