@@ -328,3 +328,16 @@ def test_the_ledgers_difference_is_told_as_it_is(
     assert len(found) == len(problems), found
     for problem, start in zip(found, problems, strict=True):
         assert problem.startswith(start), (problem, start)
+
+
+def test_a_step_met_again_on_a_retry_is_crashed_where_the_server_acted(tmp_path: Path) -> None:
+    # order-1's first attempt is answered 503 (nothing charged), its retry charges:
+    # a crash after the first answer would leave the case this step exists for,
+    # a charge made and its answer lost, untested.
+    report = crash_points(
+        scenarios.unavailable_first,
+        steps=["after_request_sent", "before_answer_recorded"],
+        directory=tmp_path,
+    )
+    assert report.ok, report.describe()
+    assert [point.charges_at_crash for point in report.points] == [1, 1]

@@ -13,6 +13,7 @@ scenario whose ids are made fresh each run is still aimed at by position.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import importlib.util
@@ -91,7 +92,10 @@ class Tracker:
         self._id_by_index: dict[int, str] = {}
         self._index_by_key: dict[str, int] = {}
         self._key_headers: set[str] = set()
-        self._seen: set[tuple[int, str]] = set()
+        self._meetings: collections.Counter[tuple[int, str]] = collections.Counter()
+        # Which meeting of the step to die at: the clean run's last (a retry's, when the
+        # first attempt was answered 503 and the second charged).
+        self._meeting = int(kill.get("meeting", 1)) if kill else 1
 
     def new_key(self, operation_id: str, key: str, key_header: str) -> int:
         with self._lock:
@@ -130,27 +134,26 @@ class Tracker:
             self._target = index
 
     def aimed_at(self, index: int, step: str) -> bool:
-        """This step of this operation is the one to die at, and it is met for the first time."""
-        return (
-            self._kill is not None
-            and self._target == index
-            and self._kill[1] == step
-            and (index, step) not in self._seen
-        )
+        """Meeting this step of this operation once more is the meeting to die at."""
+        with self._lock:
+            return (
+                self._kill is not None
+                and self._target == index
+                and self._kill[1] == step
+                and self._meetings[index, step] + 1 == self._meeting
+            )
 
     def reach(self, index: int, step: str) -> None:
-        """Note the step (first time only); die here when it is the one aimed at."""
+        """Note the step; die here when this meeting of it is the one aimed at."""
         if self.note(index, step):
             self.die(index, step)
 
     def note(self, index: int, step: str) -> bool:
-        """Note the step (first time only): True when it is the one aimed at."""
+        """Note the step (and how many times it was met): True when it is the one aimed at."""
         with self._lock:
-            if (index, step) in self._seen:
-                return False
             aimed = self.aimed_at(index, step)
-            self._seen.add((index, step))
-            self._events.emit("step", index=index, step=step)
+            self._meetings[index, step] += 1
+            self._events.emit("step", index=index, step=step, meeting=self._meetings[index, step])
             return aimed
 
     def sent(self, index: int, key: str) -> None:

@@ -418,6 +418,9 @@ class _Harness:
         self._timeout = timeout
         self._operations: list[str] = []
         """The clean run's operation ids, in the order their keys were journaled."""
+        self._meetings: dict[tuple[int, str], int] = {}
+        """How many times the clean run met each (operation, step): a crash is aimed at the
+        last, the attempt that got the final answer (the first may have been a 503)."""
 
     @contextlib.contextmanager
     def _server(self) -> Iterator[MockServer]:
@@ -463,6 +466,8 @@ class _Harness:
             steps: list[set[str]] = [set() for _ in operations]
             for event in run.of("step"):
                 steps[int(event["index"])].add(str(event["step"]))
+                key = (int(event["index"]), str(event["step"]))
+                self._meetings[key] = max(self._meetings.get(key, 1), int(event["meeting"]))
             charges = _charges(server)
             if not charges:
                 raise CrashHarnessError(
@@ -504,6 +509,7 @@ class _Harness:
                     "operation_id": operation_id,
                     "operations": self._operations,
                     "step": step,
+                    "meeting": self._meetings.get((operation, step), 1),
                 },
             ) as child:
                 while (event := child.next_event()) is not None:
@@ -518,9 +524,12 @@ class _Harness:
                 operation_id = str(deaths[0]["operation_id"])
             if not killed:
                 if crashed.returncode == 0:
+                    meeting = self._meetings.get((operation, step), 1)
                     problems.append(
-                        f"the run never reached {step} of operation {operation}: the scenario"
-                        " did not repeat the clean run (make its calls depend only on its input)"
+                        f"the run never reached {step} of operation {operation}"
+                        + (f" (for the {_ordinal(meeting)} time)" if meeting > 1 else "")
+                        + ": the scenario did not repeat the clean run (make its calls depend"
+                        " only on its input)"
                     )
                 else:
                     problems.append(f"the scenario failed before the crash: {crashed.error()}")
@@ -571,6 +580,11 @@ class _Harness:
                     f"lost: {what} never charged" + (f" ({meant} missing)" if meant > 1 else "")
                 )
         return problems
+
+
+def _ordinal(number: int) -> str:
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(number % 10 if number % 100 not in (11, 12, 13) else 0)
+    return f"{number}{suffix or 'th'}"
 
 
 def _times(count: int) -> str:
