@@ -213,3 +213,7 @@ def reordered_on_restart(session: idempotently.Session) -> None:
     (runs / str(os.getpid())).touch()
     for order in ORDERS if count % 2 == 0 else ORDERS[::-1]:
         session.post("/v1/charges", operation_id=f"{order}:charge", json=charge(order))
+
+
+def async_session(journal: Path, base_url: str) -> idempotently.AsyncSession:
+    return idempotently.AsyncSession(journal, base_url=base_url, headers=BEARER)

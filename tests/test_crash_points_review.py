@@ -341,3 +341,27 @@ def test_a_step_met_again_on_a_retry_is_crashed_where_the_server_acted(tmp_path:
     )
     assert report.ok, report.describe()
     assert [point.charges_at_crash for point in report.points] == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        # An httpx.Client on idempotently.Transport: no resume() for recovery to call.
+        (
+            scenarios.transport_session,
+            r"returned Client: a scenario that is not async needs an idempotently\.Session",
+        ),
+        # Its coroutines were never awaited: the scenario "journaled no operation".
+        (
+            scenarios.async_session,
+            r"returned AsyncSession: a scenario that is not async needs an idempotently\.Session",
+        ),
+    ],
+)
+def test_a_session_factory_that_returns_no_session_is_a_clear_error(
+    tmp_path: Path, factory: Any, message: str
+) -> None:
+    with pytest.raises(
+        CrashHarnessError, match=f"fails with no crash at all \\(TypeError: .*{message}"
+    ):
+        crash_points(crash_scenarios.place_orders, session=factory, directory=tmp_path)

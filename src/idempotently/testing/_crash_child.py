@@ -315,6 +315,21 @@ def default_session(journal: Path, base_url: str, *, asynchronous: bool) -> Any:
     )
 
 
+def checked_session(session: Any, *, asynchronous: bool) -> Any:
+    """What the factory made, if recovery can resume with it (and the scenario await it)."""
+    import idempotently
+
+    wanted = idempotently.AsyncSession if asynchronous else idempotently.Session
+    if not isinstance(session, wanted):
+        scenario = "an async def scenario" if asynchronous else "a scenario that is not async"
+        raise TypeError(
+            f"the session factory returned {type(session).__name__}: {scenario} needs an"
+            f" idempotently.{wanted.__name__} (recovery calls its resume()), opened on the"
+            " journal path the factory is given"
+        )
+    return session
+
+
 @contextlib.contextmanager
 def _opened(session: Any) -> Iterator[Any]:
     try:
@@ -332,7 +347,7 @@ def run(spec: dict[str, Any], events: Events) -> None:
     def make() -> Any:
         if factory is None:
             return default_session(journal, url, asynchronous=asynchronous)
-        return factory(journal, url)
+        return checked_session(factory(journal, url), asynchronous=asynchronous)
 
     tracker = Tracker(events, spec.get("kill"))
     wrap_stores(tracker)
