@@ -217,3 +217,18 @@ def reordered_on_restart(session: idempotently.Session) -> None:
 
 def async_session(journal: Path, base_url: str) -> idempotently.AsyncSession:
     return idempotently.AsyncSession(journal, base_url=base_url, headers=BEARER)
+
+
+def does_less_when_crashed(session: idempotently.Session) -> None:
+    """Careless: its second process (the one crashed) charges order-1 only, then returns."""
+    runs = Path(os.environ["CRASH_REVIEW_RUNS"])
+    count = len(list(runs.iterdir()))
+    (runs / str(os.getpid())).touch()
+    for order in ORDERS[:1] if count == 1 else ORDERS:
+        session.post("/v1/charges", operation_id=f"{order}:charge", json=charge(order))
+
+
+def leaves_one_pending(session: idempotently.Session) -> None:
+    """Charges order-1, and journals order-2 for a worker that never comes."""
+    session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1"))
+    session.enqueue("POST", "/v1/charges", operation_id="order-2:charge", json=charge("order-2"))

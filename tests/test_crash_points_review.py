@@ -365,3 +365,54 @@ def test_a_session_factory_that_returns_no_session_is_a_clear_error(
         CrashHarnessError, match=f"fails with no crash at all \\(TypeError: .*{message}"
     ):
         crash_points(crash_scenarios.place_orders, session=factory, directory=tmp_path)
+
+
+def test_a_kill_that_never_came_is_reported_not_counted_as_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setenv("CRASH_REVIEW_RUNS", str(runs))
+    report = crash_points(
+        scenarios.does_less_when_crashed,
+        steps=["after_key_commit"],
+        operations=[1],
+        directory=tmp_path / "points",
+    )
+    [point] = report.points
+    # Recovery charged order-2 as the clean run did: only the missed kill is wrong.
+    assert not point.killed
+    assert point.problems == (
+        "the run never reached after_key_commit of operation 1: the scenario did not repeat"
+        " the clean run (make its calls depend only on its input)",
+    )
+    assert not point.ok and not report.ok
+
+
+def test_an_operation_left_pending_after_recovery_is_named(tmp_path: Path) -> None:
+    report = crash_points(
+        scenarios.leaves_one_pending,
+        steps=["after_key_commit"],
+        operations=[0],
+        directory=tmp_path,
+    )
+    [point] = report.points
+    assert point.killed
+    [problem] = point.problems
+    assert problem.startswith("order-2:charge (key ") and problem.endswith(") left pending")
+
+
+def test_an_async_factory_and_a_task_group_hold_on_trio(tmp_path: Path) -> None:
+    report = crash_points(
+        scenarios.in_a_task_group,
+        session=scenarios.async_session,
+        backend="trio",
+        steps=["after_request_sent"],
+        operations=[1],
+        directory=tmp_path,
+    )
+    assert report.ok, report.describe()
+    [point] = report.points
+    assert point.operation_id == report.operations[1]
+    # Its own charge was made before the kill (the other one may have been, too).
+    assert point.charges_at_crash >= 1
