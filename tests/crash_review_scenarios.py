@@ -232,3 +232,24 @@ def leaves_one_pending(session: idempotently.Session) -> None:
     """Charges order-1, and journals order-2 for a worker that never comes."""
     session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1"))
     session.enqueue("POST", "/v1/charges", operation_id="order-2:charge", json=charge("order-2"))
+
+
+def _logged(function: Any) -> Any:
+    """A decorator as many are written: a plain function around an async one."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+@_logged
+async def decorated_async(session: idempotently.AsyncSession) -> None:
+    await session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1"))
+
+
+class Checkout:
+    def place(self, session: idempotently.Session) -> None:
+        session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1"))

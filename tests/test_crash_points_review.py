@@ -44,13 +44,17 @@ pytestmark = pytest.mark.slow
         ({"rerun": "no"}, TypeError, "rerun must be True or False"),
         ({"on_point": 3}, TypeError, "on_point must be a function"),
         ({"directory": 3}, TypeError, "directory must be a path"),
+        # Rebuilt in the child, it would get the session as its self.
+        ({"scenario": scenarios.Checkout().place}, TypeError, "is a bound method"),
     ],
 )
 def test_misuse_is_refused_before_anything_runs(
     tmp_path: Path, arguments: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        crash_points(crash_scenarios.place_orders, **{"directory": tmp_path, **arguments})
+        crash_points(
+            **{"scenario": crash_scenarios.place_orders, "directory": tmp_path, **arguments}
+        )
     assert not (tmp_path / "clean").exists()
 
 
@@ -416,3 +420,9 @@ def test_an_async_factory_and_a_task_group_hold_on_trio(tmp_path: Path) -> None:
     assert point.operation_id == report.operations[1]
     # Its own charge was made before the kill (the other one may have been, too).
     assert point.charges_at_crash >= 1
+
+
+def test_an_async_scenario_behind_a_plain_decorator_is_a_clear_error(tmp_path: Path) -> None:
+    # Called without await, its calls never ran ("journaled no operation").
+    with pytest.raises(CrashHarnessError, match="the scenario returned an awaitable"):
+        crash_points(scenarios.decorated_async, directory=tmp_path)

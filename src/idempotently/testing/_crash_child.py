@@ -359,7 +359,15 @@ def run(spec: dict[str, Any], events: Events) -> None:
                 results = session.resume()
                 events.emit("resumed", results=[result.to_json() for result in results])
             if not recover or spec.get("rerun", True):
-                scenario(session)
+                returned = scenario(session)
+                if inspect.isawaitable(returned):
+                    with contextlib.suppress(Exception):
+                        returned.close()  # type: ignore[attr-defined]
+                    raise TypeError(
+                        "the scenario returned an awaitable, so none of its calls ran: it is"
+                        " an async function behind a decorator that is not; make the function"
+                        " crash_points is given an `async def` one"
+                    )
     else:
         import anyio
 

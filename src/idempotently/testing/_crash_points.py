@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import json
 import os
 import selectors
@@ -155,6 +156,12 @@ def _reference(function: Callable[..., Any], what: str) -> dict[str, Any]:
     """How the child finds ``function``: its module and name (a `__main__` by its file)."""
     if not callable(function):
         raise TypeError(f"{what} must be a function, not {function!r}")
+    if inspect.ismethod(function):
+        raise TypeError(
+            f"{what} {function!r} is a bound method, which a fresh process cannot rebuild"
+            " (it would get the session as its self): define a function at the top level"
+            " of a module"
+        )
     qualname = getattr(function, "__qualname__", None)
     module = getattr(function, "__module__", None)
     if not qualname or not module or "<" in qualname:
