@@ -253,3 +253,10 @@ async def decorated_async(session: idempotently.AsyncSession) -> None:
 class Checkout:
     def place(self, session: idempotently.Session) -> None:
         session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1"))
+
+
+def places_orders_twice(session: idempotently.Session) -> None:
+    """Crash-safe, and calls each operation again (a replay from the journal)."""
+    for _ in range(2):
+        for order in ORDERS:
+            session.post("/v1/charges", operation_id=f"{order}:charge", json=charge(order))

@@ -62,6 +62,8 @@ CRASH_STEPS: tuple[CrashStep, ...] = (
 """
 
 UNSETTLED = ("pending", "needs_reconcile")
+RETRIED_STEPS = ("after_request_sent", "after_answer_arrived", "before_answer_recorded")
+"""The steps each attempt meets (a key commits once; a call made again writes no new key)."""
 CHILD_MARKER = "IDEMPOTENTLY_CRASH_POINTS_CHILD"
 """Set in the environment of the scenario's processes (a scenario's import calling
 `crash_points` again would start processes without end)."""
@@ -474,7 +476,8 @@ class _Harness:
             for event in run.of("step"):
                 steps[int(event["index"])].add(str(event["step"]))
                 key = (int(event["index"]), str(event["step"]))
-                self._meetings[key] = max(self._meetings.get(key, 1), int(event["meeting"]))
+                if key[1] in RETRIED_STEPS:
+                    self._meetings[key] = max(self._meetings.get(key, 1), int(event["meeting"]))
             charges = _charges(server)
             if not charges:
                 raise CrashHarnessError(
