@@ -8,6 +8,7 @@ three processes.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -441,3 +442,42 @@ def test_an_async_scenario_behind_a_plain_decorator_is_a_clear_error(tmp_path: P
     # Called without await, its calls never ran ("journaled no operation").
     with pytest.raises(CrashHarnessError, match="the scenario returned an awaitable"):
         crash_points(scenarios.decorated_async, directory=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "factory"),
+    [
+        # The client-side outbox: journaled by enqueue, sent by resume.
+        (scenarios.enqueue_then_resume, None),
+        # Per-call keys of the caller's own.
+        (scenarios.own_keys, None),
+        # An httpx2 client: its transport is a seam of its own.
+        pytest.param(
+            crash_scenarios.place_orders,
+            scenarios.httpx2_session,
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("httpx2") is None, reason="httpx2 is not installed"
+            ),
+        ),
+        # Bodies encrypted at rest: the harness reads the journal's statuses without the key.
+        (crash_scenarios.place_orders, scenarios.encrypted_session),
+        # Keys bound to credentials: the harness reads the journal without them.
+        (crash_scenarios.place_orders, scenarios.bound_key_session),
+        # Tens of thousands of lines on stdout and stderr.
+        (scenarios.noisy, None),
+    ],
+)
+def test_each_way_of_sending_is_crashed_where_the_server_acted_and_holds(
+    tmp_path: Path, scenario: Any, factory: Any
+) -> None:
+    report = crash_points(
+        scenario,
+        session=factory,
+        steps=["after_request_sent"],
+        operations=[1],
+        directory=tmp_path,
+    )
+    assert report.ok, report.describe()
+    [point] = report.points
+    assert point.killed and point.operation_id == "order-2:charge"
+    assert point.charges_at_crash == 2
