@@ -7,6 +7,7 @@ connection reset after it has read the whole request.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import socket
 import sqlite3
@@ -27,6 +28,13 @@ class Answer:
     body: bytes = b'{"id": "ch_1", "object": "charge"}'
     reset: bool = False
     """Drop the connection after reading the request: the response is lost."""
+    endless: bool = False
+    """Stream the body on and on (``ENDLESS_BYTES`` at most, so a client that reads it
+    all ends, slowly) until the client hangs up."""
+
+
+ENDLESS_BYTES = 64 * 1024 * 1024
+"""The most an endless answer streams: far more than any client should read."""
 
 
 RESET = Answer(reset=True)
@@ -48,6 +56,8 @@ class ScriptedApp:
     journal_path: str | None = None
     script: collections.deque[Answer] = attrs.field(factory=collections.deque)
     arrivals: list[Arrival] = attrs.field(factory=list)
+    streamed: list[int] = attrs.field(factory=list)
+    """The body bytes each endless answer sent before the client hung up."""
 
     def answer(self, *answers: Answer) -> None:
         self.script.extend(answers)
@@ -55,6 +65,7 @@ class ScriptedApp:
     def reset(self) -> None:
         self.script.clear()
         self.arrivals.clear()
+        self.streamed.clear()
         self.journal_path = None
 
     def _key_in_journal(self, key: str | None) -> bool | None:
@@ -107,6 +118,13 @@ class ScriptedApp:
                 + [(b"content-type", b"application/json")],
             }
         )
+        if answer.endless:
+            cycle, chunk, sent = receive.__self__, b"x" * 65536, 0
+            while sent < ENDLESS_BYTES and not cycle.disconnected:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sent += len(chunk)
+                await asyncio.sleep(0)  # let a hang-up reach the cycle
+            self.streamed.append(sent)
         await send({"type": "http.response.body", "body": answer.body})
 
 

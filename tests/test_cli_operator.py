@@ -148,3 +148,34 @@ def test_a_postgres_version_1_journal_read_only_has_an_empty_audit_trail(
     _as_version_1(postgres_url)
     with Journal(postgres_url, readonly=True) as backup:
         assert [] == backup.audit("op-1")
+
+
+def test_fork_after_prune_takes_a_new_number_and_its_dry_run_says_which(
+    journal_target: str,
+) -> None:
+    """`idempotently prune` removes a settled fork while its parent stays (its last change
+    is newer); `fork --dry-run --format json` then names the fork it would make,
+    op-1~fork2, and `fork` makes that one, under a key the pruned fork never had."""
+    import time
+
+    from idempotently._keys import derived_key
+    from idempotently._rows import AttemptRecord
+
+    with Journal(journal_target) as journal:
+        make(journal, "op-1", "failed")
+        first = journal.fork("op-1", note="retry")
+        behind = time.time() - 7200  # a resume worker whose clock runs two hours behind
+        journal._record_attempt(
+            first.operation_id,
+            AttemptRecord(behind, 0.1, "answered", 402, status="failed"),
+            now=behind,
+        )
+        namespace = journal.namespace
+    pruned = run(journal_target, "prune", "--older-than", "1h")
+    assert 0 == pruned.exit_code, pruned.output
+    dry = run(journal_target, "fork", "op-1", "--note", "n", "--dry-run", "--format", "json")
+    assert "op-1~fork2" == json.loads(dry.output)["fork_id"]
+    forked = run(journal_target, "fork", "op-1", "--note", "declined twice, once more")
+    second_key = derived_key(namespace, "op-1~fork2")
+    assert f"forked op-1 as op-1~fork2 (key {second_key})\n" == forked.output
+    assert second_key != first.key

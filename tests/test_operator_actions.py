@@ -448,3 +448,53 @@ def test_a_process_killed_while_forking_leaves_no_half_fork(journal_target: str)
             else:
                 assert ("needs_reconcile", None, []) == (parent.status, fork, parent_entries)
     assert 20 <= forked < count
+
+
+def test_a_fork_never_takes_the_number_of_a_pruned_fork(journal: Journal) -> None:
+    """A failed operation whose fork was pruned is forked again as <id>~fork2, under a
+    new derived key: the server may still remember the pruned fork's key, and would
+    replay its old answer instead of doing the work. Its audit trail names both forks."""
+    make(journal, "op-1", "failed")
+    first = journal.fork("op-1", note="declined, retry")
+    now = time.time()
+    # Sent and settled by a resume worker whose clock runs two hours behind: idle for
+    # longer than the prune window, while its parent, forked just now, is not.
+    journal._record_attempt(
+        first.operation_id,
+        AttemptRecord(now - 7200, 0.1, "answered", 402, status="failed", reason="declined"),
+        now=now - 7200,
+    )
+    assert 1 == journal.prune(older_than=3600, now=now)
+    assert None is journal.operation(first.operation_id)
+    dry = journal.fork("op-1", note="declined again, retry", dry_run=True)
+    second = journal.fork("op-1", note="declined again, retry")
+    assert ("op-1~fork2", "op-1~fork2") == (dry.operation_id, second.operation_id)
+    assert derived_key(journal.namespace, "op-1~fork2") == second.key != first.key
+    assert ["op-1~fork1", "op-1~fork2"] == [
+        json.loads(entry.detail or "{}")["fork"]
+        for entry in journal.audit("op-1")
+        if entry.action == "fork"
+    ]
+
+
+def test_the_forks_of_a_refork_count_on_and_a_live_fork_blocks_another(
+    journal: Journal,
+) -> None:
+    """The chain keeps being numbered under its root: the fork of the second fork
+    (op-1~fork2, made once op-1~fork1 was pruned) is op-1~fork3; and while a fork of
+    an operation is in the journal, forking it again is refused, naming that fork."""
+    make(journal, "op-1", "failed")
+    first = journal.fork("op-1", note="retry")
+    now = time.time()
+    journal._record_attempt(
+        first.operation_id,
+        AttemptRecord(now - 7200, 0.1, "answered", 402, status="failed"),
+        now=now - 7200,
+    )
+    journal.prune(older_than=3600, now=now)
+    second = journal.fork("op-1", note="retry again")
+    journal.settle(second.operation_id, "failed", note="declined")
+    third = journal.fork(second.operation_id, note="third time")
+    assert ("op-1~fork3", second.operation_id) == (third.operation_id, third.forked_from)
+    with pytest.raises(OperatorActionError, match="forked already, as 'op-1~fork2'"):
+        journal.fork("op-1", note="and again")

@@ -325,3 +325,92 @@ def test_a_watch_worker_sends_nothing_to_a_paused_origin_and_parks(tmp_path: Pat
     assert {("a", "still_pending"), ("b", "still_pending")} == {
         (result.operation_id, result.action) for result in batch.results
     }
+
+
+# -- reads through a Transport honour the same pauses ---------------------------------------
+
+
+def transport_client(
+    journal: str, fake_time: FakeTime, transport: httpx.MockTransport, **options: Any
+) -> httpx.Client:
+    options.setdefault("policy", POLICY)
+    wrapped = idempotently.Transport(
+        journal, transport=transport, clock=fake_time.clock, sleep=fake_time.sleep, **options
+    )
+    return httpx.Client(transport=wrapped, headers={"Authorization": "Bearer tenant-a"})
+
+
+def test_a_read_waits_out_the_pause_a_write_was_answered(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A POST answered 429 with Retry-After 5 pauses the origin: a GET through the same
+    Transport (SQLite or PostgreSQL journal) waits the 5 s out before it is sent."""
+    transport, sent = server(limited("5"), httpx.Response(200))
+    with transport_client(journal_target, fake_time, transport) as c:
+        with pytest.raises(idempotently.RetryLaterError):
+            c.post(URL, json={})
+        assert 200 == c.get(URL).status_code
+    assert ([5.0], 2) == (fake_time.sleeps, len(sent))
+
+
+def test_a_read_is_not_sent_into_a_pause_longer_than_it_may_wait(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A pause beyond max_retry_after: the GET raises RetryLaterError with the pause's
+    end, sending nothing, as a write would."""
+    transport, sent = server(limited("600"))
+    with transport_client(journal_target, fake_time, transport) as c:
+        with pytest.raises(idempotently.RetryLaterError):
+            c.post(URL, json={})
+        with pytest.raises(idempotently.RetryLaterError) as raised:
+            c.get(URL)
+    assert 1 == len(sent)
+    assert (fake_time.now + 600, None) == (raised.value.not_before, raised.value.operation_id)
+    assert f"idempotently unpause {ORIGIN}" in str(raised.value)
+
+
+def test_a_reads_429_pauses_the_origin_for_writes(journal_target: str, fake_time: FakeTime) -> None:
+    """A GET answered 429 with Retry-After 600 comes back as it came, and journals the
+    origin's pause: a POST after it raises RetryLaterError, journaling nothing."""
+    transport, sent = server(limited("600"))
+    with transport_client(journal_target, fake_time, transport) as c:
+        assert 429 == c.get(URL).status_code
+        with pytest.raises(idempotently.RetryLaterError):
+            c.post(URL, json={}, headers={"Idempotency-Operation-Id": "after"})
+        journal = c._transport.journal  # type: ignore[attr-defined]
+        [pause] = journal.origin_pauses(now=fake_time.now)
+        assert (ORIGIN, []) == (pause.origin, journal.operations())
+    assert 1 == len(sent)
+
+
+def test_a_read_under_other_credentials_is_not_paused(tmp_path: Path, fake_time: FakeTime) -> None:
+    """The pause of one tenant does not hold another tenant's GET."""
+    transport, sent = server(limited("600"), httpx.Response(200))
+    with transport_client(str(tmp_path / "j.db"), fake_time, transport) as c:
+        with pytest.raises(idempotently.RetryLaterError):
+            c.post(URL, json={})
+        assert 200 == c.get(URL, headers={"Authorization": "Bearer tenant-b"}).status_code
+    assert 2 == len(sent)
+
+
+@pytest.mark.anyio
+async def test_an_async_transports_read_waits_out_a_pause(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """AsyncTransport (asyncio and trio, SQLite and PostgreSQL): the GET waits out the
+    journaled pause."""
+    transport, sent = server(limited("3"), httpx.Response(200))
+    wrapped = idempotently.AsyncTransport(
+        journal_target,
+        transport=transport,
+        policy=POLICY,
+        clock=fake_time.clock,
+        sleep=fake_time.async_sleep,
+    )
+    async with httpx.AsyncClient(
+        transport=wrapped, headers={"Authorization": "Bearer tenant-a"}
+    ) as c:
+        with pytest.raises(idempotently.RetryLaterError):
+            await c.post(URL, json={})
+        assert 200 == (await c.get(URL)).status_code
+    assert ([3.0], 2) == (fake_time.sleeps, len(sent))

@@ -9,16 +9,22 @@ the last answer or error comes through as it came.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 
 import idempotently
-from tests.scripted_server import Answer, ScriptedApp
+from tests.scripted_server import ENDLESS_BYTES, Answer, ScriptedApp
 from tests.support import FakeTime
+
+try:
+    import httpx2
+except ImportError:  # the [httpx2] extra
+    httpx2 = None
 
 URL = "https://api.example.test/v1/charges/ch_1"
 POLICY = idempotently.RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=0.5)
@@ -239,3 +245,144 @@ def test_retry_idempotent_methods_must_be_a_bool(tmp_path: Path) -> None:
     """A wrong type is a TypeError naming the option."""
     with pytest.raises(TypeError, match="retry_idempotent_methods"):
         idempotently.Transport(tmp_path / "journal.db", retry_idempotent_methods="yes")  # type: ignore[arg-type]
+
+
+# -- an answer that is retried is closed unread -------------------------------------------
+
+CHUNK = b"x" * 65536
+ENDLESS_LIMIT = 32 * 1024 * 1024
+"""Where the fake endless body stops, so a transport that reads it fails, not hangs."""
+
+
+class Endless(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that goes on (to ``ENDLESS_LIMIT``), counting what was read of it."""
+
+    def __init__(self) -> None:
+        self.read = 0
+        self.closed = False
+
+    def _chunks(self) -> Iterator[bytes]:
+        while self.read < ENDLESS_LIMIT and not self.closed:
+            self.read += len(CHUNK)
+            yield CHUNK
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks():
+            yield chunk
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def endless_then_ok() -> tuple[httpx.MockTransport, list[Endless]]:
+    bodies: list[Endless] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if bodies:
+            return httpx.Response(200, content=b"ok")
+        bodies.append(Endless())
+        return httpx.Response(503, stream=bodies[-1])
+
+    return httpx.MockTransport(handler), bodies
+
+
+def test_a_retried_answer_is_closed_without_reading_its_body(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A 503 whose body never ends is closed unread, and the GET is retried: a hostile
+    server cannot make the transport read (or hold in memory) an endless body."""
+    transport, bodies = endless_then_ok()
+    with client(tmp_path, fake_time, transport) as c:
+        assert (200, b"ok") == (lambda r: (r.status_code, r.content))(c.get(URL))
+    [body] = bodies
+    assert (0, True) == (body.read, body.closed)
+
+
+@pytest.mark.anyio
+async def test_an_async_transport_closes_a_retried_answer_unread(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """AsyncTransport (asyncio and trio): the endless 503 is closed unread, the retry's
+    answer comes back."""
+    transport, bodies = endless_then_ok()
+    wrapped = idempotently.AsyncTransport(
+        tmp_path / "journal.db",
+        transport=transport,
+        policy=POLICY,
+        clock=fake_time.clock,
+        sleep=fake_time.async_sleep,
+    )
+    async with httpx.AsyncClient(transport=wrapped) as c:
+        assert 200 == (await c.get(URL)).status_code
+    [body] = bodies
+    assert (0, True) == (body.read, body.closed)
+
+
+def test_the_last_retryable_answer_comes_through_unread(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """When the attempts run out, the last 503 is the caller's as it came: unread, so a
+    caller streaming it reads what it wants; the ones retried before it were closed."""
+    bodies: list[Endless] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(Endless())
+        return httpx.Response(503, stream=bodies[-1])
+
+    with (
+        client(tmp_path, fake_time, httpx.MockTransport(handler)) as c,
+        c.stream("GET", URL) as response,
+    ):
+        assert 503 == response.status_code
+        assert CHUNK == next(response.iter_raw(len(CHUNK)))
+    assert [(0, True), (0, True)] == [(body.read, body.closed) for body in bodies[:2]]
+    assert (len(CHUNK), 3) == (bodies[2].read, len(bodies))
+
+
+@pytest.mark.parametrize(
+    "lib",
+    [
+        pytest.param(httpx, id="httpx"),
+        pytest.param(
+            httpx2, id="httpx2", marks=pytest.mark.skipif(httpx2 is None, reason="needs httpx2")
+        ),
+    ],
+)
+def test_a_real_servers_endless_503_is_cut_off(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], lib: ModuleType
+) -> None:
+    """On loopback, uvicorn streaming a 503's body without end: the transport hangs up
+    after the headers (the server sees the client go long before its 64 MiB), retries,
+    and returns the 200, under an httpx or an httpx2 client."""
+    app, url = scripted
+    app.answer(Answer(status=503, endless=True), Answer(status=200, body=b"ok"))
+    policy = idempotently.RetryPolicy(initial_backoff=0.0, max_backoff=0.0)
+    transport = idempotently.Transport(tmp_path / "journal.db", policy=policy)
+    with lib.Client(transport=transport, timeout=30) as c:
+        response = c.get(f"{url}/charges/ch_1")
+    assert (lib.Response, 200, b"ok") == (type(response), response.status_code, response.content)
+    assert 2 == len(app.arrivals)
+    [streamed] = app.streamed
+    assert streamed < ENDLESS_BYTES // 4
+
+
+@pytest.mark.anyio
+async def test_an_async_transport_cuts_off_a_real_endless_503(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """The same on asyncio and trio with AsyncTransport."""
+    app, url = scripted
+    app.answer(Answer(status=503, endless=True), Answer(status=200, body=b"ok"))
+    policy = idempotently.RetryPolicy(initial_backoff=0.0, max_backoff=0.0)
+    transport = idempotently.AsyncTransport(tmp_path / "journal.db", policy=policy)
+    async with httpx.AsyncClient(transport=transport, timeout=30) as c:
+        response = await c.get(f"{url}/charges/ch_1")
+    assert 200 == response.status_code
+    [streamed] = app.streamed
+    assert streamed < ENDLESS_BYTES // 4

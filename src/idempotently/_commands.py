@@ -293,7 +293,8 @@ class Lease:
 
 @attrs.frozen
 class Send:
-    """Send one attempt; the reply is the response (body read) or the error that ended it."""
+    """Send one attempt; the reply is the response or the error that ended it. A call's
+    response has its body read; a read's has not (it is returned unread, or `Discard`ed)."""
 
     request: httpx.Request
     lease: Lease | None = None
@@ -305,6 +306,14 @@ class Sleep:
     """Wait this many seconds before the next step."""
 
     seconds: float
+
+
+@attrs.frozen
+class Discard:
+    """Close an answer the flow will not use (a read's answer it is about to retry)
+    without reading its body: a server can make that body endless. Reply: None."""
+
+    response: httpx.Response = attrs.field(eq=False, repr=False)
 
 
 @attrs.frozen
@@ -339,4 +348,4 @@ class DigestCredentials:
     """(salt, names, values): the values are credentials, never shown."""
 
 
-Command = JournalCommand | Send | Sleep | Reconcile | Report | Emit | DigestCredentials
+Command = JournalCommand | Send | Sleep | Discard | Reconcile | Report | Emit | DigestCredentials

@@ -20,13 +20,20 @@ import json
 import threading
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import httpx
 
+from idempotently._secret_params import redacted_url
+
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key"})
-"""Headers that are credentials whatever else is redacted. Cookie is not one: a cookie
-jar changes with every answer that sets one, and would keep every resend refused."""
+"""Headers that are credentials whatever else is redacted."""
+NOT_CREDENTIAL_HEADERS = frozenset({"cookie"})
+"""Headers never journaled but never credentials either, even when named in
+``redact_headers``. Cookie is not one: a cookie jar changes with answers that set one
+(a load balancer's affinity cookie, a refreshed session), so a key bound to it would
+keep every resend refused, and a pause scoped to it would stop applying to the very
+client it was answered to."""
 
 SCRYPT_N = 2**14
 SCRYPT_R = 8
@@ -36,19 +43,31 @@ SCRYPT_P = 1
 _SALT_PREFIX = b"idempotently credentials digest\0"
 
 
+def is_credential_header(name: str, redacted_headers: frozenset[str]) -> bool:
+    """Whether a request header of this (lowercase) name is a credential: one of
+    `CREDENTIAL_HEADERS`, or one the journal redacts, save `NOT_CREDENTIAL_HEADERS`."""
+    return name in CREDENTIAL_HEADERS or (
+        name in redacted_headers and name not in NOT_CREDENTIAL_HEADERS
+    )
+
+
 def credential_names(
-    request: httpx.Request, redacted_headers: frozenset[str], secret_params: Sequence[str]
+    request: httpx.Request, redacted_headers: frozenset[str], secret_params: Collection[str]
 ) -> tuple[str, ...]:
     """What in ``request`` counts as its credentials, by name: ``header:NAME`` for each
-    credential header it carries (the built-in ones and the redacted ones, Cookie aside),
-    ``query:NAME`` for each secret query parameter; sorted."""
+    credential header it carries (`is_credential_header`), ``query:NAME`` for each
+    secret query parameter it carries (``secret_params``: the journal's secret names,
+    compared without case; NAME as the URL spells it); sorted.
+
+    The one definition of a request's credentials: what a key bound to credentials is
+    bound to, and what an origin pause is scoped to."""
     names = {
-        f"header:{raw_name.decode('latin-1').lower()}"
+        f"header:{lowered}"
         for raw_name, _ in request.headers.raw
-        if (lowered := raw_name.decode("latin-1").lower()) in CREDENTIAL_HEADERS
-        or (lowered in redacted_headers and lowered != "cookie")
+        if is_credential_header(lowered := raw_name.decode("latin-1").lower(), redacted_headers)
     }
-    names.update(f"query:{name}" for name in secret_params)
+    _, carried = redacted_url(request.url, frozenset(name.lower() for name in secret_params))
+    names.update(f"query:{name}" for name in carried)
     return tuple(sorted(names))
 
 

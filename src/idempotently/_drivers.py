@@ -30,6 +30,7 @@ import sniffio
 from idempotently._commands import (
     Command,
     DigestCredentials,
+    Discard,
     Emit,
     JournalCommand,
     Reconcile,
@@ -83,6 +84,11 @@ def run(
                     reply = error
             elif isinstance(command, Sleep):
                 reply = sleep(command.seconds)
+            elif isinstance(command, Discard):
+                # An answer thrown away: failing to close it ends its connection, not the call.
+                with suppress(Exception):
+                    command.response.close()
+                reply = None
             elif isinstance(command, Reconcile):
                 reply = reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):
@@ -145,6 +151,10 @@ async def arun(
                         f"not {sleep!r}"
                     )
                 reply = await waited
+            elif isinstance(command, Discard):
+                with suppress(Exception):
+                    await command.response.aclose()
+                reply = None
             elif isinstance(command, Reconcile):
                 reply = await reconcile(command.operation) if reconcile is not None else None
             elif isinstance(command, Report):

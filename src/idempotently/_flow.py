@@ -32,6 +32,7 @@ from idempotently._commands import (
     AuditNote,
     Command,
     DigestCredentials,
+    Discard,
     Emit,
     Enqueue,
     Find,
@@ -55,6 +56,7 @@ from idempotently._commands import (
 from idempotently._credentials import (
     cached_digest,
     credential_names,
+    credential_values,
     credentials_record,
     described,
     digest_key,
@@ -643,11 +645,14 @@ class Engine:
         )
         print_ = request_digest(request.method, request.url, headers.fingerprinted)
         secrets = headers.secrets
-        pause = yield from self._origin_pause(
-            self.profile, request.url, secrets, started, call.operation_id
-        )
+        pause = yield from self._origin_pause(self.profile, request, started, call.operation_id)
         if pause is not None:
-            yield from self._wait_out(pause, call, started)
+            key = call.key
+            if key is None and call.operation_id is not None and self.namespace is not None:
+                key = derived_key(self.namespace, call.operation_id)
+            yield from self._wait_out(
+                pause, started, call.deadline_at, operation_id=call.operation_id, key=key
+            )
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
         poll = _FIRST_POLL
@@ -676,7 +681,7 @@ class Engine:
                 new, owner = self._new_operation(call, print_, headers, now)
                 if self.profile.key_bound_to_credentials:
                     new = attrs.evolve(
-                        new, credentials_digest=(yield from self._credentials_of(request, new))
+                        new, credentials_digest=(yield from self._credentials_of(request))
                     )
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
@@ -826,9 +831,7 @@ class Engine:
         new, _ = self._new_operation(call, print_, headers, now)
         new = attrs.evolve(new, enqueued_at=now)
         if self.profile.key_bound_to_credentials:
-            new = attrs.evolve(
-                new, credentials_digest=(yield from self._credentials_of(request, new))
-            )
+            new = attrs.evolve(new, credentials_digest=(yield from self._credentials_of(request)))
         if (yield Enqueue(new, connection)):
             # What a read of the row would return: its body in clear.
             return attrs.evolve(new.as_row(), request_body=request.content)
@@ -856,10 +859,9 @@ class Engine:
     def _salt(self) -> bytes:
         return b"" if self.namespace is None else self.namespace.bytes
 
-    def _credentials_of(self, request: httpx.Request, new: NewOperation) -> Flow[str]:
+    def _credentials_of(self, request: httpx.Request) -> Flow[str]:
         """The credentials record of a new operation whose key is bound to them."""
-        secret = json.loads(new.secret_params) if new.secret_params else []
-        names = credential_names(request, self.redact_headers, secret)
+        names = credential_names(request, self.redact_headers, self.secret_params)
         key = digest_key(self._salt(), request, names)
         digest = cached_digest(key)
         if digest is None:
@@ -1135,7 +1137,7 @@ class Engine:
                 and answer.status_code in PAUSE_STATUS_CODES
                 and profile.pause_origin
             ):
-                yield from self._pause(request.url, secrets, answer, now)
+                yield from self._pause(request, answer, now)
             if retrying:
                 held.lease_until = record.lease_until
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
@@ -1211,14 +1213,24 @@ class Engine:
 
     def read(self, request: httpx.Request) -> Flow[httpx.Response]:
         """Send a read (a method the server may repeat) until its answer is final, under
-        the same policy and retry budget as the writes; nothing is journaled and no key
-        is added. Returns the last answer, or raises the last error, as they came."""
+        the same policy, retry budget and origin pauses as the writes; no operation is
+        journaled and no key is added. Returns the last answer, its body unread, or
+        raises the last error, as they came; an answer it retries is closed unread.
+
+        A journaled pause of the origin for the read's credentials is waited out before
+        the first send, or, when longer than the read may wait, is a RetryLaterError
+        without sending; a 429 or 503 with Retry-After pauses the origin for every
+        caller, as a write's does."""
         started = self.clock()
         state = CallState(started_at=started)
+        profile = self.profile
+        pause = yield from self._origin_pause(profile, request, started)
+        if pause is not None:
+            yield from self._wait_out(pause, started, None, operation_id=None, key=None)
         budget = self.policy.budget
         origin = None if budget is None else origin_of(request.url)
         if origin is not None:
-            self.budgets.first_attempt(origin, started)
+            self.budgets.first_attempt(origin, self.clock())
         limit = self._time_limit(state)
         timeouts = request.extensions.get("timeout")
         longest = longest_timeout(timeouts)
@@ -1232,13 +1244,20 @@ class Engine:
             now = self.clock()
             response = reply if isinstance(reply, httpx.Response) else None
             signal = (
-                classify_read(self.profile, response, now=now)
+                classify_read(profile, response, now=now)
                 if response is not None
                 else classify_error(
                     reply,
                     secrets=secret_values(request.headers, self.redact_headers, request.url),
                 )
             )
+            if (
+                isinstance(signal, Answer)
+                and signal.server_wait
+                and signal.status_code in PAUSE_STATUS_CODES
+                and profile.pause_origin
+            ):
+                yield from self._pause(request, signal, now)
             decision = decide_read(self.policy, state, signal, now=now, rand=self.rand)
             state = decision.state
             if (
@@ -1255,6 +1274,8 @@ class Engine:
                     decision.reason,
                 )
             elif decision.action == "retry":
+                if response is not None:
+                    yield Discard(response)
                 yield Sleep(decision.wait)
                 continue
             if response is not None:
@@ -1266,13 +1287,12 @@ class Engine:
     def _origin_pause(
         self,
         profile: ServerProfile,
-        url: httpx.URL,
-        secrets: Sequence[str],
+        request: httpx.Request,
         now: float,
         operation_id: str | None = None,
     ) -> Flow[OriginPause | None]:
-        """The journal's pause of ``url``'s origin for these credentials, if one runs now
-        (the journal read again at most once a second)."""
+        """The journal's pause of the request's origin for its credentials, if one runs
+        now (the journal read again at most once a second)."""
         if not profile.pause_origin:
             return None
         board = self.pauses
@@ -1282,39 +1302,49 @@ class Engine:
             board.replace((yield Pauses(now, operation_id)), now)
         if not board.by_origin:
             return None
-        origin = origin_of(url)
+        origin = origin_of(request.url)
         if not board.has(origin):
             return None
-        return board.find(origin, credentials_digest(self.namespace, secrets), now)
+        return board.find(origin, self._pause_scope(request), now)
 
-    def _wait_out(self, pause: OriginPause, call: Call, now: float) -> Flow[None]:
+    def _pause_scope(self, request: httpx.Request) -> str:
+        """The digest of the request's credentials a pause is scoped to: the same
+        credentials (`credential_names`) a key bound to credentials is bound to."""
+        names = credential_names(request, self.redact_headers, self.secret_params)
+        values = credential_values(request, names)
+        return credentials_digest(self.namespace, [value.decode("latin-1") for value in values])
+
+    def _wait_out(
+        self,
+        pause: OriginPause,
+        now: float,
+        deadline_at: float | None,
+        *,
+        operation_id: str | None,
+        key: str | None,
+    ) -> Flow[None]:
         """Sleep until the pause ends, or raise RetryLaterError, before anything is
-        journaled, when that is longer than this call may wait."""
-        limit = self._time_limit(CallState(started_at=now, deadline_at=call.deadline_at))
+        journaled or sent, when that is longer than this call (or read) may wait."""
+        limit = self._time_limit(CallState(started_at=now, deadline_at=deadline_at))
         wait = pause.until - now
         if wait > self.policy.max_retry_after or (limit is not None and pause.until > limit):
-            key = call.key
-            if key is None and call.operation_id is not None and self.namespace is not None:
-                key = derived_key(self.namespace, call.operation_id)
             raise RetryLaterError(
                 f"{pause.origin} is paused until {_iso(pause.until)} ({pause.reason}), longer "
                 f"than this call may wait (max_retry_after={self.policy.max_retry_after:g}s, "
                 "or its deadline): nothing was journaled or sent; call again after that, or "
                 f"lift the pause with `idempotently unpause {pause.origin}`",
                 not_before=pause.until,
-                operation_id=call.operation_id,
+                operation_id=operation_id,
                 key=key,
             )
         yield Sleep(wait)
 
-    def _pause(
-        self, url: httpx.URL, secrets: Sequence[str], answer: Answer, now: float
-    ) -> Flow[None]:
+    def _pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[None]:
         """Journal the pause a 429 or 503 with Retry-After asks of its whole origin."""
         wait = answer.server_wait or 0.0
         pause = OriginPause(
-            origin=origin_of(url),
-            credentials=credentials_digest(self.namespace, secrets),
+            origin=origin_of(request.url),
+            credentials=self._pause_scope(request),
             until=now + wait,
             reason=f"{answer.status_code} with Retry-After {wait:g}s",
             set_at=now,
@@ -1716,7 +1746,7 @@ class Engine:
                 )
         secrets = secret_values(request.headers, self.redact_headers, request.url)
         pause = yield from self._origin_pause(
-            profile, request.url, secrets, self.clock(), operation.operation_id
+            profile, request, self.clock(), operation.operation_id
         )
         if pause is not None:
             # still_pending, not waiting (a not_before of its own): a watch worker parks

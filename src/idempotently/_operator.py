@@ -17,6 +17,7 @@ import json
 import re
 import socket
 import uuid
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -31,7 +32,7 @@ from idempotently._exceptions import (
 from idempotently._keys import derived_key
 from idempotently._policy import never_sent
 from idempotently._profiles import GENERIC, stored_profile
-from idempotently._rows import NewOperation, Operation
+from idempotently._rows import AuditEntry, NewOperation, Operation
 from idempotently._text import storable_text
 from idempotently._vocabulary import Status
 
@@ -87,20 +88,55 @@ def check_note(note: object, *, required: bool) -> str | None:
     return storable_text(note)
 
 
-def fork_id_of(operation: Operation) -> str:
-    """The id of the fork of ``operation``: ``<id>~fork1``; a fork's own fork counts on
-    (``<id>~fork2``), so the chain keeps its root's id."""
-    root, number = operation.operation_id, 1
+def fork_root(operation: Operation) -> str:
+    """The id its chain of forks is numbered under: a fork's root (``op-1`` for
+    ``op-1~fork2``), else its own."""
     found = _FORK_ID.fullmatch(operation.operation_id)
     if operation.forked_from is not None and found is not None:
-        root, number = found.group(1), int(found.group(2)) + 1
+        return found.group(1)
+    return operation.operation_id
+
+
+def recorded_forks(entries: Iterable[AuditEntry]) -> tuple[str, ...]:
+    """The ids of the forks an audit trail says its operation made, oldest first."""
+    forks = []
+    for entry in entries:
+        if entry.action != "fork" or entry.detail is None:
+            continue
+        try:
+            detail = json.loads(entry.detail)
+        except ValueError:
+            continue
+        fork = detail.get("fork") if isinstance(detail, dict) else None
+        if isinstance(fork, str):
+            forks.append(fork)
+    return tuple(forks)
+
+
+def fork_id_of(operation: Operation, taken: Iterable[str] = ()) -> str:
+    """The id of the fork of ``operation``: ``<id>~fork1``; a fork's own fork counts on
+    (``<id>~fork2``), so the chain keeps its root's id.
+
+    Never a number any fork in ``taken`` had (the forks of the chain its audit trails
+    record): a fork pruned from the journal may still be remembered by the server under
+    its derived key, so its number is never given again."""
+    root, number = fork_root(operation), 1
+    found = _FORK_ID.fullmatch(operation.operation_id)
+    if root != operation.operation_id and found is not None:
+        number = int(found.group(2)) + 1
+    for fork in taken:
+        used = _FORK_ID.fullmatch(fork)
+        if used is not None and used.group(1) == root:
+            number = max(number, int(used.group(2)) + 1)
     return f"{root}{FORK_MARK}{number}"
 
 
-def fork_operation(operation: Operation, namespace: uuid.UUID, now: float) -> NewOperation:
+def fork_operation(
+    operation: Operation, namespace: uuid.UUID, now: float, taken: Iterable[str] = ()
+) -> NewOperation:
     """The new pending operation a fork makes: the same request bytes under a new id and
     so a new derived key (the key header rewritten), its key's lifetime from now."""
-    new_id = fork_id_of(operation)
+    new_id = fork_id_of(operation, taken)
     ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
     if len(new_id) > MAX_OPERATION_ID_LENGTH:
         raise OperatorActionError(
@@ -179,10 +215,12 @@ def plan(
     namespace: uuid.UUID | None = None,
     status: Status | None = None,
     key_expiry_margin: float = 3600.0,
+    forks_taken: Iterable[str] = (),
 ) -> Plan:
     """The write that carries out ``action`` on ``operation`` (as read), or the error
     that says why it makes no sense now (`OperatorActionError`, or
-    `OperationInProgressError` while a live lease is held)."""
+    `OperationInProgressError` while a live lease is held). ``forks_taken``: the forks
+    of its chain the journal records, whose numbers a fork never takes again."""
     ids: ErrorContext = {"operation_id": operation.operation_id, "key": operation.key}
     current = operation.status
     if live_lease(operation, now, lease_alive):
@@ -312,7 +350,7 @@ def plan(
         )
     if namespace is None:
         raise refuse("the journal has no key namespace (open it once without readonly=True)")
-    fork = fork_operation(operation, namespace, now)
+    fork = fork_operation(operation, namespace, now, forks_taken)
     settles = current != "failed"
     kept = (
         f"settled failed by {actor} when forking it as {fork.operation_id}{said}"

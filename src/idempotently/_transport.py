@@ -10,7 +10,7 @@ bodies, send through the wrapped transport and sleep.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 import anyio
@@ -30,7 +30,7 @@ from idempotently._flow import (
     default_host_id,
 )
 from idempotently._keys import redaction_set
-from idempotently._policy import RetryPolicy, read_is_retryable
+from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile
 from idempotently._session import JournalArg, adopted_key, check_engine_options, open_journal
 from idempotently._vocabulary import DELIVERIES, Delivery
@@ -197,8 +197,9 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     `Session` raises (``KeyReuseError``, ``OperationPendingError``,
     ``RetryLaterError``, ...). GET, HEAD and OPTIONS (and PUT and DELETE with
     ``retry_idempotent_methods=True``) are retried on network errors, 5xx, 408,
-    425 and 429 under the same policy and retry budget, without a journal or a
-    key: the last answer or error comes through as it came. Other methods pass
+    425 and 429 under the same policy, retry budget and origin pauses, without a
+    key or an operation in the journal: an answer retried is closed unread, and
+    the last answer or error comes through as it came. Other methods pass
     straight through. ``hooks=`` receive the same events as the Session's.
 
     Args:
@@ -306,6 +307,12 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
                 )
             except Exception as error:
                 raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+            if from_httpx2:
+                # An httpx2 answer is handed over read (as its writes' answers are).
+                try:
+                    response.read()
+                finally:
+                    response.close()
             return _returned(response, request)
         if not self._journaled(request):
             if from_httpx2 == _httpx2.is_httpx2(inner):
@@ -349,16 +356,16 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         return response  # type: ignore[no-any-return]
 
     def _send_read(self, inner: Any, request: httpx.Request) -> httpx.Response:
-        """One attempt of a read: a final answer comes back unread (a download streams
-        as it would without us); one that will be retried is read and closed."""
+        """One attempt of a read, its answer's body unread: the final one streams as it
+        would without us (a download), and one the flow retries it closes unread (a
+        server can make a 503's body endless)."""
         if _httpx2.is_httpx2(inner):
-            return self._send_with(inner, request)
-        response: httpx.Response = inner.handle_request(request)
-        if read_is_retryable(response.status_code):
             try:
-                response.read()
-            finally:
-                response.close()
+                answer = inner.handle_request(_httpx2.to_httpx2_request(request))
+            except Exception as error:
+                raise _httpx2.to_httpx_error(error) from error
+            return _unread(answer, _Httpx2Body(answer), request)
+        response: httpx.Response = inner.handle_request(request)
         return response
 
     def close(self) -> None:
@@ -468,6 +475,11 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
                 )
             except Exception as error:
                 raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+            if from_httpx2:
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
             return _returned(response, request)
         if not self._journaled(request):
             if from_httpx2 == _httpx2.is_httpx2(inner):
@@ -516,13 +528,12 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
 
     async def _send_read(self, inner: Any, request: httpx.Request) -> httpx.Response:
         if _httpx2.is_httpx2(inner):
-            return await self._send_with(inner, request)
-        response: httpx.Response = await inner.handle_async_request(request)
-        if read_is_retryable(response.status_code):
             try:
-                await response.aread()
-            finally:
-                await response.aclose()
+                answer = await inner.handle_async_request(_httpx2.to_httpx2_request(request))
+            except Exception as error:
+                raise _httpx2.to_httpx_error(error) from error
+            return _unread(answer, _AsyncHttpx2Body(answer), request)
+        response: httpx.Response = await inner.handle_async_request(request)
         return response
 
     async def aclose(self) -> None:
@@ -544,6 +555,47 @@ def _is_transport(transport: object, method: str) -> bool:
 def _as_httpx(request: Any) -> httpx.Request:
     """The request the flow sees: the live httpx request, or an httpx copy of an httpx2 one."""
     return _httpx2.to_httpx_request(request) if _httpx2.is_httpx2(request) else request
+
+
+class _Httpx2Body(httpx.SyncByteStream):
+    """The body of an httpx2 answer, unread until an httpx response reads it."""
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._answer.iter_raw()
+
+    def close(self) -> None:
+        self._answer.close()
+
+
+class _AsyncHttpx2Body(httpx.AsyncByteStream):
+    """The body of an async httpx2 answer, unread until an httpx response reads it."""
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._answer.aiter_raw():
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._answer.aclose()
+
+
+def _unread(
+    answer: Any, body: httpx.SyncByteStream | httpx.AsyncByteStream, request: httpx.Request
+) -> httpx.Response:
+    """An httpx response standing for an httpx2 answer whose body is not read yet (its
+    headers as they came: the body is decoded when it is read)."""
+    return httpx.Response(
+        answer.status_code,
+        headers=list(answer.headers.raw),
+        stream=body,
+        extensions=dict(answer.extensions),
+        request=request,
+    )
 
 
 def _returned(response: httpx.Response, request: Any) -> Any:

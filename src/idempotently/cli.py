@@ -1181,7 +1181,7 @@ def run_action(
 ) -> None:
     """One operator action through the library; one line (or JSON) about what it did."""
     from idempotently._exceptions import OperationInProgressError, OperatorActionError
-    from idempotently._operator import check_actor, fork_id_of
+    from idempotently._operator import check_actor
 
     try:
         who = check_actor(actor)
@@ -1227,7 +1227,7 @@ def run_action(
                 "note": note,
                 "operation": operation_json(after),
                 **({"forked_from": before.operation_id} if action == "fork" else {}),
-                **({"fork_id": fork_id_of(before)} if action == "fork" and dry_run else {}),
+                **({"fork_id": after.operation_id} if action == "fork" and dry_run else {}),
             }
         )
         return

@@ -53,7 +53,14 @@ from idempotently._exceptions import (
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
-from idempotently._operator import ActionName, check_actor, check_note, plan
+from idempotently._operator import (
+    ActionName,
+    check_actor,
+    check_note,
+    fork_root,
+    plan,
+    recorded_forks,
+)
 from idempotently._pauses import PauseBoard
 from idempotently._rows import (
     DEFAULT_EXPIRING_WITHIN,
@@ -397,7 +404,10 @@ class Journal:
     ) -> Operation:
         """Send a failed, abandoned or needs_reconcile operation once more, as a new
         pending operation ``<operation_id>~fork<n>``: the same request bytes under a
-        new derived key, linked to this one (``forked_from``) in the journal.
+        new derived key, linked to this one (``forked_from``) in the journal. ``n``
+        is never one an earlier fork had, even a fork pruned since (its audit entry on
+        this operation stays): the server may still remember that fork's key. Refused
+        while a fork of it is still in the journal (fork that one instead).
 
         Forking a needs_reconcile or abandoned operation settles it ``failed`` in the
         same transaction: the operator's recorded word that it did not happen. Returns
@@ -434,6 +444,7 @@ class Journal:
                 )
             now = time.time()
             owner = operation.lease_owner
+            forks_taken = self._forks_taken(operation) if action == "fork" else ()
             planned = plan(
                 action,
                 operation,
@@ -444,6 +455,7 @@ class Journal:
                 namespace=self._namespace,
                 status=status,
                 key_expiry_margin=DEFAULT_EXPIRING_WITHIN,
+                forks_taken=forks_taken,
             )
             if planned.write.fork is not None:
                 taken = self._store.find(planned.write.fork.operation_id, planned.write.fork.key)
@@ -467,6 +479,28 @@ class Journal:
             "look at it again (`idempotently show`)",
             operation_id=operation_id,
         )
+
+    def _forks_taken(self, operation: Operation) -> tuple[str, ...]:
+        """The forks of ``operation``'s chain its own audit trail and its root's record
+        (kept while they live, even once a fork is pruned), so a fork never takes a
+        number, and so a derived key, a server may still remember.
+
+        Refused (`OperatorActionError`) while a fork it made is still in the journal:
+        fork that one instead."""
+        own = recorded_forks(self._store.audit(operation.operation_id))
+        for fork_id in reversed(own):
+            made = self._store.operation(fork_id)
+            if made is not None:
+                raise OperatorActionError(
+                    f"cannot fork: it was forked already, as {made.operation_id!r} "
+                    f"({made.status}); fork that one if it failed; nothing was written",
+                    operation_id=operation.operation_id,
+                    key=operation.key,
+                )
+        root = fork_root(operation)
+        if root == operation.operation_id:
+            return own
+        return own + recorded_forks(self._store.audit(root))
 
     # -- commands: what the drivers, the heartbeat and the watch worker run -----------
 
