@@ -260,3 +260,11 @@ def places_orders_twice(session: idempotently.Session) -> None:
     for _ in range(2):
         for order in ORDERS:
             session.post("/v1/charges", operation_id=f"{order}:charge", json=charge(order))
+
+
+def leaves_a_thread_that_ends_soon(session: idempotently.Session) -> None:
+    """Like an event loop's worker threads: still running as it returns, ended a moment later."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(0.5,)).start()
+    session.post("/v1/charges", operation_id="order-1:charge", json=charge("order-1"))

@@ -45,6 +45,8 @@ from idempotently.testing._crash_points import CRASH_STEPS
 DEFAULT_TOKEN = "user_1"
 PARENT_CHECK = 0.2
 """Seconds between two looks at whether the harness's process is still there."""
+THREAD_GRACE = 2.0
+"""Seconds the threads still running when the scenario returned are given to end."""
 # The name a scenario defined in a script (its ``__main__``) is loaded under.
 SCRIPT_MODULE = "_idempotently_crash_scenario"
 
@@ -399,12 +401,17 @@ def watch_the_parent(parent: int) -> None:
 
 
 def threads_left_running() -> list[str]:
-    """The threads that would keep this process alive after the scenario returned."""
-    return sorted(
-        thread.name
+    """The threads that would keep this process alive after the scenario returned, given
+    a moment to end (an event loop's worker threads end soon after the loop closes)."""
+    left = [
+        thread
         for thread in threading.enumerate()
         if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
-    )
+    ]
+    deadline = time.monotonic() + THREAD_GRACE
+    for thread in left:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    return sorted(thread.name for thread in left if thread.is_alive())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
