@@ -640,6 +640,22 @@ def _unreached(operation: int, operation_id: str, step: CrashStep, clean: Path) 
     )
 
 
+class _Progress:
+    """One line per point on a terminal's stderr (nothing when stderr is not a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self._total = total
+        self._done = 0
+        self._stream = sys.stderr
+        self._on = bool(getattr(self._stream, "isatty", lambda: False)())
+
+    def show(self, point: CrashPointResult) -> None:
+        self._done += 1
+        if self._on:
+            mark = "ok  " if point.ok else "FAIL"
+            print(f"[{self._done}/{self._total}] {mark} {point}", file=self._stream, flush=True)
+
+
 def crash_points(
     scenario: Callable[..., Any],
     *,
@@ -694,7 +710,8 @@ def crash_points(
             directory by default, removed when every point held).
         timeout: Seconds each process may take before it is killed and the
             harness gives up.
-        on_point: Called with each point's result as soon as it is known.
+        on_point: Called with each point's result as soon as it is known (without
+            it, each point is shown as a line on stderr when stderr is a terminal).
 
     Returns:
         The report; `report.assert_exactly_once()` fails a test listing the points
@@ -771,6 +788,7 @@ def crash_points(
                 f" {len(ids)} operations (0 to {len(ids) - 1})"
             )
     points = []
+    progress = _Progress(len(aimed) * len(chosen_steps)) if on_point is None else None
     for index in aimed:
         for step in chosen_steps:
             if step in met[index]:
@@ -780,6 +798,8 @@ def crash_points(
             points.append(point)
             if on_point is not None:
                 on_point(point)
+            elif progress is not None:
+                progress.show(point)
     report = CrashReport(
         operations=tuple(ids),
         charges=sum(reference.values()),
