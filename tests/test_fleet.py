@@ -11,6 +11,7 @@ Tests wait on the JSON lines the workers print, never on sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -122,6 +123,8 @@ class WatchWorker(JsonLinesProcess):
                 **os.environ,
                 TOKEN_ENV: f"Bearer {USER}",
                 "PYTHONPATH": os.pathsep.join(sys.path),
+                # A worker that hangs is made to print every thread's stack (SIGABRT).
+                "PYTHONFAULTHANDLER": "1",
             },
         )
         self._start_reading(self.host_id)
@@ -145,8 +148,15 @@ class WatchWorker(JsonLinesProcess):
         """Send ``signum`` and read to the end; the exit code."""
         self.proc.send_signal(signum)
         deadline = time.monotonic() + timeout
-        while self.next_event(max(0.0, deadline - time.monotonic())) is not None:
-            pass
+        try:
+            while self.next_event(max(0.0, deadline - time.monotonic())) is not None:
+                pass
+        except AssertionError as silent:
+            # Hung: its threads' stacks go to its stderr, for the failure to show where.
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            raise AssertionError(f"{silent} after {signum!r}: {self.diagnosis()}") from None
         return self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
 
     def resumed(self) -> list[str]:
