@@ -19,6 +19,7 @@ import httpx
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
+    from idempotently._answers import AnswerBody
     from idempotently._events import AsyncHook, Event
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
@@ -293,8 +294,9 @@ class Lease:
 
 @attrs.frozen
 class Send:
-    """Send one attempt; the reply is the response or the error that ended it. A call's
-    response has its body read; a read's has not (it is returned unread, or `Discard`ed)."""
+    """Send one attempt; the reply is the response, its body unread, or the error that
+    ended it. A call's answer is then read as far as its `ReadAnswer` says; a read's is
+    returned unread, or `Discard`ed."""
 
     request: httpx.Request
     lease: Lease | None = None
@@ -309,11 +311,29 @@ class Sleep:
 
 
 @attrs.frozen
+class ReadAnswer:
+    """Read on in an answer's body until it ends, more than ``limit`` bytes are read, or
+    ``clock()`` passes ``until`` (`_answers.read_answer`): a server can make a body
+    endless, or trickle it. Reply: None (``body`` says how far it got), or the error the
+    read raised (the response is then closed)."""
+
+    body: AnswerBody = attrs.field(eq=False, repr=False)
+    limit: int
+    until: float | None
+    clock: Callable[[], float] = attrs.field(eq=False, repr=False)
+    lease: Lease | None = None
+    """The lease held while the body arrives: the driver's heartbeat keeps it alive."""
+
+
+@attrs.frozen
 class Discard:
-    """Close an answer the flow will not use (a read's answer it is about to retry)
-    without reading its body: a server can make that body endless. Reply: None."""
+    """Close an answer the flow will not use (one it is about to retry, or one it read
+    no further than an excerpt of) without reading more of its body: a server can make
+    that body endless. Reply: None."""
 
     response: httpx.Response = attrs.field(eq=False, repr=False)
+    body: AnswerBody | None = attrs.field(default=None, eq=False, repr=False)
+    """What was read of it, if anything (its reading is ended too)."""
 
 
 @attrs.frozen
@@ -348,4 +368,14 @@ class DigestCredentials:
     """(salt, names, values): the values are credentials, never shown."""
 
 
-Command = JournalCommand | Send | Sleep | Discard | Reconcile | Report | Emit | DigestCredentials
+Command = (
+    JournalCommand
+    | Send
+    | ReadAnswer
+    | Sleep
+    | Discard
+    | Reconcile
+    | Report
+    | Emit
+    | DigestCredentials
+)

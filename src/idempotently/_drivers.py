@@ -27,12 +27,14 @@ import anyio.to_thread
 import httpx
 import sniffio
 
+from idempotently._answers import aread_answer, read_answer
 from idempotently._commands import (
     Command,
     DigestCredentials,
     Discard,
     Emit,
     JournalCommand,
+    ReadAnswer,
     Reconcile,
     Record,
     Release,
@@ -82,10 +84,19 @@ def run(
                         reply = send(command.request)
                 except SEND_ERRORS as error:
                     reply = error
+            elif isinstance(command, ReadAnswer):
+                try:
+                    with heartbeat_for(store).holding(command.lease):
+                        read_answer(command.body, command.limit, command.until, command.clock)
+                    reply = None
+                except SEND_ERRORS as error:
+                    reply = error
             elif isinstance(command, Sleep):
                 reply = sleep(command.seconds)
             elif isinstance(command, Discard):
                 # An answer thrown away: failing to close it ends its connection, not the call.
+                if command.body is not None:
+                    command.body.close()
                 with suppress(Exception):
                     command.response.close()
                 reply = None
@@ -143,6 +154,15 @@ async def arun(
                         reply = await send(command.request)
                 except SEND_ERRORS as error:
                     reply = error
+            elif isinstance(command, ReadAnswer):
+                try:
+                    with heartbeat_for(store).holding(command.lease):
+                        await aread_answer(
+                            command.body, command.limit, command.until, command.clock
+                        )
+                    reply = None
+                except SEND_ERRORS as error:
+                    reply = error
             elif isinstance(command, Sleep):
                 waited = sleep(command.seconds)
                 if not inspect.isawaitable(waited):
@@ -152,6 +172,8 @@ async def arun(
                     )
                 reply = await waited
             elif isinstance(command, Discard):
+                if command.body is not None:
+                    await command.body.aclose()
                 with suppress(Exception):
                     await command.response.aclose()
                 reply = None

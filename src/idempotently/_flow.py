@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES, AnswerBody
 from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._codec import Codec, encoded
 from idempotently._commands import (
@@ -42,6 +43,7 @@ from idempotently._commands import (
     PauseOrigin,
     Pauses,
     Queue,
+    ReadAnswer,
     Reconcile,
     Record,
     Release,
@@ -78,6 +80,7 @@ from idempotently._events import (
 )
 from idempotently._exceptions import (
     RESUME_HINT,
+    AnswerNotReadError,
     CodecError,
     CredentialsMismatchError,
     ErrorContext,
@@ -125,6 +128,7 @@ from idempotently._policy import (
     classify_read,
     decide,
     decide_read,
+    may_be_retried,
     may_have_been_delivered,
     never_sent,
     refused,
@@ -417,6 +421,9 @@ class End:
     """Attempts journaled for the operation so far."""
     response: httpx.Response | None = None
     error: BaseException | None = None
+    unkept: str | None = None
+    """Why the final answer's body was not kept (too large, too slow), if it was not:
+    the operation is journaled with its status and headers only."""
 
 
 def check_call_arguments(
@@ -600,6 +607,9 @@ class Engine:
     codec: Codec | None = None
     secret_params: frozenset[str] = attrs.field(factory=secret_param_names)
     param_values: LiveValues | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """The largest final answer read and journaled (decoded bytes); a larger one is
+    journaled with its status and headers only (`AnswerNotReadError`)."""
 
     def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
         """This engine for one call with its own policy or profile (itself without)."""
@@ -981,6 +991,16 @@ class Engine:
             "response": end.response,
         }
         if action in ("succeed", "fail") and end.response is not None:
+            if end.unkept is not None:
+                raise AnswerNotReadError(
+                    f"the server answered {end.response.status_code}, so the operation is "
+                    f"journaled {STATUS_AFTER[action]} with that status and its headers, but "
+                    f"{end.unkept}: there is no whole response to return. It is never sent "
+                    "again: look the object up on the server, and raise max_response_bytes "
+                    "(Session(max_response_bytes=...)) or the policy's deadline for answers "
+                    "that large or that slow",
+                    **ids,
+                )
             return end.response
         if action == "fail" or action == "unsent":
             # The error may quote a secret header's value: only the scrubbed text
@@ -1086,6 +1106,27 @@ class Engine:
                         key=key,
                     )
             reply = yield Send(request, lease)
+            body: AnswerBody | None = None
+            unkept: str | None = None
+            if isinstance(reply, httpx.Response):
+                # Its body is read here, within bounds: an answer that may be retried no
+                # further than an excerpt, and briefly; a final one up to the limit.
+                body = AnswerBody(reply)
+                answer_until = limit
+                if answer_until is None and longest != _INFINITY:
+                    answer_until = self.clock() + longest
+                excerpt = may_be_retried(profile, reply.status_code)
+                failure = yield ReadAnswer(
+                    body,
+                    RETRIED_ANSWER_BYTES if excerpt else self.max_response_bytes,
+                    self._excerpt_until(request, answer_until) if excerpt else answer_until,
+                    self.clock,
+                    lease,
+                )
+                if failure is not None:
+                    reply, body = failure, None
+                elif not excerpt and not body.complete:
+                    unkept = self._unkept(body)
             now = self.clock()
             attempts += 1
             response = reply if isinstance(reply, httpx.Response) else None
@@ -1107,6 +1148,20 @@ class Engine:
             action = decision.action
             retrying = action == "retry"
             keep = response is not None and action in ("succeed", "fail", "reconcile")
+            if body is not None and not body.complete:
+                if keep and unkept is None:
+                    # Only an excerpt was read, and the answer is kept: read the rest.
+                    failure = yield ReadAnswer(
+                        body, self.max_response_bytes, answer_until, self.clock, lease
+                    )
+                    if failure is not None:
+                        unkept = f"its body could not be read whole ({type(failure).__name__})"
+                    elif not body.complete:
+                        unkept = self._unkept(body)
+                if not body.complete:
+                    yield Discard(body.response, body)
+            if not keep:
+                unkept = None
             answer = signal if isinstance(signal, Answer) else None
             record = AttemptRecord(
                 started_at=started,
@@ -1117,7 +1172,13 @@ class Engine:
                 error=None if answer is not None else storable(signal.text),  # type: ignore[union-attr]
                 wait=decision.wait if retrying else None,
                 status=STATUS_AFTER[action],
-                reason=None if action == "succeed" else storable(decision.reason),
+                reason=(
+                    None
+                    if action == "succeed" and unkept is None
+                    else storable(
+                        decision.reason if unkept is None else f"{decision.reason}; {unkept}"
+                    )
+                ),
                 not_before=decision.not_before,
                 lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
                 response_status=response.status_code if keep and response else None,
@@ -1126,7 +1187,7 @@ class Engine:
                 else None,
                 response_body=(
                     (response.content if codec is None else encoded(codec, response.content))
-                    if keep and response
+                    if keep and response and unkept is None
                     else None
                 ),
             )
@@ -1207,7 +1268,30 @@ class Engine:
                         elapsed=now - began,
                     )
                 )
-            return End(operation_id, key, decision, attempts, response, error)
+            return End(operation_id, key, decision, attempts, response, error, unkept)
+
+    def _excerpt_until(self, request: httpx.Request, until: float | None) -> float | None:
+        """When to stop reading an answer that may be retried: within one read timeout
+        of its arrival (a trickled excerpt must not eat the time a retry needs), and
+        never past ``until``."""
+        timeouts = request.extensions.get("timeout")
+        read = timeouts.get("read") if isinstance(timeouts, dict) else None
+        if read is None:
+            return until
+        soon: float = self.clock() + read
+        return soon if until is None else min(soon, until)
+
+    def _unkept(self, body: AnswerBody) -> str:
+        """Why a final answer's body is not kept: what stopped its reading."""
+        if body.over:
+            return (
+                f"its body is larger than max_response_bytes ({self.max_response_bytes} "
+                "bytes), so only its status and headers are journaled"
+            )
+        return (
+            f"its body was still arriving at the call's deadline ({body.size} bytes read), "
+            "so only its status and headers are journaled"
+        )
 
     # -- reads: retried, never journaled ----------------------------------------------------
 
@@ -1815,6 +1899,8 @@ class Engine:
         detail = decision.reason
         if decision.action == "succeed" and replayed:
             detail += " (replayed by the server)"
+        if end.unkept is not None:
+            detail += f"; {end.unkept}"
         return ResumeResult.of(
             operation,
             STATUS_AFTER[decision.action],
@@ -1911,6 +1997,18 @@ class Engine:
             raise OperationAbandonedError(
                 f"operation was abandoned ({operation.reason}); it is never sent again: check "
                 "whether it arrived, and use a new operation_id to send it once more",
+                **ids,
+            )
+        if (
+            operation.response_status is not None
+            and operation.response_body is None
+            and operation.status in ("succeeded", "failed")
+        ):
+            # Its answer's body was too large (or too slow) to keep: only its status was.
+            raise AnswerNotReadError(
+                f"operation {operation.status} with the server's {operation.response_status} "
+                f"answer ({operation.reason}); there is no whole response to return. It is "
+                "never sent again: look the object up on the server",
                 **ids,
             )
         if operation.response_status is None and operation.status == "succeeded":
