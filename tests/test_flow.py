@@ -176,7 +176,8 @@ def test_a_retry_records_then_sleeps_then_sends(store: MemoryStore, fake_time: F
     run = Run(store, fake_time, [answer(503), answer(503), answer(201)])
     run(engine(fake_time).call(charge(), build, Held()), Held())
     records = run.of(Record)
-    assert ["Insert"] + ["Send", "ReadAnswer", "Record", "Sleep"] * 2 + ["Send", "ReadAnswer", "Record"] == run.kinds()
+    attempt = ["Send", "ReadAnswer", "Record"]
+    assert ["Insert", *attempt, "Sleep", *attempt, "Sleep", *attempt] == run.kinds()
     assert [0.5, 1.0] == [sleep.seconds for sleep in run.of(Sleep)]
     assert [0.5, 1.0, None] == [record.record.wait for record in records]
     assert ["pending", "pending", "succeeded"] == [record.record.status for record in records]
@@ -312,7 +313,8 @@ def test_resume_reports_each_operation_as_soon_as_it_is_known(
         held,
     )
     reports = run.of(Report)
-    assert ["Queue"] + ["Find", "TakeLease", "Send", "ReadAnswer", "Record", "Report"] * 2 == run.kinds()
+    resumed = ["Find", "TakeLease", "Send", "ReadAnswer", "Record", "Report"]
+    assert ["Queue"] + resumed * 2 == run.kinds()
     assert results == [report.result for report in reports]
     assert [("op-1", "succeeded", "succeeded"), ("op-2", "pending", "still_pending")] == [
         (result.operation_id, result.status, result.action) for result in results
