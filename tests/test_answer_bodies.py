@@ -11,13 +11,32 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import pytest
 
 import idempotently
-from idempotently._answers import RETRIED_ANSWER_BYTES
+from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES
+from idempotently._commands import ReadAnswer
+from idempotently._flow import Call, Engine, Held
+from tests.drivers import answer
+from tests.memory_store import MemoryStore
 from tests.scripted_server import ENDLESS_BYTES, RESET, Answer, ScriptedApp
+from tests.support import URL, FakeTime
+from tests.test_flow import Run, build
+
+try:
+    import httpx2
+except ImportError:  # the [httpx2] extra
+    httpx2 = None
+
+LIBRARIES = [
+    pytest.param(httpx, id="httpx"),
+    pytest.param(
+        httpx2, id="httpx2", marks=pytest.mark.skipif(httpx2 is None, reason="needs httpx2")
+    ),
+]
 
 FAST = idempotently.RetryPolicy(initial_backoff=0.0, max_backoff=0.0)
 CHARGE = {"amount": 1000, "currency": "usd"}
@@ -82,17 +101,39 @@ async def test_an_async_sessions_endless_503_is_retried_without_reading_it(
     assert_cut_off(app)
 
 
-def test_a_transports_endless_503_is_retried_without_reading_it(
-    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_an_httpx2_sessions_endless_503_is_retried_without_reading_it(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], lib: ModuleType
 ) -> None:
-    """Transport under a plain httpx.Client: the journaled POST's endless 503 is cut off
-    and retried under the same key."""
+    """Session(client=...) of either library: the endless 503 is cut off, the 201 kept."""
+    app, url = scripted
+    app.answer(Answer(status=503, endless=True), Answer(status=201))
+    with (
+        lib.Client(timeout=30) as client,
+        idempotently.Session(tmp_path / "journal.db", client=client, policy=FAST) as session,
+    ):
+        response = session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-1")
+    assert (201, OK_BODY) == (response.status_code, response.content)
+    assert 1 == len({arrival.key for arrival in app.arrivals})
+    assert_cut_off(app)
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_a_transports_endless_503_is_retried_without_reading_it(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], lib: ModuleType
+) -> None:
+    """Transport under an httpx or an httpx2 client: the journaled POST's endless 503 is
+    cut off and retried under the same key."""
     app, url = scripted
     app.answer(Answer(status=503, endless=True), Answer(status=201))
     transport = idempotently.Transport(tmp_path / "journal.db", policy=FAST)
-    with httpx.Client(transport=transport, timeout=30) as client:
+    with lib.Client(transport=transport, timeout=30) as client:
         response = client.post(f"{url}/v1/charges", json=CHARGE)
-    assert (201, OK_BODY) == (response.status_code, response.content)
+    assert (lib.Response, 201, OK_BODY) == (
+        type(response),
+        response.status_code,
+        response.content,
+    )
     first, second = app.arrivals
     assert first.key == second.key is not None
     assert_cut_off(app)
@@ -353,6 +394,31 @@ def test_a_trickled_503_is_given_up_within_one_read_timeout(
         response = session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-t")
     assert 201 == response.status_code
     assert time.monotonic() - started < 3.0
+
+
+# -- the flow's limits (no I/O) ------------------------------------------------------------
+
+
+def test_the_flow_reads_an_answer_that_may_be_retried_to_an_excerpt_and_a_final_one_to_the_cap(
+    fake_time: FakeTime,
+) -> None:
+    """The sans-I/O flow asks for 64 KiB of a 503, within its read timeout, and for up
+    to max_response_bytes of the 201, within the call's deadline."""
+    engine = Engine(
+        policy=idempotently.RetryPolicy(initial_backoff=0.0, max_backoff=0.0, deadline=60.0),
+        clock=fake_time.clock,
+        max_response_bytes=DEFAULT_MAX_RESPONSE_BYTES,
+    )
+    request = httpx.Request(
+        "POST", URL, json=CHARGE, extensions={"timeout": httpx.Timeout(5.0, read=2.0).as_dict()}
+    )
+    run = Run(MemoryStore(), fake_time, [answer(503), answer(201)])
+    started = fake_time.now
+    response = run(engine.call(Call(request, operation_id="op-1"), build, Held()), Held())
+    assert 201 == response.status_code
+    excerpt, whole = run.of(ReadAnswer)
+    assert (RETRIED_ANSWER_BYTES, started + 2.0) == (excerpt.limit, excerpt.until)
+    assert (DEFAULT_MAX_RESPONSE_BYTES, started + 60.0) == (whole.limit, whole.until)
 
 
 # -- the option ------------------------------------------------------------------------
