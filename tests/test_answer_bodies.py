@@ -18,7 +18,7 @@ import pytest
 
 import idempotently
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES
-from idempotently._commands import ReadAnswer
+from idempotently._commands import ReadAnswer, Send
 from idempotently._flow import Call, Engine, Held
 from tests.drivers import answer
 from tests.memory_store import MemoryStore
@@ -54,9 +54,13 @@ def operation(target: str | Path, operation_id: str) -> idempotently.Operation:
     return found
 
 
-def assert_cut_off(app: ScriptedApp) -> None:
-    """Every endless answer was hung up on long before its end: the client stopped."""
-    assert app.streamed
+def assert_cut_off(app: ScriptedApp, answers: int = 1) -> None:
+    """Every endless answer was hung up on long before its end: the client stopped.
+    (The server notes what it streamed once it sees the hang-up, a moment later.)"""
+    deadline = time.monotonic() + 10
+    while len(app.streamed) < answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answers == len(app.streamed)
     assert all(sent < ENDLESS_BYTES // 4 for sent in app.streamed)
 
 
@@ -174,7 +178,7 @@ def test_the_last_endless_503_leaves_the_operation_pending_with_an_excerpt(
     assert 503 == response.status_code
     assert RETRIED_ANSWER_BYTES < len(response.content) <= RETRIED_ANSWER_BYTES + CHUNK
     assert "pending" == operation(tmp_path / "journal.db", "op-1").status
-    assert_cut_off(app)
+    assert_cut_off(app, answers=2)
 
 
 SEEN: list[int] = []
@@ -416,9 +420,12 @@ def test_the_flow_reads_an_answer_that_may_be_retried_to_an_excerpt_and_a_final_
     started = fake_time.now
     response = run(engine.call(Call(request, operation_id="op-1"), build, Held()), Held())
     assert 201 == response.status_code
-    excerpt, whole = run.of(ReadAnswer)
-    assert (RETRIED_ANSWER_BYTES, started + 2.0) == (excerpt.limit, excerpt.until)
-    assert (DEFAULT_MAX_RESPONSE_BYTES, started + 60.0) == (whole.limit, whole.until)
+    reading = run.of(Send)[0].read
+    _, limit, until, _ = reading(httpx.Response(503))
+    assert (RETRIED_ANSWER_BYTES, started + 2.0) == (limit, until)
+    _, limit, until, _ = reading(httpx.Response(201))
+    assert (DEFAULT_MAX_RESPONSE_BYTES, started + 60.0) == (limit, until)
+    assert [] == run.of(ReadAnswer)  # both read whole as they came: nothing more to read
 
 
 # -- the option ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import suppress
+from typing import cast
 
 import anyio
 import httpx
@@ -81,10 +82,9 @@ def read_answer(
     passes ``until``; what a read raises (a timeout, a broken connection, an
     undecodable body) comes through, the response closed."""
     body.over = body.timed_out = False
-    iterator = body.iterator
+    iterator = cast("Iterator[bytes] | None", body.iterator)
     if iterator is None:
         iterator = body.iterator = body.response.iter_bytes()
-    assert isinstance(iterator, Iterator)
     chunks, size = body.chunks, body.size
     try:
         if size > limit:
@@ -113,10 +113,9 @@ async def aread_answer(
 ) -> None:
     """`read_answer` on an async response (asyncio or trio)."""
     body.over = body.timed_out = False
-    iterator = body.iterator
+    iterator = cast("AsyncIterator[bytes] | None", body.iterator)
     if iterator is None:
         iterator = body.iterator = body.response.aiter_bytes()
-    assert not isinstance(iterator, Iterator)
     chunks, size = body.chunks, body.size
     try:
         if size > limit:

@@ -294,13 +294,20 @@ class Lease:
 
 @attrs.frozen
 class Send:
-    """Send one attempt; the reply is the response, its body unread, or the error that
-    ended it. A call's answer is then read as far as its `ReadAnswer` says; a read's is
-    returned unread, or `Discard`ed."""
+    """Send one attempt; the reply is the response or the error that ended it.
+
+    With ``read`` (a call's attempt), the driver reads the answer's body at once, still
+    under the heartbeat, as far as ``read(response)`` says: its (body, byte limit, time
+    limit, clock) for `_answers.read_answer`; an error while reading is the reply.
+    Without (a read's attempt), the answer comes back unread, to be returned or
+    `Discard`ed."""
 
     request: httpx.Request
     lease: Lease | None = None
     """The lease held while it is in flight: the driver's heartbeat keeps it alive."""
+    read: (
+        Callable[[httpx.Response], tuple[AnswerBody, int, float | None, Callable[[], float]]] | None
+    ) = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -312,10 +319,11 @@ class Sleep:
 
 @attrs.frozen
 class ReadAnswer:
-    """Read on in an answer's body until it ends, more than ``limit`` bytes are read, or
-    ``clock()`` passes ``until`` (`_answers.read_answer`): a server can make a body
-    endless, or trickle it. Reply: None (``body`` says how far it got), or the error the
-    read raised (the response is then closed)."""
+    """Read on in an answer's body (one its `Send` read an excerpt of) until it ends,
+    more than ``limit`` bytes are read, or ``clock()`` passes ``until``
+    (`_answers.read_answer`): a server can make a body endless, or trickle it. Reply:
+    None (``body`` says how far it got), or the error the read raised (the response is
+    then closed)."""
 
     body: AnswerBody = attrs.field(eq=False, repr=False)
     limit: int

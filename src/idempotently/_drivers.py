@@ -82,6 +82,8 @@ def run(
                 try:
                     with heartbeat_for(store).holding(command.lease):
                         reply = send(command.request)
+                        if command.read is not None:
+                            read_answer(*command.read(reply))
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, ReadAnswer):
@@ -152,6 +154,8 @@ async def arun(
                 try:
                     with heartbeat_for(store).holding(command.lease):
                         reply = await send(command.request)
+                        if command.read is not None:
+                            await aread_answer(*command.read(reply))
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, ReadAnswer):

@@ -426,6 +426,66 @@ class End:
     the operation is journaled with its status and headers only."""
 
 
+class _Reading:
+    """How far the driver reads an attempt's answer as it arrives (under the send's
+    heartbeat): one the built-in table may retry (`may_be_retried`) to a 64 KiB excerpt
+    and within one read timeout of its arrival (a trickled excerpt must not eat the time
+    a retry needs); a final one up to ``max_response_bytes`` and within the call's time
+    limit (else the attempt's longest timeout). Called by the driver with the answer;
+    ``body`` is then what was read of it."""
+
+    __slots__ = (
+        "body",
+        "clock",
+        "excerpt",
+        "limit",
+        "longest",
+        "max_bytes",
+        "profile",
+        "request",
+        "until",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        profile: ServerProfile,
+        request: httpx.Request,
+        limit: float | None,
+        longest: float,
+    ) -> None:
+        self.clock = engine.clock
+        self.max_bytes = engine.max_response_bytes
+        self.profile = profile
+        self.request = request
+        self.limit = limit
+        self.longest = longest
+        self.body: AnswerBody | None = None
+        self.excerpt = False
+        self.until: float | None = limit
+        """When the reading of a final answer must be over."""
+
+    def __call__(
+        self, response: httpx.Response
+    ) -> tuple[AnswerBody, int, float | None, Callable[[], float]]:
+        """The body to read, its byte limit, its time limit and the clock (`read_answer`)."""
+        clock = self.clock
+        until = self.limit
+        if until is None and self.longest != _INFINITY:
+            until = clock() + self.longest
+        self.until = until
+        body = self.body = AnswerBody(response)
+        if not may_be_retried(self.profile, response.status_code):
+            return body, self.max_bytes, until, clock
+        self.excerpt = True
+        timeouts = self.request.extensions.get("timeout")
+        read = timeouts.get("read") if isinstance(timeouts, dict) else None
+        if read is not None:
+            soon: float = clock() + read
+            until = soon if until is None else min(soon, until)
+        return body, RETRIED_ANSWER_BYTES, until, clock
+
+
 def check_call_arguments(
     *,
     operation_id: object,
@@ -1105,28 +1165,14 @@ class Engine:
                         operation_id=operation_id,
                         key=key,
                     )
-            reply = yield Send(request, lease)
-            body: AnswerBody | None = None
+            # The answer's body is read by the driver as it arrives, within the bounds
+            # `_Reading` sets; an error while reading is the attempt's error.
+            reading = _Reading(self, profile, request, limit, longest)
+            reply = yield Send(request, lease, reading)
+            body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
-            if isinstance(reply, httpx.Response):
-                # Its body is read here, within bounds: an answer that may be retried no
-                # further than an excerpt, and briefly; a final one up to the limit.
-                body = AnswerBody(reply)
-                answer_until = limit
-                if answer_until is None and longest != _INFINITY:
-                    answer_until = self.clock() + longest
-                excerpt = may_be_retried(profile, reply.status_code)
-                failure = yield ReadAnswer(
-                    body,
-                    RETRIED_ANSWER_BYTES if excerpt else self.max_response_bytes,
-                    self._excerpt_until(request, answer_until) if excerpt else answer_until,
-                    self.clock,
-                    lease,
-                )
-                if failure is not None:
-                    reply, body = failure, None
-                elif not excerpt and not body.complete:
-                    unkept = self._unkept(body)
+            if body is not None and not reading.excerpt and not body.complete:
+                unkept = self._unkept(body)
             now = self.clock()
             attempts += 1
             response = reply if isinstance(reply, httpx.Response) else None
@@ -1152,7 +1198,7 @@ class Engine:
                 if keep and unkept is None:
                     # Only an excerpt was read, and the answer is kept: read the rest.
                     failure = yield ReadAnswer(
-                        body, self.max_response_bytes, answer_until, self.clock, lease
+                        body, self.max_response_bytes, reading.until, self.clock, lease
                     )
                     if failure is not None:
                         unkept = f"its body could not be read whole ({type(failure).__name__})"
@@ -1269,17 +1315,6 @@ class Engine:
                     )
                 )
             return End(operation_id, key, decision, attempts, response, error, unkept)
-
-    def _excerpt_until(self, request: httpx.Request, until: float | None) -> float | None:
-        """When to stop reading an answer that may be retried: within one read timeout
-        of its arrival (a trickled excerpt must not eat the time a retry needs), and
-        never past ``until``."""
-        timeouts = request.extensions.get("timeout")
-        read = timeouts.get("read") if isinstance(timeouts, dict) else None
-        if read is None:
-            return until
-        soon: float = self.clock() + read
-        return soon if until is None else min(soon, until)
 
     def _unkept(self, body: AnswerBody) -> str:
         """Why a final answer's body is not kept: what stopped its reading."""
