@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import suppress
-from typing import cast
 
 import anyio
 import httpx
@@ -49,11 +48,6 @@ class AnswerBody:
         """The reading stopped at its time limit: more was coming."""
         self.iterator: Iterator[bytes] | AsyncIterator[bytes] | None = None
 
-    def _stopped(self) -> None:
-        # What was read is the response's content from now on: a classifier and the
-        # profile's matchers read ``response.content``, as of an answer read whole.
-        self.response._content = b"".join(self.chunks)
-
     def close(self) -> None:
         """Stop reading: the rest is never read, the connection is closed. A failure to
         close ends the connection, never the call."""
@@ -75,14 +69,34 @@ class AnswerBody:
                 await self.response.aclose()
 
 
+def _already_read(body: AnswerBody, limit: int) -> bool:
+    """Whether the answer came already read (an in-process transport's, a response hook
+    that read it): then its content is all there is, and nothing is read."""
+    response = body.response
+    if body.iterator is not None or not response.is_stream_consumed:
+        return False
+    try:
+        content = response.content
+    except httpx.ResponseNotRead:  # consumed by a partial read elsewhere: read what is left
+        return False
+    body.chunks.append(content)
+    body.size = len(content)
+    body.over = body.size > limit
+    body.complete = not body.over
+    return True
+
+
 def read_answer(
     body: AnswerBody, limit: int, until: float | None, clock: Callable[[], float]
 ) -> None:
     """Read on, until the body ends, more than ``limit`` bytes are read, or ``clock()``
-    passes ``until``; what a read raises (a timeout, a broken connection, an
-    undecodable body) comes through, the response closed."""
+    passes ``until`` (checked once a second chunk has come: an answer in one chunk is
+    bounded by the read timeout alone); what a read raises (a timeout, a broken
+    connection, an undecodable body) comes through, the response closed."""
     body.over = body.timed_out = False
-    iterator = cast("Iterator[bytes] | None", body.iterator)
+    if _already_read(body, limit):
+        return
+    iterator: Iterator[bytes] | None = body.iterator  # type: ignore[assignment]
     if iterator is None:
         iterator = body.iterator = body.response.iter_bytes()
     chunks, size = body.chunks, body.size
@@ -96,7 +110,7 @@ def read_answer(
             if size > limit:
                 body.over = True
                 return
-            if until is not None and clock() >= until:
+            if until is not None and len(chunks) > 1 and clock() >= until:
                 body.timed_out = True
                 return
         body.complete = True
@@ -105,7 +119,9 @@ def read_answer(
         raise
     finally:
         body.size = size
-        body._stopped()
+        # What was read is the response's content from now on: a classifier and the
+        # profile's matchers read ``response.content``, as of an answer read whole.
+        body.response._content = b"".join(chunks)
 
 
 async def aread_answer(
@@ -113,7 +129,9 @@ async def aread_answer(
 ) -> None:
     """`read_answer` on an async response (asyncio or trio)."""
     body.over = body.timed_out = False
-    iterator = cast("AsyncIterator[bytes] | None", body.iterator)
+    if _already_read(body, limit):
+        return
+    iterator: AsyncIterator[bytes] | None = body.iterator  # type: ignore[assignment]
     if iterator is None:
         iterator = body.iterator = body.response.aiter_bytes()
     chunks, size = body.chunks, body.size
@@ -127,7 +145,7 @@ async def aread_answer(
             if size > limit:
                 body.over = True
                 return
-            if until is not None and clock() >= until:
+            if until is not None and len(chunks) > 1 and clock() >= until:
                 body.timed_out = True
                 return
         body.complete = True
@@ -136,4 +154,6 @@ async def aread_answer(
         raise
     finally:
         body.size = size
-        body._stopped()
+        # What was read is the response's content from now on: a classifier and the
+        # profile's matchers read ``response.content``, as of an answer read whole.
+        body.response._content = b"".join(chunks)

@@ -431,8 +431,8 @@ class _Reading:
     heartbeat): one the built-in table may retry (`may_be_retried`) to a 64 KiB excerpt
     and within one read timeout of its arrival (a trickled excerpt must not eat the time
     a retry needs); a final one up to ``max_response_bytes`` and within the call's time
-    limit (else the attempt's longest timeout). Called by the driver with the answer;
-    ``body`` is then what was read of it."""
+    limit (else the attempt's longest timeout). Called by the driver with each attempt's
+    answer; ``body`` is then what was read of it (the flow clears it before each send)."""
 
     __slots__ = (
         "body",
@@ -476,6 +476,7 @@ class _Reading:
         self.until = until
         body = self.body = AnswerBody(response)
         if not may_be_retried(self.profile, response.status_code):
+            self.excerpt = False
             return body, self.max_bytes, until, clock
         self.excerpt = True
         timeouts = self.request.extensions.get("timeout")
@@ -1135,6 +1136,7 @@ class Engine:
         limit = self._time_limit(state)
         timeouts = request.extensions.get("timeout")
         longest = longest_timeout(timeouts)
+        reading = _Reading(self, profile, request, limit, longest)
         while True:
             started = self.clock()
             if limit is not None and limit - started < longest:
@@ -1167,7 +1169,7 @@ class Engine:
                     )
             # The answer's body is read by the driver as it arrives, within the bounds
             # `_Reading` sets; an error while reading is the attempt's error.
-            reading = _Reading(self, profile, request, limit, longest)
+            reading.body = None
             reply = yield Send(request, lease, reading)
             body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
