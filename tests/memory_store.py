@@ -26,7 +26,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    Settle,
     TakeLease,
     Unpause,
     Write,
@@ -159,24 +158,6 @@ class MemoryStore:
             if row is not None and row.lease_owner == write.owner:
                 self._set(row, lease_owner=None, lease_until=0.0)
             return None
-        if isinstance(write, Settle):
-            row = self.rows.get(write.operation_id)
-            if row is None or row.status != "needs_reconcile":
-                return False
-            self._set(
-                row,
-                status=write.status,
-                reason=write.reason,
-                updated_at=write.now,
-                response_status=write.response_status,
-                response_headers=None
-                if write.response_headers is None
-                else tuple(write.response_headers),
-                response_body=write.response_body,
-                lease_owner=None,
-                lease_until=0.0,
-            )
-            return True
         if isinstance(write, ExtendLeases):
             extended = 0
             for operation_id, owner in write.leases:

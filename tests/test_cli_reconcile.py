@@ -17,6 +17,7 @@ from idempotently import Journal, Lookup
 from idempotently._cli_watch import run_watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer
+from tests.scripted_server import Answer, ScriptedApp
 from tests.test_lookup import CARRYING, charged_but_unsettled
 from tests.test_operator_actions import make
 
@@ -95,6 +96,22 @@ def test_reconcile_exits_1_when_a_lookup_fails_or_anything_stays(
         (("reconcile", "--lookup", "/x", "--absent", "maybe"), "'maybe' is not one of"),
         (("reconcile", "--lookup", "/x", "--param", "nope"), "is not NAME=TEMPLATE"),
         (("reconcile", "--lookup", "/x", "--backoff", "0s"), "at least 1s"),
+        (
+            ("reconcile", "--lookup", "/x", "--backoff", "2m", "--max-backoff", "1m"),
+            "max_backoff (60 s) must be at least backoff (120 s)",
+        ),
+        (
+            (
+                "resume",
+                "--reconcile-lookup",
+                "/x",
+                "--reconcile-backoff",
+                "2m",
+                "--reconcile-max-backoff",
+                "1m",
+            ),
+            "max_backoff (60 s) must be at least backoff (120 s)",
+        ),
         (("reconcile", "--lookup", "/x", "--match", "a..b"), "field names"),
     ],
 )
@@ -251,3 +268,31 @@ def test_reconcile_shows_a_progress_bar_on_a_terminal(
     assert 0 == result.exit_code, result.output
     assert "reconciling" in result.stderr
     assert "order-1" in result.stdout and "reconciling" not in result.stdout
+
+
+def test_reconcile_sends_nothing_to_a_paused_origin_and_says_so(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """The first lookup is answered 429 with Retry-After: the origin is paused, the second
+    operation is not looked up, exit 1, and its line and the summary say so."""
+    app, url = scripted
+    with Journal(journal_target) as journal:
+        for name in ("order-1", "order-2"):
+            make(journal, name, "needs_reconcile", url=f"{url}/v1/charges")
+    app.answer(Answer(status=429, headers=(("Retry-After", "600"),), body=b"{}"))
+    result = run(
+        journal_target,
+        "reconcile",
+        "--lookup",
+        "/v1/charges",
+        "--header-env",
+        "Authorization=LOOKUP_TOKEN",
+    )
+    with Journal(journal_target) as journal:
+        (pause,) = journal.origin_pauses()
+    assert 1 == result.exit_code
+    assert 1 == len(app.arrivals)
+    assert "429 with Retry-After 600s" == pause.reason
+    assert "the lookup answered 429 with Retry-After 600s" in result.output
+    assert "1 needs_reconcile, 1 waiting" in result.output
+    assert "1 operation not looked up: origin paused" in result.output

@@ -509,7 +509,9 @@ def apply(journal: Journal, action: tuple[Any, ...]) -> None:
             if operation is not None:
                 journal._take_lease(operation, owner="owner", lease_until=lease_until, now=now)
         case ("settle", operation_id, status, now):
-            journal._settle(operation_id, status, reason="reconciled", now=now)
+            journal._set_status(
+                operation_id, status, reason="reconciled", now=now, expect="needs_reconcile"
+            )
         case ("release", operation_id, owner):
             journal._release_lease(operation_id, owner=owner)
         case ("prune", older_than, now):

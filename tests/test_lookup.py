@@ -46,6 +46,7 @@ def session(
         profile=CARRYING,
         sleep=lambda seconds: None,
     ) as opened:
+        opened._engine.rand = lambda: 1.0  # full jitter at its ceiling: backoffs are exact
         yield opened
 
 

@@ -22,7 +22,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    Settle,
     TakeLease,
     Write,
 )
@@ -179,21 +178,19 @@ def test_a_lease_is_renewed_only_by_its_owner_and_only_while_pending(store: Stor
 
 
 def test_statuses_move_only_from_the_one_expected(store: Store) -> None:
-    """SetStatus needs the expected status; Settle only takes needs_reconcile; both release
-    the lease."""
+    """SetStatus needs the expected status, and releases the lease."""
     one(store, Insert(new("op-1"), "me", NOW + 30))
     assert False is one(store, SetStatus("op-1", "failed", None, NOW, expect="needs_reconcile"))
-    assert False is one(store, Settle("op-1", "failed", "looked up", NOW, None, None, None))
     assert True is one(store, SetStatus("op-1", "needs_reconcile", "expired", NOW))
+    assert False is one(store, SetStatus("op-1", "failed", "again", NOW, expect="pending"))
     assert True is one(
-        store, Settle("op-1", "succeeded", "found", NOW + 1, 200, [("a", "b")], b"{}")
+        store, SetStatus("op-1", "failed", "looked up", NOW + 1, expect="needs_reconcile")
     )
     settled = store.find("op-1", None)
     assert settled is not None
-    assert ("succeeded", "found", 200, None, 0.0) == (
+    assert ("failed", "looked up", None, 0.0) == (
         settled.status,
         settled.reason,
-        settled.response_status,
         settled.lease_owner,
         settled.lease_until,
     )

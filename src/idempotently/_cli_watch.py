@@ -35,7 +35,7 @@ import click
 from idempotently import _early_signals
 from idempotently._cli_format import columns, printable, wrap_words
 from idempotently._flow import ResumeResult
-from idempotently._lookup import Lookup
+from idempotently._lookup import BoundReconciler, Lookup
 from idempotently._session import Session
 from idempotently._watch import WatchSummary, watch
 
@@ -272,9 +272,7 @@ def run_watch(
             on_result=on_result,
             pending_left=lambda: journal.counts()["pending"],
             before_stopped=lambda: announced.wait(1.0),
-            reconcile=None
-            if reconciler is None
-            else lambda operation: reconciler(operation, session.client),
+            reconcile=None if reconciler is None else BoundReconciler(reconciler, session.client),
         )
 
 

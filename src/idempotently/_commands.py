@@ -105,19 +105,6 @@ class Release:
 
 
 @attrs.frozen
-class Settle:
-    """Record a reconciler's verdict on a needs_reconcile operation."""
-
-    operation_id: str
-    status: Status
-    reason: str
-    now: float
-    response_status: int | None
-    response_headers: Sequence[tuple[str, str]] | None
-    response_body: bytes | None
-
-
-@attrs.frozen
 class Queue:
     """Operations with these statuses, oldest first (what resume works through)."""
 
@@ -217,6 +204,14 @@ class LookUpLater:
 
 
 @attrs.frozen
+class AuditTrail:
+    """The operation's audit entries, oldest first (a list of ``AuditEntry``): what a
+    lookup's backoff counts its unsettled lookups in a row from."""
+
+    operation_id: str
+
+
+@attrs.frozen
 class Pauses:
     """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
 
@@ -250,7 +245,6 @@ Write = (
     | Record
     | SetStatus
     | Release
-    | Settle
     | RenewLease
     | ExtendLeases
     | ClaimDue
@@ -260,7 +254,7 @@ Write = (
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
-Read = Find | Queue | Pauses
+Read = Find | Queue | Pauses | AuditTrail
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,
@@ -269,7 +263,6 @@ WRITES: tuple[type, ...] = (
     Record,
     SetStatus,
     Release,
-    Settle,
     RenewLease,
     ExtendLeases,
     ClaimDue,
@@ -345,10 +338,34 @@ class Discard:
 
 
 @attrs.frozen
-class Reconcile:
-    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement."""
+class PlanReconcile:
+    """Ask who will reconcile a needs_reconcile operation, and which GET it will send
+    (so the flow can hold it back while its origin is paused); reply: a `ReconcilePlan`,
+    or None without a reconciler."""
 
     operation: Operation
+
+
+@attrs.frozen
+class ReconcilePlan:
+    """The reply to `PlanReconcile`."""
+
+    actor: str
+    """Who settles it, as its audit entries name it: ``lookup``, or
+    ``reconciler:module.qualname`` for a reconciler of your own."""
+    request: httpx.Request | None = attrs.field(default=None, eq=False)
+    """The lookup's GET, built but not sent; None for a reconciler of your own (its
+    requests are its own business) or a lookup whose request cannot be built."""
+
+
+@attrs.frozen
+class Reconcile:
+    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement
+    (or a lookup's Verdict), or None."""
+
+    operation: Operation
+    request: httpx.Request | None = attrs.field(default=None, eq=False)
+    """The planned lookup GET to send (`ReconcilePlan.request`)."""
 
 
 @attrs.frozen
@@ -382,6 +399,7 @@ Command = (
     | ReadAnswer
     | Sleep
     | Discard
+    | PlanReconcile
     | Reconcile
     | Report
     | Emit

@@ -34,6 +34,7 @@ from idempotently._commands import (
     Discard,
     Emit,
     JournalCommand,
+    PlanReconcile,
     ReadAnswer,
     Reconcile,
     Record,
@@ -48,6 +49,7 @@ from idempotently._exceptions import JournalError
 from idempotently._flow import Flow, Held
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
+from idempotently._lookup import BoundReconciler
 from idempotently._rows import Failed
 from idempotently._vocabulary import Status
 
@@ -66,7 +68,7 @@ def run(
     *,
     send: Callable[[httpx.Request], httpx.Response],
     sleep: Callable[[float], object],
-    reconcile: Callable[[Any], Any] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> T:
     """Run ``flow`` to its end with blocking I/O."""
@@ -102,8 +104,12 @@ def run(
                 with suppress(Exception):
                     command.response.close()
                 reply = None
+            elif isinstance(command, PlanReconcile):
+                reply = reconcile.plan(command.operation) if reconcile is not None else None
             elif isinstance(command, Reconcile):
-                reply = reconcile(command.operation) if reconcile is not None else None
+                reply = (
+                    reconcile(command.operation, command.request) if reconcile is not None else None
+                )
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             elif isinstance(command, Emit):
@@ -138,7 +144,7 @@ async def arun(
     *,
     send: Callable[[httpx.Request], Awaitable[httpx.Response]],
     sleep: Callable[[float], Awaitable[object]],
-    reconcile: Callable[[Any], Awaitable[Any]] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> T:
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
@@ -181,8 +187,14 @@ async def arun(
                 with suppress(Exception):
                     await command.response.aclose()
                 reply = None
+            elif isinstance(command, PlanReconcile):
+                reply = reconcile.plan(command.operation) if reconcile is not None else None
             elif isinstance(command, Reconcile):
-                reply = await reconcile(command.operation) if reconcile is not None else None
+                reply = (
+                    await reconcile(command.operation, command.request)
+                    if reconcile is not None
+                    else None
+                )
             elif isinstance(command, Report):
                 reply = report(command.result) if report is not None else None
             elif isinstance(command, Emit):
@@ -434,7 +446,7 @@ def run_each(
     concurrency: int,
     send: Callable[[httpx.Request], httpx.Response],
     sleep: Callable[[float], object],
-    reconcile: Callable[[Any], Any] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> list[T]:
     """Run one flow per factory, ``concurrency`` at a time in threads; results in order.
@@ -508,7 +520,7 @@ async def arun_each(
     concurrency: int,
     send: Callable[[httpx.Request], Awaitable[httpx.Response]],
     sleep: Callable[[float], Awaitable[object]],
-    reconcile: Callable[[Any], Awaitable[Any]] | None = None,
+    reconcile: BoundReconciler | None = None,
     report: Callable[[Any], object] | None = None,
 ) -> list[T]:
     """Run one flow per factory, ``concurrency`` tasks at a time; results in order.

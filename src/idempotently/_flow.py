@@ -31,6 +31,7 @@ from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._codec import Codec, encoded
 from idempotently._commands import (
     AuditNote,
+    AuditTrail,
     Command,
     DigestCredentials,
     Discard,
@@ -42,16 +43,17 @@ from idempotently._commands import (
     LookUpLater,
     PauseOrigin,
     Pauses,
+    PlanReconcile,
     Queue,
     ReadAnswer,
     Reconcile,
+    ReconcilePlan,
     Record,
     Release,
     RenewLease,
     Report,
     Send,
     SetStatus,
-    Settle,
     Sleep,
     TakeLease,
 )
@@ -114,7 +116,13 @@ from idempotently._keys import (
     secret_values,
     stored_header,
 )
-from idempotently._lookup import Verdict
+from idempotently._lookup import (
+    LOOKUP_ACTOR,
+    LOOKUP_DEFERRED,
+    LOOKUP_VERDICT,
+    Verdict,
+    unsettled_lookups,
+)
 from idempotently._operator import plan as plan_action
 from idempotently._overrides import read_overrides
 from idempotently._pauses import PAUSE_STATUS_CODES, PauseBoard, credentials_digest
@@ -128,6 +136,7 @@ from idempotently._policy import (
     classify_read,
     decide,
     decide_read,
+    jittered,
     may_be_retried,
     may_have_been_delivered,
     never_sent,
@@ -213,8 +222,6 @@ _HOST = socket.gethostname().replace(":", "_")[:MAX_HOST_ID_LENGTH] or "localhos
 
 SETTLED_REASONS = ("settled ", "reconciled: ")
 """How the reason of an operation an operator or a reconciler settled begins."""
-LOOKUP_ACTOR = "lookup"
-"""The actor of the lookup reconciler's audit entries."""
 
 
 def json_text(value: object) -> str:
@@ -1461,7 +1468,8 @@ class Engine:
         yield Sleep(wait)
 
     def _pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[None]:
-        """Journal the pause a 429 or 503 with Retry-After asks of its whole origin."""
+        """Journal the pause a 429 or 503 with Retry-After (to a call, a read or a lookup)
+        asks of its whole origin."""
         wait = answer.server_wait or 0.0
         pause = OriginPause(
             origin=origin_of(request.url),
@@ -1673,14 +1681,25 @@ class Engine:
             return ResumeResult.of(
                 current, current.status, "skipped", f"not reconciled: {current.unreadable}"
             )
-        if current.lookup_after is not None and current.lookup_after > self.clock():
+        if (
+            current.lookup_after is not None
+            and current.lookup_after > self.clock()
+            and not (yield from self._deferred_by_a_pause(current))
+        ):
             return ResumeResult.of(
                 current,
                 "needs_reconcile",
                 "needs_reconcile",
                 f"looked up already; not again before {_iso(current.lookup_after)}",
             )
-        settlement = yield Reconcile(current)
+        plan: ReconcilePlan | None = yield PlanReconcile(current)
+        if plan is None:
+            return result
+        if plan.request is not None:
+            deferred = yield from self._lookup_paused(current, plan.request)
+            if deferred is not None:
+                return deferred
+        settlement = yield Reconcile(current, plan.request)
         if isinstance(settlement, Verdict):
             return (yield from self.apply_verdict(current, settlement))
         if settlement is not None and not isinstance(settlement, Settlement):
@@ -1689,8 +1708,88 @@ class Engine:
                 f"{type(settlement).__name__} (for operation {current.operation_id!r})"
             )
         if settlement is not None:
-            return (yield from self._settle(current, settlement))
+            return (yield from self._settle(current, settlement, plan.actor))
         return result
+
+    # -- lookups and origin pauses -----------------------------------------------------
+
+    def _lookup_profile(self, operation: Operation) -> ServerProfile:
+        """The profile whose ``pause_origin`` a lookup for ``operation`` honours: the
+        operation's own (the session's, if its stored one cannot be read)."""
+        try:
+            return self.profile_for(operation)
+        except StoredProfileError:
+            return self.profile
+
+    def _lookup_paused(
+        self, operation: Operation, request: httpx.Request
+    ) -> Flow[ResumeResult | None]:
+        """Hold back a lookup whose origin is paused for its credentials: nothing is sent,
+        and the operation, still needs_reconcile, is looked up once the pause is over
+        (its ``lookup_after``, with an audit entry saying so); None if not paused."""
+        now = self.clock()
+        pause = yield from self._origin_pause(
+            self._lookup_profile(operation), request, now, operation.operation_id
+        )
+        if pause is None:
+            return None
+        note = (
+            f"not looked up: origin paused until {_iso(pause.until)} ({pause.origin}, "
+            f"{pause.reason}); it is looked up after that"
+        )
+        if operation.lookup_after == pause.until:
+            # Deferred to this very pause already: nothing new to journal.
+            return ResumeResult.of(operation, "needs_reconcile", "waiting", note)
+        yield LookUpLater(
+            operation.operation_id,
+            pause.until,
+            now,
+            AuditNote(
+                operation.operation_id,
+                LOOKUP_ACTOR,
+                LOOKUP_DEFERRED,
+                note,
+                json_text({"origin": pause.origin, "paused_until": pause.until}),
+            ),
+        )
+        return ResumeResult.of(operation, "needs_reconcile", "waiting", note)
+
+    def _deferred_by_a_pause(self, operation: Operation) -> Flow[bool]:
+        """Whether the operation's next lookup waits for a pause (its last audit entry a
+        deferral), not for a lookup's backoff: then whether the pause still runs is read
+        again, so a pause lifted early (`idempotently unpause`) lets it be looked up at
+        once."""
+        entries = yield AuditTrail(operation.operation_id)
+        return bool(entries) and (entries[-1].actor, entries[-1].action) == (
+            LOOKUP_ACTOR,
+            LOOKUP_DEFERRED,
+        )
+
+    def _lookup_answered(
+        self, operation: Operation, verdict: Verdict, now: float
+    ) -> Flow[float | None]:
+        """A lookup answered 429 or 503 with Retry-After pauses its origin, as any answer
+        does; returns when the server asked to be asked again (None: it did not)."""
+        if verdict.server_wait is None or verdict.status_code is None:
+            return None
+        request = verdict.request
+        if (
+            request is not None
+            and verdict.status_code in PAUSE_STATUS_CODES
+            and verdict.server_wait > 0
+            and self._lookup_profile(operation).pause_origin
+        ):
+            answer = Answer(status_code=verdict.status_code, server_wait=verdict.server_wait)
+            yield from self._pause(request, answer, now)
+        return now + verdict.server_wait
+
+    def _lookup_after(self, operation: Operation, verdict: Verdict, now: float) -> Flow[float]:
+        """When an operation a lookup left unsettled is looked up next: an exponential
+        backoff with full jitter, its ceiling doubled for each unsettled lookup in a row
+        before this one (counted from its audit trail), capped."""
+        entries = yield AuditTrail(operation.operation_id)
+        streak = unsettled_lookups(entries) + 1
+        return now + jittered(verdict.backoff, verdict.max_backoff, streak, self.rand)
 
     def reconcile_queue(self) -> Flow[list[Operation]]:
         """The needs_reconcile operations, oldest first (what ``reconcile`` works through)."""
@@ -1722,14 +1821,18 @@ class Engine:
                     ),
                 )
         if verdict.outcome == "stay":
+            lookup_after = yield from self._lookup_after(operation, verdict, now)
+            asked = yield from self._lookup_answered(operation, verdict, now)
+            if asked is not None:
+                lookup_after = max(lookup_after, asked)
             yield LookUpLater(
                 operation.operation_id,
-                now + verdict.backoff,
+                lookup_after,
                 now,
                 AuditNote(
                     operation.operation_id,
                     LOOKUP_ACTOR,
-                    "lookup",
+                    LOOKUP_VERDICT,
                     verdict.note,
                     json_text({"lookup_failed": verdict.lookup_failed}),
                 ),
@@ -1947,25 +2050,51 @@ class Engine:
             replayed,
         )
 
-    def _settle(self, operation: Operation, settlement: Settlement) -> Flow[ResumeResult]:
+    def _settle(
+        self, operation: Operation, settlement: Settlement, actor: str
+    ) -> Flow[ResumeResult]:
+        """Journal a reconciler's Settlement as an operator's settle is journaled: one
+        compare-and-swap on the row as read, with its audit entry (``actor`` names the
+        reconciler), in one transaction; refused as an operator's would be."""
+        now = self.clock()
+        note = storable_text(f"{settlement.note}")
+        try:
+            planned = plan_action(
+                "settle",
+                operation,
+                actor=actor,
+                note=note,
+                now=now,
+                lease_alive=operation.lease_owner is not None
+                and lease_owner_alive(operation.lease_owner, self.host_id),
+                namespace=self.namespace,
+                status=settlement.status,
+                key_expiry_margin=self.key_expiry_margin,
+            )
+        except IdempotentlyError as error:
+            return ResumeResult.of(operation, operation.status, "needs_reconcile", error.message)
         response = settlement.response
-        yield Settle(
-            operation.operation_id,
-            settlement.status,
-            storable_text(f"reconciled: {settlement.note}"),
-            self.clock(),
-            None if response is None else response.status_code,
-            None
+        codec = self._codec_of(operation)
+        write = attrs.evolve(
+            planned.write,
+            reason=f"reconciled: {note}",
+            sets_answer=True,
+            response_status=None if response is None else response.status_code,
+            response_headers=None
             if response is None
             else journaled_response_headers(response.headers, self.redact_headers),
-            None
+            response_body=None
             if response is None
-            else (
-                response.content
-                if (codec := self._codec_of(operation)) is None
-                else encoded(codec, response.content)
-            ),
+            else (response.content if codec is None else encoded(codec, response.content)),
         )
+        if not (yield write):
+            return ResumeResult.of(
+                operation,
+                operation.status,
+                "skipped",
+                "it changed while the reconciler looked at it (another worker or an "
+                "operator); nothing was written",
+            )
         return ResumeResult.of(
             operation,
             settlement.status,

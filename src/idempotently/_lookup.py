@@ -9,6 +9,12 @@ never guessed); none is absence, which proves the operation never happened only
 if its request carried the id where the lookup looks and the server has had
 ``absent_after`` seconds to list it. What the lookup concluded is a
 `Verdict`; the flow journals it (``_flow.Engine.apply_verdict``).
+
+A lookup is a request like any other to its origin: the flow asks for the GET
+first (`BoundReconciler.plan`), and sends nothing while the origin is paused;
+a lookup answered 429 or 503 with Retry-After pauses it. An operation a lookup
+leaves unsettled waits an exponential backoff with full jitter before its next
+lookup, counted from the lookup entries of its audit trail.
 """
 
 from __future__ import annotations
@@ -16,17 +22,20 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import attrs
 import httpx
 
+from idempotently._commands import ReconcilePlan
 from idempotently._exceptions import StoredProfileError
 from idempotently._keys import stored_header
+from idempotently._operator import MAX_ACTOR_LENGTH
 from idempotently._policy import may_have_been_delivered, maybe_acted
 from idempotently._profiles import GENERIC, check_operation_id_field, stored_profile
-from idempotently._rows import Operation
+from idempotently._retry_after import server_wait
+from idempotently._rows import AuditEntry, Operation
 from idempotently._text import storable_text
 
 Absent = Literal["keep", "failed", "resend"]
@@ -34,6 +43,14 @@ ABSENT_CHOICES: tuple[Absent, ...] = ("keep", "failed", "resend")
 DEFAULT_MATCH = "metadata.operation_id"
 DEFAULT_ABSENT_AFTER = 300.0
 DEFAULT_BACKOFF = 60.0
+DEFAULT_MAX_BACKOFF = 3600.0
+"""The cap of the lookup backoff (an hour), unless ``backoff`` itself is longer."""
+LOOKUP_ACTOR = "lookup"
+"""The actor of the lookup reconciler's audit entries."""
+LOOKUP_VERDICT = "lookup"
+"""The action of the audit entry a lookup that settled nothing writes."""
+LOOKUP_DEFERRED = "lookup_deferred"
+"""The action of the audit entry written when a paused origin defers a lookup."""
 MAX_LOOKUP_BYTES = 10 * 1024 * 1024
 """The largest lookup answer read (10 MiB): a list endpoint's page, not a dump."""
 
@@ -54,7 +71,15 @@ class Verdict:
     lookup_failed: bool = False
     """``stay`` because the lookup itself failed (network, a non-2xx, not JSON)."""
     backoff: float = DEFAULT_BACKOFF
-    """``stay``: seconds before the operation is looked up again."""
+    """``stay``: the base of the backoff before the operation is looked up again (the
+    first wait is up to this long, each further unsettled lookup doubles the ceiling)."""
+    max_backoff: float = DEFAULT_MAX_BACKOFF
+    """``stay``: the cap of that backoff, in seconds."""
+    status_code: int | None = None
+    """The status the lookup was answered with (None: it got no answer, or it settled)."""
+    server_wait: float | None = None
+    """Seconds the lookup's answer asked to wait (``Retry-After``, ``retry-after-ms``) on
+    an error status; a 429 or 503 with it pauses the origin, as any answer does."""
     request: httpx.Request | None = attrs.field(default=None, eq=False, repr=False)
     """The lookup's GET: whose credentials asked (a key bound to other credentials is
     looked up in another account, where absence proves nothing)."""
@@ -80,9 +105,14 @@ class Lookup:
     ``failed`` and ``resend`` apply only when the journaled request carries the id
     at ``match`` and its last attempt that may have been delivered is more than
     ``absent_after`` seconds old (the server's consistency window); otherwise it
-    stays, noted why. A lookup that fails (network, non-2xx) changes nothing; an
-    operation left needs_reconcile is looked up again no sooner than ``backoff``
-    seconds later (journaled, so a watcher does not hammer the endpoint).
+    stays, noted why. A lookup that fails (network, non-2xx) changes nothing.
+
+    An operation a lookup leaves needs_reconcile is not looked up again before a
+    backoff, journaled (so a watcher does not hammer the endpoint): exponential with
+    full jitter, a random wait up to ``backoff`` after its first unsettled lookup, up to
+    twice that after the second in a row, and so on, capped at ``max_backoff``. While
+    the lookup's origin is paused (a 429 or 503 with Retry-After, to a call or to a
+    lookup), nothing is sent to it: the operation is looked up once the pause is over.
     """
 
     url: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -105,7 +135,11 @@ class Lookup:
     """The dotted path of the operation id in each object; None: the profile's
     ``operation_id_field``, else ``metadata.operation_id``."""
     backoff: float = attrs.field(default=DEFAULT_BACKOFF, kw_only=True)
-    """Seconds before an operation left needs_reconcile is looked up again (journaled)."""
+    """The base of the backoff, in seconds, before an operation a lookup left
+    needs_reconcile is looked up again: a random wait up to ``backoff * 2**(n-1)`` after
+    its n-th unsettled lookup in a row, capped at ``max_backoff`` (journaled)."""
+    max_backoff: float | None = attrs.field(default=None, kw_only=True)
+    """The cap of that backoff, in seconds; None: an hour (or ``backoff``, if longer)."""
     clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True, repr=False)
     """The time, in seconds since the epoch (inject one in tests)."""
 
@@ -118,12 +152,19 @@ class Lookup:
             raise TypeError("params must map str names to str templates")
         if self.found is not None and not callable(self.found):
             raise TypeError(f"found must be callable, not {type(self.found).__name__}")
-        for name in ("absent_after", "backoff"):
+        for name in ("absent_after", "backoff", "max_backoff"):
             value = getattr(self, name)
+            if value is None and name == "max_backoff":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
             if not 0 <= value <= 366 * 86400:
                 raise ValueError(f"{name} must be seconds from 0 to a year, not {value!r}")
+        if self.max_backoff is not None and self.max_backoff < self.backoff:
+            raise ValueError(
+                f"max_backoff ({self.max_backoff:g} s) must be at least backoff "
+                f"({self.backoff:g} s): it caps the backoff that starts there"
+            )
         if self.match is not None:
             check_operation_id_field(self.match, "match")
 
@@ -155,10 +196,29 @@ class Lookup:
     def __call__(
         self, operation: Operation, client: httpx.Client | httpx.AsyncClient
     ) -> Verdict | Awaitable[Verdict]:
+        return self._look_up(operation, client, None)
+
+    @property
+    def backoff_cap(self) -> float:
+        """The cap of the lookup backoff in force: ``max_backoff``, or an hour (or
+        ``backoff`` if longer) without one."""
+        if self.max_backoff is not None:
+            return float(self.max_backoff)
+        return max(float(self.backoff), DEFAULT_MAX_BACKOFF)
+
+    def _look_up(
+        self,
+        operation: Operation,
+        client: httpx.Client | httpx.AsyncClient,
+        request: httpx.Request | None,
+    ) -> Verdict | Awaitable[Verdict]:
+        """Send ``request`` (the GET `request` built, None: build it now) and judge its
+        answer: a `Verdict` (awaitable with an async client)."""
         if isinstance(client, httpx.AsyncClient):
-            return self._acall(operation, client)
+            return self._acall(operation, client, request)
         try:
-            request = self.request(operation, client)
+            if request is None:
+                request = self.request(operation, client)
             response = client.send(request, stream=True)
             try:
                 body = _read(response.iter_bytes())
@@ -168,9 +228,12 @@ class Lookup:
             return self._failed(operation, error)
         return attrs.evolve(self.judge(operation, response, body), request=request)
 
-    async def _acall(self, operation: Operation, client: httpx.AsyncClient) -> Verdict:
+    async def _acall(
+        self, operation: Operation, client: httpx.AsyncClient, request: httpx.Request | None
+    ) -> Verdict:
         try:
-            request = self.request(operation, client)
+            if request is None:
+                request = self.request(operation, client)
             response = await client.send(request, stream=True)
             try:
                 chunks = [chunk async for chunk in _limited(response.aiter_bytes())]
@@ -187,8 +250,23 @@ class Lookup:
             f"the lookup failed ({type(error).__name__}); nothing changed", failed=True
         )
 
-    def _stay(self, note: str, *, failed: bool = False) -> Verdict:
-        return Verdict("stay", storable_text(note), lookup_failed=failed, backoff=self.backoff)
+    def _stay(
+        self,
+        note: str,
+        *,
+        failed: bool = False,
+        status_code: int | None = None,
+        waits: float | None = None,
+    ) -> Verdict:
+        return Verdict(
+            "stay",
+            storable_text(note),
+            lookup_failed=failed,
+            backoff=self.backoff,
+            max_backoff=self.backoff_cap,
+            status_code=status_code,
+            server_wait=waits,
+        )
 
     # -- the verdict (pure) -------------------------------------------------------------
 
@@ -211,8 +289,14 @@ class Lookup:
     def judge(self, operation: Operation, response: httpx.Response, body: bytes) -> Verdict:
         """What the lookup's answer means for ``operation``."""
         if not 200 <= response.status_code < 300:
+            status = response.status_code
+            waits = server_wait(response.headers, now=self.clock()) if status >= 400 else None
+            asked = "" if waits is None else f" with Retry-After {waits:g}s"
             return self._stay(
-                f"the lookup answered {response.status_code}; nothing changed", failed=True
+                f"the lookup answered {status}{asked}; nothing changed",
+                failed=True,
+                status_code=status,
+                waits=waits,
             )
         match = self.match_for(operation)
         if self.found is not None:
@@ -283,6 +367,58 @@ class Lookup:
             )
         said = f"absent from the lookup at {match}, after {self.absent_after:g} s"
         return Verdict(self.absent, said)
+
+
+def unsettled_lookups(entries: Sequence[AuditEntry]) -> int:
+    """How many lookups in a row, the latest last, left the operation unsettled: the
+    lookup entries at the end of its audit trail (a deferral by a paused origin neither
+    counts nor breaks the run; any other entry, an operator's, ends it)."""
+    count = 0
+    for entry in reversed(entries):
+        if entry.actor != LOOKUP_ACTOR:
+            break
+        if entry.action == LOOKUP_VERDICT:
+            count += 1
+        elif entry.action != LOOKUP_DEFERRED:
+            break
+    return count
+
+
+def reconciler_actor(reconciler: object) -> str:
+    """The actor of a reconciler of your own's audit entries: ``reconciler:`` and its
+    ``module.qualname`` (a callable object's class, without one)."""
+    named = reconciler if hasattr(reconciler, "__qualname__") else type(reconciler)
+    module = getattr(named, "__module__", None) or "?"
+    qualname = getattr(named, "__qualname__", None) or type(reconciler).__name__
+    return storable_text(f"reconciler:{module}.{qualname}")[:MAX_ACTOR_LENGTH]
+
+
+@attrs.frozen
+class BoundReconciler:
+    """A reconciler with the client it looks operations up through: what a driver runs
+    for the flow's `PlanReconcile` and `Reconcile` commands."""
+
+    reconciler: Callable[..., Any]
+    client: httpx.Client | httpx.AsyncClient = attrs.field(repr=False)
+
+    def plan(self, operation: Operation) -> ReconcilePlan:
+        """Who settles ``operation``, and the GET it will send for it: a `Lookup`'s
+        (None if it cannot be built: the lookup says why when it runs); None for a
+        reconciler of your own, whose requests the flow cannot see."""
+        if not isinstance(self.reconciler, Lookup):
+            return ReconcilePlan(reconciler_actor(self.reconciler), None)
+        try:
+            request = self.reconciler.request(operation, self.client)
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError, TypeError):
+            request = None
+        return ReconcilePlan(LOOKUP_ACTOR, request)
+
+    def __call__(self, operation: Operation, request: httpx.Request | None) -> Any:
+        """The verdict on ``operation`` (awaitable with an async client): a `Lookup`
+        sends the planned ``request``; a reconciler of your own is called as it is."""
+        if isinstance(self.reconciler, Lookup):
+            return self.reconciler._look_up(operation, self.client, request)
+        return self.reconciler(operation, self.client)
 
 
 def last_delivery(operation: Operation) -> float | None:

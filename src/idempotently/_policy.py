@@ -72,9 +72,15 @@ class full_jitter(_t.wait.wait_base):
         self.rand = rand
 
     def __call__(self, retry_state: _t.RetryCallState) -> float:
-        exponent = min(retry_state.attempt_number - 1, 62)  # 2**62 is past any cap
-        ceiling = min(self.maximum, self.initial * (2.0**exponent))
-        return ceiling * self.rand()
+        return jittered(self.initial, self.maximum, retry_state.attempt_number, self.rand)
+
+
+def jittered(initial: float, maximum: float, number: int, rand: Callable[[], float]) -> float:
+    """The ``number``-th (from 1) exponential backoff with full jitter: uniform in
+    ``[0, min(maximum, initial * 2**(number-1))]`` (retries and lookups alike)."""
+    exponent = min(max(number, 1) - 1, 62)  # 2**62 is past any cap
+    ceiling = min(maximum, initial * (2.0**exponent))
+    return ceiling * rand()
 
 
 @attrs.frozen

@@ -486,7 +486,8 @@ class AuditEntry:
     """One entry of an operation's audit trail: who did what to it, when, and why.
 
     Written with the change it records, in the same transaction: an operator's
-    settle, abandon, retry or fork, a lookup reconciler's verdict. Never holds a
+    settle, abandon, retry or fork, a lookup reconciler's verdict, a reconciler's
+    settlement. Never holds a
     secret: ``note`` is the operator's own words, ``detail`` JSON of statuses and ids.
     """
 
@@ -497,10 +498,12 @@ class AuditEntry:
     at: float
     """When it was written (seconds since the epoch)."""
     actor: str
-    """``user@host`` (an operator), or ``lookup`` (the lookup reconciler)."""
+    """``user@host`` (an operator), ``lookup`` (the lookup reconciler), or
+    ``reconciler:module.qualname`` (a reconciler of your own)."""
     action: str
     """``settle``, ``abandon``, ``retry``, ``fork``, ``forked`` (the new operation's
-    entry) or ``lookup``."""
+    entry), ``lookup`` (a lookup that settled nothing) or ``lookup_deferred`` (a lookup
+    not sent: its origin was paused)."""
     note: str | None
     """The operator's own words (why they did it), or the lookup's finding."""
     detail: str | None

@@ -51,7 +51,7 @@ from idempotently._flow import (
 )
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
-from idempotently._lookup import Verdict
+from idempotently._lookup import BoundReconciler, Verdict
 from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile, carry_operation_id, journaled_profile
@@ -790,9 +790,7 @@ class Session(_SessionBase[httpx.Client]):
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=None
-            if reconciler is None
-            else lambda operation: reconciler(operation, client),
+            reconcile=None if reconciler is None else BoundReconciler(reconciler, client),
             report=on_result,
         )
 
@@ -823,7 +821,7 @@ class Session(_SessionBase[httpx.Client]):
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=lambda operation: reconciler(operation, client),
+            reconcile=BoundReconciler(reconciler, client),
             report=on_result,
         )
 
@@ -1138,21 +1136,13 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             send=self._send,
             sleep=self._sleep,
         )
-        client = self.client
-        reconcile = None
-        if reconciler is not None:
-            user_reconciler = reconciler
-
-            async def reconcile(operation: Operation) -> Settlement | Verdict | None:
-                return await user_reconciler(operation, client)
-
         return await arun_each(
             self._resume_flows(queue, dry_run=dry_run, base_url=base_url, reconciling=reconciling),
             self.journal,
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=reconcile,
+            reconcile=None if reconciler is None else BoundReconciler(reconciler, self.client),
             report=on_result,
         )
 
@@ -1175,18 +1165,13 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             send=self._send,
             sleep=self._sleep,
         )
-        client = self.client
-
-        async def reconcile(operation: Operation) -> Settlement | Verdict | None:
-            return await reconciler(operation, client)
-
         return await arun_each(
             self._resume_flows(queue, dry_run=False, base_url=None, reconciling=True),
             self.journal,
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=reconcile,
+            reconcile=BoundReconciler(reconciler, self.client),
             report=on_result,
         )
 

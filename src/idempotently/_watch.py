@@ -43,6 +43,7 @@ from idempotently._flow import (
 )
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
+from idempotently._lookup import BoundReconciler
 from idempotently._rows import Operation
 
 logger = logging.getLogger("idempotently.watch")
@@ -97,7 +98,7 @@ def watch(
     monotonic: Callable[[], float] | None = None,
     pending_left: Callable[[], int] | None = None,
     before_stopped: Callable[[], object] | None = None,
-    reconcile: Callable[[Operation], Any] | None = None,
+    reconcile: BoundReconciler | None = None,
 ) -> WatchSummary:
     """Resume due operations until ``stop`` is set; then release every lease and return.
 
@@ -245,7 +246,7 @@ def _run_batch(
     concurrency: int,
     base_url: str | None,
     report: Callable[[ResumeResult], None],
-    reconcile: Callable[[Operation], Any] | None,
+    reconcile: BoundReconciler | None,
     heartbeat_add: Callable[[Any], None],
     heartbeat_remove: Callable[[Any], None],
     released: WatchSummary,
@@ -333,7 +334,7 @@ def _reconcile_due(
     engine: Engine,
     store: Journal,
     build: BuildRequest,
-    reconcile: Callable[[Operation], Any],
+    reconcile: BoundReconciler,
     send: Callable[[httpx.Request], httpx.Response],
     sleep: Callable[[float], None],
     report: Callable[[ResumeResult], None],

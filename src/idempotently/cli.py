@@ -532,8 +532,17 @@ def lookup_options(*, prefix: str = "") -> Callable[[F], F]:
                     default=format_duration(DEFAULT_BACKOFF),
                     show_default=True,
                     metavar="DURATION",
-                    help="An operation a lookup leaves unsettled is not looked up again "
-                    "before this long.",
+                    help="The base of the lookup backoff: an operation a lookup leaves "
+                    "unsettled is looked up again after a random wait up to this long, up "
+                    "to twice as long after two unsettled lookups in a row, and so on.",
+                ),
+                click.option(
+                    f"--{prefix}max-backoff",
+                    "max_backoff",
+                    type=DURATION,
+                    default=None,
+                    metavar="DURATION",
+                    help="The cap of the lookup backoff  [default: 1h, or --backoff if longer]",
                 ),
             ]
         ):
@@ -550,6 +559,7 @@ def make_lookup(
     absent_after: float,
     match: str | None,
     backoff: float,
+    max_backoff: float | None = None,
 ) -> Lookup | None:
     """The Lookup the options describe (None without a URL), or a usage error."""
     if url is None:
@@ -564,6 +574,7 @@ def make_lookup(
             absent_after=absent_after,
             match=match,
             backoff=backoff,
+            max_backoff=max_backoff,
         )
     except (TypeError, ValueError) as error:
         raise click.UsageError(f"the lookup: {error}") from None
@@ -840,6 +851,7 @@ def resume_command(
     absent_after: float,
     match: str | None,
     backoff: float,
+    max_backoff: float | None,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and bytes.
@@ -859,7 +871,9 @@ def resume_command(
         raise click.BadParameter("must be more than 0s", param_hint="'--deadline'")
     if watch and dry_run:
         raise click.UsageError("--watch and --dry-run do not go together: a watch sends")
-    lookup = make_lookup(reconcile_lookup, lookup_params, absent, absent_after, match, backoff)
+    lookup = make_lookup(
+        reconcile_lookup, lookup_params, absent, absent_after, match, backoff, max_backoff
+    )
     if lookup is not None and dry_run:
         raise click.UsageError("--reconcile-lookup and --dry-run do not go together")
     if force_profile and profile is None:
@@ -1039,6 +1053,7 @@ def reconcile_command(
     absent_after: float,
     match: str | None,
     backoff: float,
+    max_backoff: float | None,
     headers: dict[str, str],
     as_json: bool,
 ) -> None:
@@ -1053,7 +1068,9 @@ def reconcile_command(
     looked at was settled, 1 when any stays or a lookup failed, 2 on usage
     errors.
     """
-    lookup = make_lookup(lookup_url, lookup_params, absent, absent_after, match, backoff)
+    lookup = make_lookup(
+        lookup_url, lookup_params, absent, absent_after, match, backoff, max_backoff
+    )
     assert lookup is not None
     session = Session(
         journal,
@@ -1095,6 +1112,14 @@ def reconcile_command(
         counts = Counter(result.action for result in results)
         summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
         click.echo(f"\nlooked up {plural(len(results), 'operation')}: {summary}")
+        # Held back by a paused origin: nothing was sent to it (the lines say until when).
+        deferred = sum(r.status == "needs_reconcile" and r.action == "waiting" for r in results)
+        if deferred:
+            click.echo(
+                f"{plural(deferred, 'operation')} not looked up: origin paused (each line "
+                "says until when; `idempotently stats` lists the pauses, `idempotently "
+                "unpause ORIGIN` lifts one)"
+            )
     left = [result for result in results if result.action != "reconciled"]
     if left:
         fail(

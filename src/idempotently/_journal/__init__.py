@@ -28,6 +28,7 @@ import httpx
 from idempotently._budget import origin_of
 from idempotently._codec import Codec, check_codec, decoded
 from idempotently._commands import (
+    AuditTrail,
     ClaimDue,
     Enqueue,
     ExtendLeases,
@@ -40,7 +41,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    Settle,
     TakeLease,
     Unpause,
 )
@@ -548,6 +548,8 @@ class Journal:
                 return self._opened_all(self._writer.write(command))
             if isinstance(command, Pauses):
                 return self._store.origin_pauses(now=command.now)
+            if isinstance(command, AuditTrail):
+                return self._store.audit(command.operation_id)
             return self._writer.write(command)
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
@@ -589,7 +591,7 @@ class Journal:
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):
-            if isinstance(command, (Find, Queue, Pauses)):
+            if isinstance(command, (Find, Queue, Pauses, AuditTrail)):
                 try:
                     outcomes[index] = self._execute(command)
                 except Exception as error:
@@ -672,31 +674,6 @@ class Journal:
         expect: Status = "pending",
     ) -> bool:
         return bool(self._execute(SetStatus(operation_id, status, reason, now, expect)))
-
-    def _settle(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str,
-        now: float,
-        response_status: int | None = None,
-        response_headers: Sequence[tuple[str, str]] | None = None,
-        response_body: bytes | None = None,
-    ) -> bool:
-        return bool(
-            self._execute(
-                Settle(
-                    operation_id,
-                    status,
-                    reason,
-                    now,
-                    response_status,
-                    response_headers,
-                    response_body,
-                )
-            )
-        )
 
     def _release_lease(self, operation_id: str, *, owner: str) -> None:
         self._execute(Release(operation_id, owner))
@@ -808,7 +785,7 @@ def _closed_message(path: str, command: Any) -> str:
         )
     if isinstance(command, (Release, ExtendLeases, RenewLease)):
         return f"{closed}: the lease was left to expire; nothing else changed"
-    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses)):
+    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses, AuditTrail)):
         return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
     return f"{closed}; this write was not journaled. Open the journal again to retry it"
 

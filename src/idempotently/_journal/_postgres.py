@@ -56,7 +56,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    Settle,
     TakeLease,
     Unpause,
     Write,
@@ -1090,26 +1089,6 @@ class PostgresStore:
                 f"UPDATE {SCHEMA}.operations SET lease_until = %s WHERE operation_id = %s "
                 "AND lease_owner = %s AND status = 'pending'",
                 (write.lease_until, write.operation_id, write.owner),
-            )
-        if isinstance(write, Settle):
-            return conn.execute(
-                f"""
-                UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
-                    response_status = %s, response_headers = %s, response_body = %s,
-                    lease_owner = NULL, lease_until = 0
-                WHERE operation_id = %s AND status = 'needs_reconcile'
-                """,
-                (
-                    write.status,
-                    write.reason,
-                    write.now,
-                    write.response_status,
-                    None
-                    if write.response_headers is None
-                    else headers_json(write.response_headers),
-                    write.response_body,
-                    write.operation_id,
-                ),
             )
         if isinstance(write, Release):
             return conn.execute(

@@ -43,7 +43,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    Settle,
     TakeLease,
     Unpause,
     Write,
@@ -472,7 +471,7 @@ WHERE operation_id = ? AND status = 'pending'
 _STARTS_SENDS: Final = (Insert, Enqueue, TakeLease, RenewLease, ClaimDue)
 """Writes after which the caller may send (or a relay will): refused if the journal's
 file moved."""
-_ONE_STATEMENT: Final = (Insert, Enqueue, TakeLease, RenewLease, SetStatus, Release, Settle)
+_ONE_STATEMENT: Final = (Insert, Enqueue, TakeLease, RenewLease, SetStatus, Release)
 """Writes of a single statement: alone in a batch, SQLite commits them by itself."""
 
 _WRITE_ADVICE = {
@@ -1091,28 +1090,6 @@ class SqliteStore:
                 (write.operation_id, write.owner),
             )
             return None
-        if isinstance(write, Settle):
-            headers = (
-                None if write.response_headers is None else headers_json(write.response_headers)
-            )
-            cursor = conn.execute(
-                """
-                UPDATE operations SET status = ?, reason = ?, updated_at = ?,
-                    response_status = ?, response_headers = ?, response_body = ?,
-                    lease_owner = NULL, lease_until = 0
-                WHERE operation_id = ? AND status = 'needs_reconcile'
-                """,
-                (
-                    write.status,
-                    write.reason,
-                    write.now,
-                    write.response_status,
-                    headers,
-                    write.response_body,
-                    write.operation_id,
-                ),
-            )
-            return cursor.rowcount == 1
         if isinstance(write, ExtendLeases):
             extended = 0
             for operation_id, owner in write.leases:
