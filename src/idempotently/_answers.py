@@ -69,23 +69,6 @@ class AnswerBody:
                 await self.response.aclose()
 
 
-def _already_read(body: AnswerBody, limit: int) -> bool:
-    """Whether the answer came already read (an in-process transport's, a response hook
-    that read it): then its content is all there is, and nothing is read."""
-    response = body.response
-    if body.iterator is not None or not response.is_stream_consumed:
-        return False
-    try:
-        content = response.content
-    except httpx.ResponseNotRead:  # consumed by a partial read elsewhere: read what is left
-        return False
-    body.chunks.append(content)
-    body.size = len(content)
-    body.over = body.size > limit
-    body.complete = not body.over
-    return True
-
-
 def read_answer(
     body: AnswerBody, limit: int, until: float | None, clock: Callable[[], float]
 ) -> None:
@@ -94,8 +77,6 @@ def read_answer(
     bounded by the read timeout alone); what a read raises (a timeout, a broken
     connection, an undecodable body) comes through, the response closed."""
     body.over = body.timed_out = False
-    if _already_read(body, limit):
-        return
     iterator: Iterator[bytes] | None = body.iterator  # type: ignore[assignment]
     if iterator is None:
         iterator = body.iterator = body.response.iter_bytes()
@@ -129,8 +110,6 @@ async def aread_answer(
 ) -> None:
     """`read_answer` on an async response (asyncio or trio)."""
     body.over = body.timed_out = False
-    if _already_read(body, limit):
-        return
     iterator: AsyncIterator[bytes] | None = body.iterator  # type: ignore[assignment]
     if iterator is None:
         iterator = body.iterator = body.response.aiter_bytes()

@@ -84,7 +84,8 @@ def run(
                 try:
                     with heartbeat_for(store).holding(command.lease):
                         reply = send(command.request)
-                        if command.read is not None:
+                        # An answer already read (an in-process transport's) is whole.
+                        if command.read is not None and not reply.is_stream_consumed:
                             read_answer(*command.read(reply))
                 except SEND_ERRORS as error:
                     reply = error
@@ -160,7 +161,7 @@ async def arun(
                 try:
                     with heartbeat_for(store).holding(command.lease):
                         reply = await send(command.request)
-                        if command.read is not None:
+                        if command.read is not None and not reply.is_stream_consumed:
                             await aread_answer(*command.read(reply))
                 except SEND_ERRORS as error:
                     reply = error

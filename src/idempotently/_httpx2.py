@@ -117,7 +117,10 @@ def unread_response(
 ) -> httpx.Response:
     """An httpx response standing for an httpx2 answer whose body is not read yet (its
     headers as they came: the body is decoded when it is read), so that the flow reads
-    of it no more than it decides to."""
+    of it no more than it decides to. An answer already read (an in-process transport's)
+    is converted read, as `to_httpx_response` does."""
+    if getattr(answer, "is_stream_consumed", False):
+        return to_httpx_response(answer, request)
     body: httpx.SyncByteStream | httpx.AsyncByteStream = (
         _AsyncHttpx2Body(answer) if asynchronous else _Httpx2Body(answer)
     )
