@@ -8,7 +8,9 @@ what went wrong; and every misuse is a clear error before anything runs.
 
 from __future__ import annotations
 
+import io
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +237,34 @@ def test_misuse_is_refused_before_anything_runs(
 def test_an_operation_past_the_scenarios_last_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"5 is not the position of one of the scenario's 2"):
         crash_points(crash_scenarios.place_orders, operations=[5], directory=tmp_path)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_each_point_is_shown_as_it_is_known_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    crash_points(
+        crash_scenarios.place_orders,
+        steps=["after_key_commit", "after_answer_arrived"],
+        operations=[1],
+        directory=tmp_path,
+    )
+    assert terminal.getvalue().splitlines() == [
+        "[1/2] ok   operation 1 (order-2:charge) killed after_key_commit: exactly once",
+        "[2/2] ok   operation 1 (order-2:charge) killed after_answer_arrived: exactly once",
+    ]
+
+
+def test_nothing_is_shown_when_stderr_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crash_points(
+        crash_scenarios.place_orders, steps=["after_key_commit"], operations=[0], directory=tmp_path
+    )
+    assert capsys.readouterr().err == ""

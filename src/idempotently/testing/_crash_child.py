@@ -13,6 +13,7 @@ scenario whose ids are made fresh each run is still aimed at by position.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import importlib.util
@@ -42,6 +43,10 @@ from idempotently.testing._crash_points import CRASH_STEPS
 ) = CRASH_STEPS
 
 DEFAULT_TOKEN = "user_1"
+PARENT_CHECK = 0.2
+"""Seconds between two looks at whether the harness's process is still there."""
+THREAD_GRACE = 2.0
+"""Seconds the threads still running when the scenario returned are given to end."""
 # The name a scenario defined in a script (its ``__main__``) is loaded under.
 SCRIPT_MODULE = "_idempotently_crash_scenario"
 
@@ -52,8 +57,20 @@ class Events:
     def __init__(self, fd: int) -> None:
         self._file = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        # A process the scenario forks must not hold the parent's pipe open (the
+        # parent would wait for its end) nor speak on it.
+        os.register_at_fork(after_in_child=self._let_go)
+
+    def _let_go(self) -> None:
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._file.fileno())
+            os.close(devnull)
 
     def emit(self, event: str, **fields: Any) -> None:
+        if os.getpid() != self._pid:
+            return
         line = json.dumps({"event": event, **fields}, default=str)
         with self._lock:
             self._file.write(line + "\n")
@@ -66,12 +83,21 @@ class Tracker:
     def __init__(self, events: Events, kill: dict[str, Any] | None) -> None:
         self._events = events
         self._kill = (int(kill["operation"]), str(kill["step"])) if kill else None
+        # Aimed at by id when the clean run's id recurs (threads, a task group, a
+        # query without ORDER BY may journal them in another order); by position
+        # when this run's ids are new ones (made fresh each run).
+        self._aimed_id = str(kill["operation_id"]) if kill and "operation_id" in kill else None
+        self._clean_ids = frozenset(map(str, kill.get("operations", ()))) if kill else frozenset()
+        self._target: int | None = None
         self._lock = threading.RLock()
         self._index_by_id: dict[str, int] = {}
         self._id_by_index: dict[int, str] = {}
         self._index_by_key: dict[str, int] = {}
         self._key_headers: set[str] = set()
-        self._seen: set[tuple[int, str]] = set()
+        self._meetings: collections.Counter[tuple[int, str]] = collections.Counter()
+        # Which meeting of the step to die at: the clean run's last (a retry's, when the
+        # first attempt was answered 503 and the second charged).
+        self._meeting = int(kill.get("meeting", 1)) if kill else 1
 
     def new_key(self, operation_id: str, key: str, key_header: str) -> int:
         with self._lock:
@@ -80,6 +106,7 @@ class Tracker:
                 index = len(self._index_by_id)
                 self._index_by_id[operation_id] = index
                 self._id_by_index[index] = operation_id
+                self._choose_target(index, operation_id)
                 self._events.emit("operation", index=index, operation_id=operation_id)
             self._index_by_key[key] = index
             self._key_headers.add(key_header.lower())
@@ -97,23 +124,38 @@ class Tracker:
                     return self._index_by_key[key], key
             return None
 
+    def _choose_target(self, index: int, operation_id: str) -> None:
+        if self._kill is None or self._target is not None:
+            return
+        if self._aimed_id is None:
+            if index == self._kill[0]:
+                self._target = index
+        elif operation_id == self._aimed_id or (
+            operation_id not in self._clean_ids and index == self._kill[0]
+        ):
+            self._target = index
+
     def aimed_at(self, index: int, step: str) -> bool:
-        """This step of this operation is the one to die at, and it is met for the first time."""
-        return self._kill == (index, step) and (index, step) not in self._seen
+        """Meeting this step of this operation once more is the meeting to die at."""
+        with self._lock:
+            return (
+                self._kill is not None
+                and self._target == index
+                and self._kill[1] == step
+                and self._meetings[index, step] + 1 == self._meeting
+            )
 
     def reach(self, index: int, step: str) -> None:
-        """Note the step (first time only); die here when it is the one aimed at."""
+        """Note the step; die here when this meeting of it is the one aimed at."""
         if self.note(index, step):
             self.die(index, step)
 
     def note(self, index: int, step: str) -> bool:
-        """Note the step (first time only): True when it is the one aimed at."""
+        """Note the step (and how many times it was met): True when it is the one aimed at."""
         with self._lock:
-            if (index, step) in self._seen:
-                return False
             aimed = self.aimed_at(index, step)
-            self._seen.add((index, step))
-            self._events.emit("step", index=index, step=step)
+            self._meetings[index, step] += 1
+            self._events.emit("step", index=index, step=step, meeting=self._meetings[index, step])
             return aimed
 
     def sent(self, index: int, key: str) -> None:
@@ -275,6 +317,21 @@ def default_session(journal: Path, base_url: str, *, asynchronous: bool) -> Any:
     )
 
 
+def checked_session(session: Any, *, asynchronous: bool) -> Any:
+    """What the factory made, if recovery can resume with it (and the scenario await it)."""
+    import idempotently
+
+    wanted = idempotently.AsyncSession if asynchronous else idempotently.Session
+    if not isinstance(session, wanted):
+        scenario = "an async def scenario" if asynchronous else "a scenario that is not async"
+        raise TypeError(
+            f"the session factory returned {type(session).__name__}: {scenario} needs an"
+            f" idempotently.{wanted.__name__} (recovery calls its resume()), opened on the"
+            " journal path the factory is given"
+        )
+    return session
+
+
 @contextlib.contextmanager
 def _opened(session: Any) -> Iterator[Any]:
     try:
@@ -292,7 +349,7 @@ def run(spec: dict[str, Any], events: Events) -> None:
     def make() -> Any:
         if factory is None:
             return default_session(journal, url, asynchronous=asynchronous)
-        return factory(journal, url)
+        return checked_session(factory(journal, url), asynchronous=asynchronous)
 
     tracker = Tracker(events, spec.get("kill"))
     wrap_stores(tracker)
@@ -304,7 +361,15 @@ def run(spec: dict[str, Any], events: Events) -> None:
                 results = session.resume()
                 events.emit("resumed", results=[result.to_json() for result in results])
             if not recover or spec.get("rerun", True):
-                scenario(session)
+                returned = scenario(session)
+                if inspect.isawaitable(returned):
+                    with contextlib.suppress(Exception):
+                        returned.close()  # type: ignore[attr-defined]
+                    raise TypeError(
+                        "the scenario returned an awaitable, so none of its calls ran: it is"
+                        " an async function behind a decorator that is not; make the function"
+                        " crash_points is given an `async def` one"
+                    )
     else:
         import anyio
 
@@ -323,15 +388,55 @@ def run(spec: dict[str, Any], events: Events) -> None:
     events.emit("finished")
 
 
+def watch_the_parent(parent: int) -> None:
+    """End this process if the harness's process is gone (killed, or interrupted
+    before it could kill this one): nothing else would, when it waits to be killed."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="idempotently-crash-parent", daemon=True).start()
+
+
+def threads_left_running() -> list[str]:
+    """The threads that would keep this process alive after the scenario returned, given
+    a moment to end (an event loop's worker threads end soon after the loop closes)."""
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    deadline = time.monotonic() + THREAD_GRACE
+    for thread in left:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    return sorted(thread.name for thread in left if thread.is_alive())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     events = Events(int(spec["events_fd"]))
+    if spec.get("parent"):
+        watch_the_parent(int(spec["parent"]))
     try:
         run(spec, events)
     except BaseException as error:  # the parent reports it, with the log's traceback
         traceback.print_exc()
         events.emit("error", error=f"{type(error).__name__}: {error}")
         return 1
+    left = threads_left_running()
+    if left:
+        # The process would not exit until they end; their calls would mix with the next run's.
+        message = (
+            f"the scenario returned with threads still running ({', '.join(left)}): join"
+            " the threads it starts before it returns"
+        )
+        print(message, file=sys.stderr)
+        events.emit("error", error=message)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import json
 import os
 import selectors
@@ -61,6 +62,15 @@ CRASH_STEPS: tuple[CrashStep, ...] = (
 """
 
 UNSETTLED = ("pending", "needs_reconcile")
+RETRIED_STEPS = ("after_request_sent", "after_answer_arrived", "before_answer_recorded")
+"""The steps each attempt meets (a key commits once; a call made again writes no new key)."""
+CHILD_MARKER = "IDEMPOTENTLY_CRASH_POINTS_CHILD"
+"""Set in the environment of the scenario's processes (a scenario's import calling
+`crash_points` again would start processes without end)."""
+IDLE_CHECK = 0.25
+"""Seconds without an event after which the harness looks whether the child is still alive."""
+MAX_TIMEOUT = 24 * 60 * 60.0
+"""The longest `timeout` a process may be given, in seconds (a day)."""
 LOG_TAIL_LINES = 15
 
 
@@ -93,7 +103,8 @@ class CrashPointResult:
         return self.killed and not self.problems
 
     def __str__(self) -> str:
-        head = f"operation {self.operation} ({self.operation_id}) killed {self.step}"
+        verb = "killed" if self.killed else "not killed at"
+        head = f"operation {self.operation} ({self.operation_id}) {verb} {self.step}"
         if self.ok:
             return f"{head}: exactly once"
         return f"{head}: " + "; ".join(self.problems)
@@ -147,6 +158,12 @@ def _reference(function: Callable[..., Any], what: str) -> dict[str, Any]:
     """How the child finds ``function``: its module and name (a `__main__` by its file)."""
     if not callable(function):
         raise TypeError(f"{what} must be a function, not {function!r}")
+    if inspect.ismethod(function):
+        raise TypeError(
+            f"{what} {function!r} is a bound method, which a fresh process cannot rebuild"
+            " (it would get the session as its self): define a function at the top level"
+            " of a module"
+        )
     qualname = getattr(function, "__qualname__", None)
     module = getattr(function, "__module__", None)
     if not qualname or not module or "<" in qualname:
@@ -170,6 +187,12 @@ def _reference(function: Callable[..., Any], what: str) -> dict[str, Any]:
 
 
 def _check_steps(steps: Iterable[str]) -> tuple[CrashStep, ...]:
+    if isinstance(steps, str) or not isinstance(steps, Iterable):
+        raise TypeError(
+            f"steps must be a list of step names, not {steps!r}: e.g. steps=[{steps!r}]"
+            if isinstance(steps, str)
+            else f"steps must be a list of step names, not {steps!r}"
+        )
     chosen = tuple(steps)
     unknown = [step for step in chosen if step not in CRASH_STEPS]
     if unknown:
@@ -180,6 +203,28 @@ def _check_steps(steps: Iterable[str]) -> tuple[CrashStep, ...]:
     if not chosen:
         raise ValueError(f"steps is empty: choose one or more of {', '.join(CRASH_STEPS)}")
     return chosen  # type: ignore[return-value]
+
+
+def _check_directory(root: Path) -> None:
+    """``root`` exists (made if need be) and takes new files, or a clear error."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        raise CrashHarnessError(
+            f"directory {str(root)!r} cannot hold the runs' journals and logs"
+            f" ({error.strerror or error}): pass a directory this process can create and"
+            " write to, or leave it out for a temporary one"
+        ) from None
+
+
+def _fresh(run_directory: Path) -> Path:
+    """An empty directory for one run: an earlier call's journal there would answer
+    this run's calls from its own rows (or refuse them, the server being a new one)."""
+    shutil.rmtree(run_directory, ignore_errors=True)
+    run_directory.mkdir(parents=True)
+    return run_directory
 
 
 @attrs.frozen
@@ -204,7 +249,16 @@ class _Run:
         errors = self.of("error")
         if errors:
             return str(errors[-1]["error"])
-        return f"exit status {self.returncode}"
+        if self.returncode < 0:
+            with contextlib.suppress(ValueError):
+                return (
+                    f"its process was killed by {signal.Signals(-self.returncode).name}"
+                    " before the scenario returned"
+                )
+        return (
+            f"its process exited with status {self.returncode} before the scenario returned"
+            " (os._exit, or a forked process returning into the scenario?)"
+        )
 
 
 class _Child:
@@ -218,6 +272,7 @@ class _Child:
         env = dict(os.environ)
         # The child imports what this process can: the scenario's module and its own.
         env["PYTHONPATH"] = os.pathsep.join(path or os.getcwd() for path in sys.path)
+        env[CHILD_MARKER] = "1"
         with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as output:
             try:
                 self._process = subprocess.Popen(
@@ -232,6 +287,8 @@ class _Child:
                     stderr=subprocess.STDOUT,
                     pass_fds=(write_end,),
                     env=env,
+                    # Its own process group: a kill takes whatever it started along.
+                    start_new_session=True,
                 )
             finally:
                 os.close(write_end)
@@ -251,7 +308,10 @@ class _Child:
                     f"the scenario's process ran past {self._timeout} s and was killed"
                     f" (its output: {self._log})"
                 )
-            if not self._selector.select(timeout=left):
+            if not self._selector.select(timeout=min(left, IDLE_CHECK)):
+                if self._exited():
+                    # It exited; a process it started may still hold the pipe open.
+                    self._kill_group()
                 continue
             chunk = os.read(self._pipe.fileno(), 65536)
             if not chunk:
@@ -263,20 +323,57 @@ class _Child:
         return event
 
     def kill(self) -> None:
+        """SIGKILL the scenario's process and every process it started."""
+        self._kill_group()
         with contextlib.suppress(ProcessLookupError):
             self._process.send_signal(signal.SIGKILL)
+
+    def _kill_group(self) -> None:
+        if self._process.returncode is not None:
+            # Reaped: its id, and so its group's, may be another process's by now.
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+
+    def _exited(self) -> bool:
+        """The child has exited; where the system allows, it is left unreaped, so that its
+        group can still be killed without the risk of its id having been given again."""
+        if self._process.returncode is not None:
+            return True
+        if hasattr(os, "waitid"):
+            try:
+                flags = os.WEXITED | os.WNOWAIT | os.WNOHANG
+                return os.waitid(os.P_PID, self._process.pid, flags) is not None
+            except ChildProcessError:
+                return True
+        return self._process.poll() is not None
 
     def finish(self) -> _Run:
         while self.next_event() is not None:
             pass
-        try:
-            returncode = self._process.wait(timeout=max(self._deadline - time.monotonic(), 1.0))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            returncode = self._process.wait()
-        self._selector.close()
-        self._pipe.close()
+        limit = time.monotonic() + max(self._deadline - time.monotonic(), 1.0)
+        while not self._exited() and time.monotonic() < limit:
+            time.sleep(0.005)
+        # Whatever it started goes with it (it is a zombie at most: its group is its own).
+        self.kill()
+        returncode = self._process.wait()
+        self.close()
         return _Run(returncode, tuple(self.events), self._log)
+
+    def close(self) -> None:
+        """Leave nothing running and nothing open (also when the harness itself is
+        interrupted: a child waiting to be killed would wait forever)."""
+        self.kill()
+        self._process.wait()
+        if not self._pipe.closed:
+            self._selector.close()
+            self._pipe.close()
+
+    def __enter__(self) -> _Child:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _charges(server: MockServer) -> collections.Counter[str]:
@@ -345,6 +442,11 @@ class _Harness:
         self._rerun = rerun
         self._directory = directory
         self._timeout = timeout
+        self._operations: list[str] = []
+        """The clean run's operation ids, in the order their keys were journaled."""
+        self._meetings: dict[tuple[int, str], int] = {}
+        """How many times the clean run met each (operation, step): a crash is aimed at the
+        last, the attempt that got the final answer (the first may have been a 503)."""
 
     @contextlib.contextmanager
     def _server(self) -> Iterator[MockServer]:
@@ -361,6 +463,7 @@ class _Harness:
     def _child(self, run_directory: Path, server: MockServer, mode: str, **extra: Any) -> _Child:
         spec = {
             **self._spec,
+            "parent": os.getpid(),
             "mode": mode,
             "journal": str(run_directory / "idempotently.db"),
             "url": server.url,
@@ -370,10 +473,10 @@ class _Harness:
         return _Child(spec, run_directory / f"{mode}.log", self._timeout)
 
     def clean_run(self) -> tuple[list[str], list[set[str]], collections.Counter[str], Any]:
-        run_directory = self._directory / "clean"
-        run_directory.mkdir(parents=True, exist_ok=True)
+        run_directory = _fresh(self._directory / "clean")
         with self._server() as server:
-            run = self._child(run_directory, server, "trace").finish()
+            with self._child(run_directory, server, "trace") as child:
+                run = child.finish()
             if run.returncode != 0 or not run.of("finished"):
                 raise CrashHarnessError(
                     f"the scenario fails with no crash at all ({run.error()}); make it pass"
@@ -385,10 +488,21 @@ class _Harness:
                     "the scenario journaled no operation, so there is nowhere to crash: it"
                     " must send its calls through the session it is given"
                 )
+            self._operations = operations
             steps: list[set[str]] = [set() for _ in operations]
             for event in run.of("step"):
                 steps[int(event["index"])].add(str(event["step"]))
+                key = (int(event["index"]), str(event["step"]))
+                if key[1] in RETRIED_STEPS:
+                    self._meetings[key] = max(self._meetings.get(key, 1), int(event["meeting"]))
             charges = _charges(server)
+            if not charges:
+                raise CrashHarnessError(
+                    f"the scenario's {len(operations)} operation(s) made no charge without a"
+                    " crash, so there is nothing to count after one: crash_points compares"
+                    " the charges the mock server makes (POST /v1/charges that it accepts);"
+                    f" make the scenario's calls charges. Its output ({run.log}):\n{run.tail()}"
+                )
         return operations, steps, charges, self._statuses(run_directory / "idempotently.db")
 
     def _statuses(self, path: Path) -> collections.Counter[str]:
@@ -410,18 +524,26 @@ class _Harness:
         reference: collections.Counter[str],
         statuses: collections.Counter[str],
     ) -> CrashPointResult:
-        run_directory = self._directory / f"operation-{operation}-{step}"
-        run_directory.mkdir(parents=True, exist_ok=True)
+        run_directory = _fresh(self._directory / f"operation-{operation}-{step}")
         problems: list[str] = []
         with self._server() as server:
-            child = self._child(
-                run_directory, server, "crash", kill={"operation": operation, "step": step}
-            )
-            while (event := child.next_event()) is not None:
-                if event["event"] == "sent":
-                    self._wait_for_the_answer(server, str(event["key"]))
-                    child.kill()
-            crashed = child.finish()
+            with self._child(
+                run_directory,
+                server,
+                "crash",
+                kill={
+                    "operation": operation,
+                    "operation_id": operation_id,
+                    "operations": self._operations,
+                    "step": step,
+                    "meeting": self._meetings.get((operation, step), 1),
+                },
+            ) as child:
+                while (event := child.next_event()) is not None:
+                    if event["event"] == "sent":
+                        self._wait_for_the_answer(server, str(event["key"]))
+                        child.kill()
+                crashed = child.finish()
             charges_at_crash = len(server.charges())
             deaths = crashed.of("dying") + crashed.of("sent")
             killed = crashed.returncode == -signal.SIGKILL and bool(deaths)
@@ -429,13 +551,17 @@ class _Harness:
                 operation_id = str(deaths[0]["operation_id"])
             if not killed:
                 if crashed.returncode == 0:
+                    meeting = self._meetings.get((operation, step), 1)
                     problems.append(
-                        f"the run never reached {step} of operation {operation}: the scenario"
-                        " did not repeat the clean run (make its calls depend only on its input)"
+                        f"the run never reached {step} of operation {operation}"
+                        + (f" (for the {_ordinal(meeting)} time)" if meeting > 1 else "")
+                        + ": the scenario did not repeat the clean run (make its calls depend"
+                        " only on its input)"
                     )
                 else:
                     problems.append(f"the scenario failed before the crash: {crashed.error()}")
-            recovered = self._child(run_directory, server, "recover").finish()
+            with self._child(run_directory, server, "recover") as child:
+                recovered = child.finish()
             if recovered.returncode != 0 or not recovered.of("finished"):
                 problems.append(
                     f"recovery failed: {recovered.error()} (its output: {recovered.log})"
@@ -465,15 +591,69 @@ class _Harness:
     ) -> list[str]:
         after = _charges(server)
         problems = []
-        for content, extra in (after - reference).items():
-            times = "twice" if extra == 1 else f"{extra + 1} times"
+        for content in after - reference:
+            made, meant = after[content], reference[content]
+            times = _times(made) if meant == 1 else f"{_times(made)} ({_times(meant)} cleanly)"
+            if meant == 0:
+                times = f"{_times(made)}, never in the clean run"
             problems.append(f"charged {times}: {_describe_charge(content, server)}")
-        for content, missing in (reference - after).items():
-            problems.append(
-                f"lost: {_describe_charge(content, server)} never charged"
-                + (f" ({missing} missing)" if missing > 1 else "")
-            )
+        for content in reference - after:
+            made, meant = after[content], reference[content]
+            what = _describe_charge(content, server)
+            if made:
+                problems.append(f"lost: {what} charged {_times(made)}, {_times(meant)} cleanly")
+            else:
+                problems.append(
+                    f"lost: {what} never charged" + (f" ({meant} missing)" if meant > 1 else "")
+                )
         return problems
+
+
+def _ordinal(number: int) -> str:
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(number % 10 if number % 100 not in (11, 12, 13) else 0)
+    return f"{number}{suffix or 'th'}"
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
+
+
+def _unreached(operation: int, operation_id: str, step: CrashStep, clean: Path) -> CrashPointResult:
+    """A point the clean run never reached: not crashed, so it cannot have held."""
+    if step in ("after_request_sent", "after_answer_arrived"):
+        why = (
+            "it was never sent, or sent through a transport crash_points cannot see (it"
+            " sees httpx's and httpx2's HTTPTransport and AsyncHTTPTransport)"
+        )
+    elif step == "before_answer_recorded":
+        why = "no answer to it was ever recorded in the journal"
+    else:
+        why = "its key was never committed to the journal at the path the session was given"
+    return CrashPointResult(
+        operation=operation,
+        operation_id=operation_id,
+        step=step,
+        killed=False,
+        charges_at_crash=0,
+        problems=(f"not crashed: the clean run never reached {step} of it ({why})",),
+        directory=clean,
+    )
+
+
+class _Progress:
+    """One line per point on a terminal's stderr (nothing when stderr is not a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self._total = total
+        self._done = 0
+        self._stream = sys.stderr
+        self._on = bool(getattr(self._stream, "isatty", lambda: False)())
+
+    def show(self, point: CrashPointResult) -> None:
+        self._done += 1
+        if self._on:
+            mark = "ok  " if point.ok else "FAIL"
+            print(f"[{self._done}/{self._total}] {mark} {point}", file=self._stream, flush=True)
 
 
 def crash_points(
@@ -530,7 +710,8 @@ def crash_points(
             directory by default, removed when every point held).
         timeout: Seconds each process may take before it is killed and the
             harness gives up.
-        on_point: Called with each point's result as soon as it is known.
+        on_point: Called with each point's result as soon as it is known (without
+            it, each point is shown as a line on stderr when stderr is a terminal).
 
     Returns:
         The report; `report.assert_exactly_once()` fails a test listing the points
@@ -540,18 +721,55 @@ def crash_points(
         CrashHarnessError: The scenario fails or journals nothing without a crash,
             or a process ran past `timeout`.
     """
+    if os.environ.get(CHILD_MARKER):
+        raise CrashHarnessError(
+            "crash_points was called in one of its own child processes: the module that"
+            " defines the scenario calls it as it is imported, and each child imports that"
+            ' module. Call it under `if __name__ == "__main__":` or in a test function'
+        )
     scenario_reference = _reference(scenario, "scenario")
     session_reference = _reference(session, "session") if session is not None else None
     chosen_steps = _check_steps(steps)
     if backend not in ("asyncio", "trio"):
         raise ValueError(f"backend must be 'asyncio' or 'trio', not {backend!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds (at most {MAX_TIMEOUT:g}),"
+            f" not {timeout!r}"
+        )
     if config is not None and not isinstance(config, MockServerConfig):
         raise TypeError(f"config must be a MockServerConfig, not {config!r}")
+    if not isinstance(rerun, bool):
+        raise TypeError(f"rerun must be True or False, not {rerun!r}")
+    if on_point is not None and not callable(on_point):
+        raise TypeError(f"on_point must be a function of a CrashPointResult, not {on_point!r}")
+    if operations is not None:
+        if isinstance(operations, (str, bytes)) or not isinstance(operations, Iterable):
+            raise TypeError(
+                f"operations must be a list of operation positions (e.g. [0, 1]), not"
+                f" {operations!r}"
+            )
+        operations = list(operations)
+        if not operations:
+            raise ValueError(
+                "operations is empty, so nothing would be crashed: list the positions to"
+                " crash (e.g. [0]), or leave it out to crash every operation"
+            )
+        for index in operations:
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise ValueError(
+                    f"operations: {index!r} is not the position of an operation (0 is the"
+                    " first whose key the scenario journals, 1 the next, ...)"
+                )
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path, not {directory!r}")
     made_directory = directory is None
     root = Path(tempfile.mkdtemp(prefix="idempotently-crash-") if directory is None else directory)
-    root.mkdir(parents=True, exist_ok=True)
+    _check_directory(root)
     harness = _Harness(
         scenario_reference,
         session_reference,
@@ -561,12 +779,6 @@ def crash_points(
         directory=root,
         timeout=float(timeout),
     )
-    for index in operations or ():
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(
-                f"operations: {index!r} is not the position of an operation (0 is the first"
-                " whose key the scenario journals, 1 the next, ...)"
-            )
     ids, met, reference, statuses = harness.clean_run()
     aimed = range(len(ids)) if operations is None else operations
     for index in aimed:
@@ -576,14 +788,18 @@ def crash_points(
                 f" {len(ids)} operations (0 to {len(ids) - 1})"
             )
     points = []
+    progress = _Progress(len(aimed) * len(chosen_steps)) if on_point is None else None
     for index in aimed:
         for step in chosen_steps:
-            if step not in met[index]:
-                continue
-            point = harness.crash_at(index, ids[index], step, reference, statuses)
+            if step in met[index]:
+                point = harness.crash_at(index, ids[index], step, reference, statuses)
+            else:
+                point = _unreached(index, ids[index], step, root / "clean")
             points.append(point)
             if on_point is not None:
                 on_point(point)
+            elif progress is not None:
+                progress.show(point)
     report = CrashReport(
         operations=tuple(ids),
         charges=sum(reference.values()),
