@@ -31,6 +31,9 @@ class Answer:
     endless: bool = False
     """Stream the body on and on (``ENDLESS_BYTES`` at most, so a client that reads it
     all ends, slowly) until the client hangs up."""
+    trickle: float = 0.0
+    """With ``endless``: one byte every ``trickle`` seconds instead of 64 KiB at once
+    (each byte well within a read timeout), until the client hangs up."""
 
 
 ENDLESS_BYTES = 64 * 1024 * 1024
@@ -119,11 +122,12 @@ class ScriptedApp:
             }
         )
         if answer.endless:
-            cycle, chunk, sent = receive.__self__, b"x" * 65536, 0
+            cycle, sent = receive.__self__, 0
+            chunk = b"x" if answer.trickle else b"x" * 65536
             while sent < ENDLESS_BYTES and not cycle.disconnected:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent += len(chunk)
-                await asyncio.sleep(0)  # let a hang-up reach the cycle
+                await asyncio.sleep(answer.trickle)  # and let a hang-up reach the cycle
             self.streamed.append(sent)
         await send({"type": "http.response.body", "body": answer.body})
 

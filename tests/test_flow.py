@@ -17,10 +17,12 @@ import pytest
 
 import idempotently
 from idempotently import profiles
+from idempotently._answers import read_answer
 from idempotently._commands import (
     Command,
     Insert,
     Pauses,
+    ReadAnswer,
     Record,
     Release,
     Report,
@@ -74,8 +76,13 @@ class Run:
             if isinstance(command, Send):
                 try:
                     reply = self.steps.pop(0)(command.request)
+                    if command.read is not None:
+                        read_answer(*command.read(reply))
                 except httpx.HTTPError as error:
                     reply = error
+            elif isinstance(command, ReadAnswer):
+                read_answer(command.body, command.limit, command.until, command.clock)
+                reply = None
             elif isinstance(command, Sleep):
                 self.time.sleep(command.seconds)
                 reply = None

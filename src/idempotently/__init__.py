@@ -20,6 +20,7 @@ from idempotently._events import (
     RetryScheduled,
 )
 from idempotently._exceptions import (
+    AnswerNotReadError,
     CodecError,
     CredentialsMismatchError,
     IdempotentlyError,
@@ -60,6 +61,7 @@ from idempotently._transport import AsyncTransport, Transport
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AnswerNotReadError",
     "AsyncSession",
     "AsyncTransport",
     "Attempt",

@@ -264,7 +264,7 @@ def run_watch(
             engine,
             journal,
             session._build,
-            send=session.client.send,
+            send=session._send,  # its answers' bodies read within bounds, as a call's
             stop=stop,
             interval=interval,
             concurrency=concurrency,

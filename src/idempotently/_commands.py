@@ -19,6 +19,7 @@ import httpx
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
+    from idempotently._answers import AnswerBody
     from idempotently._events import AsyncHook, Event
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
@@ -286,12 +287,20 @@ class Lease:
 
 @attrs.frozen
 class Send:
-    """Send one attempt; the reply is the response or the error that ended it. A call's
-    response has its body read; a read's has not (it is returned unread, or `Discard`ed)."""
+    """Send one attempt; the reply is the response or the error that ended it.
+
+    With ``read`` (a call's attempt), the driver reads the answer's body at once, still
+    under the heartbeat, as far as ``read(response)`` says: its (body, byte limit, time
+    limit, clock) for `_answers.read_answer`; an error while reading is the reply.
+    Without (a read's attempt), the answer comes back unread, to be returned or
+    `Discard`ed."""
 
     request: httpx.Request
     lease: Lease | None = None
     """The lease held while it is in flight: the driver's heartbeat keeps it alive."""
+    read: (
+        Callable[[httpx.Response], tuple[AnswerBody, int, float | None, Callable[[], float]]] | None
+    ) = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -302,11 +311,30 @@ class Sleep:
 
 
 @attrs.frozen
+class ReadAnswer:
+    """Read on in an answer's body (one its `Send` read an excerpt of) until it ends,
+    more than ``limit`` bytes are read, or ``clock()`` passes ``until``
+    (`_answers.read_answer`): a server can make a body endless, or trickle it. Reply:
+    None (``body`` says how far it got), or the error the read raised (the response is
+    then closed)."""
+
+    body: AnswerBody = attrs.field(eq=False, repr=False)
+    limit: int
+    until: float | None
+    clock: Callable[[], float] = attrs.field(eq=False, repr=False)
+    lease: Lease | None = None
+    """The lease held while the body arrives: the driver's heartbeat keeps it alive."""
+
+
+@attrs.frozen
 class Discard:
-    """Close an answer the flow will not use (a read's answer it is about to retry)
-    without reading its body: a server can make that body endless. Reply: None."""
+    """Close an answer the flow will not use (one it is about to retry, or one it read
+    no further than an excerpt of) without reading more of its body: a server can make
+    that body endless. Reply: None."""
 
     response: httpx.Response = attrs.field(eq=False, repr=False)
+    body: AnswerBody | None = attrs.field(default=None, eq=False, repr=False)
+    """What was read of it, if anything (its reading is ended too)."""
 
 
 @attrs.frozen
@@ -368,6 +396,7 @@ class DigestCredentials:
 Command = (
     JournalCommand
     | Send
+    | ReadAnswer
     | Sleep
     | Discard
     | PlanReconcile

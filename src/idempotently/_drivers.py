@@ -27,6 +27,7 @@ import anyio.to_thread
 import httpx
 import sniffio
 
+from idempotently._answers import aread_answer, read_answer
 from idempotently._commands import (
     Command,
     DigestCredentials,
@@ -34,6 +35,7 @@ from idempotently._commands import (
     Emit,
     JournalCommand,
     PlanReconcile,
+    ReadAnswer,
     Reconcile,
     Record,
     Release,
@@ -82,12 +84,24 @@ def run(
                 try:
                     with heartbeat_for(store).holding(command.lease):
                         reply = send(command.request)
+                        # An answer already read (an in-process transport's) is whole.
+                        if command.read is not None and not reply.is_stream_consumed:
+                            read_answer(*command.read(reply))
+                except SEND_ERRORS as error:
+                    reply = error
+            elif isinstance(command, ReadAnswer):
+                try:
+                    with heartbeat_for(store).holding(command.lease):
+                        read_answer(command.body, command.limit, command.until, command.clock)
+                    reply = None
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):
                 reply = sleep(command.seconds)
             elif isinstance(command, Discard):
                 # An answer thrown away: failing to close it ends its connection, not the call.
+                if command.body is not None:
+                    command.body.close()
                 with suppress(Exception):
                     command.response.close()
                 reply = None
@@ -147,6 +161,17 @@ async def arun(
                 try:
                     with heartbeat_for(store).holding(command.lease):
                         reply = await send(command.request)
+                        if command.read is not None and not reply.is_stream_consumed:
+                            await aread_answer(*command.read(reply))
+                except SEND_ERRORS as error:
+                    reply = error
+            elif isinstance(command, ReadAnswer):
+                try:
+                    with heartbeat_for(store).holding(command.lease):
+                        await aread_answer(
+                            command.body, command.limit, command.until, command.clock
+                        )
+                    reply = None
                 except SEND_ERRORS as error:
                     reply = error
             elif isinstance(command, Sleep):
@@ -158,6 +183,8 @@ async def arun(
                     )
                 reply = await waited
             elif isinstance(command, Discard):
+                if command.body is not None:
+                    await command.body.aclose()
                 with suppress(Exception):
                     await command.response.aclose()
                 reply = None

@@ -20,6 +20,7 @@
     ├── StoredProfileError            the profile it was journaled under cannot be used
     ├── OperatorActionError (ValueError)  an operator action that makes no sense now
     ├── NoStoredAnswerError           settled succeeded, but no answer of the server kept
+    │   └── AnswerNotReadError        settled by its answer's status; its body not read whole
     └── OperationAbandonedError       at-most-once: maybe sent, never resent
 
 Transport errors from httpx come through as the ``__cause__`` of an
@@ -239,3 +240,13 @@ class NoStoredAnswerError(IdempotentlyError):
     """The operation was settled ``succeeded`` by an operator or a reconciler without the
     server's answer: it took effect and is never sent again, but there is no response to
     return. Look the object up on the server (its id is the operation id)."""
+
+
+class AnswerNotReadError(NoStoredAnswerError):
+    """The server gave the operation its final answer, but its body could not be read
+    whole: larger than the session's ``max_response_bytes``, or still arriving when the
+    call's deadline came. The server acted, so the operation is journaled with that
+    answer's status and headers (``succeeded`` for a 2xx or 3xx) and is never sent
+    again; the body is not kept. ``response`` holds the status, the headers and the
+    part of the body that was read. Look the object up on the server, or raise
+    ``max_response_bytes`` (or the deadline) for answers that large."""

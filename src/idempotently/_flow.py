@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 import httpx
 
+from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES, AnswerBody
 from idempotently._budget import BUDGETS, RetryBudgets, origin_of
 from idempotently._codec import Codec, encoded
 from idempotently._commands import (
@@ -44,6 +45,7 @@ from idempotently._commands import (
     Pauses,
     PlanReconcile,
     Queue,
+    ReadAnswer,
     Reconcile,
     ReconcilePlan,
     Record,
@@ -80,6 +82,7 @@ from idempotently._events import (
 )
 from idempotently._exceptions import (
     RESUME_HINT,
+    AnswerNotReadError,
     CodecError,
     CredentialsMismatchError,
     ErrorContext,
@@ -134,6 +137,7 @@ from idempotently._policy import (
     decide,
     decide_read,
     jittered,
+    may_be_retried,
     may_have_been_delivered,
     never_sent,
     refused,
@@ -424,6 +428,70 @@ class End:
     """Attempts journaled for the operation so far."""
     response: httpx.Response | None = None
     error: BaseException | None = None
+    unkept: str | None = None
+    """Why the final answer's body was not kept (too large, too slow), if it was not:
+    the operation is journaled with its status and headers only."""
+
+
+class _Reading:
+    """How far the driver reads an attempt's answer as it arrives (under the send's
+    heartbeat): one the built-in table may retry (`may_be_retried`) to a 64 KiB excerpt
+    and within one read timeout of its arrival (a trickled excerpt must not eat the time
+    a retry needs); a final one up to ``max_response_bytes`` and within the call's time
+    limit (else the attempt's longest timeout). Called by the driver with each attempt's
+    answer; ``body`` is then what was read of it (the flow clears it before each send)."""
+
+    __slots__ = (
+        "body",
+        "clock",
+        "excerpt",
+        "limit",
+        "longest",
+        "max_bytes",
+        "profile",
+        "request",
+        "until",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        profile: ServerProfile,
+        request: httpx.Request,
+        limit: float | None,
+        longest: float,
+    ) -> None:
+        self.clock = engine.clock
+        self.max_bytes = engine.max_response_bytes
+        self.profile = profile
+        self.request = request
+        self.limit = limit
+        self.longest = longest
+        self.body: AnswerBody | None = None
+        self.excerpt = False
+        self.until: float | None = limit
+        """When the reading of a final answer must be over."""
+
+    def __call__(
+        self, response: httpx.Response
+    ) -> tuple[AnswerBody, int, float | None, Callable[[], float]]:
+        """The body to read, its byte limit, its time limit and the clock (`read_answer`)."""
+        clock = self.clock
+        until = self.limit
+        if until is None and self.longest != _INFINITY:
+            until = clock() + self.longest
+        self.until = until
+        body = self.body = AnswerBody(response)
+        if not may_be_retried(self.profile, response.status_code):
+            self.excerpt = False
+            return body, self.max_bytes, until, clock
+        self.excerpt = True
+        timeouts = self.request.extensions.get("timeout")
+        read = timeouts.get("read") if isinstance(timeouts, dict) else None
+        if read is not None:
+            soon: float = clock() + read
+            until = soon if until is None else min(soon, until)
+        return body, RETRIED_ANSWER_BYTES, until, clock
 
 
 def check_call_arguments(
@@ -607,6 +675,9 @@ class Engine:
     codec: Codec | None = None
     secret_params: frozenset[str] = attrs.field(factory=secret_param_names)
     param_values: LiveValues | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """The largest final answer read and journaled (decoded bytes); a larger one is
+    journaled with its status and headers only (`AnswerNotReadError`)."""
 
     def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
         """This engine for one call with its own policy or profile (itself without)."""
@@ -988,6 +1059,16 @@ class Engine:
             "response": end.response,
         }
         if action in ("succeed", "fail") and end.response is not None:
+            if end.unkept is not None:
+                raise AnswerNotReadError(
+                    f"the server answered {end.response.status_code}, so the operation is "
+                    f"journaled {STATUS_AFTER[action]} with that status and its headers, but "
+                    f"{end.unkept}: there is no whole response to return. It is never sent "
+                    "again: look the object up on the server, and raise max_response_bytes "
+                    "(Session(max_response_bytes=...)) or the policy's deadline for answers "
+                    "that large or that slow",
+                    **ids,
+                )
             return end.response
         if action == "fail" or action == "unsent":
             # The error may quote a secret header's value: only the scrubbed text
@@ -1062,6 +1143,7 @@ class Engine:
         limit = self._time_limit(state)
         timeouts = request.extensions.get("timeout")
         longest = longest_timeout(timeouts)
+        reading = _Reading(self, profile, request, limit, longest)
         while True:
             started = self.clock()
             if limit is not None and limit - started < longest:
@@ -1092,7 +1174,14 @@ class Engine:
                         operation_id=operation_id,
                         key=key,
                     )
-            reply = yield Send(request, lease)
+            # The answer's body is read by the driver as it arrives, within the bounds
+            # `_Reading` sets; an error while reading is the attempt's error.
+            reading.body = None
+            reply = yield Send(request, lease, reading)
+            body = reading.body if isinstance(reply, httpx.Response) else None
+            unkept: str | None = None
+            if body is not None and not reading.excerpt and not body.complete:
+                unkept = self._unkept(body)
             now = self.clock()
             attempts += 1
             response = reply if isinstance(reply, httpx.Response) else None
@@ -1114,6 +1203,20 @@ class Engine:
             action = decision.action
             retrying = action == "retry"
             keep = response is not None and action in ("succeed", "fail", "reconcile")
+            if body is not None and not body.complete:
+                if keep and unkept is None:
+                    # Only an excerpt was read, and the answer is kept: read the rest.
+                    failure = yield ReadAnswer(
+                        body, self.max_response_bytes, reading.until, self.clock, lease
+                    )
+                    if failure is not None:
+                        unkept = f"its body could not be read whole ({type(failure).__name__})"
+                    elif not body.complete:
+                        unkept = self._unkept(body)
+                if not body.complete:
+                    yield Discard(body.response, body)
+            if not keep:
+                unkept = None
             answer = signal if isinstance(signal, Answer) else None
             record = AttemptRecord(
                 started_at=started,
@@ -1124,7 +1227,13 @@ class Engine:
                 error=None if answer is not None else storable(signal.text),  # type: ignore[union-attr]
                 wait=decision.wait if retrying else None,
                 status=STATUS_AFTER[action],
-                reason=None if action == "succeed" else storable(decision.reason),
+                reason=(
+                    None
+                    if action == "succeed" and unkept is None
+                    else storable(
+                        decision.reason if unkept is None else f"{decision.reason}; {unkept}"
+                    )
+                ),
                 not_before=decision.not_before,
                 lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
                 response_status=response.status_code if keep and response else None,
@@ -1133,7 +1242,7 @@ class Engine:
                 else None,
                 response_body=(
                     (response.content if codec is None else encoded(codec, response.content))
-                    if keep and response
+                    if keep and response and unkept is None
                     else None
                 ),
             )
@@ -1214,7 +1323,19 @@ class Engine:
                         elapsed=now - began,
                     )
                 )
-            return End(operation_id, key, decision, attempts, response, error)
+            return End(operation_id, key, decision, attempts, response, error, unkept)
+
+    def _unkept(self, body: AnswerBody) -> str:
+        """Why a final answer's body is not kept: what stopped its reading."""
+        if body.over:
+            return (
+                f"its body is larger than max_response_bytes ({self.max_response_bytes} "
+                "bytes), so only its status and headers are journaled"
+            )
+        return (
+            f"its body was still arriving at the call's deadline ({body.size} bytes read), "
+            "so only its status and headers are journaled"
+        )
 
     # -- reads: retried, never journaled ----------------------------------------------------
 
@@ -1918,6 +2039,8 @@ class Engine:
         detail = decision.reason
         if decision.action == "succeed" and replayed:
             detail += " (replayed by the server)"
+        if end.unkept is not None:
+            detail += f"; {end.unkept}"
         return ResumeResult.of(
             operation,
             STATUS_AFTER[decision.action],
@@ -2040,6 +2163,18 @@ class Engine:
             raise OperationAbandonedError(
                 f"operation was abandoned ({operation.reason}); it is never sent again: check "
                 "whether it arrived, and use a new operation_id to send it once more",
+                **ids,
+            )
+        if (
+            operation.response_status is not None
+            and operation.response_body is None
+            and operation.status in ("succeeded", "failed")
+        ):
+            # Its answer's body was too large (or too slow) to keep: only its status was.
+            raise AnswerNotReadError(
+                f"operation {operation.status} with the server's {operation.response_status} "
+                f"answer ({operation.reason}); there is no whole response to return. It is "
+                "never sent again: look the object up on the server",
                 **ids,
             )
         if operation.response_status is None and operation.status == "succeeded":

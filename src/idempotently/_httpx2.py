@@ -11,6 +11,7 @@ request of its kind arrives (its classes are recognised by their module).
 from __future__ import annotations
 
 import importlib
+from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -75,6 +76,61 @@ def to_httpx_response(response: Any, request: httpx.Request | None = None) -> ht
         request=request,
     )
     return converted
+
+
+class _Httpx2Body(httpx.SyncByteStream):
+    """The body of an httpx2 answer, unread until an httpx response reads it."""
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._answer.iter_raw()
+        except Exception as error:
+            # As httpx's own, so the flow classifies it (a broken connection is retried).
+            raise to_httpx_error(error) from error
+
+    def close(self) -> None:
+        self._answer.close()
+
+
+class _AsyncHttpx2Body(httpx.AsyncByteStream):
+    """The body of an async httpx2 answer, unread until an httpx response reads it."""
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._answer.aiter_raw():
+                yield chunk
+        except Exception as error:
+            raise to_httpx_error(error) from error
+
+    async def aclose(self) -> None:
+        await self._answer.aclose()
+
+
+def unread_response(
+    answer: Any, request: httpx.Request, *, asynchronous: bool = False
+) -> httpx.Response:
+    """An httpx response standing for an httpx2 answer whose body is not read yet (its
+    headers as they came: the body is decoded when it is read), so that the flow reads
+    of it no more than it decides to. An answer already read (an in-process transport's)
+    is converted read, as `to_httpx_response` does."""
+    if getattr(answer, "is_stream_consumed", False):
+        return to_httpx_response(answer, request)
+    body: httpx.SyncByteStream | httpx.AsyncByteStream = (
+        _AsyncHttpx2Body(answer) if asynchronous else _Httpx2Body(answer)
+    )
+    return httpx.Response(
+        answer.status_code,
+        headers=list(answer.headers.raw),
+        stream=body,
+        extensions=dict(answer.extensions),
+        request=request,
+    )
 
 
 def to_httpx2_response(response: httpx.Response, request: Any) -> Any:

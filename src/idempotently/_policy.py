@@ -273,6 +273,14 @@ def may_have_been_delivered(operation: Operation) -> bool:
     return any(maybe_acted(attempt.status_code, attempt.outcome) for attempt in attempts)
 
 
+def may_be_retried(profile: ServerProfile, status: int) -> bool:
+    """Whether the built-in table may retry a write's answer with ``status`` (every 5xx,
+    408, 425, 429, and the profile's "in progress" statuses): such an answer is read no
+    further than an excerpt before the flow decides, for a server can make its body
+    endless. A classifier may still make another answer a retry, or one of these final."""
+    return status >= 500 or status in RETRY_STATUS_CODES or status in profile.in_progress_statuses
+
+
 def classify(profile: ServerProfile, response: httpx.Response, *, now: float) -> Answer:
     status = response.status_code
     verdict, failure = (None, None) if profile.classify is None else _verdict(profile, response)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
         TimeoutTypes,
     )
 
+from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
 from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
@@ -90,8 +91,18 @@ def check_engine_options(
     clock: object,
     sleep: object,
     asynchronous: bool,
+    max_response_bytes: object = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> None:
     """The options every Session and Transport shares, checked before anything is opened."""
+    if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
+        raise TypeError(
+            "max_response_bytes must be a number of bytes (int), not "
+            f"{type(max_response_bytes).__name__}"
+        )
+    if max_response_bytes <= 0:
+        raise ValueError(
+            f"max_response_bytes must be a number of bytes above 0, not {max_response_bytes}"
+        )
     if policy is not None and not isinstance(policy, RetryPolicy):
         raise TypeError(f"policy must be an idempotently.RetryPolicy, not {type(policy).__name__}")
     if not isinstance(profile, ServerProfile):
@@ -168,6 +179,7 @@ class _SessionBase(Generic[ClientT]):
         sleep: object,
         client_options: dict[str, Any],
         hooks: Iterable[AsyncHook] = (),
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         # Everything is checked before the journal file is created.
         unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
@@ -211,6 +223,7 @@ class _SessionBase(Generic[ClientT]):
             clock=clock,
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
+            max_response_bytes=max_response_bytes,
         )
         check_binding_without_auth(
             profile,
@@ -243,6 +256,7 @@ class _SessionBase(Generic[ClientT]):
             secret_params=self.journal.redact_query,
             param_values=self._param_values,
             pauses=self.journal._pause_board,
+            max_response_bytes=max_response_bytes,
         )
 
     def _param_values(self, name: str) -> Sequence[str] | None:
@@ -507,6 +521,11 @@ class Session(_SessionBase[httpx.Client]):
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts (inject one in tests).
         hooks: Functions called with every event.
+        max_response_bytes: The largest final answer read and journaled (decoded
+            bytes; 100 MiB by default). A larger one, or one still arriving at the
+            policy's deadline, is journaled with its status and headers only, and
+            the call raises `AnswerNotReadError`; an answer that may be retried
+            (5xx, 408, 409, 425, 429) is read no further than a 64 KiB excerpt.
         **client_options: Any `httpx.Client` option (`base_url`, `headers`,
             `timeout`, ...), when `client` is not given.
     """
@@ -528,6 +547,7 @@ class Session(_SessionBase[httpx.Client]):
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -543,6 +563,7 @@ class Session(_SessionBase[httpx.Client]):
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            max_response_bytes=max_response_bytes,
             hooks=hooks,
         )
         self._sleep = sleep
@@ -720,13 +741,14 @@ class Session(_SessionBase[httpx.Client]):
         )
 
     def _send(self, request: httpx.Request) -> httpx.Response:
+        """One attempt, its answer's body unread: the flow reads it within bounds."""
         if not self._httpx2:
-            return self.client.send(request)
+            return self.client.send(request, stream=True)
         try:
-            response = self.client.send(_httpx2.to_httpx2_request(request))
+            response = self.client.send(_httpx2.to_httpx2_request(request), stream=True)
         except Exception as error:
             raise _httpx2.to_httpx_error(error) from error
-        return _httpx2.to_httpx_response(response, request)
+        return _httpx2.unread_response(response, request)
 
     def resume(
         self,
@@ -884,6 +906,11 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
+        max_response_bytes: The largest final answer read and journaled (decoded
+            bytes; 100 MiB by default). A larger one, or one still arriving at the
+            policy's deadline, is journaled with its status and headers only, and
+            the call raises `AnswerNotReadError`; an answer that may be retried
+            (5xx, 408, 409, 425, 429) is read no further than a 64 KiB excerpt.
         **client_options: Any `httpx.AsyncClient` option, when `client` is not given.
     """
 
@@ -904,6 +931,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -919,6 +947,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             clock=clock,
             sleep=sleep,
             client_options=client_options,
+            max_response_bytes=max_response_bytes,
             hooks=hooks,
         )
         self._sleep = sleep
@@ -1075,13 +1104,14 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
+        """One attempt, its answer's body unread: the flow reads it within bounds."""
         if not self._httpx2:
-            return await self.client.send(request)
+            return await self.client.send(request, stream=True)
         try:
-            response = await self.client.send(_httpx2.to_httpx2_request(request))
+            response = await self.client.send(_httpx2.to_httpx2_request(request), stream=True)
         except Exception as error:
             raise _httpx2.to_httpx_error(error) from error
-        return _httpx2.to_httpx_response(response, request)
+        return _httpx2.unread_response(response, request, asynchronous=True)
 
     async def resume(
         self,

@@ -10,13 +10,14 @@ bodies, send through the wrapped transport and sleep.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, overload
 
 import anyio
 import httpx
 
 from idempotently import _httpx2
+from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import arun, run
 from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
@@ -84,6 +85,7 @@ class _TransportBase:
         sleep: object,
         hooks: Iterable[AsyncHook] = (),
         retry_idempotent_methods: bool = False,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if not isinstance(retry_idempotent_methods, bool):
             raise TypeError(
@@ -108,6 +110,7 @@ class _TransportBase:
             clock=clock,
             sleep=sleep,
             asynchronous=isinstance(self, httpx.AsyncBaseTransport),
+            max_response_bytes=max_response_bytes,
         )
         if isinstance(methods, str) or not all(isinstance(method, str) for method in methods):
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
@@ -137,6 +140,7 @@ class _TransportBase:
             secret_params=self.journal.redact_query,
             hooks=checked_hooks,
             pauses=self.journal._pause_board,
+            max_response_bytes=max_response_bytes,
         )
 
     def _journaled(self, request: httpx.Request) -> bool:
@@ -227,6 +231,11 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         hooks: Functions called with every event.
         retry_idempotent_methods: Also retry PUT and DELETE (without a journal or a
             key), for a server whose PUT and DELETE are idempotent.
+        max_response_bytes: The largest final answer read and journaled (decoded
+            bytes; 100 MiB by default). A larger one, or one still arriving at the
+            policy's deadline, is journaled with its status and headers only, and
+            the request raises `AnswerNotReadError`; an answer that may be retried
+            (5xx, 408, 409, 425, 429) is read no further than a 64 KiB excerpt.
     """
 
     def __init__(
@@ -247,6 +256,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
         retry_idempotent_methods: bool = False,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
@@ -268,6 +278,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             sleep=sleep,
             hooks=hooks,
             retry_idempotent_methods=retry_idempotent_methods,
+            max_response_bytes=max_response_bytes,
         )
         # Without transport=, requests go out through the library they came from:
         # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
@@ -302,7 +313,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
                     self._engine.read(live),
                     Held(),
                     self.journal,
-                    send=lambda sent: self._send_read(inner, sent),
+                    send=lambda sent: self._send(inner, sent),
                     sleep=self._sleep,
                 )
             except Exception as error:
@@ -311,6 +322,8 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
                 # An httpx2 answer is handed over read (as its writes' answers are).
                 try:
                     response.read()
+                except Exception as error:
+                    raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
                 finally:
                     response.close()
             return _returned(response, request)
@@ -318,7 +331,12 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             if from_httpx2 == _httpx2.is_httpx2(inner):
                 return inner.handle_request(request)
             request.read()
-            return _returned(self._send_with(inner, _as_httpx(request)), request)
+            response = self._send(inner, _as_httpx(request))
+            try:
+                response.read()  # converted to the request's library: read whole
+            finally:
+                response.close()
+            return _returned(response, request)
         request.read()
         live = _as_httpx(request)
         call = self._call(live)
@@ -330,41 +348,23 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
                 self._engine.call(call, self._build(live), held),
                 held,
                 self.journal,
-                send=lambda sent: self._send_with(inner, sent),
+                send=lambda sent: self._send(inner, sent),
                 sleep=self._sleep,
             )
         except Exception as error:
             raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
         return _returned(response, request)
 
-    def _send_with(self, inner: Any, request: httpx.Request) -> httpx.Response:
-        if _httpx2.is_httpx2(inner):
-            try:
-                response = inner.handle_request(_httpx2.to_httpx2_request(request))
-                try:
-                    response.read()
-                finally:
-                    response.close()
-            except Exception as error:
-                raise _httpx2.to_httpx_error(error) from error
-            return _httpx2.to_httpx_response(response, request)
-        response = inner.handle_request(request)
-        try:
-            response.read()  # the flow journals the body of a final answer
-        finally:
-            response.close()
-        return response  # type: ignore[no-any-return]
-
-    def _send_read(self, inner: Any, request: httpx.Request) -> httpx.Response:
-        """One attempt of a read, its answer's body unread: the final one streams as it
-        would without us (a download), and one the flow retries it closes unread (a
-        server can make a 503's body endless)."""
+    def _send(self, inner: Any, request: httpx.Request) -> httpx.Response:
+        """One attempt, its answer's body unread: a write's is read by the flow within
+        bounds (a server can make a body endless); a read's final answer streams as it
+        would without us (a download), and one the flow retries it closes unread."""
         if _httpx2.is_httpx2(inner):
             try:
                 answer = inner.handle_request(_httpx2.to_httpx2_request(request))
             except Exception as error:
                 raise _httpx2.to_httpx_error(error) from error
-            return _unread(answer, _Httpx2Body(answer), request)
+            return _httpx2.unread_response(answer, request)
         response: httpx.Response = inner.handle_request(request)
         return response
 
@@ -397,6 +397,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
         retry_idempotent_methods: As for `Transport`.
+        max_response_bytes: As for `Transport`.
     """
 
     def __init__(
@@ -417,6 +418,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),
         retry_idempotent_methods: bool = False,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
@@ -438,6 +440,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             sleep=sleep,
             hooks=hooks,
             retry_idempotent_methods=retry_idempotent_methods,
+            max_response_bytes=max_response_bytes,
         )
         self.transport: httpx.AsyncBaseTransport | Any = (
             transport if transport is not None else httpx.AsyncHTTPTransport()
@@ -467,7 +470,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             live = _as_httpx(request)
 
             async def send_read(sent: httpx.Request) -> httpx.Response:
-                return await self._send_read(inner, sent)
+                return await self._send(inner, sent)
 
             try:
                 response = await arun(
@@ -478,6 +481,8 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             if from_httpx2:
                 try:
                     await response.aread()
+                except Exception as error:
+                    raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
                 finally:
                     await response.aclose()
             return _returned(response, request)
@@ -485,7 +490,12 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             if from_httpx2 == _httpx2.is_httpx2(inner):
                 return await inner.handle_async_request(request)
             await request.aread()
-            return _returned(await self._send_with(inner, _as_httpx(request)), request)
+            response = await self._send(inner, _as_httpx(request))
+            try:
+                await response.aread()  # converted to the request's library: read whole
+            finally:
+                await response.aclose()
+            return _returned(response, request)
         await request.aread()
         live = _as_httpx(request)
         call = self._call(live)
@@ -494,7 +504,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         held = Held()
 
         async def send(sent: httpx.Request) -> httpx.Response:
-            return await self._send_with(inner, sent)
+            return await self._send(inner, sent)
 
         try:
             response = await arun(
@@ -508,31 +518,14 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
         return _returned(response, request)
 
-    async def _send_with(self, inner: Any, request: httpx.Request) -> httpx.Response:
-        if _httpx2.is_httpx2(inner):
-            try:
-                response = await inner.handle_async_request(_httpx2.to_httpx2_request(request))
-                try:
-                    await response.aread()
-                finally:
-                    await response.aclose()
-            except Exception as error:
-                raise _httpx2.to_httpx_error(error) from error
-            return _httpx2.to_httpx_response(response, request)
-        response = await inner.handle_async_request(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response  # type: ignore[no-any-return]
-
-    async def _send_read(self, inner: Any, request: httpx.Request) -> httpx.Response:
+    async def _send(self, inner: Any, request: httpx.Request) -> httpx.Response:
+        """`Transport._send`, async."""
         if _httpx2.is_httpx2(inner):
             try:
                 answer = await inner.handle_async_request(_httpx2.to_httpx2_request(request))
             except Exception as error:
                 raise _httpx2.to_httpx_error(error) from error
-            return _unread(answer, _AsyncHttpx2Body(answer), request)
+            return _httpx2.unread_response(answer, request, asynchronous=True)
         response: httpx.Response = await inner.handle_async_request(request)
         return response
 
@@ -555,47 +548,6 @@ def _is_transport(transport: object, method: str) -> bool:
 def _as_httpx(request: Any) -> httpx.Request:
     """The request the flow sees: the live httpx request, or an httpx copy of an httpx2 one."""
     return _httpx2.to_httpx_request(request) if _httpx2.is_httpx2(request) else request
-
-
-class _Httpx2Body(httpx.SyncByteStream):
-    """The body of an httpx2 answer, unread until an httpx response reads it."""
-
-    def __init__(self, answer: Any) -> None:
-        self._answer = answer
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._answer.iter_raw()
-
-    def close(self) -> None:
-        self._answer.close()
-
-
-class _AsyncHttpx2Body(httpx.AsyncByteStream):
-    """The body of an async httpx2 answer, unread until an httpx response reads it."""
-
-    def __init__(self, answer: Any) -> None:
-        self._answer = answer
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._answer.aiter_raw():
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._answer.aclose()
-
-
-def _unread(
-    answer: Any, body: httpx.SyncByteStream | httpx.AsyncByteStream, request: httpx.Request
-) -> httpx.Response:
-    """An httpx response standing for an httpx2 answer whose body is not read yet (its
-    headers as they came: the body is decoded when it is read)."""
-    return httpx.Response(
-        answer.status_code,
-        headers=list(answer.headers.raw),
-        stream=body,
-        extensions=dict(answer.extensions),
-        request=request,
-    )
 
 
 def _returned(response: httpx.Response, request: Any) -> Any:
