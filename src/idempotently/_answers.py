@@ -69,6 +69,37 @@ class AnswerBody:
                 await self.response.aclose()
 
 
+def _room(body: AnswerBody, limit: int) -> bool:
+    """A new read begins: False (and ``over``) when more than ``limit`` is read already."""
+    body.over = body.timed_out = False
+    if body.size > limit:
+        body.over = True
+        return False
+    return True
+
+
+def _took(
+    body: AnswerBody, chunk: bytes, limit: int, until: float | None, clock: Callable[[], float]
+) -> bool:
+    """Keep ``chunk``; False when the read stops here: past ``limit`` bytes (``over``), or
+    past ``until`` once a second chunk has come (``timed_out``)."""
+    body.chunks.append(chunk)
+    body.size += len(chunk)
+    if body.size > limit:
+        body.over = True
+        return False
+    if until is not None and len(body.chunks) > 1 and clock() >= until:
+        body.timed_out = True
+        return False
+    return True
+
+
+def _keep(body: AnswerBody) -> None:
+    # What was read is the response's content from now on: a classifier and the
+    # profile's matchers read ``response.content``, as of an answer read whole.
+    body.response._content = b"".join(body.chunks)
+
+
 def read_answer(
     body: AnswerBody, limit: int, until: float | None, clock: Callable[[], float]
 ) -> None:
@@ -76,63 +107,39 @@ def read_answer(
     passes ``until`` (checked once a second chunk has come: an answer in one chunk is
     bounded by the read timeout alone); what a read raises (a timeout, a broken
     connection, an undecodable body) comes through, the response closed."""
-    body.over = body.timed_out = False
     iterator: Iterator[bytes] | None = body.iterator  # type: ignore[assignment]
     if iterator is None:
         iterator = body.iterator = body.response.iter_bytes()
-    chunks, size = body.chunks, body.size
     try:
-        if size > limit:
-            body.over = True
+        if not _room(body, limit):
             return
         for chunk in iterator:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                body.over = True
-                return
-            if until is not None and len(chunks) > 1 and clock() >= until:
-                body.timed_out = True
+            if not _took(body, chunk, limit, until, clock):
                 return
         body.complete = True
     except BaseException:
         body.close()
         raise
     finally:
-        body.size = size
-        # What was read is the response's content from now on: a classifier and the
-        # profile's matchers read ``response.content``, as of an answer read whole.
-        body.response._content = b"".join(chunks)
+        _keep(body)
 
 
 async def aread_answer(
     body: AnswerBody, limit: int, until: float | None, clock: Callable[[], float]
 ) -> None:
     """`read_answer` on an async response (asyncio or trio)."""
-    body.over = body.timed_out = False
     iterator: AsyncIterator[bytes] | None = body.iterator  # type: ignore[assignment]
     if iterator is None:
         iterator = body.iterator = body.response.aiter_bytes()
-    chunks, size = body.chunks, body.size
     try:
-        if size > limit:
-            body.over = True
+        if not _room(body, limit):
             return
         async for chunk in iterator:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                body.over = True
-                return
-            if until is not None and len(chunks) > 1 and clock() >= until:
-                body.timed_out = True
+            if not _took(body, chunk, limit, until, clock):
                 return
         body.complete = True
     except BaseException:
         await body.aclose()
         raise
     finally:
-        body.size = size
-        # What was read is the response's content from now on: a classifier and the
-        # profile's matchers read ``response.content``, as of an answer read whole.
-        body.response._content = b"".join(chunks)
+        _keep(body)

@@ -706,6 +706,18 @@ class Engine:
 
     # -- one call ------------------------------------------------------------------------
 
+    def _read_request(self, request: httpx.Request) -> tuple[RequestHeaders, str]:
+        """The request's headers as the journal sees them, and its digest: one reading
+        for a call and an enqueue, so the two journal the same request alike."""
+        headers = read_request_headers(
+            request.headers,
+            self.redact_headers,
+            request.url,
+            self.fingerprint_headers,
+            self.profile.key_header,
+        )
+        return headers, request_digest(request.method, request.url, headers.fingerprinted)
+
     def call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
         """Journal the operation (or find it), then attempt until the decision settles.
 
@@ -714,14 +726,7 @@ class Engine:
         """
         started = self.clock()
         request = call.request
-        headers = read_request_headers(
-            request.headers,
-            self.redact_headers,
-            request.url,
-            self.fingerprint_headers,
-            self.profile.key_header,
-        )
-        print_ = request_digest(request.method, request.url, headers.fingerprinted)
+        headers, print_ = self._read_request(request)
         secrets = headers.secrets
         pause = yield from self._origin_pause(self.profile, request, started, call.operation_id)
         if pause is not None:
@@ -891,14 +896,7 @@ class Engine:
         the same check a call makes (`KeyReuseError` for another request).
         """
         request = call.request
-        headers = read_request_headers(
-            request.headers,
-            self.redact_headers,
-            request.url,
-            self.fingerprint_headers,
-            self.profile.key_header,
-        )
-        print_ = request_digest(request.method, request.url, headers.fingerprinted)
+        headers, print_ = self._read_request(request)
         now = self.clock()
         if call.deadline_at is not None and call.deadline_at <= now:
             raise ValueError(
