@@ -20,18 +20,9 @@ import httpx
 
 import idempotently
 from idempotently.profiles import GENERIC
+from tests.crash_scenarios import ORDERS, charge
 
-ORDERS = ("order-1", "order-2")
 BEARER = {"Authorization": "Bearer user_1"}
-
-
-def charge(order: str, amount: int = 100) -> dict[str, Any]:
-    return {
-        "amount": amount,
-        "currency": "usd",
-        "customer": "cus_1",
-        "metadata": {"order_id": order},
-    }
 
 
 # -- ways to send that must hold ----------------------------------------------------

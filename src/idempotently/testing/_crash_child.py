@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -257,18 +257,26 @@ def wrap_transports(tracker: Tracker) -> None:
         )
 
 
+def _before_send(tracker: Tracker, request: Any) -> int | None:
+    """The operation a request is an attempt of (None: not one the journal made), with
+    ``after_request_sent`` met: where the process dies, when that is the step aimed at."""
+    found = tracker.index_of_request(request.headers)
+    if found is None:
+        return None
+    index, key = found
+    if tracker.aimed_at(index, AFTER_REQUEST_SENT):
+        _send_and_wait(tracker, index, key, request)
+    tracker.reach(index, AFTER_REQUEST_SENT)
+    return index
+
+
 def _dying_send(send: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     def dying_send(self: Any, request: Any) -> Any:
-        found = tracker.index_of_request(request.headers)
-        if found is None:
-            return send(self, request)
-        index, key = found
-        if tracker.aimed_at(index, AFTER_REQUEST_SENT):
-            _send_and_wait(tracker, index, key, request)
-        tracker.reach(index, AFTER_REQUEST_SENT)
+        index = _before_send(tracker, request)
         response = send(self, request)
-        response.read()
-        tracker.reach(index, AFTER_ANSWER_ARRIVED)
+        if index is not None:
+            response.read()
+            tracker.reach(index, AFTER_ANSWER_ARRIVED)
         return response
 
     return dying_send
@@ -276,16 +284,11 @@ def _dying_send(send: Callable[..., Any], tracker: Tracker) -> Callable[..., Any
 
 def _dying_async_send(send: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     async def dying_send(self: Any, request: Any) -> Any:
-        found = tracker.index_of_request(request.headers)
-        if found is None:
-            return await send(self, request)
-        index, key = found
-        if tracker.aimed_at(index, AFTER_REQUEST_SENT):
-            _send_and_wait(tracker, index, key, request)
-        tracker.reach(index, AFTER_REQUEST_SENT)
+        index = _before_send(tracker, request)
         response = await send(self, request)
-        await response.aread()
-        tracker.reach(index, AFTER_ANSWER_ARRIVED)
+        if index is not None:
+            await response.aread()
+            tracker.reach(index, AFTER_ANSWER_ARRIVED)
         return response
 
     return dying_send
@@ -332,14 +335,6 @@ def checked_session(session: Any, *, asynchronous: bool) -> Any:
     return session
 
 
-@contextlib.contextmanager
-def _opened(session: Any) -> Iterator[Any]:
-    try:
-        yield session
-    finally:
-        session.close()
-
-
 def run(spec: dict[str, Any], events: Events) -> None:
     scenario = resolve(spec["scenario"])
     factory = resolve(spec["session"]) if spec.get("session") else None
@@ -356,7 +351,7 @@ def run(spec: dict[str, Any], events: Events) -> None:
     wrap_transports(tracker)
     recover = spec["mode"] == "recover"
     if not asynchronous:
-        with _opened(make()) as session:
+        with contextlib.closing(make()) as session:
             if recover:
                 results = session.resume()
                 events.emit("resumed", results=[result.to_json() for result in results])
