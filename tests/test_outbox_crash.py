@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import idempotently
-from idempotently.testing import MockServer, MockServerConfig, serve
+from idempotently.testing import Fault, MockServer, MockServerConfig, serve
 from tests.support import JsonLinesProcess
 from tests.test_outbox import drop_app_tables
 
@@ -151,6 +151,10 @@ def test_a_relay_killed_mid_batch_sends_nothing_twice_and_loses_nothing(
         common = ["--journal", journal_target, "--base-url", api.url, "--user", user]
         code, _, child = run_child(tmp_path, "shop", *common, "--orders", "8")
         assert 0 == code, child.diagnosis()
+        # The relay sends oldest first: the fourth charge is the one in flight at the
+        # kill. Held 2 s more at the server, it is still unanswered when the kill comes,
+        # however loaded the machine (0.3 s alone was not, once, under a full suite).
+        api.faults.for_order("order-3", Fault.delay(2.0))
         doomed = Child(tmp_path, "relay", *common, "--backend", backend)
         try:
             results = 0
@@ -159,6 +163,7 @@ def test_a_relay_killed_mid_batch_sends_nothing_twice_and_loses_nothing(
                 assert event is not None, doomed.diagnosis()
                 results += event["event"] == "result"
             in_flight = wait_for_a_send_in_flight(journal_target)
+            assert "order-3:charge" == in_flight
             doomed.proc.kill()
             assert -9 == doomed.proc.wait(timeout=WAIT)
         finally:
