@@ -359,7 +359,13 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
     sent: list[httpx.Request] = []
     journal = idempotently.Journal(tmp_path / "journal.db")
     gate = threading.Event()
-    holding = around_commit(journal, Insert, before=lambda write: gate.wait(timeout=10))
+    held = threading.Event()
+
+    def hold(write: object) -> None:
+        held.set()
+        gate.wait(timeout=30)
+
+    holding = around_commit(journal, Insert, before=hold)
     holding.__enter__()
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -373,7 +379,13 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
         async with anyio.create_task_group() as group:
             for n in range(8):
                 group.start_soon(lambda n=n: s.post(URL, json={"n": n}))
-            await anyio.sleep(0.1)  # the first key's commit is held, the others queued
+            # Not a fixed sleep: on a loaded machine 0.1 s saw only 2 of the 8 keys handed
+            # over. Wait until the first key's commit is held and every task is parked
+            # (the other seven keys queued behind it).
+            with anyio.fail_after(30):
+                while not held.is_set():
+                    await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()
             group.cancel_scope.cancel()
             gate.set()
         journaled = s.journal.operations()
