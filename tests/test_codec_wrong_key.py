@@ -62,7 +62,7 @@ class Keystream:
         return b"".join(blocks)[:size]
 
     def encode(self, data: bytes) -> bytes:
-        return bytes(a ^ b for a, b in zip(data, self._stream(len(data))))
+        return bytes(a ^ b for a, b in zip(data, self._stream(len(data)), strict=True))
 
     decode = encode
 
@@ -307,7 +307,7 @@ def test_a_row_in_clear_stores_no_digest(
     """Without a codec nothing new is stored; through one, the digest is stored encoded."""
     from tests.at_rest import stored_column
 
-    app, url = scripted
+    _app, url = scripted
     with idempotently.Session(journal_target, base_url=url) as session:
         session.post("/v1/charges", json=CHARGE, operation_id="clear")
     with idempotently.Session(
