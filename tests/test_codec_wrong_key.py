@@ -318,3 +318,47 @@ def test_a_row_in_clear_stores_no_digest(
     assert stored_column(journal_target, "clear", "body_digest") is None
     stored = stored_column(journal_target, "encoded", "body_digest")
     assert (RIGHT_XOR.encode(digest), False) == (stored, digest in stored)
+
+
+@pytest.mark.parametrize("kind", ["xor", "keystream"])
+def test_the_providers_ledger_shows_one_charge_whatever_key_resume_is_given(
+    journal_target: str, kind: str
+) -> None:
+    """Against the mock provider: the charge is made and its answer lost; resume with the
+    wrong key sends nothing (one request, one charge under the key); with the right key
+    the provider replays it, and the ledger still holds exactly one charge."""
+    from idempotently.testing import Fault, serve
+
+    charge = {"amount": 1000, "currency": "usd", "customer": "cus_1", "metadata": {"o": "1"}}
+    headers = {"Authorization": "Bearer shop_1"}
+    with serve() as server:
+        server.faults.push(Fault.lose_response())
+        with (
+            idempotently.Session(
+                idempotently.Journal(journal_target, codec=RIGHT[kind]),
+                base_url=server.url,
+                headers=headers,
+                policy=ONE_TRY,
+            ) as session,
+            pytest.raises(idempotently.OperationPendingError) as caught,
+        ):
+            session.post("/v1/charges", json=charge, operation_id="op")
+        key = caught.value.key
+        assert key is not None
+        with idempotently.Session(
+            idempotently.Journal(journal_target, codec=WRONG[kind]),
+            base_url=server.url,
+            headers=headers,
+        ) as session:
+            (refused,) = session.resume()
+        assert ("not_sent", 1) == (refused.action, len(server.requests))
+        assert {("shop_1", key): 1} == server.charge_count_by_key()
+        with idempotently.Session(
+            idempotently.Journal(journal_target, codec=RIGHT[kind]),
+            base_url=server.url,
+            headers=headers,
+        ) as session:
+            (resent,) = session.resume()
+        assert ("succeeded", True) == (resent.action, resent.replayed)
+        assert {("shop_1", key): 1} == server.charge_count_by_key()
+        assert 2 == len(server.requests)
