@@ -237,3 +237,26 @@ def test_a_classifier_that_raises_leaves_the_operation_pending_with_its_key(
     assert ("op", arrival.key) == (caught.value.operation_id, caught.value.key)
     assert "resume" in str(caught.value) and "nothing was" not in str(caught.value)
     assert ("pending", 1) == the_operation(path)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("point", ["codec-on-the-answer", "journal-write-fails"])
+async def test_an_async_transport_error_after_the_send_says_it_may_have_been_delivered(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], point: str
+) -> None:
+    """AsyncTransport under an SDK's async client, on asyncio and trio: the same rule."""
+    app, url = scripted
+    app.answer(Answer(201, body=ANSWER))
+    journal = journal_for(point, tmp_path / "journal.db")
+    async with httpx.AsyncClient(
+        transport=idempotently.AsyncTransport(journal), base_url=url
+    ) as sdk:
+        with pytest.raises(idempotently.IdempotentlyError) as caught:
+            await sdk.post("/v1/charges", json={"amount": 1}, headers={"Idempotency-Key": "k-1"})
+    journal.close()
+    (arrival,) = app.arrivals
+    message = str(caught.value)
+    assert ("k-1", "k-1") == (arrival.key, caught.value.key)
+    assert caught.value.operation_id is not None
+    assert "may have been delivered" in message and "resume" in message
+    assert "nothing was" not in message and "secret_answer" not in message
