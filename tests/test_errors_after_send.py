@@ -260,3 +260,25 @@ async def test_an_async_transport_error_after_the_send_says_it_may_have_been_del
     assert caught.value.operation_id is not None
     assert "may have been delivered" in message and "resume" in message
     assert "nothing was" not in message and "secret_answer" not in message
+
+
+def test_the_rule_drops_any_claim_that_nothing_was_sent_and_never_quotes_a_foreign_error() -> None:
+    """The one rule on its own: a claim of "nothing was sent" is dropped, the sentence and
+    the ids added, its type kept; any other error becomes OperationPendingError, its
+    message never quoted (it may hold a body), kept as the cause."""
+    from idempotently._exceptions import after_send_began
+
+    claimed = after_send_began(
+        idempotently.CodecError("codec 'x' failed; nothing was journaled or sent"),
+        "op",
+        "k",
+        "exactly_once",
+    )
+    foreign = ValueError("card 4242424242424242")
+    wrapped = after_send_began(foreign, "op", "k", "at_most_once")
+    assert isinstance(claimed, idempotently.CodecError)
+    assert "nothing was" not in str(claimed) and "may have been delivered" in str(claimed)
+    assert ("op", "k") == (claimed.operation_id, claimed.key)
+    assert isinstance(wrapped, idempotently.OperationPendingError)
+    assert (foreign, "4242" in str(wrapped)) == (wrapped.__cause__, False)
+    assert "never resent" in str(wrapped)

@@ -275,13 +275,13 @@ def after_send_began(
     hold a body or a credential)."""
     if delivery == "at_most_once":
         after = (
-            "it was raised after the request began to be sent, so the request may have been "
+            "this happened after the request began to be sent, so it may have been "
             "delivered: as an at-most-once operation it is never resent (look it up on the "
             "server and settle it: `idempotently settle`)"
         )
     else:
         after = (
-            "it was raised after the request began to be sent, so the request may have been "
+            "this happened after the request began to be sent, so it may have been "
             "delivered: " + RESUME_HINT + " (the same key makes the resend safe)"
         )
     if isinstance(error, IdempotentlyError):
@@ -292,7 +292,7 @@ def after_send_began(
         error.key = error.key or key
         return error
     pending = OperationPendingError(
-        f"{type(error).__name__} raised while the operation was being sent; {after}",
+        f"{type(error).__name__} raised while the operation was in flight; {after}",
         operation_id=operation_id,
         key=key,
     )
