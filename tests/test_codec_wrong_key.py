@@ -194,7 +194,8 @@ async def test_async_resume_and_call_with_the_wrong_key_send_nothing(
 def test_cli_resume_with_the_wrong_key_sends_nothing(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
-    """`idempotently resume --codec` with the wrong key: not_sent, exit 1, nothing sent."""
+    """`idempotently resume --codec` with the wrong key: not_sent, exit 1, nothing sent;
+    `show` says why and prints no wrongly decoded body."""
     app, url = scripted
     path = str(tmp_path / "journal.db")
     lost_answer(path, url, app, RIGHT_XOR)
@@ -205,6 +206,12 @@ def test_cli_resume_with_the_wrong_key_sends_nothing(
     )
     assert (1, 1) == (wrong.exit_code, len(app.arrivals)), wrong.output
     assert "not_sent" == json.loads(wrong.stdout)[0]["action"]
+    shown = runner.invoke(
+        cli, ["--journal", path, "show", "op", "--codec", "tests.test_codec_wrong_key:WRONG_XOR"]
+    )
+    garbage = WRONG_XOR.decode(RIGHT_XOR.encode(body())).decode("latin-1")
+    assert (1, True) == (shown.exit_code, "does not match the digest" in shown.output)
+    assert garbage[:12] not in shown.output
     right = runner.invoke(
         cli, ["--journal", path, "resume", "--codec", "tests.test_codec_wrong_key:RIGHT_XOR"]
     )
