@@ -245,6 +245,7 @@ class MemoryStore:
                 secret_params=row.secret_params,
                 credentials_digest=row.credentials_digest,
                 overrides=row.overrides,
+                body_digest=row.body_digest,
             )
         for note in write.audit:
             self._audit(note, write.now)

@@ -1,5 +1,5 @@
 """Closing the journal while a call is in flight: the error says what is true (the
-request may have reached the server; resume finishes it) and names the operation and key."""
+request may have been delivered; resume finishes it) and names the operation and key."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_a_journal_closed_during_a_send_says_the_request_may_have_been_sent(
     ):
         session.post(URL, json={"amount": 1}, operation_id="order-1")
     message = str(caught.value)
-    assert "may have reached the server" in message and "resume" in message
+    assert "may have been delivered" in message and "resume" in message
     assert "nothing was sent" not in message
     assert ("order-1", keys[0]) == (caught.value.operation_id, caught.value.key)
     with idempotently.Session(
@@ -67,5 +67,5 @@ async def test_an_async_journal_closed_during_a_send_says_so_too(
     ):
         with pytest.raises(idempotently.JournalError) as caught:
             await session.post(URL, json={"amount": 1}, operation_id="order-1")
-    assert "may have reached the server" in str(caught.value)
+    assert "may have been delivered" in str(caught.value)
     assert ("order-1", keys[0]) == (caught.value.operation_id, caught.value.key)

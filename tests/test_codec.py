@@ -254,8 +254,8 @@ def test_a_codec_is_checked_before_the_journal_is_opened(tmp_path: Path) -> None
 def test_a_codec_that_fails_on_a_body_journals_and_sends_nothing(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
-    """encode() raising for one body: CodecError naming the codec, not the body; nothing
-    journaled or sent for it."""
+    """encode() raising for one body: CodecError naming the codec, not the body, and the
+    operation id and key of the named call; nothing journaled or sent for it."""
     app, url = scripted
     journal = idempotently.Journal(tmp_path / "j.db", codec=FailsOnBigBodies())
     with idempotently.Session(journal, base_url=url) as session:
@@ -264,6 +264,8 @@ def test_a_codec_that_fails_on_a_body_journals_and_sends_nothing(
         assert journal.operation("op") is None
     journal.close()
     assert CARD not in str(caught.value) and "fails-on-big-bodies" in str(caught.value)
+    assert "nothing was journaled or sent" in str(caught.value)
+    assert ("op", True) == (caught.value.operation_id, caught.value.key is not None)
     assert [] == app.arrivals
 
 

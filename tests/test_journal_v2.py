@@ -300,7 +300,7 @@ def test_a_version_1_journal_is_upgraded_when_opened_to_write(path: Path) -> Non
         after = journal.stats(now=NOW + 600)
         dry_run = journal.prune(older_than=0, now=NOW + 600, dry_run=True)
 
-    assert 4 == SCHEMA_VERSION == user_version(path)
+    assert 5 == SCHEMA_VERSION == user_version(path)
     assert 4 == namespace.version
     assert before == after
     assert 3 == dry_run

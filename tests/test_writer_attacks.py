@@ -119,7 +119,7 @@ def test_a_closed_journal_tells_each_batched_write_about_its_own_operation(
         (error.operation_id, error.key) for error in errors
     ]
     assert errors[0] is not errors[1]
-    assert "may have reached the server" in str(errors[1])
+    assert "was in flight" in str(errors[1])
 
 
 def test_a_disk_full_batch_fails_every_write_and_leaves_no_transaction(tmp_path: Path) -> None:
@@ -712,7 +712,7 @@ def test_counts_follow_hand_edits_in_the_sqlite3_shell(tmp_path: Path) -> None:
             "updated_at, key_expires_at, deadline_at, not_before, lease_owner, lease_until, "
             "attempt_count, last_status_code, response_status, response_headers, "
             "response_body, reason, codec, secret_params, credentials_digest, overrides, "
-            "forked_from, lookup_after, enqueued_at, first_send_at "
+            "forked_from, lookup_after, enqueued_at, first_send_at, body_digest "
             "FROM operations WHERE operation_id = 'op-4'"
         )
         settled = journal._set_status(

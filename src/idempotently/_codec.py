@@ -10,6 +10,8 @@ ids and keys) stays in clear, so the journal can still be audited without it.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -26,6 +28,14 @@ class Codec(Protocol):
     ``decode(encode(data)) == data`` for all bytes. ``name`` is journaled with
     every operation it encodes; a journal opened with a codec of another name (or
     none) reads those bodies as unreadable, and never sends them.
+
+    With each request body the journal stores its SHA-256, encoded by the codec too,
+    and resends a body only if its decoded digest matches: a codec that does not
+    authenticate (a keystream, XOR, compression with a dictionary), given the wrong key,
+    decodes to other bytes, which are never sent under the operation's key. A codec
+    whose ``decode`` raises for a wrong key or damaged data may say so with
+    ``authenticates = True``: rows journaled before the digest existed (schema
+    version 5) are then resent as before; without it they are not.
     """
 
     name: str
@@ -71,20 +81,55 @@ def check_codec(codec: object) -> Codec:
 
 
 def encoded(codec: Codec, data: bytes) -> bytes:
-    """``codec.encode(data)``, or a CodecError (never the data in its message)."""
+    """``codec.encode(data)``, or a CodecError (never the data in its message).
+
+    The message says only what the codec did: whether anything was sent is for the
+    caller to say (before the first send, nothing was; after it, the one rule of
+    `idempotently._exceptions.after_send_began` says what may have been)."""
     try:
         result = codec.encode(data)
     except Exception as error:
         raise CodecError(
-            f"codec {codec.name!r} failed to encode a body ({type(error).__name__}); "
-            "nothing was journaled or sent"
+            f"codec {codec.name!r} failed to encode a body ({type(error).__name__})"
         ) from None
     if not isinstance(result, bytes):
         raise CodecError(
-            f"codec {codec.name!r} encoded a body as {type(result).__name__}, not bytes; "
-            "nothing was journaled or sent"
+            f"codec {codec.name!r} encoded a body as {type(result).__name__}, not bytes"
         )
     return result
+
+
+def body_digest(codec: Codec, body: bytes) -> bytes:
+    """What the journal stores beside a request body encoded by ``codec``: the SHA-256 of
+    the clear body, encoded by the same codec (never in clear)."""
+    return encoded(codec, hashlib.sha256(body).digest())
+
+
+def unverified(codec: Codec, body: bytes, digest: bytes | None) -> str | None:
+    """Why ``body``, decoded by ``codec``, cannot be proven to be the body first journaled
+    (a message, never the data); None when its digest matches.
+
+    ``digest`` is the row's stored ``body_digest``; None for a row journaled before there
+    was one, which only a codec that says it authenticates may resend."""
+    if digest is None:
+        if getattr(codec, "authenticates", False) is True:
+            return None
+        return (
+            f"it was journaled before the journal kept a digest of each request body "
+            f"(schema version 5), and codec {codec.name!r} does not say that it "
+            "authenticates (a codec whose decode raises for a wrong key sets "
+            "authenticates = True), so the decoded body cannot be proven to be the one "
+            "first sent; check it (`idempotently show`) and settle or fork it by hand"
+        )
+    clear = decoded(codec, codec.name, digest)
+    if isinstance(clear, str) or not hmac.compare_digest(clear, hashlib.sha256(body).digest()):
+        return (
+            f"its request body, decoded with codec {codec.name!r}, does not match the "
+            "digest journaled with it: the codec's key is not the one it was written with "
+            "(a codec that does not authenticate decodes a wrong key to other bytes), or "
+            "the row is damaged; open the journal with the codec and key it was written with"
+        )
+    return None
 
 
 def decoded(codec: Codec | None, stored: str, data: bytes) -> bytes | str:
@@ -141,6 +186,9 @@ class FernetCodec:
             ) from None
         self.name = name
         self._fernet = MultiFernet(fernets)
+
+    authenticates = True
+    """Fernet's HMAC makes a wrong key or a damaged row fail to decode (see `Codec`)."""
 
     def encode(self, data: bytes) -> bytes:
         return self._fernet.encrypt(data)

@@ -45,7 +45,7 @@ from idempotently._commands import (
 )
 from idempotently._credentials import compute_digest
 from idempotently._events import Unfinished, adeliver, deliver
-from idempotently._exceptions import JournalError
+from idempotently._exceptions import JournalError, after_send_began
 from idempotently._flow import Flow, Held
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
@@ -123,6 +123,11 @@ def run(
                 reply = store._execute(command)
                 if isinstance(command, Record):
                     held.recorded(command)
+    except Exception as error:
+        told = _told(error, held)
+        if told is error:
+            raise
+        raise told  # noqa: B904 (its __cause__ is the error)
     finally:
         flow.close()
         cleanup, held.lease, held.interrupted = held.cleanup(), None, None
@@ -216,6 +221,11 @@ async def arun(
                 if isinstance(command, Record):
                     held.recorded(command)
                 await anyio.lowlevel.checkpoint_if_cancelled()
+    except Exception as error:
+        told = _told(error, held)
+        if told is error:
+            raise
+        raise told  # noqa: B904 (its __cause__ is the error)
     finally:
         flow.close()
         cleanup, held.lease, held.interrupted = held.cleanup(), None, None
@@ -230,6 +240,17 @@ async def arun(
                 with anyio.CancelScope(shield=True):
                     for event, hooks in endings:
                         await adeliver(event, hooks)
+
+
+def _told(error: Exception, held: Held) -> BaseException:
+    """``error`` as the call raises it: the one place that knows whether a send of the
+    operation may have begun with its answer not journaled (``held.interrupted``), and
+    then makes the error say so (`after_send_began`), whatever raised it."""
+    sending = held.interrupted
+    if sending is None:
+        return error
+    operation_id, key, _owner, _started, delivery = sending
+    return after_send_began(error, operation_id, key, delivery)
 
 
 class _Pending:

@@ -34,6 +34,7 @@ opened), and survives a pickle round trip (to a worker process and back).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
@@ -250,3 +251,50 @@ class AnswerNotReadError(NoStoredAnswerError):
     again; the body is not kept. ``response`` holds the status, the headers and the
     part of the body that was read. Look the object up on the server, or raise
     ``max_response_bytes`` (or the deadline) for answers that large."""
+
+
+# -- the one rule for errors raised after a send may have begun -------------------------------
+
+_NOTHING_SENT = re.compile(
+    r"\s*[;,:(]?\s*nothing (?:was|would be|is) (?:\w+ or )?sent(?: or \w+)?[^.;)]*\)?", re.I
+)
+"""A claim that nothing was sent, which an error raised after a send began must not make."""
+
+
+def after_send_began(
+    error: Exception, operation_id: str, key: str, delivery: str
+) -> IdempotentlyError:
+    """``error``, raised while a send of the operation may have begun and before its answer
+    was journaled, saying so: the request may have been delivered, what finishes it, and
+    the operation's id and key. The drivers apply it to every error that ends a flow in that
+    window, so no source of an error has to know whether a send began.
+
+    An idempotently error keeps its type (a `CodecError` is still caught as one), its
+    message losing any claim that nothing was sent; any other error (a hook's, a codec's
+    own) becomes an `OperationPendingError` whose ``__cause__`` it is, never quoted (it may
+    hold a body or a credential)."""
+    if delivery == "at_most_once":
+        after = (
+            "this happened after the request began to be sent, so it may have been "
+            "delivered: as an at-most-once operation it is never resent (look it up on the "
+            "server and settle it: `idempotently settle`)"
+        )
+    else:
+        after = (
+            "this happened after the request began to be sent, so it may have been "
+            "delivered: " + RESUME_HINT + " (the same key makes the resend safe)"
+        )
+    if isinstance(error, IdempotentlyError):
+        said = _NOTHING_SENT.sub("", error.message).rstrip(" ;,.")
+        error.message = f"{said}; {after}"
+        error.args = (error.message,)
+        error.operation_id = error.operation_id or operation_id
+        error.key = error.key or key
+        return error
+    pending = OperationPendingError(
+        f"{type(error).__name__} raised while the operation was in flight; {after}",
+        operation_id=operation_id,
+        key=key,
+    )
+    pending.__cause__ = error
+    return pending

@@ -28,7 +28,7 @@ import httpx
 
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES, AnswerBody
 from idempotently._budget import BUDGETS, RetryBudgets, origin_of
-from idempotently._codec import Codec, encoded
+from idempotently._codec import Codec, body_digest, encoded
 from idempotently._commands import (
     AuditNote,
     AuditTrail,
@@ -859,17 +859,30 @@ class Engine:
             journaled = list(headers.journaled)
             if is_journaled(key_header, self.redact_headers):
                 journaled.append((key_header, rendered))
-        # Data at rest: secret query values redacted, the body encoded by the codec.
+        # Data at rest: secret query values redacted, the body encoded by the codec, with
+        # the digest a resend checks it against (the plain path computes nothing more).
         url, redacted = redacted_url(request.url, self.secret_params)
         codec = self.codec
+        operation_id = call.operation_id or call.new_operation_id or new_operation_id()
+        body, digest = request.content, None
+        if codec is not None:
+            try:
+                body, digest = encoded(codec, body), body_digest(codec, body)
+            except CodecError as error:
+                raise CodecError(
+                    f"{error.message}; nothing was journaled or sent",
+                    operation_id=operation_id,
+                    key=key,
+                ) from None
         new = NewOperation(
-            operation_id=call.operation_id or call.new_operation_id or new_operation_id(),
+            operation_id=operation_id,
             key=key,
             delivery=call.delivery,
             method=request.method,
             url=url,
             request_headers=journaled,
-            request_body=request.content if codec is None else encoded(codec, request.content),
+            request_body=body,
+            body_digest=digest,
             fingerprint=print_,
             profile=journaled_profile(self.profile),
             key_header=self.profile.key_header,
@@ -1155,14 +1168,13 @@ class Engine:
                     # A resume's (or a call's) first send of the operation: what the
                     # budget's ratio of retries is counted against.
                     self.budgets.first_attempt(origin, started)
-            held.interrupted = (operation_id, key, owner, started, state.delivery)
             if owner is not None and started > held.lease_until - self.lease_duration / 2:
                 # Half the lease gone before the bytes leave (a slow hook, a long wait):
                 # another caller may have found it expired and taken it. Renew it by a
                 # compare-and-swap on its owner; if that fails, someone else is sending.
                 held.lease_until = started + self.lease_duration
                 if not (yield RenewLease(operation_id, owner, held.lease_until)):
-                    held.interrupted = held.lease = None
+                    held.lease = None
                     raise OperationInProgressError(
                         f"the lease of operation {operation_id!r} ran out before this call "
                         "could send it (a hook or a wait took longer than lease_duration), and "
@@ -1172,8 +1184,11 @@ class Engine:
                         operation_id=operation_id,
                         key=key,
                     )
-            # The answer's body is read by the driver as it arrives, within the bounds
-            # `_Reading` sets; an error while reading is the attempt's error.
+            # From here until its Record is journaled the send may have begun: an early end
+            # journals the attempt as maybe delivered, and any error raised says so (the
+            # drivers' one rule). The answer's body is read by the driver as it arrives,
+            # within the bounds `_Reading` sets; an error while reading is the attempt's.
+            held.interrupted = (operation_id, key, owner, started, state.delivery)
             reading.body = None
             reply = yield Send(request, lease, reading)
             body = reading.body if isinstance(reply, httpx.Response) else None

@@ -370,6 +370,7 @@ def plan(
         secret_params=operation.secret_params,
         credentials_digest=operation.credentials_digest,
         overrides=operation.overrides,
+        body_digest=operation.body_digest,
     )
     return Plan(action, operation, write, after, summary)
 

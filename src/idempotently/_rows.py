@@ -124,6 +124,11 @@ class Operation:
     """When it was enqueued to be sent later (None: made by a call that sends at once)."""
     first_send_at: float | None = None
     """When its first send began. None with ``enqueued_at`` set: never sent."""
+    # Schema version 5 (SQLite) / 3 (PostgreSQL).
+    body_digest: bytes | None = None
+    """The SHA-256 of the clear request body, encoded by ``codec`` as the body is (never in
+    clear): what a resend checks the decoded body against. None for a row in clear, and for
+    one written before schema version 5."""
     # Data at rest: not a column. Set by the journal when it reads a row whose bodies
     # it cannot decode; the bodies are then left out (empty), never shown encoded.
     unreadable: str | None = attrs.field(default=None, metadata={"column": False})
@@ -179,6 +184,8 @@ class NewOperation:
     credentials_digest: str | None = None
     # Retry control (schema v4): the call's own policy and timeouts, for resume.
     overrides: str | None = None
+    # Schema v5: the clear body's SHA-256, encoded by the codec (None without one).
+    body_digest: bytes | None = None
 
     def row(self, owner: str | None, lease_until: float) -> tuple[Any, ...]:
         """The values of the insert that journals it (both stores' column order)."""
@@ -206,6 +213,7 @@ class NewOperation:
             self.secret_params,
             self.credentials_digest,
             self.overrides,  # retry control (schema v4)
+            self.body_digest,  # schema v5
         )
 
     def as_row(self, owner: str | None = None, lease_until: float = 0.0) -> Operation:
@@ -241,6 +249,7 @@ class NewOperation:
             secret_params=self.secret_params,
             credentials_digest=self.credentials_digest,
             overrides=self.overrides,
+            body_digest=self.body_digest,
         )
 
 
@@ -373,6 +382,7 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "codec": (_TEXT, True, ()),
     "secret_params": (_TEXT, True, ()),
     "credentials_digest": (_TEXT, True, ()),
+    "body_digest": (_BLOB, True, ()),  # schema version 5
 }
 _HEADER_COLUMNS = ("request_headers", "response_headers")
 

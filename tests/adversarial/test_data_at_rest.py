@@ -127,15 +127,20 @@ class Scripted:
             return data.decode("latin-1")
         if self.decode_as == "none":
             return None
+        if self.decode_as == "other":
+            # A lie without an error: what a wrong key gives a codec that does not
+            # authenticate (valid JSON, another amount).
+            return b'{"amount": 999999, "card": "4000000000000002"}'
         return data[4:][::-1]
 
 
-@pytest.mark.parametrize("misbehaviour", ["raise", "str", "none"])
+@pytest.mark.parametrize("misbehaviour", ["raise", "str", "none", "other"])
 def test_a_codec_that_fails_or_lies_on_decode_never_sends_or_prints_a_body(
     journal: Path, wire: Wire, misbehaviour: str
 ) -> None:
-    """decode() raising or returning something else than bytes: the operation reads as
-    unreadable (saying so), resume sends nothing, the CLI prints no body bytes."""
+    """decode() raising, returning something else than bytes, or other bytes (the body
+    then does not match its journaled digest): the operation reads as unreadable (saying
+    so), resume sends nothing, the CLI prints no body bytes."""
     codec = Scripted()
     with idempotently.Journal(journal, codec=codec) as opened:
         wire.answer(RESET)
@@ -206,6 +211,45 @@ def test_a_tampered_encoded_row_is_never_sent(journal: Path, wire: Wire, tamperi
     assert stored is not None and stored.unreadable is not None
     assert ("not_sent", 1) == (result.action, len(wire.arrivals))
     assert_sound(journal, operations=["op"], secrets=[CHARGE["card"]], show=False)
+
+
+@pytest.mark.parametrize("tampering", ["bodies-swapped", "digest-dropped", "digest-copied"])
+def test_a_tampered_row_through_a_codec_that_does_not_authenticate_is_never_sent(
+    journal: Path, wire: Wire, tampering: str
+) -> None:
+    """Through a codec that decodes anything: another operation's body swapped in, the
+    digest set to NULL (as if written before version 5), or another row's digest copied
+    in: the decoded body cannot be proven to be the one first sent, so nothing is sent."""
+    codec = Scripted()
+    with idempotently.Journal(journal, codec=codec) as opened:
+        for number in (1, 2):
+            wire.answer(RESET)
+            with (
+                idempotently.Session(opened, base_url=wire.url, policy=ONE_TRY) as session,
+                pytest.raises(idempotently.OperationPendingError),
+            ):
+                session.post(
+                    "/v1/charges", json={**CHARGE, "amount": number}, operation_id=f"op-{number}"
+                )
+    conn = sqlite3.connect(journal)
+    column = {"bodies-swapped": "request_body", "digest-copied": "body_digest"}.get(tampering)
+    if column is None:
+        conn.execute("UPDATE operations SET body_digest = NULL WHERE operation_id = 'op-1'")
+    else:
+        conn.execute(
+            f"UPDATE operations SET {column} = "
+            f"(SELECT {column} FROM operations WHERE operation_id = 'op-2') "
+            "WHERE operation_id = 'op-1'"
+        )
+    conn.commit()
+    conn.close()
+    with idempotently.Journal(journal, codec=codec) as opened:
+        stored = opened.operation("op-1")
+        with idempotently.Session(opened, base_url=wire.url) as session:
+            results = {result.operation_id: result.action for result in session.resume()}
+    assert stored is not None and stored.unreadable is not None
+    assert {"op-1": "not_sent", "op-2": "succeeded"} == results
+    assert 3 == len(wire.arrivals) and b'"amount":2' in wire.arrivals[2].body
 
 
 # -- tampered rows -------------------------------------------------------------------------------

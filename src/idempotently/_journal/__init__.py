@@ -26,7 +26,7 @@ import attrs
 import httpx
 
 from idempotently._budget import origin_of
-from idempotently._codec import Codec, check_codec, decoded
+from idempotently._codec import Codec, check_codec, decoded, unverified
 from idempotently._commands import (
     AuditTrail,
     ClaimDue,
@@ -631,6 +631,10 @@ class Journal:
         if operation is None or operation.codec is None:
             return operation
         request = decoded(self._codec, operation.codec, operation.request_body)
+        if isinstance(request, bytes) and self._codec is not None:
+            # Decoded is not proven: the same check for every read, so no resend (a
+            # call again, resume, a watch worker) can send bytes other than the first.
+            request = unverified(self._codec, request, operation.body_digest) or request
         response: bytes | str | None = None
         if isinstance(request, bytes) and operation.response_body is not None:
             response = decoded(self._codec, operation.codec, operation.response_body)
@@ -778,10 +782,11 @@ def _closed_message(path: str, command: Any) -> str:
         f"the journal {path} was closed (Journal.close(), or the end of the Session's `with` block)"
     )
     if isinstance(command, Record):
+        # What this means for the operation is the drivers' one rule for an error
+        # raised after a send began (`after_send_began`): it may have been delivered.
         return (
-            f"{closed} while this operation was in flight: its attempt may have reached the "
-            "server, but its answer was not journaled, so the operation stays pending. Open "
-            "the journal again and resume it: the same key makes the resend safe"
+            f"{closed} while this operation was in flight, so its answer was not journaled; "
+            "open the journal again to finish it"
         )
     if isinstance(command, (Release, ExtendLeases, RenewLease)):
         return f"{closed}: the lease was left to expire; nothing else changed"

@@ -98,7 +98,7 @@ INSTALL_HINT: Final = "pip install 'idempotently[postgres]'"
 
 SCHEMA: Final = "idempotently"
 """The PostgreSQL schema holding the journal's tables."""
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """The PostgreSQL journal's own schema version (SQLite journals count theirs apart)."""
 _ADVISORY_LOCK: Final = 0x49444D50  # "IDMP", as the SQLite application_id
 """pg_advisory_xact_lock key held while the schema is created or migrated."""
@@ -251,6 +251,12 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     );
     CREATE INDEX operation_audit_by_operation ON {SCHEMA}.operation_audit (operation_id, seq);
     """,
+    # To version 3, as the SQLite journal's version 5: the SHA-256 of the clear request
+    # body, encoded by the row's codec (never in clear), which a resend checks the
+    # decoded body against. NULL for a row in clear and for one written before.
+    f"""
+    ALTER TABLE {SCHEMA}.operations ADD COLUMN body_digest bytea;
+    """,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -307,10 +313,16 @@ _ADDED_IN_V2: Final = frozenset(
         *("forked_from", "lookup_after", "enqueued_at", "first_send_at"),
     }
 )
+_ADDED_IN_V3: Final = frozenset({"body_digest"})
 _SELECT_OPERATION_V1: Final = ", ".join(
-    f"NULL AS {column}" if column in _ADDED_IN_V2 else column for column in _OPERATION_COLUMNS
+    f"NULL AS {column}" if column in _ADDED_IN_V2 | _ADDED_IN_V3 else column
+    for column in _OPERATION_COLUMNS
 )
 """The same columns from a version-1 journal opened read-only (it is not upgraded)."""
+_SELECT_OPERATION_V2: Final = ", ".join(
+    f"NULL AS {column}" if column in _ADDED_IN_V3 else column for column in _OPERATION_COLUMNS
+)
+"""The same columns from a version-2 journal opened read-only."""
 _FINISHED_SQL: Final = f"status IN ({_ddl(FINISHED_STATUSES)})"
 
 _INSERT_OPERATION: Final = f"""
@@ -319,9 +331,9 @@ INSERT INTO {SCHEMA}.operations (
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
     lease_owner, lease_until, enqueued_at, first_send_at,
     codec, secret_params, credentials_digest,
-    overrides
+    overrides, body_digest
 ) VALUES (%s, %s, 'pending', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-    %s, %s, %s, %s)
+    %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
 
@@ -395,6 +407,9 @@ _FIND: Final = _ATTEMPTS_JOINED.format(
 _FIND_V1: Final = _ATTEMPTS_JOINED.format(
     operations=_FIND_ROW.format(columns=_SELECT_OPERATION_V1), order=""
 )
+_FIND_V2: Final = _ATTEMPTS_JOINED.format(
+    operations=_FIND_ROW.format(columns=_SELECT_OPERATION_V2), order=""
+)
 
 _CLAIM_DUE: Final = f"""
 WITH due AS (
@@ -462,13 +477,14 @@ WITH free AS (
         operation_id, key, status, delivery, method, url, request_headers, request_body,
         fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
         lease_owner, lease_until, forked_from, enqueued_at,
-        codec, secret_params, credentials_digest, overrides
+        codec, secret_params, credentials_digest, overrides, body_digest
     ) SELECT %(fork_id)s, %(fork_key)s, 'pending', %(fork_delivery)s, %(fork_method)s,
              %(fork_url)s, %(fork_headers)s, %(fork_body)s, %(fork_fingerprint)s,
              %(fork_profile)s, %(fork_key_header)s, %(now)s, %(now)s, %(fork_expires_at)s,
              NULL, NULL, 0, acted.operation_id, %(now)s,
              -- The same bytes mean the same encoding: what describes them goes along.
-             parent.codec, parent.secret_params, parent.credentials_digest, parent.overrides
+             parent.codec, parent.secret_params, parent.credentials_digest, parent.overrides,
+             parent.body_digest
     FROM acted JOIN {SCHEMA}.operations AS parent ON parent.operation_id = acted.operation_id
     WHERE %(fork_id)s::text IS NOT NULL
     RETURNING operation_id
@@ -1455,7 +1471,7 @@ class PostgresStore:
             return None
         with self._connection() as conn:
             rows = conn.execute(
-                _FIND if self._version >= 2 else _FIND_V1,
+                (_FIND_V1, _FIND_V2, _FIND)[min(self._version, SCHEMA_VERSION) - 1],
                 {"operation_id": operation_id, "key": key},
             ).fetchall()
         found = self._with_attempts(rows)
@@ -1511,7 +1527,9 @@ class PostgresStore:
         if since is not None:
             where.append("created_at >= %s")
             params.append(since)
-        columns = _SELECT_OPERATION if self._version >= 2 else _SELECT_OPERATION_V1
+        columns = (_SELECT_OPERATION_V1, _SELECT_OPERATION_V2, _SELECT_OPERATION)[
+            min(self._version, SCHEMA_VERSION) - 1
+        ]
         sql = f"SELECT seq AS _seq, {columns} FROM {SCHEMA}.operations"
         if where:
             sql += " WHERE " + " AND ".join(where)

@@ -97,7 +97,7 @@ def _refuse_url(path: str) -> None:
         )
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
 
@@ -344,9 +344,21 @@ _SCHEMA_V4_NAMES: Final = _SCHEMA_V3_NAMES | frozenset(
 )
 """Every table, index and trigger a version-4 journal has (beyond version 1's tables)."""
 
+# Version 5: what lets a resume prove it sends the bytes of the first attempt through
+# a codec that does not authenticate (a wrong key decodes to other bytes): the SHA-256
+# of the clear request body, encoded by the row's codec (never in clear). NULL for a
+# row in clear, and for a row written before.
+_SCHEMA_V5 = """
+ALTER TABLE operations ADD COLUMN body_digest BLOB;
+"""
+_SCHEMA_V5_NAMES: Final = _SCHEMA_V4_NAMES
+"""Version 5 adds a column, no table, index or trigger."""
+
 
 def _schema_names(version: int) -> frozenset[str]:
     """The tables, indexes and triggers a journal of ``version`` (2 or later) must have."""
+    if version >= 5:
+        return _SCHEMA_V5_NAMES
     if version >= 4:
         return _SCHEMA_V4_NAMES
     return _SCHEMA_V3_NAMES if version >= 3 else _SCHEMA_V2_NAMES
@@ -388,6 +400,8 @@ def upgrade_statements(version: int) -> list[str]:
         statements += _split_statements(_SCHEMA_V3)
     if version < 4:
         statements += _split_statements(_SCHEMA_V4)
+    if version < 5:
+        statements += _split_statements(_SCHEMA_V5)
     statements.append(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return statements
 
@@ -436,9 +450,9 @@ INSERT INTO operations (
     fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
     lease_owner, lease_until, enqueued_at, first_send_at,
     codec, secret_params, credentials_digest,
-    overrides
+    overrides, body_digest
 ) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    ?, ?, ?, ?)
+    ?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING
 """
 
@@ -452,7 +466,7 @@ FROM operations WHERE operation_id = ?
 """
 
 
-_INHERITED: Final = "codec, secret_params, credentials_digest, overrides"
+_INHERITED: Final = "codec, secret_params, credentials_digest, overrides, body_digest"
 """What a fork takes from its parent with the request bytes."""
 # The lease to send is taken by this compare-and-swap, and so the first send of an
 # enqueued operation begins with it: first_send_at is set here, and the key's
