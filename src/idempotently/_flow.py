@@ -1325,6 +1325,8 @@ class Engine:
 
     def _unkept(self, body: AnswerBody) -> str:
         """Why a final answer's body is not kept: what stopped its reading."""
+        if body.refused is not None:
+            return body.refused
         if body.over:
             return (
                 f"its body is larger than max_response_bytes ({self.max_response_bytes} "
