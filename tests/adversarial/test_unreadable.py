@@ -408,3 +408,43 @@ def test_a_poisoned_row_never_stops_the_resume_command(
     assert_the_others_went_on(
         journal_target, wire, [idempotently.ResumeResult(**row) for row in printed]
     )
+
+
+@pytest.mark.parametrize("case", ["timeout-10**400", "url-unparseable"])
+def test_a_poisoned_row_never_stops_a_watch_worker(
+    tmp_path: Path, journal: Path, wire: Wire, case: str
+) -> None:
+    """`resume --watch`, a real process: the poisoned operation enqueued first is
+    reported (not sent, what is wrong), the good one enqueued after it is sent, and the
+    worker stays up until it is stopped."""
+    from tests.test_fleet import WatchWorker
+
+    with idempotently.Session(journal) as session:
+        for operation_id in ("poisoned", "good"):
+            session.enqueue(
+                "POST", f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id
+            )
+    poison(str(journal), "poisoned", *POISONS[case])
+    worker = WatchWorker(tmp_path, str(journal), "host-a")
+    try:
+        seen: dict[str, dict[str, Any]] = {}
+
+        def both_reported(event: dict[str, Any]) -> bool:
+            if event.get("event") == "operation":
+                seen.setdefault(event["operation_id"], event)
+            return {"poisoned", "good"} <= set(seen)
+
+        worker.wait_for(both_reported)
+        assert None is worker.proc.poll(), worker.diagnosis()
+        assert ("succeeded", "pending", "not_sent") == (
+            seen["good"]["status"],
+            seen["poisoned"]["status"],
+            seen["poisoned"]["action"],
+        )
+        assert "nothing was sent" in seen["poisoned"]["detail"]
+        with idempotently.Journal(journal, create=False) as opened:
+            good = opened.operation("good")
+        assert good is not None and [good.key.encode()] == wire.keys()
+        assert 0 == worker.stop(), worker.diagnosis()
+    finally:
+        worker.close()
