@@ -1711,7 +1711,7 @@ class Engine:
             )
         return ResumeResult.of(
             operation,
-            "pending" if operation.status == "pending" else operation.status,
+            operation.status,
             "not_sent",
             f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
             f"{operation.status} (see `idempotently show {operation.operation_id}`)",
