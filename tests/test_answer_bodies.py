@@ -523,6 +523,27 @@ def test_a_sessions_gzip_of_gzip_bomb_is_journaled_not_read(
     assert_journaled_not_read(journal_target, "op-bomb")
 
 
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_a_bomb_through_a_client_of_either_library_is_journaled_not_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], lib: ModuleType
+) -> None:
+    """Session(client=...) of httpx or httpx2: the bomb is bounded the same way (the
+    httpx2 answer's raw bytes are decoded here too)."""
+    app, url = scripted
+    app.answer(bomb_answer())
+    with (
+        lib.Client(timeout=30) as client,
+        idempotently.Session(
+            tmp_path / "journal.db", client=client, policy=FAST, max_response_bytes=LIMIT
+        ) as session,
+        memory_growth() as grew,
+        pytest.raises(idempotently.AnswerNotReadError),
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-bomb")
+    assert grew[0] < MEMORY_BOUND
+    assert_journaled_not_read(tmp_path / "journal.db", "op-bomb")
+
+
 @pytest.mark.anyio
 async def test_an_async_sessions_gzip_of_gzip_bomb_is_journaled_not_read(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
