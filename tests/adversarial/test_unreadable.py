@@ -384,15 +384,16 @@ def test_a_poisoned_row_never_stops_a_concurrent_resume(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("case", ["timeout-10**400", "deadline-10**400", "profile-not-json"])
+@pytest.mark.parametrize("case", ["timeout-10**400", "deadline-10**400", "url-unparseable"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_poisoned_row_never_stops_async_session_resume(
-    journal: Path, wire: Wire, case: str, anyio_backend: str
+    journal_target: str, wire: Wire, case: str, anyio_backend: str
 ) -> None:
-    """AsyncSession.resume, on asyncio and trio: the same."""
-    poisoned_journal(str(journal), wire, case)
-    async with idempotently.AsyncSession(journal) as session:
+    """AsyncSession.resume, on asyncio and trio, SQLite and PostgreSQL: the same."""
+    poisoned_journal(journal_target, wire, case)
+    async with idempotently.AsyncSession(journal_target) as session:
         results = await session.resume()
-    assert_the_others_went_on(str(journal), wire, results)
+    assert_the_others_went_on(journal_target, wire, results)
 
 
 @pytest.mark.parametrize("case", POISONS)
@@ -411,21 +412,22 @@ def test_a_poisoned_row_never_stops_the_resume_command(
 
 
 @pytest.mark.parametrize("case", ["timeout-10**400", "url-unparseable"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_poisoned_row_never_stops_a_watch_worker(
-    tmp_path: Path, journal: Path, wire: Wire, case: str
+    tmp_path: Path, journal_target: str, wire: Wire, case: str
 ) -> None:
     """`resume --watch`, a real process: the poisoned operation enqueued first is
     reported (not sent, what is wrong), the good one enqueued after it is sent, and the
     worker stays up until it is stopped."""
     from tests.test_fleet import WatchWorker
 
-    with idempotently.Session(journal) as session:
+    with idempotently.Session(journal_target) as session:
         for operation_id in ("poisoned", "good"):
             session.enqueue(
                 "POST", f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id
             )
-    poison(str(journal), "poisoned", *POISONS[case])
-    worker = WatchWorker(tmp_path, str(journal), "host-a")
+    poison(journal_target, "poisoned", *POISONS[case])
+    worker = WatchWorker(tmp_path, journal_target, "host-a")
     try:
         seen: dict[str, dict[str, Any]] = {}
 
@@ -442,7 +444,7 @@ def test_a_poisoned_row_never_stops_a_watch_worker(
             seen["poisoned"]["action"],
         )
         assert "nothing was sent" in seen["poisoned"]["detail"]
-        with idempotently.Journal(journal, create=False) as opened:
+        with idempotently.Journal(journal_target, create=False) as opened:
             good = opened.operation("good")
         assert good is not None and [good.key.encode()] == wire.keys()
         assert 0 == worker.stop(), worker.diagnosis()
