@@ -373,6 +373,17 @@ def test_a_poisoned_row_never_stops_session_resume(
 
 
 @pytest.mark.parametrize("case", POISONS)
+def test_a_poisoned_row_never_stops_an_audit(journal: Path, wire: Wire, case: str) -> None:
+    """list, show, stats and the Journal's reads go through a journal holding a poisoned
+    row, before and after a resume, and name every operation."""
+    poisoned_journal(str(journal), wire, case)
+    assert_sound(journal, operations=["first", "poisoned", "last"])
+    with idempotently.Session(journal) as session:
+        session.resume()
+    assert_sound(journal, operations=["first", "poisoned", "last"])
+
+
+@pytest.mark.parametrize("case", POISONS)
 def test_a_poisoned_row_never_stops_a_concurrent_resume(
     journal: Path, wire: Wire, case: str
 ) -> None:
