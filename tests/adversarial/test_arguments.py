@@ -760,7 +760,39 @@ def resume_with(name: str) -> Any:
     return call
 
 
+def transport_client(method: str) -> Any:
+    """A request through a Transport whose httpx client has this timeout."""
+
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        transport = idempotently.Transport(journal, transport=recorder.transport)
+        with httpx.Client(transport=transport, timeout=value) as client:
+            client.request(method, URL, json=CHARGE)
+
+    return call
+
+
+def async_session_call(journal: Path, recorder: Recorder, value: Any) -> None:
+    async def call() -> None:
+        async with idempotently.AsyncSession(journal, transport=recorder.transport) as s:
+            await s.post(URL, json=CHARGE, operation_id="op", timeout=value)
+
+    anyio.run(call)
+
+
+def async_transport_call(journal: Path, recorder: Recorder, value: Any) -> None:
+    async def call() -> None:
+        transport = idempotently.AsyncTransport(journal, transport=recorder.transport)
+        async with httpx.AsyncClient(transport=transport, timeout=value) as client:
+            await client.post(URL, json=CHARGE)
+
+    anyio.run(call)
+
+
 NUMERIC_ARGUMENTS: dict[str, tuple[Any, str, tuple[Any, ...]]] = {
+    "Transport.timeout": (transport_client("POST"), "timeout", ()),
+    "Transport.read-timeout": (transport_client("GET"), "timeout", ()),
+    "AsyncSession.timeout": (async_session_call, "timeout", ()),
+    "AsyncTransport.timeout": (async_transport_call, "timeout", ()),
     # name: (how it is passed, the name its error gives, the extremes it accepts)
     "timeout": (call_with(timeout=lambda v: v), "timeout", ()),
     "timeout-read": (call_with(timeout=lambda v: httpx.Timeout(5.0, read=v)), "timeout", ()),
