@@ -771,6 +771,23 @@ def transport_client(method: str) -> Any:
     return call
 
 
+def journal_call(**options: Any) -> Any:
+    """A Journal opened with, or a read of it given, these options."""
+
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        opening = {k: f(value) for k, f in options.items() if k == "busy_timeout"}
+        with idempotently.Journal(journal, **opening) as opened:
+            if "stuck_after" in options:
+                opened.stats(now=NOW, stuck_after=options["stuck_after"](value))
+
+    return call
+
+
+def enqueue_call(journal: Path, recorder: Recorder, value: Any) -> None:
+    with session(journal, recorder) as s:
+        s.enqueue("POST", URL, json=CHARGE, operation_id="op", deadline_at=value)
+
+
 def async_session_call(journal: Path, recorder: Recorder, value: Any) -> None:
     async def call() -> None:
         async with idempotently.AsyncSession(journal, transport=recorder.transport) as s:
@@ -790,6 +807,14 @@ def async_transport_call(journal: Path, recorder: Recorder, value: Any) -> None:
 
 NUMERIC_ARGUMENTS: dict[str, tuple[Any, str, tuple[Any, ...]]] = {
     "Transport.timeout": (transport_client("POST"), "timeout", ()),
+    "enqueue.deadline_at": (enqueue_call, "deadline_at", ()),
+    "profile.in_progress_timeout": (
+        profile_field("in_progress_timeout"),
+        "in_progress_timeout",
+        (),
+    ),
+    "Journal.busy_timeout": (journal_call(busy_timeout=lambda v: v), "busy_timeout", ZEROS),
+    "stats.stuck_after": (journal_call(stuck_after=lambda v: v), "stuck_after", ZEROS),
     "Transport.read-timeout": (transport_client("GET"), "timeout", ()),
     "AsyncSession.timeout": (async_session_call, "timeout", ()),
     "AsyncTransport.timeout": (async_transport_call, "timeout", ()),
