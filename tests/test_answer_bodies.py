@@ -9,15 +9,22 @@ trickled body ends with the call's deadline, a trickled 503 within one read time
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gzip
 import time
+import tracemalloc
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
 
 import idempotently
-from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES
+from idempotently._answers import DECODE_STEP, DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES
 from idempotently._commands import ReadAnswer, Send
 from idempotently._flow import Call, Engine, Held
 from tests.drivers import answer
@@ -443,3 +450,223 @@ def test_max_response_bytes_must_be_a_positive_int(
     with pytest.raises(error, match="max_response_bytes"):
         idempotently.Transport(tmp_path / "journal.db", max_response_bytes=value)  # type: ignore[arg-type]
     assert not (tmp_path / "journal.db").exists()
+
+
+# -- an answer that inflates: decoded bytes are bounded as they are produced ------------------
+
+BOMB_BYTES = 256 * 1024 * 1024
+"""What the bomb inflates to: far past any bound, and past the memory bound below."""
+MEMORY_BOUND = 100 * 1024 * 1024
+"""The most the process's traced memory may grow while a bomb is answered."""
+
+
+@functools.cache
+def bomb() -> bytes:
+    """gzip of gzip of 256 MiB of zeros: about a kilobyte on the wire."""
+    inner = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    zeros = bytes(1024 * 1024)
+    once = b"".join(inner.compress(zeros) for _ in range(BOMB_BYTES // len(zeros)))
+    once += inner.flush()
+    return gzip.compress(once, 9)
+
+
+def bomb_answer(status: int = 201) -> Answer:
+    return Answer(status=status, headers=(("content-encoding", "gzip, gzip"),), body=bomb())
+
+
+@contextlib.contextmanager
+def memory_growth() -> Iterator[list[int]]:
+    """The peak of traced memory above where it started, in the one item of the list."""
+    bomb()  # made before the measure
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        grew = [0]
+        yield grew
+        grew[0] = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def assert_journaled_not_read(target: str | Path, operation_id: str) -> None:
+    journaled = operation(target, operation_id)
+    assert ("succeeded", 201, None) == (
+        journaled.status,
+        journaled.response_status,
+        journaled.response_body,
+    )
+    assert "max_response_bytes" in (journaled.reason or "")
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_sessions_gzip_of_gzip_bomb_is_journaled_not_read(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A 201 of a kilobyte that inflates (gzip, gzip) to 256 MiB: the process grows by
+    far less than 100 MiB, the operation is journaled succeeded with the 201 and no body,
+    and the caller gets AnswerNotReadError. SQLite and PostgreSQL."""
+    app, url = scripted
+    app.answer(bomb_answer())
+    with (
+        idempotently.Session(
+            journal_target, policy=FAST, max_response_bytes=LIMIT, timeout=30
+        ) as session,
+        memory_growth() as grew,
+        pytest.raises(idempotently.AnswerNotReadError) as caught,
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-bomb")
+    assert grew[0] < MEMORY_BOUND
+    assert ("op-bomb", app.arrivals[0].key) == (caught.value.operation_id, caught.value.key)
+    assert caught.value.response is not None
+    assert LIMIT < len(caught.value.response.content) <= LIMIT + DECODE_STEP
+    assert_journaled_not_read(journal_target, "op-bomb")
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_a_bomb_through_a_client_of_either_library_is_journaled_not_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], lib: ModuleType
+) -> None:
+    """Session(client=...) of httpx or httpx2: the bomb is bounded the same way (the
+    httpx2 answer's raw bytes are decoded here too)."""
+    app, url = scripted
+    app.answer(bomb_answer())
+    with (
+        lib.Client(timeout=30) as client,
+        idempotently.Session(
+            tmp_path / "journal.db", client=client, policy=FAST, max_response_bytes=LIMIT
+        ) as session,
+        memory_growth() as grew,
+        pytest.raises(idempotently.AnswerNotReadError),
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-bomb")
+    assert grew[0] < MEMORY_BOUND
+    assert_journaled_not_read(tmp_path / "journal.db", "op-bomb")
+
+
+@pytest.mark.anyio
+async def test_an_async_sessions_gzip_of_gzip_bomb_is_journaled_not_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession on asyncio and trio: the same bound, the same journal."""
+    app, url = scripted
+    app.answer(bomb_answer())
+    async with idempotently.AsyncSession(
+        tmp_path / "journal.db", policy=FAST, max_response_bytes=LIMIT, timeout=30
+    ) as session:
+        with memory_growth() as grew, pytest.raises(idempotently.AnswerNotReadError):
+            await session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-bomb")
+    assert grew[0] < MEMORY_BOUND
+    assert_journaled_not_read(tmp_path / "journal.db", "op-bomb")
+
+
+def test_a_transports_gzip_of_gzip_bomb_is_journaled_not_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Transport under an httpx client: the same bound, the same journal."""
+    app, url = scripted
+    app.answer(bomb_answer())
+    transport = idempotently.Transport(
+        tmp_path / "journal.db", policy=FAST, max_response_bytes=LIMIT
+    )
+    with (
+        httpx.Client(transport=transport, timeout=30) as client,
+        memory_growth() as grew,
+        pytest.raises(idempotently.AnswerNotReadError) as caught,
+    ):
+        client.post(f"{url}/v1/charges", json=CHARGE)
+    assert grew[0] < MEMORY_BOUND
+    assert caught.value.operation_id is not None
+    assert_journaled_not_read(tmp_path / "journal.db", caught.value.operation_id)
+
+
+@pytest.mark.anyio
+async def test_an_async_transports_gzip_of_gzip_bomb_is_journaled_not_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncTransport on asyncio and trio: the same bound, the same journal."""
+    app, url = scripted
+    app.answer(bomb_answer())
+    transport = idempotently.AsyncTransport(
+        tmp_path / "journal.db", policy=FAST, max_response_bytes=LIMIT
+    )
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        with memory_growth() as grew, pytest.raises(idempotently.AnswerNotReadError) as caught:
+            await client.post(f"{url}/v1/charges", json=CHARGE)
+    assert grew[0] < MEMORY_BOUND
+    assert caught.value.operation_id is not None
+    assert_journaled_not_read(tmp_path / "journal.db", caught.value.operation_id)
+
+
+def test_a_retried_503_bomb_is_read_to_an_excerpt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A 503 that inflates to 256 MiB is read to its 64 KiB excerpt and retried; the
+    retry's 201 is the answer."""
+    app, url = scripted
+    app.answer(bomb_answer(503), Answer(status=201))
+    with (
+        idempotently.Session(tmp_path / "journal.db", policy=FAST, timeout=30) as session,
+        memory_growth() as grew,
+    ):
+        response = session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-1")
+    assert grew[0] < MEMORY_BOUND
+    assert (201, OK_BODY) == (response.status_code, response.content)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "encode"),
+    [
+        ("gzip", gzip.compress),
+        ("x-gzip", gzip.compress),
+        ("deflate", zlib.compress),
+        ("deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some send it
+        ("gzip, gzip", lambda data: gzip.compress(gzip.compress(data))),
+        ("identity", lambda data: data),
+    ],
+    ids=["gzip", "x-gzip", "deflate", "raw-deflate", "gzip-gzip", "identity"],
+)
+def test_an_encoded_answer_is_decoded_and_journaled_decoded(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], encoding: str, encode: Any
+) -> None:
+    """A 201 sent gzip, deflate (zlib-wrapped or raw) or gzip twice comes back and is
+    journaled decoded, as before: the bound changes nothing for an answer within it."""
+    app, url = scripted
+    body = b'{"id": "ch_1", "pad": "' + b"x" * 300_000 + b'"}'
+    app.answer(Answer(status=201, headers=(("content-encoding", encoding),), body=encode(body)))
+    with idempotently.Session(tmp_path / "journal.db", policy=FAST, timeout=30) as session:
+        response = session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-1")
+        assert (201, body) == (response.status_code, response.content)
+        replayed = session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-1")
+    assert body == replayed.content
+    assert 1 == len(app.arrivals)
+    assert body == operation(tmp_path / "journal.db", "op-1").response_body
+
+
+@pytest.mark.parametrize(
+    ("encoding", "why"),
+    [
+        ("gzip, gzip, gzip", "encoded 3 times"),
+        ("br", "'br'"),
+        ("gzip, compress", "'compress'"),
+    ],
+)
+def test_too_many_layers_or_an_unknown_encoding_is_journaled_not_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], encoding: str, why: str
+) -> None:
+    """More than two encoding layers, or an encoding not decoded within a bound: the 201
+    is journaled with its status and headers and the caller gets AnswerNotReadError."""
+    app, url = scripted
+    app.answer(Answer(status=201, headers=(("content-encoding", encoding),), body=b"\x00" * 64))
+    with (
+        idempotently.Session(tmp_path / "journal.db", policy=FAST, timeout=30) as session,
+        pytest.raises(idempotently.AnswerNotReadError, match=why),
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-1")
+    journaled = operation(tmp_path / "journal.db", "op-1")
+    assert ("succeeded", 201, None) == (
+        journaled.status,
+        journaled.response_status,
+        journaled.response_body,
+    )
+    assert why in (journaled.reason or "")

@@ -8,6 +8,7 @@ the last answer or error comes through as it came.
 
 from __future__ import annotations
 
+import gzip
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 import idempotently
 from tests.scripted_server import ENDLESS_BYTES, Answer, ScriptedApp
 from tests.support import FakeTime
+from tests.test_answer_bodies import MEMORY_BOUND, bomb_answer, memory_growth
 
 try:
     import httpx2
@@ -386,3 +388,24 @@ async def test_an_async_transport_cuts_off_a_real_endless_503(
     assert 200 == response.status_code
     [streamed] = app.streamed
     assert streamed < ENDLESS_BYTES // 4
+
+
+def test_a_reads_503_bomb_is_closed_unread_and_the_gzip_answer_decodes(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A GET answered by a 503 that inflates (gzip, gzip) to 256 MiB is retried without
+    its body being decoded (the process grows by far less than 100 MiB), and the retry's
+    gzip 200 reaches the caller decoded; no journal row is written."""
+    app, url = scripted
+    app.answer(
+        bomb_answer(503),
+        Answer(status=200, headers=(("content-encoding", "gzip"),), body=gzip.compress(b"ok")),
+    )
+    policy = idempotently.RetryPolicy(initial_backoff=0.0, max_backoff=0.0)
+    transport = idempotently.Transport(tmp_path / "journal.db", policy=policy)
+    with httpx.Client(transport=transport, timeout=30) as c, memory_growth() as grew:
+        response = c.get(f"{url}/charges/ch_1")
+    assert grew[0] < MEMORY_BOUND
+    assert (200, b"ok") == (response.status_code, response.content)
+    assert 2 == len(app.arrivals)
+    assert 0 == rows(tmp_path)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 import attrs
 import httpx
 
+from idempotently._numbers import as_float
+
 WINDOW = 10
 """Seconds of history a budget weighs (whole seconds: one bucket each)."""
 
@@ -41,6 +43,14 @@ def _finite(low: float) -> Callable[[object, attrs.Attribute[float], float], Non
     return check
 
 
+def _ratio(value: float) -> float:
+    return as_float(value, "RetryBudget ratio")
+
+
+def _min_per_second(value: float) -> float:
+    return as_float(value, "RetryBudget min_per_second")
+
+
 @attrs.frozen
 class RetryBudget:
     """At most ``ratio`` retries per first attempt, plus ``min_per_second`` retries a
@@ -53,10 +63,12 @@ class RetryBudget:
     `idempotently.RetryBudgetError` names the origin.
     """
 
-    ratio: float = attrs.field(default=DEFAULT_RATIO, converter=float, validator=_finite(0.0))
+    ratio: float = attrs.field(default=DEFAULT_RATIO, converter=_ratio, validator=_finite(0.0))
     """Retries allowed per first attempt sent to the origin in the window."""
     min_per_second: float = attrs.field(
-        default=DEFAULT_MIN_PER_SECOND, converter=float, validator=_finite(0.0)
+        default=DEFAULT_MIN_PER_SECOND,
+        converter=_min_per_second,
+        validator=_finite(0.0),
     )
     """Retries allowed per second of the window whatever the traffic (a reserve, so a
     quiet process can still retry)."""

@@ -123,6 +123,7 @@ from idempotently._lookup import (
     Verdict,
     unsettled_lookups,
 )
+from idempotently._numbers import as_float
 from idempotently._operator import plan as plan_action
 from idempotently._overrides import read_overrides
 from idempotently._pauses import PAUSE_STATUS_CODES, PauseBoard, credentials_digest
@@ -552,9 +553,21 @@ def check_timeouts(request: httpx.Request) -> None:
                 f"timeout must be seconds (a number), None or an httpx.Timeout; its {phase} "
                 f"timeout is a {type(value).__name__}"
             )
-        if not (0 <= value < _INFINITY):
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, not {value!r}")
+        # As a float first: an int past a float's range (10**400) passes any comparison
+        # and would overflow only at the socket, after the operation is journaled.
+        seconds = as_float(value, f"timeout ({phase})")
+        if not (0 < seconds < _INFINITY):
+            raise ValueError(
+                f"timeout must be a finite number of seconds > 0, not {value!r} (its {phase} "
+                "timeout); None waits without a limit"
+            )
 
+
+UNREADABLE_ROW = (Exception,)
+"""What a journaled value that cannot be used raises while its operation is resumed (an
+OverflowError, a URL httpx cannot parse, a JSON or Unicode error...): that operation is
+reported, the resume goes on. An `IdempotentlyError` is a verdict (the journal's own
+failure included), never a damaged row: it is raised as before."""
 
 _SHORTEST_TIMEOUT = 0.001
 """An attempt started at (or past) the deadline still gets this long: its connect
@@ -1340,6 +1353,8 @@ class Engine:
 
     def _unkept(self, body: AnswerBody) -> str:
         """Why a final answer's body is not kept: what stopped its reading."""
+        if body.refused is not None:
+            return body.refused
         if body.over:
             return (
                 f"its body is larger than max_response_bytes ({self.max_response_bytes} "
@@ -1674,14 +1689,48 @@ class Engine:
         ``claimed_by``: the owner that leased it for this resume (a resume worker's
         claim); that lease is its own, renewed by compare-and-swap, not raced for."""
         operation = (yield Find(listed.operation_id, None)) or listed
-        if dry_run:
-            result = self.plan(operation)
+        try:
+            if dry_run:
+                result = self.plan(operation)
+            else:
+                result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
+        except UNREADABLE_ROW as error:
+            if isinstance(error, IdempotentlyError):
+                raise
+            result = yield from self._unresumable(operation, held, error)
         else:
-            result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
-            if reconciling and result.status == "needs_reconcile":
+            if reconciling and not dry_run and result.status == "needs_reconcile":
                 result = yield from self.reconcile_one(operation, result)
         yield Report(result)
         return result
+
+    def _unresumable(
+        self, operation: Operation, held: Held, error: Exception
+    ) -> Flow[ResumeResult]:
+        """The one answer to a row that cannot be resumed (a number no float holds, a
+        document that is not JSON, a value of the wrong type, from a damaged row or an
+        older version): that operation is reported with what is wrong and the others go
+        on. Its lease is given back, or its attempt journaled if one had begun."""
+        cleanup = held.cleanup()
+        held.lease = held.interrupted = None
+        if cleanup is not None:
+            yield cleanup
+        what = storable_text(f"{type(error).__name__}: {error}"[:300])
+        if isinstance(cleanup, Record):
+            return ResumeResult.of(
+                operation,
+                cleanup.record.status,
+                "still_pending",
+                f"its resume stopped while sending ({what}): the request may have been "
+                "delivered; the next resume finishes it with its key",
+            )
+        return ResumeResult.of(
+            operation,
+            operation.status,
+            "not_sent",
+            f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
+            f"{operation.status} (see `idempotently show {operation.operation_id}`)",
+        )
 
     def reconcile_one(self, operation: Operation, result: ResumeResult) -> Flow[ResumeResult]:
         """Hand a needs_reconcile operation to the reconciler (unless a lookup's backoff

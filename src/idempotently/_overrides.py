@@ -87,17 +87,30 @@ def read_overrides(text: str) -> tuple[RetryPolicy | None, Timeouts | None]:
     if "timeout" in document:
         phases = document["timeout"]
         if not isinstance(phases, dict) or not all(
-            phase in _TIMEOUT_PHASES
-            and (
-                value is None
-                or (
-                    isinstance(value, (int, float))
-                    and not isinstance(value, bool)
-                    and 0 <= value < math.inf
-                )
-            )
+            phase in _TIMEOUT_PHASES and (value is None or _seconds(value) is not None)
             for phase, value in phases.items()
         ):
-            raise ValueError("its journaled timeouts are not seconds per phase")
-        timeouts = {phase: phases.get(phase) for phase in _TIMEOUT_PHASES}
+            raise ValueError(f"its journaled timeouts are not seconds per phase ({_shown(phases)})")
+        timeouts = {
+            phase: None if phases.get(phase) is None else _seconds(phases[phase])
+            for phase in _TIMEOUT_PHASES
+        }
     return policy, timeouts
+
+
+def _seconds(value: object) -> float | None:
+    """A journaled timeout as a float, or None if it is none: 1e999 and NaN are what
+    JSON reads as inf and nan, and an int past a float's range overflows at the socket."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if 0 <= seconds < math.inf else None
+
+
+def _shown(document: object) -> str:
+    """A journaled document as it may be quoted in one line (an int of 400 digits is not)."""
+    text = json.dumps(document, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -24,6 +24,7 @@ import httpx
 import tenacity as _t
 
 from idempotently._budget import RetryBudget
+from idempotently._numbers import as_float
 from idempotently._profiles import VERDICTS, ServerProfile, Verdict
 from idempotently._retry_after import server_wait
 from idempotently._text import storable_text
@@ -83,6 +84,24 @@ def jittered(initial: float, maximum: float, number: int, rand: Callable[[], flo
     return ceiling * rand()
 
 
+# Named converters (mypy's attrs plugin takes no other): each field read as a float
+# first, so an int past a float's range (10**400) is a ValueError naming it.
+def _deadline_seconds(value: float) -> float:
+    return as_float(value, "deadline")
+
+
+def _initial_backoff_seconds(value: float) -> float:
+    return as_float(value, "initial_backoff")
+
+
+def _max_backoff_seconds(value: float) -> float:
+    return as_float(value, "max_backoff")
+
+
+def _max_retry_after_seconds(value: float) -> float:
+    return as_float(value, "max_retry_after")
+
+
 @attrs.frozen
 class RetryPolicy:
     """How hard one call tries before it leaves the operation pending.
@@ -111,27 +130,27 @@ class RetryPolicy:
     """Attempts one call makes at most, the first included (a resume's call too)."""
     deadline: float = attrs.field(
         default=DEFAULT_DEADLINE,
-        converter=float,
+        converter=_deadline_seconds,
         validator=[attrs.validators.gt(0), attrs.validators.lt(float("inf"))],
     )
     """Seconds the whole call may take, waits and attempts included; each attempt's timeouts are
     capped by what is left."""
     initial_backoff: float = attrs.field(
         default=DEFAULT_INITIAL_BACKOFF,
-        converter=float,
+        converter=_initial_backoff_seconds,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
     """Seconds of the first backoff's cap: retry n waits a random time up to `initial_backoff *
     2**(n-1)` (full jitter)."""
     max_backoff: float = attrs.field(
         default=DEFAULT_MAX_BACKOFF,
-        converter=float,
+        converter=_max_backoff_seconds,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
     """Seconds no backoff exceeds, however many retries came before."""
     max_retry_after: float = attrs.field(
         default=DEFAULT_RETRY_AFTER_MAX,
-        converter=float,
+        converter=_max_retry_after_seconds,
         validator=[attrs.validators.ge(0), attrs.validators.lt(float("inf"))],
     )
     """The longest Retry-After (seconds) the call sleeps through; a longer one stops the call,

@@ -12,8 +12,10 @@ import re
 import time
 from collections.abc import Mapping
 
-# Anything longer than this is not a Retry-After value, it is an attack.
+# Anything longer than this is not a Retry-After value, it is an attack, except a run
+# of digits: however long, it is a number of seconds, read as "longer than a year".
 _MAX_HEADER_LENGTH = 64
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 MAX_SERVER_WAIT = 366 * 24 * 60 * 60.0
 """A year: any longer wait a server asks for is read as this one.
 
@@ -31,6 +33,8 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
     if value is None:
         return None
     value = value.strip()
+    if _DIGITS.fullmatch(value):
+        return _whole_number(value, MAX_SERVER_WAIT)
     if not value or len(value) > _MAX_HEADER_LENGTH:
         return None
     try:
@@ -107,7 +111,11 @@ def _timestamp(year: int, month: int, day: int, hour: int, minute: int, second: 
 
 def parse_retry_after_ms(value: str | None) -> float | None:
     """Seconds from a ``retry-after-ms`` value (OpenAI, Anthropic), or None."""
-    if value is None or len(value) > _MAX_HEADER_LENGTH:
+    if value is None:
+        return None
+    if _DIGITS.fullmatch(value.strip()):
+        return _whole_number(value.strip(), MAX_SERVER_WAIT * 1000.0) / 1000.0
+    if len(value) > _MAX_HEADER_LENGTH:
         return None
     try:
         millis = float(value.strip())
@@ -116,6 +124,15 @@ def parse_retry_after_ms(value: str | None) -> float | None:
     if not math.isfinite(millis) or millis < 0:
         return None
     return min(millis / 1000.0, MAX_SERVER_WAIT)
+
+
+def _whole_number(digits: str, clamp: float) -> float:
+    """``min(int(digits), clamp)`` for a run of ASCII digits of any length, without
+    converting one that is obviously larger (int() refuses more than 4,300 digits)."""
+    significant = digits.lstrip("0")
+    if len(significant) > len(str(int(clamp))):
+        return clamp
+    return min(float(int(significant or "0")), clamp)
 
 
 def server_wait(headers: Mapping[str, str], *, now: float) -> float | None:

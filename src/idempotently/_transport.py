@@ -28,6 +28,7 @@ from idempotently._flow import (
     Held,
     check_call_arguments,
     check_host_id,
+    check_timeouts,
     default_host_id,
 )
 from idempotently._keys import redaction_set
@@ -163,6 +164,8 @@ class _TransportBase:
         check_call_arguments(
             operation_id=operation_id, idempotency_key=None, delivery=delivery, deadline_at=None
         )
+        # The client's timeout, as a Session's: checked before the operation is journaled.
+        check_timeouts(request)
         key = adopted_key(self.profile, request, None)
         return Call(
             request,
@@ -308,6 +311,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         if self._retried(request):
             request.read()
             live = _as_httpx(request)
+            check_timeouts(live)
             try:
                 response = run(
                     self._engine.read(live),
@@ -468,6 +472,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         if self._retried(request):
             await request.aread()
             live = _as_httpx(request)
+            check_timeouts(live)
 
             async def send_read(sent: httpx.Request) -> httpx.Response:
                 return await self._send(inner, sent)

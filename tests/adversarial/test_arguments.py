@@ -691,3 +691,187 @@ def test_hostile_journal_arguments_name_themselves(scratch: Path, options: dict[
     (name,) = [name for name in options if name != "path"] or ["path"]
     with pytest.raises(ARGUMENT_ERRORS, match=rf"\b{name}\b"):
         idempotently.Journal(**options)
+
+
+# -- every numeric argument at its extremes ------------------------------------------------------
+
+EXTREMES = [
+    pytest.param(0, id="0"),
+    pytest.param(-1, id="-1"),
+    pytest.param(-0.0, id="-0.0"),
+    pytest.param(math.nan, id="nan"),
+    pytest.param(math.inf, id="inf"),
+    pytest.param(-math.inf, id="-inf"),
+    pytest.param(10**400, id="10**400"),
+]
+ZEROS = (0, -0.0)
+
+
+def call_with(**options: Any) -> Any:
+    """A call on a fresh Session with these per-call options."""
+
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        with session(journal, recorder) as s:
+            s.post(URL, json=CHARGE, operation_id="op", **{k: f(value) for k, f in options.items()})
+
+    return call
+
+
+def session_with(name: str) -> Any:
+    """A Session made with this option, then one call."""
+
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        with session(journal, recorder, **{name: value}) as s:
+            s.post(URL, json=CHARGE, operation_id="op")
+
+    return call
+
+
+def policy_field(name: str) -> Any:
+    return call_with(policy=lambda value: idempotently.RetryPolicy(**{name: value}))
+
+
+def budget_field(name: str) -> Any:
+    return call_with(
+        policy=lambda value: idempotently.RetryPolicy(
+            budget=idempotently.RetryBudget(**{name: value})
+        )
+    )
+
+
+def profile_field(name: str) -> Any:
+    return call_with(
+        profile=lambda value: attrs.evolve(profiles.GENERIC, name="custom", **{name: value})
+    )
+
+
+def lookup_field(name: str) -> Any:
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        idempotently.Lookup("/v1/charges", **{name: value})
+
+    return call
+
+
+def resume_with(name: str) -> Any:
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        with session(journal, recorder) as s:
+            s.resume(**{name: value})
+
+    return call
+
+
+def transport_client(method: str) -> Any:
+    """A request through a Transport whose httpx client has this timeout."""
+
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        transport = idempotently.Transport(journal, transport=recorder.transport)
+        with httpx.Client(transport=transport, timeout=value) as client:
+            client.request(method, URL, json=CHARGE)
+
+    return call
+
+
+def journal_call(**options: Any) -> Any:
+    """A Journal opened with, or a read of it given, these options."""
+
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        opening = {k: f(value) for k, f in options.items() if k == "busy_timeout"}
+        with idempotently.Journal(journal, **opening) as opened:
+            if "stuck_after" in options:
+                opened.stats(now=NOW, stuck_after=options["stuck_after"](value))
+
+    return call
+
+
+def enqueue_call(journal: Path, recorder: Recorder, value: Any) -> None:
+    with session(journal, recorder) as s:
+        s.enqueue("POST", URL, json=CHARGE, operation_id="op", deadline_at=value)
+
+
+def async_session_call(journal: Path, recorder: Recorder, value: Any) -> None:
+    async def call() -> None:
+        async with idempotently.AsyncSession(journal, transport=recorder.transport) as s:
+            await s.post(URL, json=CHARGE, operation_id="op", timeout=value)
+
+    anyio.run(call)
+
+
+def async_transport_call(journal: Path, recorder: Recorder, value: Any) -> None:
+    async def call() -> None:
+        transport = idempotently.AsyncTransport(journal, transport=recorder.transport)
+        async with httpx.AsyncClient(transport=transport, timeout=value) as client:
+            await client.post(URL, json=CHARGE)
+
+    anyio.run(call)
+
+
+NUMERIC_ARGUMENTS: dict[str, tuple[Any, str, tuple[Any, ...]]] = {
+    "Transport.timeout": (transport_client("POST"), "timeout", ()),
+    "enqueue.deadline_at": (enqueue_call, "deadline_at", ()),
+    "profile.in_progress_timeout": (
+        profile_field("in_progress_timeout"),
+        "in_progress_timeout",
+        (),
+    ),
+    "Journal.busy_timeout": (journal_call(busy_timeout=lambda v: v), "busy_timeout", ZEROS),
+    "stats.stuck_after": (journal_call(stuck_after=lambda v: v), "stuck_after", ZEROS),
+    "Transport.read-timeout": (transport_client("GET"), "timeout", ()),
+    "AsyncSession.timeout": (async_session_call, "timeout", ()),
+    "AsyncTransport.timeout": (async_transport_call, "timeout", ()),
+    # name: (how it is passed, the name its error gives, the extremes it accepts)
+    "timeout": (call_with(timeout=lambda v: v), "timeout", ()),
+    "timeout-read": (call_with(timeout=lambda v: httpx.Timeout(5.0, read=v)), "timeout", ()),
+    "timeout-connect": (call_with(timeout=lambda v: httpx.Timeout(5.0, connect=v)), "timeout", ()),
+    "timeout-tuple": (call_with(timeout=lambda v: (v, 5.0, 5.0, 5.0)), "timeout", ()),
+    "deadline_at": (call_with(deadline_at=lambda v: v), "deadline_at", ()),
+    "policy.max_attempts": (policy_field("max_attempts"), "max_attempts", (10**400,)),
+    "policy.deadline": (policy_field("deadline"), "deadline", ()),
+    "policy.initial_backoff": (policy_field("initial_backoff"), "initial_backoff", ZEROS),
+    "policy.max_backoff": (policy_field("max_backoff"), "max_backoff", ZEROS),
+    "policy.max_retry_after": (policy_field("max_retry_after"), "max_retry_after", ZEROS),
+    "policy.in_progress_retries": (
+        policy_field("in_progress_retries"),
+        "in_progress_retries",
+        (0, 10**400),
+    ),
+    "budget.ratio": (budget_field("ratio"), "ratio", ZEROS),
+    "budget.min_per_second": (budget_field("min_per_second"), "min_per_second", ZEROS),
+    "Session.timeout": (session_with("timeout"), "timeout", ()),
+    "Session.lease_duration": (session_with("lease_duration"), "lease_duration", ()),
+    "Session.key_expiry_margin": (session_with("key_expiry_margin"), "key_expiry_margin", ZEROS),
+    "Session.max_response_bytes": (
+        session_with("max_response_bytes"),
+        "max_response_bytes",
+        (10**400,),
+    ),
+    "profile.key_lifetime": (profile_field("key_lifetime"), "key_lifetime", ()),
+    "profile.max_key_length": (profile_field("max_key_length"), "max_key_length", ()),
+    "Lookup.absent_after": (lookup_field("absent_after"), "absent_after", ZEROS),
+    "Lookup.backoff": (lookup_field("backoff"), "backoff", ZEROS),
+    "Lookup.max_backoff": (lookup_field("max_backoff"), "max_backoff", ()),
+    "resume.concurrency": (resume_with("concurrency"), "concurrency", ()),
+}
+
+
+@pytest.mark.parametrize("value", EXTREMES)
+@pytest.mark.parametrize("argument", NUMERIC_ARGUMENTS)
+def test_every_numeric_argument_at_its_extremes_is_refused_before_anything_is_journaled(
+    journal: Path, argument: str, value: Any
+) -> None:
+    """0, -1, -0.0, NaN, ±inf and 10**400 for every numeric argument: refused with an
+    error naming it before anything is journaled or sent (never a raw OverflowError),
+    or, where the value is in range, a call that works and a journal every later call,
+    resume and CLI command can read."""
+    call, name, accepted = NUMERIC_ARGUMENTS[argument]
+    in_range = any(value == ok and type(value) is type(ok) for ok in accepted)
+    recorder = Recorder()
+    try:
+        call(journal, recorder, value)
+    except ARGUMENT_ERRORS as error:
+        assert name in str(error)
+        assert [] == recorder.sent
+        assert [] == (operation_ids(journal) if journal.exists() else [])
+        return
+    assert in_range, f"{argument}={value!r} was accepted"
+    if journal.exists():
+        assert_sound(journal)

@@ -335,3 +335,36 @@ def test_a_missing_journal_is_never_created(scratch: Path, command: str) -> None
     assert 1 == result.exit_code
     assert "no journal at" in result.output
     assert not missing.exists()
+
+
+RESUME_NUMBERS = {
+    "--deadline": (),
+    "--interval": ("--watch",),
+    "--lease-duration": (),
+    "--concurrency": (),
+    "--max-attempts": (),
+    "--absent-after": ("--reconcile-lookup", "/v1/charges"),
+    "--backoff": ("--reconcile-lookup", "/v1/charges"),
+    "--max-backoff": ("--reconcile-lookup", "/v1/charges"),
+}
+"""resume's numeric options, each with what it needs beside it."""
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-0.0", "nan", "inf", "-inf", "1" + "0" * 400])
+@pytest.mark.parametrize("option", RESUME_NUMBERS)
+def test_every_resume_number_at_its_extremes_is_a_usage_error_or_honoured(
+    pending: Path, wire: Wire, option: str, value: str
+) -> None:
+    """Each numeric option of resume at 0, -1, -0.0, NaN, ±inf and 10**400 exits 2 naming
+    it before anything is sent; only a zero may be in range (a lookup's backoff), and then
+    the resume runs as usual. Never a traceback."""
+    result = invoke(pending, "resume", option, value, *RESUME_NUMBERS[option])
+    if result.exit_code != 2 and value in ("0", "-0.0"):
+        assert not isinstance(result.exception, Exception) or isinstance(
+            result.exception, SystemExit
+        ), repr(result.exception)
+        assert "Traceback" not in result.output
+        return
+    assert_usage_error(result, option)
+    assert [] == wire.arrivals
+    assert 1 == attempts(pending)

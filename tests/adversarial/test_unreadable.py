@@ -8,6 +8,8 @@ carrying the operation id and key, with the original error as its cause.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import httpx
 import pytest
 
 import idempotently
-from tests.adversarial.invariants import assert_sound
+from tests.adversarial.invariants import assert_sound, cli_run
 from tests.adversarial.wire import DEFLATE_GARBAGE, GZIP_GARBAGE, OK, RESET, Wire, reply
 
 ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
@@ -281,3 +283,181 @@ def test_a_raising_response_hook_does_not_stop_resume_for_the_others(
     assert "succeeded" == results[1].status
     operations = {o.operation_id: o for o in assert_sound(journal, operations=["first", "second"])}
     assert 2 == operations["first"].attempt_count
+
+
+# -- poisoned rows: one never stops a resume or a watch worker ---------------------------------
+
+HUGE = "1" + "0" * 400
+"""10**400 as JSON: an int no float holds (what an unchecked timeout=10**400 journaled)."""
+PHASES = ("connect", "pool", "read", "write")
+
+
+def every_phase(value: str) -> str:
+    """Journaled overrides whose every timeout phase is ``value``."""
+    return '{"timeout":{' + ",".join(f'"{phase}":{value}' for phase in PHASES) + "}}"
+
+
+POISONS = {
+    "timeout-1e999": ("overrides", every_phase("1e999")),
+    "timeout-10**400": ("overrides", every_phase(HUGE)),
+    "timeout-nan": ("overrides", every_phase("NaN")),
+    "deadline-10**400": ("overrides", '{"policy":{"deadline":' + HUGE + "}}"),
+    "backoff-nan": ("overrides", '{"policy":{"initial_backoff":NaN}}'),
+    "overrides-not-json": ("overrides", '{"policy": {'),
+    "profile-not-json": ("profile", '{"name": "custom", '),
+    "credentials-digest-garbage": ("credentials_digest", "not a digest"),
+    "url-unparseable": ("url", "http://[::1"),
+    "method-empty": ("method", ""),
+}
+"""What a damaged row, another version or an unchecked argument left: (column, text)."""
+
+
+def poison(target: str, operation_id: str, column: str, text: str) -> None:
+    """Write ``text`` into one column of one row, past every check of the library."""
+    if target.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(target) as pg:
+            pg.execute(
+                f"UPDATE idempotently.operations SET {column} = %s WHERE operation_id = %s",
+                (text, operation_id),
+            )
+        return
+    conn = sqlite3.connect(target)
+    with conn:
+        conn.execute(
+            f"UPDATE operations SET {column} = ? WHERE operation_id = ?", (text, operation_id)
+        )
+    conn.close()
+
+
+def poisoned_journal(target: str, wire: Wire, case: str) -> None:
+    """Three pending operations (their answers lost), the middle one poisoned."""
+    wire.answer(RESET, RESET, RESET)
+    with idempotently.Session(target, policy=ONE_TRY) as session:
+        for operation_id in ("first", "poisoned", "last"):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post(f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id)
+    poison(target, "poisoned", *POISONS[case])
+
+
+def assert_the_others_went_on(target: str, wire: Wire, results: list[Any]) -> None:
+    """first and last succeeded with their keys; poisoned was not sent, stays pending and
+    is reported with its id, its key and what is wrong."""
+    by_id = {result.operation_id: result for result in results}
+    assert ("succeeded", "succeeded") == (by_id["first"].status, by_id["last"].status)
+    bad = by_id["poisoned"]
+    assert ("pending", "not_sent") == (bad.status, bad.action)
+    assert "nothing was sent" in bad.detail or "cannot be sent" in bad.detail
+    with idempotently.Journal(target, create=False) as opened:
+        operations = {o.operation_id: o for o in opened.operations()}
+    assert bad.key == operations["poisoned"].key
+    assert "pending" == operations["poisoned"].status
+    sent_keys = wire.keys()[3:]
+    assert sorted([operations["first"].key.encode(), operations["last"].key.encode()]) == sorted(
+        key for key in sent_keys if key is not None
+    )
+
+
+@pytest.mark.parametrize("case", POISONS)
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_poisoned_row_never_stops_session_resume(
+    journal_target: str, wire: Wire, case: str
+) -> None:
+    """Session.resume reports the poisoned operation (not sent, pending, what is wrong)
+    and sends the ones after it. SQLite and PostgreSQL."""
+    poisoned_journal(journal_target, wire, case)
+    with idempotently.Session(journal_target) as session:
+        results = session.resume()
+    assert_the_others_went_on(journal_target, wire, results)
+
+
+@pytest.mark.parametrize("case", POISONS)
+def test_a_poisoned_row_never_stops_an_audit(journal: Path, wire: Wire, case: str) -> None:
+    """list, show, stats and the Journal's reads go through a journal holding a poisoned
+    row, before and after a resume, and name every operation."""
+    poisoned_journal(str(journal), wire, case)
+    assert_sound(journal, operations=["first", "poisoned", "last"])
+    with idempotently.Session(journal) as session:
+        session.resume()
+    assert_sound(journal, operations=["first", "poisoned", "last"])
+
+
+@pytest.mark.parametrize("case", POISONS)
+def test_a_poisoned_row_never_stops_a_concurrent_resume(
+    journal: Path, wire: Wire, case: str
+) -> None:
+    """With concurrency, each operation in its own flow: the same."""
+    poisoned_journal(str(journal), wire, case)
+    with idempotently.Session(journal) as session:
+        results = session.resume(concurrency=3)
+    assert_the_others_went_on(str(journal), wire, results)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", ["timeout-10**400", "deadline-10**400", "url-unparseable"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_poisoned_row_never_stops_async_session_resume(
+    journal_target: str, wire: Wire, case: str, anyio_backend: str
+) -> None:
+    """AsyncSession.resume, on asyncio and trio, SQLite and PostgreSQL: the same."""
+    poisoned_journal(journal_target, wire, case)
+    async with idempotently.AsyncSession(journal_target) as session:
+        results = await session.resume()
+    assert_the_others_went_on(journal_target, wire, results)
+
+
+@pytest.mark.parametrize("case", POISONS)
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_poisoned_row_never_stops_the_resume_command(
+    journal_target: str, wire: Wire, case: str
+) -> None:
+    """`idempotently resume --json` sends the others, reports the poisoned one and exits 1."""
+    poisoned_journal(journal_target, wire, case)
+    code, output = cli_run(journal_target, "resume", "--json")  # type: ignore[arg-type]
+    assert 1 == code
+    printed = json.loads(output[: output.rindex("]") + 1])
+    assert_the_others_went_on(
+        journal_target, wire, [idempotently.ResumeResult(**row) for row in printed]
+    )
+
+
+@pytest.mark.parametrize("case", ["timeout-10**400", "url-unparseable"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_poisoned_row_never_stops_a_watch_worker(
+    tmp_path: Path, journal_target: str, wire: Wire, case: str
+) -> None:
+    """`resume --watch`, a real process: the poisoned operation enqueued first is
+    reported (not sent, what is wrong), the good one enqueued after it is sent, and the
+    worker stays up until it is stopped."""
+    from tests.test_fleet import WatchWorker
+
+    with idempotently.Session(journal_target) as session:
+        for operation_id in ("poisoned", "good"):
+            session.enqueue(
+                "POST", f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id
+            )
+    poison(journal_target, "poisoned", *POISONS[case])
+    worker = WatchWorker(tmp_path, journal_target, "host-a")
+    try:
+        seen: dict[str, dict[str, Any]] = {}
+
+        def both_reported(event: dict[str, Any]) -> bool:
+            if event.get("event") == "operation":
+                seen.setdefault(event["operation_id"], event)
+            return {"poisoned", "good"} <= set(seen)
+
+        worker.wait_for(both_reported)
+        assert None is worker.proc.poll(), worker.diagnosis()
+        assert ("succeeded", "pending", "not_sent") == (
+            seen["good"]["status"],
+            seen["poisoned"]["status"],
+            seen["poisoned"]["action"],
+        )
+        assert "nothing was sent" in seen["poisoned"]["detail"]
+        with idempotently.Journal(journal_target, create=False) as opened:
+            good = opened.operation("good")
+        assert good is not None and [good.key.encode()] == wire.keys()
+        assert 0 == worker.stop(), worker.diagnosis()
+    finally:
+        worker.close()

@@ -121,10 +121,15 @@ def test_hostile_retry_after_ms_is_clamped_before_it_is_stored(journal: Path, va
     assert_sound(journal, operations=["op"])
 
 
-def test_a_huge_wait_is_retry_later_with_a_durable_readable_not_before(journal: Path) -> None:
-    """Retry-After: 1e20 raises RetryLaterError whose not_before is a year away at most,
-    and a later call before it sends nothing."""
-    answer = httpx.Response(429, headers={"Retry-After": "1e20"})
+@pytest.mark.parametrize(
+    "value", ["1e20", "9" * 65, "1" * 5000], ids=["1e20", "65-digits", "5000-digits"]
+)
+def test_a_huge_wait_is_retry_later_with_a_durable_readable_not_before(
+    journal: Path, value: str
+) -> None:
+    """Retry-After: 1e20 (or a run of 65 or 5,000 digits) raises RetryLaterError whose
+    not_before is a year away, and a later call before it sends nothing."""
+    answer = httpx.Response(429, headers={"Retry-After": value})
     recorder, _, raised = settle_or_wait(journal, [answer])
     assert isinstance(raised, idempotently.RetryLaterError)
     assert NOW + MAX_SERVER_WAIT == raised.not_before
