@@ -67,9 +67,11 @@ def session(
 
 def lose_the_answer(path: Path, url: str, profile: ServerProfile, clock: object) -> None:
     """The charge is made, its answer lost: the operation is pending with its key."""
-    with session(path, url, profile, clock) as s:
-        with pytest.raises(idempotently.OperationPendingError):
-            s.post("/v1/charges", json=CHARGE, operation_id="op")
+    with (
+        session(path, url, profile, clock) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post("/v1/charges", json=CHARGE, operation_id="op")
 
 
 @pytest.mark.parametrize("profile", CATALOG, ids=lambda profile: profile.name)
@@ -158,17 +160,23 @@ def test_a_given_margin_applies_only_where_larger_than_the_journaled_one(tmp_pat
     clock = Clock()
     with keyed(profile, clock, lose_answers=2) as (server, url):
         for op in ("a", "b"):
-            with session(tmp_path / "j.db", url, profile, clock.true) as s:
-                with pytest.raises(idempotently.OperationPendingError):
-                    s.post("/v1/charges", json=CHARGE, operation_id=op)
+            with (
+                session(tmp_path / "j.db", url, profile, clock.true) as s,
+                pytest.raises(idempotently.OperationPendingError),
+            ):
+                s.post("/v1/charges", json=CHARGE, operation_id=op)
         clock.now += 3600 - 600 + 1
-        with session(tmp_path / "j.db", url, profile, clock.true, key_expiry_margin=600) as s:
-            with pytest.raises(idempotently.NeedsReconcileError, match="safety margin 600s"):
-                s.post("/v1/charges", json=CHARGE, operation_id="a")
+        with (
+            session(tmp_path / "j.db", url, profile, clock.true, key_expiry_margin=600) as s,
+            pytest.raises(idempotently.NeedsReconcileError, match="safety margin 600s"),
+        ):
+            s.post("/v1/charges", json=CHARGE, operation_id="a")
         clock.now = T0 + 3600 - 360 + 1
-        with session(tmp_path / "j.db", url, profile, clock.true, key_expiry_margin=60) as s:
-            with pytest.raises(idempotently.NeedsReconcileError, match="safety margin 360s"):
-                s.post("/v1/charges", json=CHARGE, operation_id="b")
+        with (
+            session(tmp_path / "j.db", url, profile, clock.true, key_expiry_margin=60) as s,
+            pytest.raises(idempotently.NeedsReconcileError, match="safety margin 360s"),
+        ):
+            s.post("/v1/charges", json=CHARGE, operation_id="b")
     assert 2 == server.arrivals
 
 
