@@ -9,18 +9,22 @@ against a loopback server that keeps keys as the profile says, on a clock the te
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import httpx
 import pytest
 from click.testing import CliRunner
 
 import idempotently
 from idempotently import profiles
+from idempotently._watch import watch
 from idempotently.cli import cli
 from idempotently.profiles import ServerProfile
+from tests.conftest import STORES
 from tests.keyed_server import KeyedServer
 from tests.scripted_server import serve
 
@@ -75,12 +79,13 @@ def lose_the_answer(path: Path, url: str, profile: ServerProfile, clock: object)
 
 
 @pytest.mark.parametrize("profile", CATALOG, ids=lambda profile: profile.name)
-@pytest.mark.parametrize("how", ["call", "resume"])
+@pytest.mark.parametrize("how", ["call", "resume", "watch"])
 def test_a_lost_answer_is_resent_with_its_key_a_second_later(
     tmp_path: Path, profile: ServerProfile, how: str
 ) -> None:
-    """One second after a lost answer, the same call (or a resume) resends the key and the
-    server replays: succeeded, one charge, under every catalog profile (300 s keys too)."""
+    """One second after a lost answer, the same call, a resume or a watch relay resends
+    the key and the server replays: succeeded, one charge, under every catalog profile
+    (300 s keys too)."""
     clock = Clock()
     with keyed(profile, clock, lose_answers=1) as (server, url):
         lose_the_answer(tmp_path / "j.db", url, profile, clock.true)
@@ -88,11 +93,114 @@ def test_a_lost_answer_is_resent_with_its_key_a_second_later(
         with session(tmp_path / "j.db", url, profile, clock.true) as s:
             if how == "call":
                 assert 201 == s.post("/v1/charges", json=CHARGE, operation_id="op").status_code
-            else:
+            elif how == "resume":
                 [result] = s.resume()
                 assert "succeeded" == result.action
+            else:
+                assert "succeeded" == relay_once(s).action
             assert "succeeded" == s.journal.operation("op").status
     assert (2, 1) == (server.arrivals, len(server.charges))
+
+
+def relay_once(s: idempotently.Session) -> idempotently.ResumeResult:
+    """What a watch worker (the outbox relay) does with the one due operation."""
+    stop = threading.Event()
+    results: list[idempotently.ResumeResult] = []
+
+    def on_result(result: idempotently.ResumeResult) -> None:
+        results.append(result)
+        stop.set()
+
+    watch(
+        s._engine,
+        s.journal,
+        s._build,
+        send=s.client.send,
+        stop=stop,
+        interval=0.01,
+        concurrency=1,
+        on_result=on_result,
+    )
+    [result] = results
+    return result
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [profiles.DJANGO_IDEMPOTENCY_KEY, profiles.AWS_POWERTOOLS, profiles.PAYPAL],
+    ids=lambda profile: profile.name,
+)
+def test_an_sdks_own_retry_through_transport_a_second_later_is_resent(
+    tmp_path: Path, profile: ServerProfile
+) -> None:
+    """An SDK that retries with its own key one second after a lost answer, through
+    Transport: the same operation, resent with the key, replayed; one charge."""
+    clock = Clock()
+    headers = {profile.key_header: profile.render_key("sdk-key-1")}
+    with keyed(profile, clock, lose_answers=1) as (server, url):
+        for attempt in range(2):
+            transport = idempotently.Transport(
+                tmp_path / "j.db", profile=profile, policy=ONE_TRY, clock=clock.true
+            )
+            with httpx.Client(base_url=url, transport=transport) as client:
+                if attempt == 0:
+                    with pytest.raises(idempotently.OperationPendingError):
+                        client.post("/v1/charges", json=CHARGE, headers=headers)
+                    clock.now += 1
+                else:
+                    assert (
+                        201 == client.post("/v1/charges", json=CHARGE, headers=headers).status_code
+                    )
+    assert (2, 1) == (server.arrivals, len(server.charges))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "profile",
+    [profiles.DJANGO_IDEMPOTENCY_KEY, profiles.AWS_POWERTOOLS],
+    ids=lambda profile: profile.name,
+)
+async def test_an_async_session_resends_a_short_lived_key_a_second_later(
+    tmp_path: Path, profile: ServerProfile
+) -> None:
+    """AsyncSession, on asyncio and trio: a lost answer, then the same call a second
+    later is resent and replayed; one charge."""
+    clock = Clock()
+    with keyed(profile, clock, lose_answers=1) as (server, url):
+        for attempt in range(2):
+            async with idempotently.AsyncSession(
+                tmp_path / "j.db", base_url=url, profile=profile, policy=ONE_TRY, clock=clock.true
+            ) as s:
+                if attempt == 0:
+                    with pytest.raises(idempotently.OperationPendingError):
+                        await s.post("/v1/charges", json=CHARGE, operation_id="op")
+                    clock.now += 1
+                else:
+                    response = await s.post("/v1/charges", json=CHARGE, operation_id="op")
+                    assert 201 == response.status_code
+    assert (2, 1) == (server.arrivals, len(server.charges))
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_short_lived_key_on_either_store(tmp_path: Path, journal_target: str) -> None:
+    """SQLite and PostgreSQL journals alike: a 300 s key resent a second after a lost
+    answer; one past its lifetime minus 60 s not resent."""
+    profile = profiles.DJANGO_IDEMPOTENCY_KEY
+    clock = Clock()
+    with keyed(profile, clock, lose_answers=2) as (server, url):
+        for op in ("soon", "late"):
+            with (
+                session(journal_target, url, profile, clock.true) as s,  # type: ignore[arg-type]
+                pytest.raises(idempotently.OperationPendingError),
+            ):
+                s.post("/v1/charges", json=CHARGE, operation_id=op)
+        clock.now += 1
+        with session(journal_target, url, profile, clock.true) as s:  # type: ignore[arg-type]
+            assert 201 == s.post("/v1/charges", json=CHARGE, operation_id="soon").status_code
+            clock.now = T0 + 300 - 60 + 1
+            with pytest.raises(idempotently.NeedsReconcileError):
+                s.post("/v1/charges", json=CHARGE, operation_id="late")
+    assert (3, 2) == (server.arrivals, len(server.charges))
 
 
 @pytest.mark.parametrize("profile", CATALOG, ids=lambda profile: profile.name)
@@ -237,3 +345,23 @@ def test_cli_resume_applies_a_given_margin_larger_than_the_journaled_one(
         CliRunner().invoke(cli, ["--journal", str(tmp_path / "j.db"), "resume", *flag])
         status = idempotently.Journal(str(tmp_path / "j.db")).operation("op").status
     assert (sent, "succeeded" if sent == 2 else "needs_reconcile") == (server.arrivals, status)
+
+
+def test_retry_keeps_the_margin_of_the_operations_profile(tmp_path: Path) -> None:
+    """`Journal.retry_now` on a 300 s key: made due a second after its lost answer (the
+    profile's 60 s margin, not a flat hour), refused once less than 60 s is left."""
+    profile = profiles.DJANGO_IDEMPOTENCY_KEY
+    clock = Clock(time.time())
+    with keyed(profile, clock, lose_answers=2) as (server, url):
+        lose_the_answer(tmp_path / "j.db", url, profile, clock.true)
+        clock.now -= 300 - 60 + 1  # as if journaled 241 s ago
+        with (
+            session(tmp_path / "j.db", url, profile, clock.true) as s,
+            pytest.raises(idempotently.OperationPendingError),
+        ):
+            s.post("/v1/charges", json=CHARGE, operation_id="old")
+    with idempotently.Journal(str(tmp_path / "j.db")) as journal:
+        assert "pending" == journal.retry_now("op").status
+        with pytest.raises(idempotently.OperatorActionError, match="60 s margin"):
+            journal.retry_now("old")
+    assert 2 == server.arrivals
