@@ -147,6 +147,7 @@ from idempotently._policy import (
 )
 from idempotently._profiles import (
     GENERIC,
+    MAX_DEFAULT_KEY_EXPIRY_MARGIN,
     ProfileRule,
     ServerProfile,
     journaled_profile,
@@ -179,7 +180,9 @@ T = TypeVar("T")
 Flow = Generator[Command, Any, T]
 
 DEFAULT_LEASE_DURATION = 60.0
-DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
+DEFAULT_KEY_EXPIRY_MARGIN = MAX_DEFAULT_KEY_EXPIRY_MARGIN
+"""The margin of keys living 10 h or more (``_profiles.default_key_expiry_margin``): what
+``stats --expiring-within`` counts by default."""
 MAX_OPERATION_ID_LENGTH = 255
 EXTENSION = "idempotently"
 """``response.extensions[EXTENSION]`` holds the `Receipt`."""

@@ -409,7 +409,8 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     show_default=True,
     metavar="DURATION",
     help="Count pending operations whose key expires within this long (the default, "
-    "resume's key-expiry margin, counts those resume will no longer resend).",
+    "resume's key-expiry margin for keys that live 10h or more, counts those resume will "
+    "no longer resend).",
 )
 @click.option(
     "--fail-on-stuck",
