@@ -134,11 +134,14 @@ def check_key_expiry_margin(value: object, lifetime: float | None, name: str) ->
     `MIN_KEY_EXPIRY_MARGIN`, and below ``lifetime`` when it is known."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    margin = float(value)
+    try:
+        margin = float(value)
+    except OverflowError:  # an int past any float (10**400): no finite margin
+        margin = float("inf")
     if not margin >= MIN_KEY_EXPIRY_MARGIN or margin == float("inf"):  # NaN fails too
         raise ValueError(
-            f"{name} must be at least {MIN_KEY_EXPIRY_MARGIN:g} seconds (the clock skew "
-            f"between hosts it protects against), not {value!r}"
+            f"{name} must be a finite number of seconds, at least {MIN_KEY_EXPIRY_MARGIN:g} "
+            f"(the clock skew between hosts it protects against), not {str(value)[:40]}"
         )
     if lifetime is not None and margin >= lifetime:
         raise ValueError(
