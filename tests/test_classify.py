@@ -17,6 +17,8 @@ import pytest
 
 import idempotently
 from idempotently import profiles
+from tests.scripted_server import Answer as ScriptedAnswer
+from tests.scripted_server import ScriptedApp
 from tests.support import FakeTime
 
 URL = "https://api.example.test/v1/charges"
@@ -103,12 +105,97 @@ def test_a_202_in_progress_is_waited_through_then_left_pending(
     assert POLICY.in_progress_retries + 1 == len(operation.attempts)
 
 
-def test_final_on_a_first_attempt_settles_it(tmp_path: Path, fake_time: FakeTime) -> None:
-    """ "final" on a 503 answered to the first attempt: the server's only word, failed."""
-    transport = server((503, "final"))
+def test_final_on_a_first_attempt_4xx_settles_it(tmp_path: Path, fake_time: FakeTime) -> None:
+    """ "final" on a 400 answered to the first attempt: the server's only word, failed."""
+    transport = server((400, "final"))
     with session(tmp_path, fake_time, transport) as s:
-        assert 503 == s.post(URL, json={}, operation_id="op").status_code
+        assert 400 == s.post(URL, json={}, operation_id="op").status_code
         assert "failed" == s.journal.operation("op").status
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_final_on_a_5xx_needs_reconciling_never_failed(
+    tmp_path: Path, fake_time: FakeTime, status: int
+) -> None:
+    """ "final" on a 5xx, even the first attempt's: the handler may have acted (a function
+    behind API Gateway that charged, then raised, answers 502), so the operation goes to
+    needs_reconcile, not failed, and is not sent again."""
+    transport = server((status, "final"), (201, None))
+    with session(tmp_path, fake_time, transport) as s:
+        with pytest.raises(idempotently.NeedsReconcileError, match="may have acted"):
+            s.post(URL, json={}, operation_id="op")
+        operation = s.journal.operation("op")
+    assert ("needs_reconcile", [status]) == (
+        operation.status,
+        [attempt.status_code for attempt in operation.attempts],
+    )
+
+
+def test_final_on_a_5xx_from_a_real_server_that_charged(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Against a loopback server that charged and answered 502 {"state": "final"}: one
+    charge, needs_reconcile, a resume sends nothing more."""
+    app, url = scripted
+    app.answer(ScriptedAnswer(502, body=b'{"state": "final"}'))
+    with idempotently.Session(
+        tmp_path / "journal.db", base_url=url, profile=CLASSIFIED, policy=POLICY
+    ) as s:
+        with pytest.raises(idempotently.NeedsReconcileError):
+            s.post("/v1/charges", json={}, operation_id="op")
+        s.resume()
+        assert "needs_reconcile" == s.journal.operation("op").status
+    assert 1 == len(app.arrivals)
+
+
+def test_a_replayed_4xx_called_final_after_a_maybe_delivered_attempt_stays_pending(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A read timeout, then a 400 marked replayed that the classifier calls final: a
+    classifier's "final" is failed only when nothing may have been delivered, so the
+    operation stays pending with its key."""
+    answers: list[type[httpx.TransportError] | httpx.Response] = [
+        httpx.ReadTimeout,
+        httpx.Response(400, headers={"Idempotent-Replayed": "true"}, json={"state": "final"}),
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = answers.pop(0)
+        if isinstance(answer, httpx.Response):
+            return answer
+        raise answer("scripted", request=request)
+
+    with session(tmp_path, fake_time, httpx.MockTransport(handler)) as s:
+        with pytest.raises(idempotently.IdempotentlyError):
+            s.post(URL, json={}, operation_id="op")
+        assert "pending" == s.journal.operation("op").status
+
+
+def test_final_after_only_not_acted_answers_is_failed(tmp_path: Path, fake_time: FakeTime) -> None:
+    """A 429 (the server did not act), then a 400 called final: nothing may have been
+    delivered before it, so the 400 is the server's first word on the charge: failed."""
+    transport = server((429, None), (400, "final"))
+    with session(tmp_path, fake_time, transport) as s:
+        assert 400 == s.post(URL, json={}, operation_id="op").status_code
+        operation = s.journal.operation("op")
+    assert ("failed", [429, 400]) == (
+        operation.status,
+        [attempt.status_code for attempt in operation.attempts],
+    )
+
+
+def test_a_resume_that_meets_final_on_a_4xx_keeps_the_operation_pending(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """An operation left pending by a read timeout (maybe delivered); its resume meets a
+    400 called final: it says nothing about the first attempt, so it stays pending."""
+    with session(tmp_path, fake_time, server(httpx.ReadTimeout)) as s:
+        s._engine.policy = attrs.evolve(POLICY, max_attempts=1)
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={}, operation_id="op")
+    with session(tmp_path, fake_time, server((400, "final"))) as s:
+        [result] = s.resume()
+    assert ("unresolved", "pending") == (result.action, result.status)
 
 
 @pytest.mark.parametrize(("state", "status"), [("final", "pending"), ("reused", "needs_reconcile")])

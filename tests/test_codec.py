@@ -188,9 +188,7 @@ def test_a_reconcilers_answer_is_stored_encoded(
     app.answer(Answer(500, body=b"{}"))
     profile = idempotently.profiles.GENERIC
     journal = idempotently.Journal(path, codec=CODEC)
-    with idempotently.Session(
-        journal, base_url=url, policy=ONE_TRY, profile=profile, key_expiry_margin=0
-    ) as session:
+    with idempotently.Session(journal, base_url=url, policy=ONE_TRY, profile=profile) as session:
         with pytest.raises(idempotently.IdempotentlyError):
             session.post("/v1/charges", json=charge(), operation_id="op")
         journal._set_status("op", "needs_reconcile", reason="test", now=0.0)

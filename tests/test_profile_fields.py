@@ -66,7 +66,8 @@ def test_key_lifetime_stops_resending_a_key_the_server_forgot(
     with make_session(tmp_path, fake_time, profile=profile, policy=policy) as s:
         with pytest.raises(idempotently.OperationPendingError):
             s.post(URL, json={}, operation_id="op")
-        fake_time.now += 1.5 * HOUR  # within 24 h, past 2 h - 1 h margin
+        # Within 24 h, one second past 2 h minus its default margin (a tenth: 12 min).
+        fake_time.now += 2 * HOUR - 0.2 * HOUR + 1
         with pytest.raises(idempotently.NeedsReconcileError):
             s.post(URL, json={}, operation_id="op")
         operation = s.journal.operation("op")
@@ -223,6 +224,67 @@ def test_a_replayed_500_by_the_profiles_marker_needs_reconcile(
     ):
         s.post(URL, json={})
     assert 1 == route.call_count
+
+
+def test_a_replay_marker_may_name_its_own_value(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """``X-Idempotency-Status: hit`` marks a replay by that value (any case), and only
+    by it: ``miss`` and ``true`` under that header do not."""
+    profile = attrs.evolve(
+        profiles.GENERIC, name="x", replay_headers=("X-Idempotency-Status: hit",)
+    )
+    router.post(URL).mock(
+        side_effect=[
+            httpx.Response(201, headers={"X-Idempotency-Status": "HIT"}),
+            httpx.Response(201, headers={"X-Idempotency-Status": "miss"}),
+            httpx.Response(201, headers={"X-Idempotency-Status": "true"}),
+        ]
+    )
+    with make_session(tmp_path, fake_time, profile=profile) as s:
+        replayed = [
+            s.post(URL, json={"n": n}).extensions["idempotently"].replayed for n in range(3)
+        ]
+    assert [True, False, False] == replayed
+
+
+def test_a_replay_marker_by_value_proves_a_4xx_after_a_maybe_delivered_attempt(
+    tmp_path: Path, fake_time: FakeTime, router: respx.MockRouter
+) -> None:
+    """A read timeout, then a 400 with ``X-Idempotency-Status: hit``: the server's stored
+    answer for this key, so the operation is failed (without the value it would stay
+    pending, the answer proving nothing about the first attempt)."""
+    profile = attrs.evolve(
+        profiles.GENERIC, name="x", replay_headers=("X-Idempotency-Status: hit",)
+    )
+    router.post(URL).mock(
+        side_effect=[
+            httpx.ReadTimeout("lost"),
+            httpx.Response(400, headers={"X-Idempotency-Status": "hit"}),
+        ]
+    )
+    with make_session(tmp_path, fake_time, profile=profile) as s:
+        assert 400 == s.post(URL, json={}, operation_id="op").status_code
+        assert "failed" == s.journal.operation("op").status
+
+
+def test_a_replay_marker_by_name_alone_still_means_true_1_or_sf_true() -> None:
+    """The earlier form, a bare header name, keeps its meaning: true, 1 or ?1."""
+    profile = attrs.evolve(profiles.GENERIC, name="x", replay_headers=("X-Replayed",))
+    marked = [
+        profile.is_replay(httpx.Response(201, headers={"X-Replayed": value}))
+        for value in ("true", "1", "?1", "hit", "false")
+    ]
+    assert [True, True, True, False, False] == marked
+
+
+@pytest.mark.parametrize(
+    "marker", ["X-Idempotency-Status: ", "X Status: hit", "X-Idempotency-Status: a,b", ""]
+)
+def test_a_malformed_replay_marker_is_refused(marker: str) -> None:
+    """A marker is a header name, optionally with one value (no comma, not empty)."""
+    with pytest.raises(ValueError, match="replay_headers"):
+        attrs.evolve(profiles.GENERIC, name="x", replay_headers=(marker,))
 
 
 def test_retry_hint_headers_name_the_hint(

@@ -138,6 +138,9 @@ from idempotently._policy import (
     decide,
     decide_read,
     jittered,
+    key_born_at,
+    key_expiry_margin,
+    key_past_margin,
     may_be_retried,
     may_have_been_delivered,
     never_sent,
@@ -145,6 +148,7 @@ from idempotently._policy import (
 )
 from idempotently._profiles import (
     GENERIC,
+    MAX_DEFAULT_KEY_EXPIRY_MARGIN,
     ProfileRule,
     ServerProfile,
     journaled_profile,
@@ -177,7 +181,9 @@ T = TypeVar("T")
 Flow = Generator[Command, Any, T]
 
 DEFAULT_LEASE_DURATION = 60.0
-DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
+DEFAULT_KEY_EXPIRY_MARGIN = MAX_DEFAULT_KEY_EXPIRY_MARGIN
+"""The margin of keys living 10 h or more (``_profiles.default_key_expiry_margin``): what
+``stats --expiring-within`` counts by default."""
 MAX_OPERATION_ID_LENGTH = 255
 EXTENSION = "idempotently"
 """``response.extensions[EXTENSION]`` holds the `Receipt`."""
@@ -677,7 +683,9 @@ class Engine:
     redact_headers: frozenset[str] = attrs.field(factory=redaction_set)
     fingerprint_headers: tuple[str, ...] = ()
     lease_duration: float = DEFAULT_LEASE_DURATION
-    key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN
+    key_expiry_margin: float | None = None
+    """A margin given to this engine (a resume's ``--key-expiry-margin``): applied where it
+    is larger than the one journaled with an operation's profile. None: the journaled one."""
     namespace: uuid.UUID | None = None
     """The journal's own namespace: a named operation's key is derived from it."""
     host_id: str = _HOST
@@ -1590,20 +1598,14 @@ class Engine:
                     else ""
                 )
             )
-        # An enqueued operation not sent yet has a key no server has seen, so none can
-        # have forgotten it: its lifetime starts when the lease to send it is taken.
-        if not never_sent(operation) and now > operation.key_expires_at - self.key_expiry_margin:
-            # An enqueued operation's key lived from its first send, not its creation.
-            born = (
-                operation.first_send_at
-                if operation.enqueued_at is not None and operation.first_send_at is not None
-                else operation.created_at
-            )
+        margin = self.expiry_margin(operation)
+        if key_past_margin(operation, now, margin):
+            born = key_born_at(operation)
             return "expired", (
                 f"the key was {'first sent' if born != operation.created_at else 'created'} at "
                 f"{_iso(born)} and the server may have forgotten it (key lifetime "
                 f"{operation.key_expires_at - born:g}s, safety margin "
-                f"{self.key_expiry_margin:g}s): resending could act twice; look the object "
+                f"{margin:g}s): resending could act twice; look the object "
                 "up and settle it"
             )
         if operation.deadline_at is not None and now > operation.deadline_at:
@@ -1613,6 +1615,15 @@ class Engine:
         if operation.not_before is not None and operation.not_before > now:
             return "waiting", f"the server asked not to retry before {_iso(operation.not_before)}"
         return None
+
+    def expiry_margin(self, operation: Operation) -> float:
+        """The key-expiry margin for ``operation``: its profile's (journaled), or this
+        engine's given one when larger (`_policy.key_expiry_margin`)."""
+        try:
+            profile: ServerProfile | None = self.profile_for(operation)
+        except StoredProfileError:
+            profile = None
+        return key_expiry_margin(operation, profile, self.key_expiry_margin)
 
     def _apply_blocker(self, operation: Operation, kind: Blocker, reason: str) -> Flow[Status]:
         """Journal what a blocker means for the operation; return its status."""

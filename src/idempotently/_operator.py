@@ -30,8 +30,9 @@ from idempotently._exceptions import (
     StoredProfileError,
 )
 from idempotently._keys import derived_key
-from idempotently._policy import never_sent
-from idempotently._profiles import GENERIC, stored_profile
+from idempotently._policy import key_expiry_margin as expiry_margin_of
+from idempotently._policy import key_past_margin, never_sent
+from idempotently._profiles import GENERIC, ServerProfile, stored_profile
 from idempotently._rows import AuditEntry, NewOperation, Operation
 from idempotently._text import storable_text
 from idempotently._vocabulary import Status
@@ -214,7 +215,7 @@ def plan(
     lease_alive: bool,
     namespace: uuid.UUID | None = None,
     status: Status | None = None,
-    key_expiry_margin: float = 3600.0,
+    key_expiry_margin: float | None = None,
     forks_taken: Iterable[str] = (),
 ) -> Plan:
     """The write that carries out ``action`` on ``operation`` (as read), or the error
@@ -320,10 +321,21 @@ def plan(
             )
         # An enqueued operation never sent has a key no server has seen (its lifetime
         # starts at its first send), the rule resume applies.
-        if not never_sent(operation) and now > operation.key_expires_at - key_expiry_margin:
+        try:
+            profile: ServerProfile | None = stored_profile(
+                operation.profile,
+                GENERIC,
+                "stored",
+                operation_id=operation.operation_id,
+                key=operation.key,
+            )
+        except StoredProfileError:
+            profile = None
+        margin = expiry_margin_of(operation, profile, key_expiry_margin)
+        if key_past_margin(operation, now, margin):
             raise refuse(
                 f"its key expires at {_when(operation.key_expires_at)} (with resume's "
-                f"{key_expiry_margin:g} s margin) and the server may have forgotten it, so "
+                f"{margin:g} s margin) and the server may have forgotten it, so "
                 "a resend could act twice; look the object up, then settle it, or fork it"
             )
         write = act("pending", operation.reason, {}, due_now=True)

@@ -25,7 +25,12 @@ import tenacity as _t
 
 from idempotently._budget import RetryBudget
 from idempotently._numbers import as_float
-from idempotently._profiles import VERDICTS, ServerProfile, Verdict
+from idempotently._profiles import (
+    VERDICTS,
+    ServerProfile,
+    Verdict,
+    default_key_expiry_margin,
+)
 from idempotently._retry_after import server_wait
 from idempotently._text import storable_text
 from idempotently._vocabulary import Action, Delivery, Outcome
@@ -292,6 +297,34 @@ def may_have_been_delivered(operation: Operation) -> bool:
     return any(maybe_acted(attempt.status_code, attempt.outcome) for attempt in attempts)
 
 
+def key_born_at(operation: Operation) -> float:
+    """When the operation's key began to live: its first send for an enqueued one (a
+    key no server had seen before), else its creation."""
+    if operation.enqueued_at is not None and operation.first_send_at is not None:
+        return operation.first_send_at
+    return operation.created_at
+
+
+def key_expiry_margin(
+    operation: Operation, profile: ServerProfile | None, given: float | None
+) -> float:
+    """The margin kept before ``operation``'s key expires: the one journaled with its
+    profile (its own ``key_expiry_margin``, else the default for the lifetime journaled
+    with the row), or ``given`` (a resume's ``--key-expiry-margin``) when that is larger.
+    ``profile`` None: the journaled one cannot be read, so the default stands."""
+    own = None if profile is None else profile.key_expiry_margin
+    if own is None:
+        own = default_key_expiry_margin(operation.key_expires_at - key_born_at(operation))
+    return own if given is None else max(own, given)
+
+
+def key_past_margin(operation: Operation, now: float, margin: float) -> bool:
+    """Whether the server may have forgotten the operation's key (less than ``margin``
+    seconds of its lifetime left): it is never resent. An enqueued operation never sent
+    has a key no server has seen, so none can have forgotten it."""
+    return not never_sent(operation) and now > operation.key_expires_at - margin
+
+
 def may_be_retried(profile: ServerProfile, status: int) -> bool:
     """Whether the built-in table may retry a write's answer with ``status`` (every 5xx,
     408, 425, 429, and the profile's "in progress" statuses): such an answer is read no
@@ -523,9 +556,23 @@ def decide(
         )
     verdict = signal.verdict
     if verdict == "final":
+        what = f"{status} (final, says the profile's classify)"
         if status < 400:
-            return decision("succeed", f"{status} (final, says the profile's classify)")
-        return final(signal, f"{status} (final, says the profile's classify)")
+            return decision("succeed", what)
+        if status >= 500:
+            # A 5xx may have acted (a function behind API Gateway that charged, then
+            # raised, answers 502): a classifier cannot make it the promise that nothing
+            # happened.
+            return decision(
+                "reconcile",
+                f"{what}: a server error may have acted, so it is no proof that nothing "
+                "happened; look the object up",
+            )
+        if before.acted and signal.replayed:
+            # A classifier's "final" is never `failed` after an attempt that may have
+            # acted, a replay marker notwithstanding: the table's own rule, stated once.
+            return final(attrs.evolve(signal, replayed=False), what)
+        return final(signal, what)
     if verdict == "retry":
         return _retry_verdict(policy, state, signal, now=now, rand=rand)
     if status < 400 and verdict is None:
@@ -550,7 +597,9 @@ def decide(
             return decision(
                 "reconcile", f"{status} and the server says not to retry: the outcome is unknown"
             )
-        if not profile.stores_server_errors and status not in GATEWAY_STATUS_CODES:
+        if not profile.stores_server_errors and (
+            status not in GATEWAY_STATUS_CODES or status in profile.handler_errors
+        ):
             return decision(
                 "reconcile",
                 f"{status} from a server that does not store errors under the key: its "

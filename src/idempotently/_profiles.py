@@ -29,6 +29,11 @@ REPLAY_MARKER_HEADERS = (
 # opposed to "in progress" (Brandur's server answers 409 for both).
 MISMATCH_BODY_MARKERS = ("mismatch", "different payload", "different parameters")
 DEFAULT_IN_PROGRESS_TIMEOUT = 60 * 60.0
+MIN_KEY_EXPIRY_MARGIN = 60.0
+"""The smallest key-expiry margin: the clock skew between the host that journaled a key's
+expiry and the one that resends it, which the margin is the only protection against."""
+MAX_DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
+"""The default margin of long-lived keys (a tenth of the lifetime, capped here)."""
 RETRY_HINT_HEADERS = ("Stripe-Should-Retry", "X-Should-Retry")
 
 MismatchMatcher = Callable[[httpx.Response], bool]
@@ -112,7 +117,68 @@ _KEY_CHARACTERS = re.compile(r"[!#-\[\]-~]+")
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A replay marker's own value (``X-Idempotency-Status: hit``): visible ASCII, no commas.
+_MARKER_VALUE = re.compile(r"[!-+\--~]+")
 MAX_KEY_LIFETIME = 10 * 366 * 24 * 3600.0
+
+
+def default_key_expiry_margin(lifetime: float) -> float:
+    """The margin kept before a key's lifetime ends when the profile sets none:
+    a tenth of the lifetime, at least `MIN_KEY_EXPIRY_MARGIN` (clock skew) and at
+    most `MAX_DEFAULT_KEY_EXPIRY_MARGIN` (an hour)."""
+    return min(MAX_DEFAULT_KEY_EXPIRY_MARGIN, max(MIN_KEY_EXPIRY_MARGIN, lifetime / 10))
+
+
+def check_key_expiry_margin(value: object, lifetime: float | None, name: str) -> float:
+    """``value`` as a margin in seconds, or a TypeError/ValueError in one line: at least
+    `MIN_KEY_EXPIRY_MARGIN`, and below ``lifetime`` when it is known."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    try:
+        margin = float(value)
+    except OverflowError:  # an int past any float (10**400): no finite margin
+        margin = float("inf")
+    if not margin >= MIN_KEY_EXPIRY_MARGIN or margin == float("inf"):  # NaN fails too
+        raise ValueError(
+            f"{name} must be a finite number of seconds, at least {MIN_KEY_EXPIRY_MARGIN:g} "
+            f"(the clock skew between hosts it protects against), not {str(value)[:40]}"
+        )
+    if lifetime is not None and margin >= lifetime:
+        raise ValueError(
+            f"{name} ({margin:g}s) must be below the key lifetime ({lifetime:g}s): no key "
+            "could ever be resent"
+        )
+    return margin
+
+
+def _replay_marker_specs(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Each a header name (value true, ?1 or 1), or ``Name: value`` for that value."""
+    if isinstance(value, str):
+        value = (value,)
+    for marker in value:
+        name, colon, word = marker.partition(":") if isinstance(marker, str) else (None, "", "")
+        if (
+            not isinstance(name, str)
+            or not _HEADER_NAME.fullmatch(name.strip())
+            or (colon and not _MARKER_VALUE.fullmatch(word.strip()))
+        ):
+            raise ValueError(
+                "replay_headers must be header names (letters, digits, -), each optionally "
+                f"with the value that marks a replay ('X-Idempotency-Status: hit'), not {value!r}"
+            )
+
+
+def _handler_errors(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, frozenset) or not all(
+        isinstance(status, int) and not isinstance(status, bool) and 500 <= status <= 599
+        for status in value
+    ):
+        raise ValueError(f"handler_errors must be a frozenset of 5xx status codes, not {value!r}")
+
+
+def _margin_below_lifetime(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        check_key_expiry_margin(value, instance.key_lifetime, "key_expiry_margin")
 
 
 def _seconds(low_exclusive: float, high: float) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
@@ -247,6 +313,12 @@ class ServerProfile:
         default=DEFAULT_KEY_LIFETIME, validator=_seconds(0, MAX_KEY_LIFETIME)
     )
     """Seconds the server remembers a key; resume never resends an older one."""
+    key_expiry_margin: float | None = attrs.field(default=None, validator=_margin_below_lifetime)
+    """Seconds before the key's lifetime ends after which an operation is no longer resent
+    (it goes to needs_reconcile): the protection against clock skew between the host that
+    journaled the key and the one that resends it. None: ``min(3600, max(60, key_lifetime /
+    10))``. At least 60 and below ``key_lifetime``; journaled with the profile, and a resume
+    given another margin applies the larger."""
     in_progress_statuses: frozenset[int] = attrs.field(
         default=frozenset({409}), validator=_statuses
     )
@@ -268,10 +340,18 @@ class ServerProfile:
     """Whether the server stores a 5xx under the key. When False (middlewares that
     release the key and re-run the handler), a 500 may have acted: it goes to
     needs_reconcile, and only 502, 503 and 504 are retried."""
+    handler_errors: frozenset[int] = attrs.field(default=frozenset(), validator=_handler_errors)
+    """5xx statuses that come from the server's own handler, not from a gateway in front
+    of it (API Gateway answers 502 for every error a Lambda function raises): read as the
+    server's own 5xx under ``stores_server_errors``, so a server that releases its key on
+    an error sends them to needs_reconcile instead of running its handler again on each
+    retry. Empty by default: 502, 503 and 504 are a gateway's."""
     replay_headers: tuple[str, ...] = attrs.field(
-        default=REPLAY_MARKER_HEADERS, converter=tuple, validator=_header_names
+        default=REPLAY_MARKER_HEADERS, converter=tuple, validator=_replay_marker_specs
     )
-    """Response headers marking a stored answer replayed (value true, ?1 or 1)."""
+    """Response headers marking a stored answer replayed: a name (its value true, ?1 or
+    1), or ``Name: value`` for a server that says it with another word
+    (``X-Idempotency-Status: hit``); values are compared case-insensitively."""
     retry_hint_headers: tuple[str, ...] = attrs.field(
         default=RETRY_HINT_HEADERS, converter=tuple, validator=_header_names
     )
@@ -306,12 +386,24 @@ class ServerProfile:
     ``metadata[operation_id]``), never overwriting a value the caller set; None adds
     nothing. A lookup reconciler finds the object by it. Session and AsyncSession only:
     a Transport sends the bytes its SDK rendered, as they are."""
-    _replay_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
+    _replay_markers: frozenset[tuple[bytes, bytes | None]] = attrs.field(
+        init=False, repr=False, eq=False
+    )
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
     @_replay_markers.default
-    def _lowercase_replay_markers(self) -> frozenset[bytes]:
-        return frozenset(name.lower().encode("latin-1") for name in self.replay_headers)
+    def _lowercase_replay_markers(self) -> frozenset[tuple[bytes, bytes | None]]:
+        """(name, value) pairs, lowercased; value None: true, ?1 or 1."""
+        markers = set()
+        for marker in self.replay_headers:
+            name, colon, value = marker.partition(":")
+            markers.add(
+                (
+                    name.strip().lower().encode("latin-1"),
+                    value.strip().lower().encode("latin-1") if colon else None,
+                )
+            )
+        return frozenset(markers)
 
     @_hint_markers.default
     def _lowercase_hint_markers(self) -> frozenset[bytes]:
@@ -348,10 +440,20 @@ class ServerProfile:
     def is_replay(self, response: httpx.Response) -> bool:
         """Whether the server says this response is a stored one."""
         markers = self._replay_markers
-        return any(
-            name.lower() in markers and value.strip().lower() in _TRUE_VALUES
-            for name, value in response.headers.raw
-        )
+        for name, value in response.headers.raw:
+            name = name.lower()
+            word = value.strip().lower()
+            if (name, word) in markers or (word in _TRUE_VALUES and (name, None) in markers):
+                return True
+        return False
+
+    @property
+    def expiry_margin(self) -> float:
+        """The key-expiry margin this profile keeps: its own, or the default for its
+        lifetime (`default_key_expiry_margin`)."""
+        if self.key_expiry_margin is not None:
+            return self.key_expiry_margin
+        return default_key_expiry_margin(self.key_lifetime)
 
     def retry_hint(self, response: httpx.Response) -> bool | None:
         """The server's explicit "retry this?" (true/false), or None (none, or garbage)."""
@@ -476,6 +578,39 @@ PAYPAL = ServerProfile(name="paypal", key_header="PayPal-Request-Id", key_lifeti
 first request, and 5xx may be retried for as long as the ID is stored, which each API's
 reference gives: 6 h here, the conservative choice (raise it to what your API says)."""
 
+AWS_POWERTOOLS = ServerProfile(
+    name="aws-powertools",
+    key_lifetime=3600.0,
+    in_progress_statuses=frozenset(),
+    mismatch_statuses=frozenset(),
+    mismatch_matcher=never,
+    stores_server_errors=False,
+    handler_errors=frozenset({502, 503, 504}),
+    replay_headers=(),
+)
+"""Powertools for AWS Lambda, idempotency utility (Python and TypeScript share the
+contract), a function behind API Gateway whose ``event_key_jmespath`` reads the
+``Idempotency-Key`` header: records expire after 3600 s (``expires_after_seconds``);
+a handler that raises deletes its record, so the next request runs it again, and API
+Gateway answers every error the function raises as a 502 -- "already in progress" and
+a payload that does not match (``IdempotencyValidationError``) included. So a 502, 503
+or 504 is the handler's own (``handler_errors``), may have acted and is not stored: it
+goes to needs_reconcile, for a lookup to settle, never resent blindly. Replays are the
+stored answer as it was, without a marker."""
+
+INCREASE = ServerProfile(
+    name="increase",
+    max_key_length=200,
+    mismatch_statuses=frozenset(),
+    mismatch_matcher=body_mentions("idempotency_key_already_used_error", statuses={409}),
+)
+"""Increase: ``Idempotency-Key`` of at most 200 characters; a request repeated with the
+same key and arguments returns the object first created, with ``Idempotent-Replayed:
+true``; the key used for another object is a 409 whose ``type`` is
+``idempotency_key_already_used_error`` (a mismatch, not "in progress"). The docs give no
+expiry: the generic 24 h is kept, the conservative choice. Every list endpoint filters by
+``idempotency_key``, which a lookup can use."""
+
 BUILTIN_PROFILES = {
     profile.name: profile
     for profile in (
@@ -488,6 +623,8 @@ BUILTIN_PROFILES = {
         ROCKET_RIDES,
         ADYEN,
         PAYPAL,
+        AWS_POWERTOOLS,
+        INCREASE,
     )
 }
 """Every built-in profile by name: what ``--profile NAME`` and a journaled name resolve to."""
@@ -500,7 +637,7 @@ _CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
 ``module:qualname`` resume imports."""
 
 
-_OMITTED_AT_DEFAULT = frozenset({"classify", "pause_origin"})
+_OMITTED_AT_DEFAULT = frozenset({"classify", "pause_origin", "key_expiry_margin", "handler_errors"})
 """Fields a spec leaves out at their default."""
 
 

@@ -37,7 +37,6 @@ from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
 from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
-    DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
     Call,
     Engine,
@@ -54,7 +53,13 @@ from idempotently._keys import redaction_set
 from idempotently._lookup import BoundReconciler, Verdict
 from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
-from idempotently._profiles import GENERIC, ServerProfile, carry_operation_id, journaled_profile
+from idempotently._profiles import (
+    GENERIC,
+    ServerProfile,
+    carry_operation_id,
+    check_key_expiry_margin,
+    journaled_profile,
+)
 from idempotently._secret_params import values_in_params
 from idempotently._vocabulary import Delivery
 
@@ -77,7 +82,6 @@ _CLIENT_OPTIONS = {
 
 
 MAX_LEASE_DURATION = 24 * 3600.0
-MAX_KEY_EXPIRY_MARGIN = 30 * 24 * 3600.0
 
 
 def check_engine_options(
@@ -122,9 +126,10 @@ def check_engine_options(
         for header in names:
             if not isinstance(header, str) or not header:
                 raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
+    if key_expiry_margin is not None:
+        check_key_expiry_margin(key_expiry_margin, profile.key_lifetime, "key_expiry_margin")
     for name, value, positive, most in (
         ("lease_duration", lease_duration, True, MAX_LEASE_DURATION),
-        ("key_expiry_margin", key_expiry_margin, False, MAX_KEY_EXPIRY_MARGIN),
     ):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
@@ -174,7 +179,7 @@ class _SessionBase(Generic[ClientT]):
         fingerprint_headers: Iterable[str],
         lease_duration: float,
         host_id: str | None,
-        key_expiry_margin: float,
+        key_expiry_margin: float | None,
         clock: Callable[[], float],
         sleep: object,
         client_options: dict[str, Any],
@@ -249,7 +254,7 @@ class _SessionBase(Generic[ClientT]):
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
             host_id=host,
-            key_expiry_margin=float(key_expiry_margin),
+            key_expiry_margin=None if key_expiry_margin is None else float(key_expiry_margin),
             namespace=self.journal._namespace,
             hooks=checked_hooks,
             codec=self.journal.codec,
@@ -517,7 +522,10 @@ class Session(_SessionBase[httpx.Client]):
         host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
             the hostname).
         key_expiry_margin: Seconds before the key's lifetime ends after which an
-            operation is no longer resent, but goes to `needs_reconcile`.
+            operation is no longer resent, but goes to `needs_reconcile`. None (the
+            default): each operation's profile's (`ServerProfile.key_expiry_margin`,
+            journaled with it). A given one (at least 60, below the profile's key
+            lifetime) applies where it is larger.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts (inject one in tests).
         hooks: Functions called with every event.
@@ -543,7 +551,7 @@ class Session(_SessionBase[httpx.Client]):
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
         host_id: str | None = None,
-        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
+        key_expiry_margin: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
@@ -902,7 +910,10 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
             the hostname).
         key_expiry_margin: Seconds before the key's lifetime ends after which an
-            operation is no longer resent, but goes to `needs_reconcile`.
+            operation is no longer resent, but goes to `needs_reconcile`. None (the
+            default): each operation's profile's (`ServerProfile.key_expiry_margin`,
+            journaled with it). A given one (at least 60, below the profile's key
+            lifetime) applies where it is larger.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
@@ -927,7 +938,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
         host_id: str | None = None,
-        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
+        key_expiry_margin: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),

@@ -21,7 +21,6 @@ from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import arun, run
 from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow import (
-    DEFAULT_KEY_EXPIRY_MARGIN,
     DEFAULT_LEASE_DURATION,
     Call,
     Engine,
@@ -81,7 +80,7 @@ class _TransportBase:
         fingerprint_headers: Iterable[str],
         lease_duration: float,
         host_id: str | None,
-        key_expiry_margin: float,
+        key_expiry_margin: float | None,
         clock: Callable[[], float],
         sleep: object,
         hooks: Iterable[AsyncHook] = (),
@@ -135,7 +134,7 @@ class _TransportBase:
             fingerprint_headers=tuple(fingerprint_headers),
             lease_duration=float(lease_duration),
             host_id=host,
-            key_expiry_margin=float(key_expiry_margin),
+            key_expiry_margin=None if key_expiry_margin is None else float(key_expiry_margin),
             namespace=self.journal._namespace,
             codec=self.journal.codec,
             secret_params=self.journal.redact_query,
@@ -228,7 +227,10 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         host_id: This host's name in lease owners (`$IDEMPOTENTLY_HOST_ID`, else
             the hostname).
         key_expiry_margin: Seconds before the key's lifetime ends after which an
-            operation is no longer resent, but goes to `needs_reconcile`.
+            operation is no longer resent, but goes to `needs_reconcile`. None (the
+            default): each operation's profile's (`ServerProfile.key_expiry_margin`,
+            journaled with it). A given one (at least 60, below the profile's key
+            lifetime) applies where it is larger.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts.
         hooks: Functions called with every event.
@@ -254,7 +256,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
         host_id: str | None = None,
-        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
+        key_expiry_margin: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
@@ -417,7 +419,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         fingerprint_headers: Iterable[str] = (),
         lease_duration: float = DEFAULT_LEASE_DURATION,
         host_id: str | None = None,
-        key_expiry_margin: float = DEFAULT_KEY_EXPIRY_MARGIN,
+        key_expiry_margin: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),

@@ -58,8 +58,13 @@ from idempotently._flow import (
 from idempotently._journal import MAX_LIMIT, Journal, migration_sql
 from idempotently._lookup import ABSENT_CHOICES, DEFAULT_ABSENT_AFTER, DEFAULT_BACKOFF, Lookup
 from idempotently._operator import ActionName
-from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy
-from idempotently._profiles import BUILTIN_PROFILES, GENERIC, ServerProfile
+from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy, key_born_at
+from idempotently._profiles import (
+    BUILTIN_PROFILES,
+    GENERIC,
+    ServerProfile,
+    check_key_expiry_margin,
+)
 from idempotently._session import (
     MAX_LEASE_DURATION,
     MAX_RESUME_CONCURRENCY,
@@ -404,7 +409,8 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     show_default=True,
     metavar="DURATION",
     help="Count pending operations whose key expires within this long (the default, "
-    "resume's key-expiry margin, counts those resume will no longer resend).",
+    "resume's key-expiry margin for keys that live 10h or more, counts those resume will "
+    "no longer resend).",
 )
 @click.option(
     "--fail-on-stuck",
@@ -760,8 +766,9 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     metavar="NAME",
     help="Read answers with this profile: a built-in's name (generic, stripe, ietf, "
     "django-idempotency-key, asgi-idempotency-header, express-idempotency, rocket-rides, "
-    "adyen, paypal), or module:NAME for a ServerProfile of your own (default: the one "
-    "each operation was journaled under; an operation whose stored profile differs is "
+    "adyen, paypal, aws-powertools, increase), or module:NAME for a ServerProfile of your "
+    "own (default: the one each operation was journaled under; an operation whose stored "
+    "profile differs is "
     "refused unless --force-profile).",
 )
 @click.option(
@@ -821,6 +828,15 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     help="How long a lease outlives a worker that died (live ones renew theirs).",
 )
 @click.option(
+    "--key-expiry-margin",
+    type=DURATION,
+    metavar="DURATION",
+    help="Do not resend a key with less than this left of its lifetime (at least 60s, below "
+    "the key's lifetime; default: the margin journaled with each operation's profile, "
+    "min(1h, max(60s, lifetime/10)) unless the profile sets one). The larger of the two "
+    "applies.",
+)
+@click.option(
     "--reconcile-lookup",
     "reconcile_lookup",
     metavar="URL",
@@ -845,6 +861,7 @@ def resume_command(
     interval: float,
     host_id: str | None,
     lease_duration: float,
+    key_expiry_margin: float | None,
     reconcile_lookup: str | None,
     lookup_params: dict[str, str],
     absent: str,
@@ -885,6 +902,13 @@ def resume_command(
             f"must be more than 0s and at most {format_duration(MAX_LEASE_DURATION)}",
             param_hint="'--lease-duration'",
         )
+    if key_expiry_margin is not None:
+        try:
+            check_key_expiry_margin(
+                key_expiry_margin, None if profile is None else profile.key_lifetime, "it"
+            )
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--key-expiry-margin'") from None
     policy = RetryPolicy(
         max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
         deadline=deadline or DEFAULT_DEADLINE,
@@ -903,6 +927,8 @@ def resume_command(
         host_id=host_id,
         lease_duration=lease_duration,
     )
+    # Checked against the profile above; each operation's own lifetime is checked below.
+    session._engine.key_expiry_margin = key_expiry_margin
     session._engine.profile_rule = (
         "stored_only" if profile is None else "forced" if force_profile else "checked"
     )
@@ -910,6 +936,8 @@ def resume_command(
     session._params_given = params
     with session:
         refuse_disagreeing_profiles(session, journal)
+        if key_expiry_margin is not None:
+            refuse_margin_past_lifetimes(journal, key_expiry_margin)
         if watch:
             run_watch(
                 session,
@@ -959,6 +987,20 @@ def refuse_disagreeing_profiles(session: Session, journal: Journal) -> None:
             if error.kind != "unavailable":
                 click.echo(f"idempotently: {printable(str(error))}", err=True)
                 raise click.exceptions.Exit(2) from None
+
+
+def refuse_margin_past_lifetimes(journal: Journal, margin: float) -> None:
+    """Exit 2, before anything is sent, if ``--key-expiry-margin`` is at or above the key
+    lifetime of a pending operation: every such operation would go to needs_reconcile."""
+    for operation in journal.operations(status="pending", newest_first=False):
+        lifetime = operation.key_expires_at - key_born_at(operation)
+        if margin >= lifetime:
+            raise click.BadParameter(
+                f"it ({format_duration(margin)}) is at or above the key lifetime "
+                f"({format_duration(lifetime)}) of operation {operation.operation_id!r} (key "
+                f"{operation.key!r}): no key could be resent; nothing was sent",
+                param_hint="'--key-expiry-margin'",
+            )
 
 
 def resume_printing(

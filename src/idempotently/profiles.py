@@ -3,20 +3,22 @@
 ``GENERIC`` is the default; ``STRIPE``, ``IETF`` and a catalog of the server-side
 libraries and payment APIs users meet most (``DJANGO_IDEMPOTENCY_KEY``,
 ``ASGI_IDEMPOTENCY_HEADER``, ``EXPRESS_IDEMPOTENCY``, ``ROCKET_RIDES``, ``ADYEN``,
-``PAYPAL``), each also in ``BUILTIN_PROFILES`` by its name, the name ``--profile``
-takes. ``body_mentions`` and ``error_type`` build a payload-mismatch matcher, ``never``
-matches nothing."""
+``PAYPAL``, ``AWS_POWERTOOLS``, ``INCREASE``), each also in ``BUILTIN_PROFILES`` by
+its name, the name ``--profile`` takes. ``body_mentions`` and ``error_type`` build a
+payload-mismatch matcher, ``never`` matches nothing."""
 
 from __future__ import annotations
 
 from idempotently._profiles import (
     ADYEN,
     ASGI_IDEMPOTENCY_HEADER,
+    AWS_POWERTOOLS,
     BUILTIN_PROFILES,
     DJANGO_IDEMPOTENCY_KEY,
     EXPRESS_IDEMPOTENCY,
     GENERIC,
     IETF,
+    INCREASE,
     PAYPAL,
     ROCKET_RIDES,
     STRIPE,
@@ -30,11 +32,13 @@ from idempotently._profiles import (
 __all__ = [
     "ADYEN",
     "ASGI_IDEMPOTENCY_HEADER",
+    "AWS_POWERTOOLS",
     "BUILTIN_PROFILES",
     "DJANGO_IDEMPOTENCY_KEY",
     "EXPRESS_IDEMPOTENCY",
     "GENERIC",
     "IETF",
+    "INCREASE",
     "PAYPAL",
     "ROCKET_RIDES",
     "STRIPE",

@@ -375,7 +375,13 @@ HOSTILE_OPTIONS = [
     ("lease_duration", math.inf),
     ("lease_duration", "60"),
     ("key_expiry_margin", -1),
+    ("key_expiry_margin", -0.0),
     ("key_expiry_margin", math.nan),
+    ("key_expiry_margin", math.inf),
+    ("key_expiry_margin", -math.inf),
+    ("key_expiry_margin", 10**400),
+    ("key_expiry_margin", 59),
+    ("key_expiry_margin", 86400),
     ("clock", 5),
     ("sleep", None),
 ]

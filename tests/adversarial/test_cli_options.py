@@ -266,6 +266,14 @@ def test_hostile_resume_option_is_a_usage_error_before_anything_is_sent(
         (("--lease-duration", "-1s"), "--lease-duration"),
         (("--lease-duration", CENTURY), "--lease-duration"),
         (("--lease-duration", HUGE_DURATION), "--lease-duration"),
+        (("--key-expiry-margin", "0"), "--key-expiry-margin"),
+        (("--key-expiry-margin", "-1s"), "--key-expiry-margin"),
+        (("--key-expiry-margin", "59s"), "--key-expiry-margin"),
+        (("--key-expiry-margin", "1d"), "--key-expiry-margin"),
+        (("--key-expiry-margin", CENTURY), "--key-expiry-margin"),
+        (("--key-expiry-margin", HUGE_DURATION), "--key-expiry-margin"),
+        (("--key-expiry-margin", "soon", "--watch"), "--key-expiry-margin"),
+        (("--key-expiry-margin", HUGE_DURATION, "--watch"), "--key-expiry-margin"),
         (("--concurrency", "0"), "--concurrency"),
         (("--concurrency", "99999999999999999999"), "--concurrency"),
         (("--max-attempts", "0"), "--max-attempts"),
@@ -284,7 +292,14 @@ def test_a_resume_number_out_of_range_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
-    "args", [("--deadline", CENTURY), ("--lease-duration", "1d"), ("--max-attempts", "1000")]
+    "args",
+    [
+        ("--deadline", CENTURY),
+        ("--lease-duration", "1d"),
+        ("--max-attempts", "1000"),
+        ("--key-expiry-margin", "60s"),
+        ("--key-expiry-margin", "23h59m"),
+    ],
 )
 def test_a_resume_number_at_its_largest_still_resumes(
     pending: Path, wire: Wire, args: tuple[str, ...]

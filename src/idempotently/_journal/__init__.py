@@ -454,7 +454,6 @@ class Journal:
                 lease_alive=owner is not None and lease_owner_alive(owner),
                 namespace=self._namespace,
                 status=status,
-                key_expiry_margin=DEFAULT_EXPIRING_WITHIN,
                 forks_taken=forks_taken,
             )
             if planned.write.fork is not None:
