@@ -468,8 +468,14 @@ class Lookup:
                 unread = None
             elif following.url is None:
                 unread = following.why
-                if following.why == UNMARKED and (self.unpaged or not listed):
-                    unread = None  # a filtered answer (empty), or one that never pages
+                if following.why == UNMARKED:
+                    unread = (
+                        None  # a filtered answer (empty), or one that never pages
+                        if self.unpaged or not listed
+                        else "the answer says nothing of pages (no has_more, next or Link) "
+                        "and holds other objects, so it may be one page of many; "
+                        "Lookup(unpaged=True) if the endpoint never pages"
+                    )
             elif _origin(following.url) != origin:
                 unread = (
                     f"page {number} points to its next page on another origin "
