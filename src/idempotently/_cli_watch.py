@@ -272,7 +272,9 @@ def run_watch(
             on_result=on_result,
             pending_left=lambda: journal.counts()["pending"],
             before_stopped=lambda: announced.wait(1.0),
-            reconcile=None if reconciler is None else BoundReconciler(reconciler, session.client),
+            reconcile=None
+            if reconciler is None
+            else BoundReconciler.of(reconciler, session.client, engine, stopped=stop.is_set),
         )
 
 
