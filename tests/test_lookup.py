@@ -155,6 +155,29 @@ def test_absence_fails_it_only_when_it_carries_its_id_and_the_window_has_passed(
     assert [] == server.charges()
 
 
+def test_the_sessions_clock_governs_the_absent_after_window_and_the_backoff(
+    journal_target: str, idempotently_mock_server: MockServer
+) -> None:
+    """Session(clock=...) two hours ahead: an attempt lost a second ago (real time) is past
+    absent_after by the session's clock, so its absence settles it failed; one left
+    needs_reconcile is looked up again after a backoff counted on that same clock."""
+    server = idempotently_mock_server
+    ahead = time.time() + 7200
+    with Journal(journal_target) as journal:
+        lost(journal, server, "lost", ago=1, carries=True)
+        lost(journal, server, "kept", ago=1, carries=False)
+    with idempotently.Session(
+        journal_target, base_url=server.url, headers=AUTH, clock=lambda: ahead
+    ) as session:
+        session._engine.rand = lambda: 1.0  # full jitter at its ceiling: backoffs are exact
+        lookup = Lookup("/v1/charges", absent="failed", absent_after=300, backoff=60)
+        results = {result.operation_id: result for result in session.reconcile(lookup)}
+        kept = session.journal.operation("kept")
+    assert ("reconciled", "failed") == (results["lost"].action, results["lost"].status)
+    assert kept is not None
+    assert ahead + 60 == kept.lookup_after
+
+
 def test_absence_with_resend_forks_it_and_the_fork_is_charged_once(
     journal_target: str, idempotently_mock_server: MockServer
 ) -> None:
