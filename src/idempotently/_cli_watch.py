@@ -11,7 +11,8 @@ events ``watch_started``, ``claimed`` (a batch's operation ids), ``operation`` (
 per result), ``batch``,
 ``watch_stopping``, ``watch_stopped``, and the library's warnings (``heartbeat_failed``).
 SIGTERM or SIGINT: stop claiming, let operations in flight finish their current
-attempt, release every lease, exit 0. A second signal exits at once with 128 +
+attempt (a lookup in flight is not waited for: it is a read), release every lease,
+exit 0. A second signal exits at once with 128 +
 the signal number (143, 130); its leases then expire after the lease duration.
 """
 
