@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 import pytest
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -24,6 +25,7 @@ from starlette.routing import Route
 
 import idempotently
 from idempotently import Lookup, profiles
+from idempotently.cli import cli
 from tests.scripted_server import serve
 
 CARRYING = attrs.evolve(profiles.GENERIC, operation_id_field="metadata.operation_id")
@@ -304,3 +306,23 @@ async def test_an_async_lookup_reads_page_2_too(
         (result,) = await session.reconcile(Lookup(LOOKUP, params=PARAMS, absent="resend"))
     assert ("reconciled", "succeeded") == (result.action, result.status)
     assert "ch_target" == json.loads(stored(journal_target).response_body or b"")["id"]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"), [((), "needs_reconcile"), (("--unpaged",), "failed")]
+)
+def test_reconcile_on_the_command_line_takes_unpaged(
+    servers: tuple[Listing, str, Listing, str],
+    tmp_path: Any,
+    options: tuple[str, ...],
+    expected: str,
+) -> None:
+    """`idempotently reconcile --absent failed` on an answer that says nothing of pages
+    and lacks the charge: it stays, unless --unpaged says the endpoint never pages."""
+    listing, url, _, _ = servers
+    listing.reset("unmarked", lists_it=False)
+    journal = str(tmp_path / "j.db")
+    charged_unsettled(journal, url)
+    command = ["--journal", journal, "reconcile", "--lookup", LOOKUP, "--absent", "failed"]
+    result = CliRunner().invoke(cli, [*command, "--absent-after", "0s", *options])
+    assert expected == stored(journal).status, result.output
