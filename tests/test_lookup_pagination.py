@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import attrs
+import httpx
 import pytest
 from click.testing import CliRunner
 from starlette.applications import Starlette
@@ -25,6 +26,7 @@ from starlette.routing import Route
 
 import idempotently
 from idempotently import Lookup, profiles
+from idempotently._lookup import UNMARKED, next_page
 from idempotently.cli import cli
 from tests.scripted_server import serve
 
@@ -326,3 +328,62 @@ def test_reconcile_on_the_command_line_takes_unpaged(
     command = ["--journal", journal, "reconcile", "--lookup", LOOKUP, "--absent", "failed"]
     result = CliRunner().invoke(cli, [*command, "--absent-after", "0s", *options])
     assert expected == stored(journal).status, result.output
+
+
+HERE = "https://api.example.test/v1/charges?limit=10"
+
+
+@pytest.mark.parametrize(
+    ("headers", "document", "expected"),
+    [
+        ({}, {"data": [], "has_more": False}, "last"),
+        ({}, {"data": [{"id": "ch_9"}], "has_more": True}, f"{HERE}&starting_after=ch_9"),
+        ({}, {"data": [{"id": "ch_9"}], "has_more": True, "next_page": "tok"}, f"{HERE}&page=tok"),
+        ({}, {"data": [{"x": 1}], "has_more": True}, "no cursor"),
+        ({}, {"data": [], "next": None}, "last"),
+        (
+            {},
+            {"data": [], "next": "/v1/charges?cursor=2"},
+            "https://api.example.test/v1/charges?cursor=2",
+        ),
+        (
+            {},
+            {"data": [], "links": {"next": "?cursor=3"}},
+            "https://api.example.test/v1/charges?cursor=3",
+        ),
+        ({}, {"data": [], "links": {"next": None}}, "last"),
+        ({}, {"data": [], "next": 2}, "not understood"),
+        ({"link": '<https://api.example.test/p2>; rel="next"'}, [], "https://api.example.test/p2"),
+        ({"link": '<https://api.example.test/p1>; rel="first"'}, [], "last"),
+        ({"link": '<https://api.example.test/d>; rel="describedby"'}, [], "unmarked"),
+        (
+            {},
+            {"data": [], "has_more": False, "next": "/v1/charges?cursor=2"},
+            "https://api.example.test/v1/charges?cursor=2",
+        ),
+        ({}, {"object": "list", "data": [{"id": "ch_1"}]}, "unmarked"),
+        ({}, [{"id": "ch_1"}], "unmarked"),
+    ],
+)
+def test_the_pagination_a_page_carries(
+    headers: dict[str, str], document: Any, expected: str
+) -> None:
+    """What each pagination a lookup understands says of the next page; any sign of more
+    wins over a sign of the end; a sign it cannot follow is never taken for the end."""
+    response = httpx.Response(
+        200, headers=headers, json=document, request=httpx.Request("GET", HERE)
+    )
+    listed = document.get("data") if isinstance(document, dict) else document
+    following = next_page(response, document, listed)
+    said = (
+        "last"
+        if following.last
+        else str(following.url)
+        if following.url is not None
+        else "unmarked"
+        if following.why == UNMARKED
+        else "no cursor"
+        if "cursor" in following.why
+        else "not understood"
+    )
+    assert expected == said

@@ -474,7 +474,7 @@ class Lookup:
                         if self.unpaged or not listed
                         else "the answer says nothing of pages (no has_more, next or Link) "
                         "and holds other objects, so it may be one page of many; "
-                        "Lookup(unpaged=True) if the endpoint never pages"
+                        "Lookup(unpaged=True), or --unpaged, if the endpoint never pages"
                     )
             elif _origin(following.url) != origin:
                 unread = (
