@@ -168,20 +168,22 @@ def lookups(listing: Listing) -> list[str]:
     return [target for method, target, _ in listing.arrivals if method == "GET"]
 
 
+@pytest.mark.parametrize("absent", ["failed", "resend"])
 @pytest.mark.parametrize("style", ["has_more", "next", "link"])
-def test_a_charge_on_page_2_settles_it_succeeded_and_never_failed(
-    journal_target: str, servers: tuple[Listing, str, Listing, str], style: str
+def test_a_charge_on_page_2_settles_it_succeeded_never_failed_or_forked(
+    journal_target: str, servers: tuple[Listing, str, Listing, str], style: str, absent: Any
 ) -> None:
-    """absent="failed" on a list that pages, the charge on page 2: the lookup reads page
-    2 and settles the operation succeeded with that charge (before: absent from page 1,
-    settled failed although it was charged)."""
+    """absent="failed" or "resend" on a list that pages, the charge on page 2: the lookup
+    reads page 2 and settles the operation succeeded with that charge, nothing forked
+    (before: absent from page 1, settled failed although it was charged, or forked and
+    charged again by the next resume)."""
     listing, url, _, _ = servers
     listing.reset(style)
     charged_unsettled(journal_target, url)
-    action, status, _ = reconcile(
-        journal_target, url, Lookup(LOOKUP, params=PARAMS, absent="failed")
+    action, status, everything = reconcile(
+        journal_target, url, Lookup(LOOKUP, params=PARAMS, absent=absent)
     )
-    assert ("reconciled", "succeeded") == (action, status)
+    assert ("reconciled", "succeeded", ["order-1"]) == (action, status, everything)
     assert "ch_target" == json.loads(stored(journal_target).response_body or b"")["id"]
     assert 2 == len(lookups(listing))
 
