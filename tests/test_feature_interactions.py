@@ -24,7 +24,7 @@ BOUND = attrs.evolve(
     operation_id_field="metadata.operation_id",
 )
 REPLAYED_500 = Answer(status=500, headers=(("Idempotent-Replayed", "true"),), body=b"{}")
-LATER = lambda: time.time() + 7200  # noqa: E731 (a lookup's clock, past absent_after)
+LATER = lambda: time.time() + 7200  # noqa: E731 (a session's clock, past absent_after)
 
 
 def test_lookup_absence_under_other_credentials_never_settles_a_credential_bound_key(
@@ -47,9 +47,9 @@ def test_lookup_absence_under_other_credentials_never_settles_a_credential_bound
     # The operator's reconcile run, with the wrong account's token: its search is empty.
     app.answer(Answer(status=200, body=b'{"data": []}'))
     with idempotently.Session(
-        journal, base_url=url, headers={"Authorization": TOKEN_B}, profile=BOUND
+        journal, base_url=url, headers={"Authorization": TOKEN_B}, profile=BOUND, clock=LATER
     ) as session:
-        session.reconcile(Lookup("/v1/charges", absent="resend", clock=LATER))
+        session.reconcile(Lookup("/v1/charges", absent="resend"))
         parent = session.journal.operation("order-1")
     assert parent is not None
     assert app.arrivals[-1].authorization == TOKEN_B  # the lookup ran as account B
@@ -126,7 +126,7 @@ def test_a_hostile_lookup_answer_nested_too_deep_leaves_the_operation_and_the_ru
         with pytest.raises(idempotently.NeedsReconcileError):
             session.post("/v1/charges", json={"amount": 1}, operation_id="deep")
         app.answer(Answer(status=200, body=b"[" * 100_000 + b"]" * 100_000))
-        (result,) = session.reconcile(Lookup("/v1/charges", absent="failed", clock=LATER))
+        (result,) = session.reconcile(Lookup("/v1/charges", absent="failed"))
         assert result.status == "needs_reconcile"
 
 

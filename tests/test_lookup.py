@@ -12,10 +12,12 @@ from typing import Any
 import attrs
 import httpx
 import pytest
+from click.testing import CliRunner
 
 import idempotently
 from idempotently import Journal, Lookup, profiles
 from idempotently._rows import AttemptRecord
+from idempotently.cli import cli
 from idempotently.testing import Fault, MockServer
 from tests.test_operator_actions import make
 
@@ -89,6 +91,42 @@ def test_one_match_settles_it_succeeded_with_the_object_as_its_answer(
     ]
 
 
+def test_an_answer_a_lookup_found_says_so_in_the_receipt_and_in_show(
+    session: idempotently.Session, idempotently_mock_server: MockServer
+) -> None:
+    """An operation settled by a lookup replays the object found with the list GET's
+    status: the receipt says answered_by="lookup", the stored Content-Location names the
+    page, and `show` (table and --json) says it is not the server's answer to the
+    request; a call the server answered says answered_by="server"."""
+    server = idempotently_mock_server
+    charged_but_unsettled(session, server, "order-1")
+    lookup = Lookup("/v1/charges", params={"metadata[operation_id]": "{operation_id}"})
+    session.reconcile(lookup)
+    again = session.post("/v1/charges", json=charge("order-1"), operation_id="order-1")
+    fresh = session.post("/v1/charges", json=charge("order-2"), operation_id="order-2")
+    receipt = again.extensions["idempotently"]
+    page = f"{server.url}/v1/charges?metadata%5Boperation_id%5D=order-1"
+    assert (200, "lookup", True) == (
+        again.status_code,
+        receipt.answered_by,
+        receipt.replayed_locally,
+    )
+    assert page == again.headers["content-location"]
+    assert "server" == fresh.extensions["idempotently"].answered_by
+    table = CliRunner().invoke(cli, ["--journal", session.journal.path, "show", "order-1"])
+    shown = CliRunner().invoke(
+        cli, ["--journal", session.journal.path, "show", "order-1", "--json"]
+    )
+    assert "not the server's answer to this request: the object a lookup found" in " ".join(
+        table.output.split()
+    )
+    assert f"GET {page}" in table.output
+    assert ("lookup", 200) == (
+        json.loads(shown.output)["answered_by"],
+        json.loads(shown.output)["response_status"],
+    )
+
+
 def test_an_endpoint_that_ignores_its_filter_settles_each_only_by_its_own_id(
     session: idempotently.Session, idempotently_mock_server: MockServer
 ) -> None:
@@ -153,6 +191,29 @@ def test_absence_fails_it_only_when_it_carries_its_id_and_the_window_has_passed(
     assert "within absent_after=300 s" in results["recent"].detail
     assert "does not carry its id at metadata.operation_id" in results["bare"].detail
     assert [] == server.charges()
+
+
+def test_the_sessions_clock_governs_the_absent_after_window_and_the_backoff(
+    journal_target: str, idempotently_mock_server: MockServer
+) -> None:
+    """Session(clock=...) two hours ahead: an attempt lost a second ago (real time) is past
+    absent_after by the session's clock, so its absence settles it failed; one left
+    needs_reconcile is looked up again after a backoff counted on that same clock."""
+    server = idempotently_mock_server
+    ahead = time.time() + 7200
+    with Journal(journal_target) as journal:
+        lost(journal, server, "lost", ago=1, carries=True)
+        lost(journal, server, "kept", ago=1, carries=False)
+    with idempotently.Session(
+        journal_target, base_url=server.url, headers=AUTH, clock=lambda: ahead
+    ) as session:
+        session._engine.rand = lambda: 1.0  # full jitter at its ceiling: backoffs are exact
+        lookup = Lookup("/v1/charges", absent="failed", absent_after=300, backoff=60)
+        results = {result.operation_id: result for result in session.reconcile(lookup)}
+        kept = session.journal.operation("kept")
+    assert ("reconciled", "failed") == (results["lost"].action, results["lost"].status)
+    assert kept is not None
+    assert ahead + 60 == kept.lookup_after
 
 
 def test_absence_with_resend_forks_it_and_the_fork_is_charged_once(

@@ -22,6 +22,7 @@ from idempotently._cli_durations import format_age, format_duration
 from idempotently._credentials import described, read_record
 from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
+from idempotently._lookup import answered_by
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
 from idempotently._rows import Attempt, AuditEntry, JournalStats, Operation, OriginPause
@@ -185,6 +186,7 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
         "request_headers": [list(pair) for pair in visible_headers(operation.request_headers)],
         "request_body": body_json(operation.request_body),
         "response_status": operation.response_status,
+        "answered_by": answered_by(operation),
         "response_headers": None
         if operation.response_headers is None
         else [list(pair) for pair in visible_headers(operation.response_headers)],
@@ -268,6 +270,9 @@ def operation_lines(op: Operation, now: float, width: int | None = None) -> list
     if op.response_status is None:
         return [*out, "", "response: none stored"]
     out += ["", f"response {op.response_status}"]
+    source = answer_source(op)
+    if source is not None:
+        out += indented_wrap(source, width)
     for name, value in visible_headers(op.response_headers):
         out += indented_wrap(f"{name}: {value}", width)
     if op.unreadable is not None:
@@ -275,6 +280,32 @@ def operation_lines(op: Operation, now: float, width: int | None = None) -> list
     out += ["", f"response body ({_bytes(len(op.response_body or b''))})"]
     out += _indent(body_lines(op.response_body))
     return out
+
+
+def answer_source(op: Operation) -> str | None:
+    """What ``show`` says of a stored answer that is not the server's answer to the
+    operation's request (None: it is)."""
+    by = answered_by(op)
+    if by == "lookup":
+        where = next(
+            (
+                value
+                for name, value in op.response_headers or ()
+                if name.lower() == "content-location"
+            ),
+            None,
+        )
+        page = "" if where is None else f" in the answer to GET {shown_url(where)}"
+        return (
+            f"(not the server's answer to this request: the object a lookup found{page}, "
+            "stored with that answer's status; a call again returns it)"
+        )
+    if by == "reconciler":
+        return (
+            "(not the server's answer to this request: the response a reconciler settled it "
+            "with; a call again returns it)"
+        )
+    return None
 
 
 # -- data at rest: what show says of codecs, redacted parameters, bound credentials ----------

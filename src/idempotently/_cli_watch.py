@@ -11,7 +11,8 @@ events ``watch_started``, ``claimed`` (a batch's operation ids), ``operation`` (
 per result), ``batch``,
 ``watch_stopping``, ``watch_stopped``, and the library's warnings (``heartbeat_failed``).
 SIGTERM or SIGINT: stop claiming, let operations in flight finish their current
-attempt, release every lease, exit 0. A second signal exits at once with 128 +
+attempt (a lookup in flight is not waited for: it is a read), release every lease,
+exit 0. A second signal exits at once with 128 +
 the signal number (143, 130); its leases then expire after the lease duration.
 """
 
@@ -272,7 +273,9 @@ def run_watch(
             on_result=on_result,
             pending_left=lambda: journal.counts()["pending"],
             before_stopped=lambda: announced.wait(1.0),
-            reconcile=None if reconciler is None else BoundReconciler(reconciler, session.client),
+            reconcile=None
+            if reconciler is None
+            else BoundReconciler.of(reconciler, session.client, engine, stopped=stop.is_set),
         )
 
 

@@ -120,7 +120,9 @@ from idempotently._lookup import (
     LOOKUP_ACTOR,
     LOOKUP_DEFERRED,
     LOOKUP_VERDICT,
+    AnsweredBy,
     Verdict,
+    answered_by,
     unsettled_lookups,
 )
 from idempotently._numbers import as_float
@@ -265,6 +267,11 @@ class Receipt:
     """The server marked the final answer as a replay of a stored response."""
     replayed_locally: bool
     """Returned from the journal without any network call."""
+    answered_by: AnsweredBy = "server"
+    """Whose answer this is: ``"server"`` (the server's answer to this request),
+    ``"lookup"`` (the object a lookup found, with the status of the lookup's GET and its
+    URL as ``Content-Location``: not the create's answer) or ``"reconciler"`` (the
+    response a reconciler of your own settled the operation with)."""
 
 
 @attrs.frozen
@@ -1939,8 +1946,8 @@ class Engine:
             write = attrs.evolve(
                 write,
                 sets_answer=True,
-                response_status=200,
-                response_headers=(("content-type", "application/json"),),
+                response_status=verdict.answer_status,
+                response_headers=verdict.answer_headers(),
                 response_body=(verdict.answer if codec is None else encoded(codec, verdict.answer)),
             )
         if not (yield write):
@@ -2289,6 +2296,7 @@ class Engine:
                 attempts=operation.attempt_count,
                 replayed=False,
                 replayed_locally=True,
+                answered_by=answered_by(operation),
             ),
         }
         return response

@@ -798,7 +798,9 @@ class Session(_SessionBase[httpx.Client]):
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=None if reconciler is None else BoundReconciler(reconciler, client),
+            reconcile=None
+            if reconciler is None
+            else BoundReconciler.of(reconciler, client, self._engine),
             report=on_result,
         )
 
@@ -829,7 +831,7 @@ class Session(_SessionBase[httpx.Client]):
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=BoundReconciler(reconciler, client),
+            reconcile=BoundReconciler.of(reconciler, client, self._engine),
             report=on_result,
         )
 
@@ -1153,7 +1155,9 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=None if reconciler is None else BoundReconciler(reconciler, self.client),
+            reconcile=None
+            if reconciler is None
+            else BoundReconciler.of(reconciler, self.client, self._engine),
             report=on_result,
         )
 
@@ -1182,7 +1186,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             concurrency=concurrency,
             send=self._send,
             sleep=self._sleep,
-            reconcile=BoundReconciler(reconciler, self.client),
+            reconcile=BoundReconciler.of(reconciler, self.client, self._engine),
             report=on_result,
         )
 

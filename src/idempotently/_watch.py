@@ -15,9 +15,13 @@ time it comes back pending (at most `MAX_PARK`), so a dead server or a
 refused credential is not hammered in a loop. Nothing is written to the
 operation but its lease.
 
+With a reconciler (``--reconcile-lookup``), lookups run on a lane of their own, so
+a lookup that trickles never holds back a claimed send.
+
 Stopping (``stop`` set, e.g. by SIGTERM): no new claims and no new operations;
 operations in flight finish their current attempt (a retry wait ends the flow,
-its attempt already journaled); then every lease the worker holds is released.
+its attempt already journaled); a lookup in flight reads no more; then every lease
+the worker holds is released.
 """
 
 from __future__ import annotations
@@ -107,9 +111,11 @@ def watch(
     A journal error ends the worker (after releasing what it can) and is raised.
     ``pending_left`` (how many operations are pending now) is logged with each batch;
     ``before_stopped`` runs before the last log line (the CLI lets its signal notice out).
-    With ``reconcile`` (a reconciler bound to the worker's client), operations that end
-    needs_reconcile are handed to it at once, and each round also hands it the
-    needs_reconcile operations whose lookup backoff has passed.
+    With ``reconcile`` (a reconciler bound to the worker's client), a lane of its own (a
+    thread) hands it the needs_reconcile operations whose lookup backoff has passed, each
+    ``interval`` and at once when a round ends one needs_reconcile: a lookup, however
+    slow within its bounds, never holds back the sends the worker claimed, and a
+    stopping worker does not wait for one (a lookup is a read).
     """
     tick = monotonic or time.monotonic
     owner = engine.new_owner()
@@ -131,13 +137,33 @@ def watch(
             raise _Stopping
 
     mark_in_flight(owner)  # this process's callers see the worker's leases as live
+    lane = (
+        None
+        if reconcile is None
+        else _LookupLane(
+            engine,
+            store,
+            build,
+            # A stopping worker's lookup reads no more: a lookup is a read, nothing to finish.
+            attrs.evolve(reconcile, bounds=attrs.evolve(reconcile.bounds, stopped=stop.is_set)),
+            send,
+            sleep,
+            report,
+            stop,
+            interval,
+        )
+    )
     logger.info(
         "resume worker %s started",
         owner,
         extra=_event("watch_started", owner=owner, concurrency=concurrency, interval=interval),
     )
     try:
+        if lane is not None:
+            lane.start()
         while not stop.is_set():
+            if lane is not None:
+                lane.check()
             now = engine.clock()
             claimed = store._claim_due(
                 owner=owner,
@@ -146,14 +172,8 @@ def watch(
                 limit=concurrency * BATCH_PER_WORKER,
             )
             parked_now.difference_update(operation.operation_id for operation in claimed)
-            reconciled = (
-                0
-                if reconcile is None
-                else _reconcile_due(engine, store, build, reconcile, send, sleep, report, stop)
-            )
             if not claimed:
-                if not reconciled:
-                    stop.wait(interval)
+                stop.wait(interval)
                 continue
             started = tick()
             summary.batches += 1
@@ -180,11 +200,12 @@ def watch(
                 concurrency=concurrency,
                 base_url=base_url,
                 report=report,
-                reconcile=reconcile,
                 heartbeat_add=heartbeat.add,
                 heartbeat_remove=heartbeat.remove,
                 released=summary,
             )
+            if lane is not None and any(result.status == "needs_reconcile" for result in results):
+                lane.wake.set()  # looked up at once, by the lane, not by a sender
             for result in results:
                 if result.status == "pending" and result.action not in ("leased", "waiting"):
                     rounds = parked.get(result.operation_id, 0)
@@ -213,6 +234,8 @@ def watch(
                 on_batch(batch)
     finally:
         try:
+            if lane is not None:
+                lane.stop()
             for operation_id in sorted(parked_now):
                 store._release_lease(operation_id, owner=owner)
         finally:
@@ -246,7 +269,6 @@ def _run_batch(
     concurrency: int,
     base_url: str | None,
     report: Callable[[ResumeResult], None],
-    reconcile: BoundReconciler | None,
     heartbeat_add: Callable[[Any], None],
     heartbeat_remove: Callable[[Any], None],
     released: WatchSummary,
@@ -280,14 +302,13 @@ def _run_batch(
                         held,
                         dry_run=False,
                         base_url=base_url,
-                        reconciling=reconcile is not None,
+                        reconciling=False,  # the lookup lane's job: a send never waits on one
                         claimed_by=owner,
                     ),
                     held,
                     store,
                     send=send,
                     sleep=sleep,
-                    reconcile=reconcile,
                     report=report,
                 )
             except _Stopping:
@@ -324,6 +345,73 @@ def _run_batch(
     if errors:
         raise errors[0]
     return results
+
+
+LANE_STOP_WAIT = 0.5
+"""How long a stopping worker waits for its lookup lane to end: a lookup is a read, so
+one still reading (an answer stalled within its read timeout) is left behind."""
+
+
+class _LookupLane:
+    """The worker's lookups, on a thread of their own: a lookup that trickles within its
+    time limit never holds back the sends the worker claimed, nor its stop. It hands the
+    due needs_reconcile operations to the reconciler each ``interval`` (at once when a
+    round ends one needs_reconcile); a stopping worker's lookup reads no more (the
+    reconciler is bound with the stop), and one stalled in a read is left behind."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Journal,
+        build: BuildRequest,
+        reconcile: BoundReconciler,
+        send: Callable[[httpx.Request], httpx.Response],
+        sleep: Callable[[float], None],
+        report: Callable[[ResumeResult], None],
+        stopping: threading.Event,
+        interval: float,
+    ) -> None:
+        self.wake = threading.Event()
+        self._stopping = stopping
+        self._errors: list[BaseException] = []
+        self._ended = threading.Event()
+
+        def lane() -> None:
+            try:
+                while not stopping.is_set():
+                    self.wake.clear()
+                    if not _reconcile_due(
+                        engine, store, build, reconcile, send, sleep, report, stopping
+                    ):
+                        self._idle(interval)
+            except _Stopping:
+                pass
+            except BaseException as error:  # raised by the worker's loop, as its own
+                self._errors.append(error)
+            finally:
+                self._ended.set()
+
+        self._thread = threading.Thread(target=lane, name="idempotently-watch-lookups", daemon=True)
+
+    def _idle(self, interval: float) -> None:
+        ends = time.monotonic() + interval
+        while not self._stopping.is_set() and not self.wake.is_set():
+            left = ends - time.monotonic()
+            if left <= 0:
+                return
+            self.wake.wait(min(left, 0.1))  # a stop, set elsewhere, is seen within 0.1 s
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def check(self) -> None:
+        """Raise what ended the lane (a journal error ends the worker)."""
+        if self._errors:
+            raise self._errors[0]
+
+    def stop(self) -> None:
+        self.wake.set()
+        self._ended.wait(LANE_STOP_WAIT)
 
 
 RECONCILE_BATCH = 1000

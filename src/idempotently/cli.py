@@ -56,7 +56,13 @@ from idempotently._flow import (
     check_host_id,
 )
 from idempotently._journal import MAX_LIMIT, Journal, migration_sql
-from idempotently._lookup import ABSENT_CHOICES, DEFAULT_ABSENT_AFTER, DEFAULT_BACKOFF, Lookup
+from idempotently._lookup import (
+    ABSENT_CHOICES,
+    DEFAULT_ABSENT_AFTER,
+    DEFAULT_BACKOFF,
+    DEFAULT_MAX_PAGES,
+    Lookup,
+)
 from idempotently._operator import ActionName
 from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy, key_born_at
 from idempotently._profiles import (
@@ -550,6 +556,23 @@ def lookup_options(*, prefix: str = "") -> Callable[[F], F]:
                     metavar="DURATION",
                     help="The cap of the lookup backoff  [default: 1h, or --backoff if longer]",
                 ),
+                click.option(
+                    f"--{prefix}max-pages",
+                    "max_pages",
+                    type=click.IntRange(1, 1000),
+                    default=DEFAULT_MAX_PAGES,
+                    show_default=True,
+                    metavar="N",
+                    help="The most pages of a list one lookup reads; absence from a list not "
+                    "read whole proves nothing.",
+                ),
+                click.option(
+                    f"--{prefix}unpaged",
+                    "unpaged",
+                    is_flag=True,
+                    help="The lookup endpoint never pages: an answer that says nothing of "
+                    "pages is the whole list, even when it holds other objects.",
+                ),
             ]
         ):
             command = option(command)
@@ -566,6 +589,8 @@ def make_lookup(
     match: str | None,
     backoff: float,
     max_backoff: float | None = None,
+    max_pages: int = DEFAULT_MAX_PAGES,
+    unpaged: bool = False,
 ) -> Lookup | None:
     """The Lookup the options describe (None without a URL), or a usage error."""
     if url is None:
@@ -581,6 +606,8 @@ def make_lookup(
             match=match,
             backoff=backoff,
             max_backoff=max_backoff,
+            max_pages=max_pages,
+            unpaged=unpaged,
         )
     except (TypeError, ValueError) as error:
         raise click.UsageError(f"the lookup: {error}") from None
@@ -869,6 +896,8 @@ def resume_command(
     match: str | None,
     backoff: float,
     max_backoff: float | None,
+    max_pages: int,
+    unpaged: bool,
     as_json: bool,
 ) -> None:
     """Finish pending operations with their stored keys and bytes.
@@ -889,7 +918,15 @@ def resume_command(
     if watch and dry_run:
         raise click.UsageError("--watch and --dry-run do not go together: a watch sends")
     lookup = make_lookup(
-        reconcile_lookup, lookup_params, absent, absent_after, match, backoff, max_backoff
+        reconcile_lookup,
+        lookup_params,
+        absent,
+        absent_after,
+        match,
+        backoff,
+        max_backoff,
+        max_pages,
+        unpaged,
     )
     if lookup is not None and dry_run:
         raise click.UsageError("--reconcile-lookup and --dry-run do not go together")
@@ -1096,6 +1133,8 @@ def reconcile_command(
     match: str | None,
     backoff: float,
     max_backoff: float | None,
+    max_pages: int,
+    unpaged: bool,
     headers: dict[str, str],
     as_json: bool,
 ) -> None:
@@ -1111,7 +1150,15 @@ def reconcile_command(
     errors.
     """
     lookup = make_lookup(
-        lookup_url, lookup_params, absent, absent_after, match, backoff, max_backoff
+        lookup_url,
+        lookup_params,
+        absent,
+        absent_after,
+        match,
+        backoff,
+        max_backoff,
+        max_pages,
+        unpaged,
     )
     assert lookup is not None
     session = Session(

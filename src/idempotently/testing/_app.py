@@ -489,7 +489,10 @@ class MockApp:
             for charge in self.ledger.charges(user)
             if all(charge.metadata.get(name) == value for name, value in wanted.items())
         ]
-        return JSONResponse({"object": "list", "data": charges})
+        # Stripe's list envelope: the whole filtered list in one page, which says so.
+        return JSONResponse(
+            {"object": "list", "data": charges, "has_more": False, "url": "/v1/charges"}
+        )
 
     # -- search, as Stripe's search API spells it (for lookup reconcilers) -------
 
@@ -575,7 +578,10 @@ class MockApp:
             {**charge.to_json(), "user": charge.user, "idempotency_key": charge.key}
             for charge in self.ledger.charges()
         ]
-        return JSONResponse({"object": "list", "data": charges})
+        # Stripe's list envelope: the whole filtered list in one page, which says so.
+        return JSONResponse(
+            {"object": "list", "data": charges, "has_more": False, "url": "/v1/charges"}
+        )
 
     async def _keys_endpoint(self, request: Request) -> Response:
         records = [
