@@ -83,6 +83,25 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(_escape, text)
 
 
+_LINE_BREAKING = re.compile(r"[\\\t\n\r]")
+_ONE_LINE = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def one_line(text: str) -> str:
+    r"""``text`` as one field of one line: backslash, tab, LF and CR as ``\\``, ``\t``,
+    ``\n``, ``\r``, every other control character as ``\xNN`` (as `printable`).
+
+    Supplied text (an id, a note, a server's hint) so can neither start a line of its
+    own, which could pass for an entry of the audit trail, nor add a field to a piped
+    record; the backslash is escaped too, so the escapes read back unambiguously."""
+    return printable(_LINE_BREAKING.sub(lambda found: _ONE_LINE[found.group()], text))
+
+
+def record(cells: Iterable[object]) -> str:
+    """One piped record: its fields `one_line` each, tab-separated; ``None`` is empty."""
+    return "\t".join("" if cell is None else one_line(str(cell)) for cell in cells)
+
+
 def _strict_json(text: str) -> Any:
     """JSON as RFC 8259 has it: NaN and Infinity are not JSON; too deep is not shown as JSON."""
 
@@ -744,11 +763,11 @@ def operator_lines(operation: Operation, entries: Sequence[AuditEntry], now: flo
     """What ``show`` adds for people: links, the lookup backoff, the audit trail."""
     out: list[str] = []
     if operation.forked_from is not None:
-        out.append(f"forked from  {operation.forked_from}")
+        out.append(f"forked from  {one_line(operation.forked_from)}")
     for entry in entries:
         fork = entry_detail(entry).get("fork")
         if isinstance(fork, str):
-            out.append(f"forked as    {fork}")
+            out.append(f"forked as    {one_line(fork)}")
     if operation.lookup_after is not None and operation.status == "needs_reconcile":
         out.append(f"next lookup  {when(operation.lookup_after, now)}")
     out += ["", "audit"]
@@ -757,11 +776,13 @@ def operator_lines(operation: Operation, entries: Sequence[AuditEntry], now: flo
     for entry in entries:
         detail = entry_detail(entry)
         change = (
-            f" ({detail['from']} -> {detail['to']})"
+            f" ({one_line(str(detail['from']))} -> {one_line(str(detail['to']))})"
             if "from" in detail and detail.get("from") != detail.get("to")
             else ""
         )
-        out.append(f"  {utc(entry.at)}  {entry.actor}  {entry.action}{change}")
+        # Each entry is exactly two lines however its text reads: a note holding a line
+        # break shows it as \n, so no note can print a second, forged entry.
+        out.append(f"  {utc(entry.at)}  {one_line(entry.actor)}  {one_line(entry.action)}{change}")
         if entry.note:
-            out.append(f"    {entry.note}")
+            out.append(f"    {one_line(entry.note)}")
     return out

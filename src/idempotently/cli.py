@@ -1261,14 +1261,15 @@ def run_action(
 
 @cli.command("settle")
 @click.argument("operation_id", metavar="OPERATION_ID")
-@click.option("--succeeded", "status", flag_value="succeeded", help="It took effect.")
-@click.option("--failed", "status", flag_value="failed", help="It provably did not.")
+@click.option("--succeeded", is_flag=True, help="It took effect.")
+@click.option("--failed", is_flag=True, help="It provably did not.")
 @operator_options(note_required=True)
 @with_journal(readonly_if="dry_run")
 def settle_command(
     journal: Journal,
     operation_id: str,
-    status: str | None,
+    succeeded: bool,
+    failed: bool,
     note: str,
     actor: str | None,
     dry_run: bool,
@@ -1281,8 +1282,13 @@ def settle_command(
     audit trail keeps who, when and --note. Refused for a completed operation,
     and while a live caller holds its lease.
     """
-    if status is None:
+    # Two flags rather than one flag_value option: with flag_value the last one given
+    # would silently win, and an operator's contradictory word must not be recorded.
+    if succeeded and failed:
+        raise click.UsageError("--succeeded and --failed contradict: give one")
+    if not (succeeded or failed):
         raise click.UsageError("say what happened: --succeeded or --failed")
+    status = "succeeded" if succeeded else "failed"
     run_action(
         journal,
         "settle",
