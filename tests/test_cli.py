@@ -426,6 +426,32 @@ def test_resume_header_env_usage_errors(journal: str, value: str, message: str) 
     assert message in result.stderr
 
 
+TOKEN = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+
+
+@pytest.mark.parametrize("option", ["--header-env", "--param-env"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"Authorization=Bearer {TOKEN}",
+        f"api_key={TOKEN}-x",
+        f"Bearer {TOKEN}",
+        f"Authorization: Bearer {TOKEN}=X",
+    ],
+)
+def test_resume_never_echoes_a_credential_given_where_a_name_belongs(
+    journal: str, option: str, value: str
+) -> None:
+    """A value where the variable's name belongs (or a malformed pair holding one) is a
+    usage error that says what belongs there and never prints what was given."""
+    result = run("--journal", str(journal), "resume", option, value)
+    assert 2 == result.exit_code
+    assert TOKEN not in result.stdout + result.stderr
+    assert "sk_live" not in result.stdout + result.stderr
+    if "=" in value and ":" not in value:
+        assert "ENVVAR must be an environment variable's name" in result.stderr
+
+
 def test_resume_rejects_a_base_url_that_is_not_http(journal: str) -> None:
     """--base-url must be an http(s) origin (exit 2)."""
     assert 2 == run("--journal", str(journal), "resume", "--base-url", "ftp://x").exit_code

@@ -596,15 +596,11 @@ def headers_from_env(
     """``NAME=ENVVAR`` pairs to headers; credentials come from the environment, never argv."""
     headers: dict[str, str] = {}
     for value in values:
-        name, sep, envvar = value.partition("=")
-        if not sep or not name.strip() or not envvar.strip():
-            raise click.BadParameter(
-                f"{value!r} is not NAME=ENVVAR (e.g. Authorization=MY_TOKEN)", ctx, param
-            )
-        name, envvar = name.strip(), envvar.strip()
+        name, envvar = env_pair(value, "Authorization=MY_TOKEN", ctx, param)
         if not HEADER_NAME.fullmatch(name):
             raise click.BadParameter(
-                f"{name!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)",
+                "NAME must be a header name (letters, digits and !#$%&'*+-.^_`|~); what was "
+                "given is not repeated here, in case it holds a credential",
                 ctx,
                 param,
             )
@@ -629,6 +625,36 @@ def headers_from_env(
 
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+QUERY_NAME = re.compile(r"[^\s=&#]+")
+ENVVAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_pair(
+    value: str, example: str, ctx: click.Context, param: click.Parameter
+) -> tuple[str, str]:
+    """``NAME=ENVVAR`` split, or a usage error that never repeats ``value``.
+
+    The usual slip is a credential where the variable's name belongs
+    (``Authorization=Bearer sk_live_...``): echoing it would put the secret on the
+    screen and in CI logs, so no message quotes what was given."""
+    name, sep, envvar = value.partition("=")
+    name, envvar = name.strip(), envvar.strip()
+    if not sep or not name or not envvar:
+        raise click.BadParameter(
+            f"give NAME=ENVVAR (e.g. {example}); what was given is not repeated here, in "
+            "case it holds a credential",
+            ctx,
+            param,
+        )
+    if not ENVVAR_NAME.fullmatch(envvar):
+        raise click.BadParameter(
+            "ENVVAR must be an environment variable's name (letters, digits and _, e.g. "
+            f"{example}), not a value: put the credential in a variable and name that; "
+            "what was given is not repeated here",
+            ctx,
+            param,
+        )
+    return name, envvar
 
 
 def params_from_env(
@@ -638,15 +664,13 @@ def params_from_env(
     environment (never argv); the value is never quoted in a message."""
     params: dict[str, str] = {}
     for value in values:
-        name, sep, envvar = value.partition("=")
-        if not sep or not name.strip() or not envvar.strip():
+        name, envvar = env_pair(value, "api_key=MY_API_KEY", ctx, param)
+        if not QUERY_NAME.fullmatch(name):
             raise click.BadParameter(
-                f"{value!r} is not NAME=ENVVAR (e.g. api_key=MY_API_KEY)", ctx, param
-            )
-        name, envvar = name.strip(), envvar.strip()
-        if not name.isprintable():
-            raise click.BadParameter(
-                f"{name!r} is not a query parameter name (printable characters)", ctx, param
+                "NAME must be a query parameter name (no space, '=' or '&'); what was given "
+                "is not repeated here, in case it holds a credential",
+                ctx,
+                param,
             )
         if envvar not in os.environ:
             raise click.BadParameter(
