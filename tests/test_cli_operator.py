@@ -16,6 +16,12 @@ from idempotently.cli import cli
 from tests.test_operator_actions import make
 
 
+@pytest.fixture(autouse=True)
+def on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read what a person sees on a terminal (piped output: test_cli_pipes)."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
+
+
 def run(journal: str, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--journal", journal, *args], catch_exceptions=False)
 
@@ -219,14 +225,11 @@ def test_fork_of_a_forked_operation_says_as_which(journal_target: str) -> None:
     assert "forked already, as 'x~fork1' (pending)" in again.output
 
 
-def test_a_note_with_line_breaks_cannot_forge_an_audit_entry(
-    journal_target: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_note_with_line_breaks_cannot_forge_an_audit_entry(journal_target: str) -> None:
     """show prints exactly one audit line per entry: a note (or actor) holding a line
     break shows it as \\n, never as a second entry by someone else."""
     import re
 
-    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
     forged = "checked\n  2026-12-01T00:00:00Z  mallory@ops  settle (pending -> succeeded)\r\tx"
     with Journal(journal_target) as journal:
         make(journal, "op-1")

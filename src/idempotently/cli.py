@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -35,17 +35,21 @@ from idempotently._cli_format import (
     operation_detail_json,
     operation_json,
     operation_lines,
+    operation_record,
+    operation_records,
     operations_table,
     operator_json,
     operator_lines,
     pause_json,
     plural,
     printable,
+    record,
+    stats_fields,
     stats_lines,
     stats_prometheus,
     wrap_words,
 )
-from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
+from idempotently._cli_watch import ResultTable, run_watch, summary_lines
 from idempotently._codec import check_codec
 from idempotently._exceptions import JournalError, JournalMissingError, StoredProfileError
 from idempotently._flow import (
@@ -270,6 +274,13 @@ def prose_width() -> int | None:
     return terminal_width() if _cli_watch.stdout_is_terminal() else None
 
 
+def echo_records_tsv(records: Iterable[Sequence[object]]) -> None:
+    """Piped output for people's tools (grep, cut, awk): one record per line, its
+    fields tab-separated, each escaped so that no text can add a field or a line."""
+    for cells in records:
+        click.echo(record(cells))
+
+
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
     for line in lines:
         click.echo(printable(f"{indent}{line}".rstrip()))
@@ -319,8 +330,9 @@ def list_command(
 ) -> None:
     """List operations, newest first.
 
-    The table fits the terminal: long operation ids and URLs are shortened in
-    the middle (show, or any other format, prints them whole).
+    On a terminal the table fits its width: an operation id is never cut (one too
+    wide gets a line of its own), the URL gives way first, keeping its host and port.
+    Piped, one line per operation, tab-separated and escaped, every value whole.
     """
     now = time.time()
     operations = journal.operations(
@@ -336,12 +348,18 @@ def list_command(
             OPERATION_FIELDS,
         )
         return
+    piped = not _cli_watch.stdout_is_terminal()
     if not operations:
+        # Piped, stdout holds records only: the remark goes to stderr.
         click.echo(
             f"no operations in {journal.path} match"
             if statuses or since
-            else f"no operations in {journal.path}"
+            else f"no operations in {journal.path}",
+            err=piped,
         )
+        return
+    if piped:
+        echo_records_tsv(operation_record(operation) for operation in operations)
         return
     echo_lines(operations_table(operations, now, width=terminal_width()))
 
@@ -370,6 +388,8 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     entries = journal.audit(operation.operation_id)
     if output_format == "json":
         echo_json({**operation_detail_json(operation), **operator_json(operation, entries)})
+    elif not _cli_watch.stdout_is_terminal():
+        echo_records_tsv(operation_records(operation, entries, time.time()))
     else:
         now = time.time()
         echo_lines(
@@ -439,6 +459,9 @@ def stats_command(
         )
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
+    elif not _cli_watch.stdout_is_terminal():
+        fields = stats_fields(stats, journal.path, stuck_after, pauses)
+        echo_records_tsv((name.strip(), value) for name, value in fields)
     else:
         echo_lines(stats_lines(stats, journal.path, stuck_after, pauses, width=prose_width()))
     reconcile = stats.counts["needs_reconcile"]
@@ -995,55 +1018,67 @@ def resume_printing(
     reconciler: Lookup | None = None,
 ) -> list[ResumeResult]:
     """Resume, printing each result as soon as it is known (unless --json); a progress
-    bar on a terminal only when there is work, never for a dry run."""
+    bar on stderr when it is a terminal and there is work, never for a dry run."""
     if reconciler is not None:
         session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
         return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
-    counts = journal.counts()
-    total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
-    header = [False]
-
-    def printed(echo: Callable[[ResumeResult], None]) -> Callable[[ResumeResult], None]:
-        def on_result(result: ResumeResult) -> None:
-            if not header[0]:
-                header[0] = True
-                click.echo(result_row(RESULT_HEADERS, dry_run))
-            echo(result)
-
-        return on_result
-
-    if total and not dry_run and stderr_is_terminal():
-        with click.progressbar(
-            length=total, label="resuming", file=sys.stderr, show_pos=True
-        ) as bar:
-            echo = printed(echo_result(dry_run, clear_bar=True))
-
-            def on_result(result: ResumeResult) -> None:
-                echo(result)
-                bar.update(1)
-
-            return session.resume(
-                dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
-            )
-    return session.resume(
-        dry_run=dry_run,
-        base_url=base_url,
-        on_result=printed(echo_result(dry_run, clear_bar=False)),
-        concurrency=concurrency,
+    statuses = ("pending", "needs_reconcile") if reconciler is not None else ("pending",)
+    ids = [op.operation_id for op in journal.operations(status=statuses)]  # type: ignore[arg-type]
+    return with_progress(
+        "resuming",
+        len(ids) if not dry_run else 0,
+        ResultTable(
+            ids,
+            dry_run=dry_run,
+            terminal=_cli_watch.stdout_is_terminal(),
+            clear_bar=bool(ids) and not dry_run and stderr_is_terminal(),
+        ),
+        lambda on_result: session.resume(
+            dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
+        ),
     )
+
+
+def with_progress(
+    label: str,
+    total: int,
+    table: ResultTable,
+    run: Callable[[Callable[[ResumeResult], None]], list[ResumeResult]],
+) -> list[ResumeResult]:
+    """``run`` with each result printed by ``table``, under a progress bar on stderr
+    when it is a terminal and there is work (``table`` clears the bar's line first)."""
+    if not (total and stderr_is_terminal()):
+        return run(table)
+    with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True) as bar:
+
+        def on_result(result: ResumeResult) -> None:
+            table(result)
+            bar.update(1)
+
+        return run(on_result)
+
+
+def echo_summary(lines: Sequence[str]) -> None:
+    """A run's summary: on a terminal after a blank line, wrapped; piped, on stderr, so
+    stdout holds the records alone."""
+    terminal = _cli_watch.stdout_is_terminal()
+    width = terminal_width()
+    if terminal:
+        click.echo()
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        first, *rest = wrap_words(line, width - len(indent)) if terminal else [line]
+        click.echo(first, err=not terminal)
+        for more in rest:
+            click.echo(indent + more, err=not terminal)
 
 
 def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: bool) -> None:
     if not results:
-        click.echo(f"nothing to resume in {path}")
+        click.echo(f"nothing to resume in {path}", err=not _cli_watch.stdout_is_terminal())
         return
-    counts = Counter(result.action for result in results)
-    summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
-    verb = "planned" if dry_run else "resumed"
-    line = f"{verb} {plural(len(results), 'operation')}: {summary}"
-    width = prose_width()
-    click.echo("\n" + ("\n".join(wrap_words(line, width)) if width else line))
+    echo_summary(summary_lines(results, "planned" if dry_run else "resumed"))
 
 
 # -- reconcile: the lookup reconciler ----------------------------------------------
@@ -1103,47 +1138,41 @@ def reconcile_command(
         redact_headers=list(headers),
         timeout=httpx.Timeout(10.0),
     )
-    total = journal.counts()["needs_reconcile"]
-    header = [False]
-    echo = echo_result(False, clear_bar=stderr_is_terminal())
-
-    def on_result(result: ResumeResult) -> None:
-        if as_json:
-            return
-        if not header[0]:
-            header[0] = True
-            click.echo(result_row(RESULT_HEADERS, False))
-        echo(result)
-
     with session:
-        if total and not as_json and stderr_is_terminal():
-            with click.progressbar(
-                length=total, label="reconciling", file=sys.stderr, show_pos=True
-            ) as bar:
-
-                def with_bar(result: ResumeResult) -> None:
-                    on_result(result)
-                    bar.update(1)
-
-                results = session.reconcile(lookup, on_result=with_bar)
+        if as_json:
+            results = session.reconcile(lookup)
         else:
-            results = session.reconcile(lookup, on_result=on_result)
+            ids = [op.operation_id for op in journal.operations(status="needs_reconcile")]
+            table = ResultTable(
+                ids,
+                dry_run=False,
+                terminal=_cli_watch.stdout_is_terminal(),
+                clear_bar=bool(ids) and stderr_is_terminal(),
+            )
+            results = with_progress(
+                "reconciling",
+                len(ids),
+                table,
+                lambda on_result: session.reconcile(lookup, on_result=on_result),
+            )
     if as_json:
         echo_json([result.to_json() for result in results])
     elif not results:
-        click.echo(f"nothing needs reconciling in {journal.path}")
+        click.echo(
+            f"nothing needs reconciling in {journal.path}",
+            err=not _cli_watch.stdout_is_terminal(),
+        )
     else:
-        counts = Counter(result.action for result in results)
-        summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
-        click.echo(f"\nlooked up {plural(len(results), 'operation')}: {summary}")
+        lines = summary_lines(results, "looked up")
         # Held back by a paused origin: nothing was sent to it (the lines say until when).
         deferred = sum(r.status == "needs_reconcile" and r.action == "waiting" for r in results)
         if deferred:
-            click.echo(
+            lines.append(
                 f"{plural(deferred, 'operation')} not looked up: origin paused (each line "
                 "says until when; `idempotently stats` lists the pauses, `idempotently "
                 "unpause ORIGIN` lifts one)"
             )
+        echo_summary(lines)
     left = [result for result in results if result.action != "reconciled"]
     if left:
         fail(
