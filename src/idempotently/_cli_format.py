@@ -264,6 +264,8 @@ def operation_records(
         )
         for a in op.attempts
     ]
+    if not op.attempts:
+        records.append(("attempt", no_attempt(op)))
     records += [("request header", *pair) for pair in visible_headers(op.request_headers)]
     records.append(("request body", _body_field(op.request_body, op.unreadable)))
     records.append(("response", op.response_status if op.response_status is not None else "none"))
@@ -289,6 +291,15 @@ def operation_records(
             )
         )
     return records
+
+
+def no_attempt(op: Operation) -> str:
+    """What an operation with no attempt journaled means for its delivery."""
+    if never_sent(op):
+        return "none: enqueued and not sent yet, so nothing can have been delivered"
+    # The key is committed just before the first send begins: no attempt means that
+    # send is in flight or was cut off (its process killed) before it was journaled.
+    return "none recorded: the first send began, so it may have been delivered"
 
 
 def _body_field(body: bytes | None, unreadable: str | None) -> str:
@@ -335,12 +346,8 @@ def operation_lines(op: Operation, now: float, width: int | None = None) -> list
         for a in op.attempts:
             if a.error:
                 out += indented_wrap(f"attempt {a.number}: {a.error}", width)
-    elif never_sent(op):
-        out.append("  (none: enqueued and not sent yet, so nothing can have been delivered)")
     else:
-        # The key is committed just before the first send begins: no attempt means that
-        # send is in flight or was cut off (its process killed) before it was journaled.
-        out.append("  (none recorded: the first send began, so it may have been delivered)")
+        out.append(f"  ({no_attempt(op)})")
 
     out += ["", "request headers"]
     for name, value in visible_headers(op.request_headers):
