@@ -375,7 +375,8 @@ def list_command(
 def show_command(journal: Journal, operation_id_or_key: str, output_format: str) -> None:
     """Show one operation: its attempts, headers and bodies.
 
-    Everything whole: ids, URLs, the reason and each attempt's error.
+    Everything whole: ids, URLs, the reason and each attempt's error. Piped, one
+    tab-separated record per line, led by what it is (a field, attempt, audit, ...).
 
     Secret headers (Authorization, Cookie, X-Api-Key, Proxy-Authorization) are
     never journaled, and never printed even if a journal holds them.
