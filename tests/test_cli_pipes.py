@@ -44,7 +44,7 @@ def unescaped(field: str) -> str:
     return codecs.decode(field, "unicode_escape")
 
 
-def cli_process(journal: Path | str, *args: str, **options: object) -> list[str]:
+def cli_process(journal: Path | str, *args: str) -> list[str]:
     return [sys.executable, "-m", "idempotently", "--journal", str(journal), *args]
 
 
@@ -173,7 +173,7 @@ def test_list_at_80_columns_keeps_every_ordinary_id_whole_on_its_row(tmp_path: P
     path = tmp_path / "j.db"
     url = "http://127.0.0.1:54321/v1/payment_intents/pi_3MtwBwLkdIwHu7ix28a3tqPa/confirm"
     with Journal(path) as journal:
-        for operation_id, status in zip(IDS, ("needs_reconcile", "failed", "pending")):
+        for operation_id, status in zip(IDS, ("needs_reconcile", "failed", "pending"), strict=True):
             make(journal, operation_id, status, url=url)
     lines = on_a_terminal(path, "list")
     assert [] == [line for line in lines if len(line) > 80]
