@@ -209,7 +209,10 @@ def test_resume_progress_never_shares_a_line_with_the_table(
     assert [] == [line for line in lines if "resuming" in line and "operation" in line]
     assert [] == [line for line in lines if "/3" in line and "succeeded" in line]
     assert "operation" == lines[0].split()[0]
-    assert sorted(IDS) == sorted(line.split()[0] for line in lines if "succeeded  " in line)
+    rows = [line for line in lines if "succeeded  " in line]
+    assert sorted(IDS) == sorted(row.split()[0] for row in rows)
+    assert [["201", "201"]] * 3 == [row.split()[-2:] for row in rows]  # the detail on its row
+    assert [] == [line for line in lines if len(line) > 80]
     assert any(line.startswith("resumed 3 operations: 3 succeeded") for line in lines)
 
 
@@ -235,3 +238,18 @@ def test_resume_collapses_a_repeated_hint_and_counts_it_by_reason(
         "resumed 901 operations: 900 not_sent, 1 succeeded",
         f"  900 not_sent: {hint}",
     ] == summary_lines(results, "resumed")
+
+
+def test_resume_sizes_the_id_column_to_the_ids_and_the_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """At 80 columns a 31-character id sits whole on its row with its short detail; only
+    an id too wide to sit beside the other columns takes a line of its own."""
+    fits, wide = "customer-0042-order-0001:charge", "customer-" + "x" * 40 + ":charge"
+    table = ResultTable([fits, wide], dry_run=False, terminal=True, clear_bar=False, width=80)
+    table(ResumeResult(fits, "k", "succeeded", "succeeded", "201", 201))
+    table(ResumeResult(wide, "k", "succeeded", "succeeded", "201", 201))
+    header, row, own, after = capsys.readouterr().out.splitlines()
+    assert [fits, "succeeded", "succeeded", "201", "201"] == row.split()
+    assert (wide, ["succeeded", "succeeded", "201", "201"]) == (own, after.split())
+    assert [] == [line for line in (header, row, after) if len(line) > 80]
