@@ -409,7 +409,8 @@ class Journal:
         pending operation ``<operation_id>~fork<n>``: the same request bytes under a
         new derived key, linked to this one (``forked_from``) in the journal. ``n``
         is never one an earlier fork had, even a fork pruned since (its audit entry on
-        this operation stays): the server may still remember that fork's key. Refused
+        this operation stays): the server may still remember that fork's key, and never
+        an id another operation holds (one the application named so itself). Refused
         while a fork of it is still in the journal (fork that one instead).
 
         Forking a needs_reconcile or abandoned operation settles it ``failed`` in the
