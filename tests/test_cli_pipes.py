@@ -253,3 +253,17 @@ def test_resume_sizes_the_id_column_to_the_ids_and_the_terminal(
     assert [fits, "succeeded", "succeeded", "201", "201"] == row.split()
     assert (wide, ["succeeded", "succeeded", "201", "201"]) == (own, after.split())
     assert [] == [line for line in (header, row, after) if len(line) > 80]
+
+
+def test_stats_piped_is_one_name_and_value_per_line(tmp_path: Path) -> None:
+    """stats piped: each figure, status count and paused origin is one record of a name
+    and a value, whatever the journal's path holds."""
+    path = tmp_path / "a\tb\nc.db"
+    with Journal(path) as journal:
+        make(journal, "op-1", "pending")
+    result = piped(path, "stats")
+    assert 0 == result.returncode, result.stderr
+    records = [line.split("\t") for line in result.stdout.splitlines()]
+    assert {2} == {len(fields) for fields in records}
+    assert ["journal", str(path)] == [records[0][0], unescaped(records[0][1])]
+    assert ["pending", "1"] in records
