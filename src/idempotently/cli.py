@@ -71,7 +71,7 @@ from idempotently._session import (
     check_origin,
 )
 from idempotently._special_files import refuse_special_file
-from idempotently._vocabulary import RESUME_DONE, STATUSES
+from idempotently._vocabulary import RESUME_DONE, STATUSES, Status
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
 JSON_ESCAPES = {
@@ -1024,21 +1024,35 @@ def resume_printing(
         session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
         return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
-    statuses = ("pending", "needs_reconcile") if reconciler is not None else ("pending",)
-    ids = [op.operation_id for op in journal.operations(status=statuses)]  # type: ignore[arg-type]
+    counts = journal.counts()
+    total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
+    statuses: tuple[Status, ...] = ("pending",)
+    if reconciler is not None:
+        statuses = ("pending", "needs_reconcile")
     return with_progress(
         "resuming",
-        len(ids) if not dry_run else 0,
+        total if not dry_run else 0,
         ResultTable(
-            ids,
+            sized_by(journal, statuses),
             dry_run=dry_run,
             terminal=_cli_watch.stdout_is_terminal(),
-            clear_bar=bool(ids) and not dry_run and stderr_is_terminal(),
+            clear_bar=bool(total) and not dry_run and stderr_is_terminal(),
         ),
         lambda on_result: session.resume(
             dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
         ),
     )
+
+
+ID_SAMPLE = 1000
+"""Ids a result table is sized by: the oldest this many of those it will print (an id
+outside them that does not fit gets a line of its own, never cut)."""
+
+
+def sized_by(journal: Journal, statuses: tuple[Status, ...]) -> list[str]:
+    """The ids of the operations a run will print, to size its table's id column."""
+    operations = journal.operations(status=statuses, limit=ID_SAMPLE, newest_first=False)
+    return [operation.operation_id for operation in operations]
 
 
 def with_progress(
@@ -1143,16 +1157,16 @@ def reconcile_command(
         if as_json:
             results = session.reconcile(lookup)
         else:
-            ids = [op.operation_id for op in journal.operations(status="needs_reconcile")]
+            total = journal.counts()["needs_reconcile"]
             table = ResultTable(
-                ids,
+                sized_by(journal, ("needs_reconcile",)),
                 dry_run=False,
                 terminal=_cli_watch.stdout_is_terminal(),
-                clear_bar=bool(ids) and stderr_is_terminal(),
+                clear_bar=bool(total) and stderr_is_terminal(),
             )
             results = with_progress(
                 "reconciling",
-                len(ids),
+                total,
                 table,
                 lambda on_result: session.reconcile(lookup, on_result=on_result),
             )
