@@ -265,7 +265,7 @@ def operation_records(
         for a in op.attempts
     ]
     if not op.attempts:
-        records.append(("attempt", no_attempt(op)))
+        records.append(("no attempt", no_attempt(op)))
     records += [("request header", *pair) for pair in visible_headers(op.request_headers)]
     records.append(("request body", _body_field(op.request_body, op.unreadable)))
     records.append(("response", op.response_status if op.response_status is not None else "none"))
