@@ -1,7 +1,8 @@
 """The `idempotently` command: a thin layer over Journal and Session.
 
 Each command opens the journal, makes one library call and prints the result:
-an aligned table for people, or ``--format json|csv|nl|...`` for scripts. No command creates a
+an aligned table for people on a terminal, one escaped tab-separated record per line
+when piped, or ``--format json|csv|nl|...`` for scripts. No command creates a
 journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
 any `JournalError` becomes a one-line error (exit 1).
 Usage errors (bad option values) exit 2. Reference: the command-line page of the docs.
@@ -100,8 +101,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def cli(ctx: click.Context, journal_path: str) -> None:
     """Audit and resume the idempotently journal.
 
-    Tables for people; --format json, csv or nl (one JSON object per line) for
-    scripts. Exit status: 0 success, 1 failure (including a missing or
+    Tables for people on a terminal; piped, one tab-separated record per line
+    (escaped: no value can add a field or a line); --format json, csv or nl (one
+    JSON object per line) for scripts. Exit status: 0 success, 1 failure (including a missing or
     unreadable journal), 2 usage error.
     """
     if ctx.invoked_subcommand != "resume":
