@@ -131,24 +131,29 @@ def test_list_json_has_the_documented_fields(journal: str) -> None:
     assert by_id["ok"]["created_at"].endswith("+00:00")
 
 
-def test_list_table_is_aligned_newest_first(journal: str) -> None:
-    """People get one aligned row per operation, newest first, with ages."""
-    result = run("--journal", str(journal), "list")
+def test_list_table_is_aligned_newest_first(journal: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal people get one aligned row per operation, newest first, with ages."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
+    result = run("--journal", str(journal), "list", env={"COLUMNS": "200"})
     assert 0 == result.exit_code
     lines = result.stdout.splitlines()
-    assert lines[0].split() == [
-        "operation",
-        "status",
-        "method",
-        "url",
-        "attempts",
-        "last",
-        "created",
-    ]
+    assert lines[0].split() == ["operation", "status", "method", "url", "tries", "last", "age"]
     assert list(reversed(ALL_KINDS)) == [line.split()[0] for line in lines[1:]]
     status_column = lines[0].index("status")
     assert all(line[status_column - 2 : status_column] == "  " for line in lines[1:])
-    assert re.search(r" (59m|1h) ago$", lines[-1])
+    assert re.search(r" (59m|1h)$", lines[-1])
+
+
+def test_list_piped_is_one_tab_separated_record_per_operation(journal: str) -> None:
+    """Piped (`idempotently list | grep failed`), each operation is one line of
+    tab-separated fields, its id first, every value whole; no header, no blank line."""
+    result = run("--journal", str(journal), "list")
+    records = [line.split("\t") for line in result.stdout.splitlines()]
+    assert list(reversed(ALL_KINDS)) == [fields[0] for fields in records]
+    assert {7} == {len(fields) for fields in records}
+    (failed,) = [line for line in result.stdout.splitlines() if "\tfailed\t" in line]
+    assert failed.startswith("bad\t")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", records[0][6])
 
 
 def test_list_filters_by_status_since_and_limit(tmp_path: Path) -> None:
@@ -217,8 +222,11 @@ def test_show_finds_an_operation_by_key(journal: str) -> None:
     assert "ReadTimeout" in shown["history"][0]["error"]
 
 
-def test_show_for_people_lists_attempts_and_pretty_bodies(journal: str) -> None:
-    """The human form has the attempt table and pretty-printed JSON bodies."""
+def test_show_for_people_lists_attempts_and_pretty_bodies(
+    journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal show has the attempt table and pretty-printed JSON bodies."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
     result = run("--journal", str(journal), "show", "bad")
     assert 0 == result.exit_code
     out = result.stdout
@@ -309,8 +317,9 @@ def test_stats_json_keys_and_counts(journal: str) -> None:
     assert 1 == stats["stuck"]
 
 
-def test_stats_for_people(journal: str) -> None:
-    """The human form names each count and rate."""
+def test_stats_for_people(journal: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal stats names each count and rate."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
     out = run("--journal", str(journal), "stats").stdout
     for word in ("needs_reconcile", "replay rate", "409 rate", "retries/op", "oldest pending"):
         assert word in out
@@ -358,8 +367,8 @@ def test_resume_sends_the_journaled_key_with_credentials_from_the_env(
         (arrival.key, arrival.authorization, arrival.key_in_journal) for arrival in app.arrivals
     ]
     assert b'{"amount":100}' == app.arrivals[0].body
-    assert "timeout" in result.stdout and "succeeded" in result.stdout
-    assert "resumed 1 operation: 1 succeeded" in result.stdout
+    assert "timeout\tsucceeded\tsucceeded\t201\t" in result.stdout  # piped: one record
+    assert "resumed 1 operation: 1 succeeded" in result.stderr  # piped: not a record
     assert "succeeded" == run_json("--journal", str(path), "show", "timeout")["status"]
 
 
@@ -408,7 +417,7 @@ def test_resume_with_nothing_to_do(tmp_path: Path) -> None:
     path = journal_with(tmp_path / "j.db", "ok", "bad")
     result = run("--journal", str(path), "resume")
     assert 0 == result.exit_code
-    assert "nothing to resume" in result.stdout
+    assert ("", "nothing to resume") == (result.stdout, result.stderr[:17])
 
 
 @pytest.mark.parametrize(
@@ -424,6 +433,32 @@ def test_resume_header_env_usage_errors(journal: str, value: str, message: str) 
     result = run("--journal", str(journal), "resume", "--header-env", value)
     assert 2 == result.exit_code
     assert message in result.stderr
+
+
+TOKEN = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+
+
+@pytest.mark.parametrize("option", ["--header-env", "--param-env"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"Authorization=Bearer {TOKEN}",
+        f"api_key={TOKEN}-x",
+        f"Bearer {TOKEN}",
+        f"Authorization: Bearer {TOKEN}=X",
+    ],
+)
+def test_resume_never_echoes_a_credential_given_where_a_name_belongs(
+    journal: str, option: str, value: str
+) -> None:
+    """A value where the variable's name belongs (or a malformed pair holding one) is a
+    usage error that says what belongs there and never prints what was given."""
+    result = run("--journal", str(journal), "resume", option, value)
+    assert 2 == result.exit_code
+    assert TOKEN not in result.stdout + result.stderr
+    assert "sk_live" not in result.stdout + result.stderr
+    if "=" in value and ":" not in value:
+        assert "ENVVAR must be an environment variable's name" in result.stderr
 
 
 def test_resume_rejects_a_base_url_that_is_not_http(journal: str) -> None:
@@ -599,8 +634,8 @@ def test_no_command_prints_the_password_of_a_postgres_url(
 
     for result in [*outputs, resumed, missing]:
         assert "pg-pass-123" not in result.stdout + result.stderr
-    assert "resumed 2 operations: 1 succeeded, 1 waiting" in resumed.stdout, resumed.output
+    assert "resumed 2 operations: 1 succeeded, 1 waiting" in resumed.stderr, resumed.output
     assert f"{shown} has 1 pending" in resumed.stderr
-    assert f"no operations in {shown} match" in outputs[2].stdout
+    assert f"no operations in {shown} match" in outputs[2].stderr  # piped: not a record
     assert shown == json.loads(outputs[4].stdout)["journal"]
     assert 1 == missing.exit_code and "createdb" in missing.stderr

@@ -16,6 +16,12 @@ from idempotently.cli import cli
 from tests.test_operator_actions import make
 
 
+@pytest.fixture(autouse=True)
+def on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read what a person sees on a terminal (piped output: test_cli_pipes)."""
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
+
+
 def run(journal: str, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--journal", journal, *args], catch_exceptions=False)
 
@@ -179,3 +185,61 @@ def test_fork_after_prune_takes_a_new_number_and_its_dry_run_says_which(
     second_key = derived_key(namespace, "op-1~fork2")
     assert f"forked op-1 as op-1~fork2 (key {second_key})\n" == forked.output
     assert second_key != first.key
+
+
+def test_settle_with_both_flags_is_a_usage_error(journal_target: str) -> None:
+    """settle --succeeded --failed contradicts itself: exit 2, nothing written (the last
+    flag never silently wins)."""
+    with Journal(journal_target) as journal:
+        make(journal, "op-1")
+    result = run(journal_target, "settle", "op-1", "--succeeded", "--failed", "--note", "n")
+    reversed_ = run(journal_target, "settle", "op-1", "--failed", "--succeeded", "--note", "n")
+    assert (2, 2) == (result.exit_code, reversed_.exit_code)
+    assert "--succeeded and --failed contradict" in result.output
+    with Journal(journal_target) as journal:
+        assert [] == journal.audit("op-1")
+        assert "needs_reconcile" == journal.operation("op-1").status  # type: ignore[union-attr]
+
+
+def test_fork_passes_over_an_unrelated_operation_holding_the_fork_id(journal_target: str) -> None:
+    """An unrelated operation already called x~fork1 is no fork of x: fork x makes
+    x~fork2 (never a false "forked already"), and leaves x~fork1 as it was."""
+    with Journal(journal_target) as journal:
+        make(journal, "x", "failed")
+        unrelated = make(journal, "x~fork1", "succeeded")
+    forked = run(journal_target, "fork", "x", "--note", "resend")
+    assert (0, "x~fork2") == (forked.exit_code, forked.output.split(" as ")[1].split(" ")[0])
+    with Journal(journal_target) as journal:
+        fork = journal.operation("x~fork2")
+        assert fork is not None and ("x", "pending") == (fork.forked_from, fork.status)
+        assert unrelated == journal.operation("x~fork1")
+
+
+def test_fork_of_a_forked_operation_says_as_which(journal_target: str) -> None:
+    """Only a fork this operation really made is "forked already", and it is named."""
+    with Journal(journal_target) as journal:
+        make(journal, "x", "failed")
+        journal.fork("x", note="first")
+    again = run(journal_target, "fork", "x", "--note", "again")
+    assert 1 == again.exit_code
+    assert "forked already, as 'x~fork1' (pending)" in again.output
+
+
+def test_a_note_with_line_breaks_cannot_forge_an_audit_entry(journal_target: str) -> None:
+    """show prints exactly one audit line per entry: a note (or actor) holding a line
+    break shows it as \\n, never as a second entry by someone else."""
+    import re
+
+    forged = "checked\n  2026-12-01T00:00:00Z  mallory@ops  settle (pending -> succeeded)\r\tx"
+    with Journal(journal_target) as journal:
+        make(journal, "op-1")
+        journal.settle("op-1", "failed", note=forged, actor="alice@ops")
+    shown = run(journal_target, "show", "op-1").output
+    audit = shown.split("\naudit\n", 1)[1].splitlines()
+    entries = [line for line in audit if re.match(r"  \d{4}-\d\d-\d\dT", line)]
+    assert 1 == len(entries)
+    assert "alice@ops  settle (needs_reconcile -> failed)" in entries[0]
+    assert (
+        "    checked\\n  2026-12-01T00:00:00Z  mallory@ops  settle (pending -> succeeded)\\r\\tx"
+        in audit
+    )

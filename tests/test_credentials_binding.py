@@ -73,7 +73,7 @@ def test_a_bound_key_journals_a_digest_of_the_credentials_never_their_value(
     assert None is stored_column(journal_target, "unbound", "credentials_digest")
     assert TOKEN.split()[1].encode() not in stored_bytes(journal_target)
     shown = CliRunner().invoke(cli, ["--journal", journal_target, "show", "op"])
-    assert "key bound to  the authorization header (a salted digest" in shown.output
+    assert "key bound to\tthe authorization header (a salted digest" in shown.output
     assert TOKEN.split()[1] not in shown.output
 
 

@@ -285,7 +285,7 @@ def test_an_empty_host_id_variable_means_the_hostname(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     idempotently.Journal(path).close()
     result = cli("--journal", str(path), "resume", env={"IDEMPOTENTLY_HOST_ID": ""})
-    assert (0, "") == (result.returncode, result.stderr)
+    assert (0, f"nothing to resume in {path}\n") == (result.returncode, result.stderr)
     os.environ["IDEMPOTENTLY_HOST_ID"] = ""
     try:
         with idempotently.Session(path) as session:

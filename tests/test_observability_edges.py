@@ -357,12 +357,15 @@ def test_dash_h_works_on_every_command(command: str) -> None:
 
 
 @pytest.mark.parametrize("columns", ["20", "10000"])
-def test_list_at_extreme_widths(tmp_path: Path, columns: str) -> None:
+def test_list_at_extreme_widths(
+    tmp_path: Path, columns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """COLUMNS=20 and COLUMNS=10000: the table prints every operation, its id whole.
 
     Wide, one line per operation plus the header; narrow, an id too long for its
     column takes a line of its own above its row.
     """
+    monkeypatch.setattr("idempotently._cli_watch.stdout_is_terminal", lambda: True)
     path = tmp_path / "j.db"
     _journal(path)
     result = CliRunner(env={"COLUMNS": columns}).invoke(cli, ["--journal", str(path), "list"])

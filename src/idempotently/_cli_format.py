@@ -84,6 +84,25 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(_escape, text)
 
 
+_LINE_BREAKING = re.compile(r"[\\\t\n\r]")
+_ONE_LINE = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def one_line(text: str) -> str:
+    r"""``text`` as one field of one line: backslash, tab, LF and CR as ``\\``, ``\t``,
+    ``\n``, ``\r``, every other control character as ``\xNN`` (as `printable`).
+
+    Supplied text (an id, a note, a server's hint) so can neither start a line of its
+    own, which could pass for an entry of the audit trail, nor add a field to a piped
+    record; the backslash is escaped too, so the escapes read back unambiguously."""
+    return printable(_LINE_BREAKING.sub(lambda found: _ONE_LINE[found.group()], text))
+
+
+def record(cells: Iterable[object]) -> str:
+    """One piped record: its fields `one_line` each, tab-separated; ``None`` is empty."""
+    return "\t".join("" if cell is None else one_line(str(cell)) for cell in cells)
+
+
 def _strict_json(text: str) -> Any:
     """JSON as RFC 8259 has it: NaN and Infinity are not JSON; too deep is not shown as JSON."""
 
@@ -199,13 +218,8 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
     }
 
 
-def operation_lines(op: Operation, now: float, width: int | None = None) -> list[str]:
-    """``show`` for people: the fields, the attempt table, headers and bodies.
-
-    Within ``width`` terminal columns, long values (a reason, an error, a header)
-    wrap between words under themselves; nothing is cut.
-    """
-    out: list[str] = []
+def operation_fields(op: Operation, now: float) -> list[tuple[str, str]]:
+    """The named fields at the top of ``show``: on a terminal aligned, piped one record each."""
     status = op.status + (f" ({op.reason})" if op.reason else "")
     fields = [
         ("operation", op.operation_id),
@@ -229,7 +243,90 @@ def operation_lines(op: Operation, now: float, width: int | None = None) -> list
         fields.append(("leased by", f"{op.lease_owner} until {when(op.lease_until, now)}"))
     fields.append(("attempts", str(op.attempt_count)))
     fields += at_rest_fields(op)
-    out += field_lines(fields, width)
+    return fields
+
+
+def operation_records(
+    op: Operation, entries: Sequence[AuditEntry], now: float
+) -> list[tuple[object, ...]]:
+    """``show`` piped: one record per field, attempt, header, body and audit entry, each
+    led by what it is (``attempt``, ``request header``, ``audit``, ...), every value whole."""
+    records: list[tuple[object, ...]] = list(operation_fields(op, now))
+    records += [
+        (
+            "attempt",
+            a.number,
+            a.outcome,
+            a.status_code,
+            "yes" if a.replayed else "no",
+            utc(a.started_at),
+            seconds(a.elapsed),
+            seconds(a.wait),
+            a.error,
+        )
+        for a in op.attempts
+    ]
+    if not op.attempts:
+        records.append(("no attempt", no_attempt(op)))
+    records += [("request header", *pair) for pair in visible_headers(op.request_headers)]
+    records.append(("request body", _body_field(op.request_body, op.unreadable)))
+    records.append(("response", op.response_status if op.response_status is not None else "none"))
+    records += [("response header", *pair) for pair in visible_headers(op.response_headers)]
+    if op.response_status is not None:
+        records.append(("response body", _body_field(op.response_body, op.unreadable)))
+    if op.forked_from is not None:
+        records.append(("forked from", op.forked_from))
+    records += [("forked as", fork) for fork in _forks(entries)]
+    if op.lookup_after is not None and op.status == "needs_reconcile":
+        records.append(("next lookup", when(op.lookup_after, now)))
+    for entry in entries:
+        detail = entry_detail(entry)
+        records.append(
+            (
+                "audit",
+                utc(entry.at),
+                entry.actor,
+                entry.action,
+                detail.get("from"),
+                detail.get("to"),
+                entry.note,
+            )
+        )
+    return records
+
+
+def no_attempt(op: Operation) -> str:
+    """What an operation with no attempt journaled means for its delivery."""
+    if never_sent(op):
+        return "none: enqueued and not sent yet, so nothing can have been delivered"
+    # The key is committed just before the first send begins: no attempt means that
+    # send is in flight or was cut off (its process killed) before it was journaled.
+    return "none recorded: the first send began, so it may have been delivered"
+
+
+def _body_field(body: bytes | None, unreadable: str | None) -> str:
+    if unreadable is not None:
+        return f"(not shown: {unreadable})"
+    if body is None:
+        return "(none)"
+    try:
+        return body.decode("utf-8") if body else "(empty)"
+    except UnicodeDecodeError:
+        return f"({len(body)} bytes of binary data; --json shows them as base64)"
+
+
+def _forks(entries: Sequence[AuditEntry]) -> list[str]:
+    forks = (entry_detail(entry).get("fork") for entry in entries)
+    return [fork for fork in forks if isinstance(fork, str)]
+
+
+def operation_lines(op: Operation, now: float, width: int | None = None) -> list[str]:
+    """``show`` for people: the fields, the attempt table, headers and bodies.
+
+    Within ``width`` terminal columns, long values (a reason, an error, a header)
+    wrap between words under themselves; nothing is cut.
+    """
+    out = field_lines(operation_fields(op, now), width)
 
     out += ["", "attempts"]
     if op.attempts:
@@ -251,12 +348,8 @@ def operation_lines(op: Operation, now: float, width: int | None = None) -> list
         for a in op.attempts:
             if a.error:
                 out += indented_wrap(f"attempt {a.number}: {a.error}", width)
-    elif never_sent(op):
-        out.append("  (none: enqueued and not sent yet, so nothing can have been delivered)")
     else:
-        # The key is committed just before the first send begins: no attempt means that
-        # send is in flight or was cut off (its process killed) before it was journaled.
-        out.append("  (none recorded: the first send began, so it may have been delivered)")
+        out.append(f"  ({no_attempt(op)})")
 
     out += ["", "request headers"]
     for name, value in visible_headers(op.request_headers):
@@ -365,7 +458,7 @@ def plural(count: int, noun: str, nouns: str | None = None) -> str:
 ELLIPSIS = "…"
 MIN_SHORTENED = 10
 """A shortened cell keeps at least this many columns (or its header's width)."""
-Shorten = Literal["middle", "end"]
+Shorten = Literal["middle", "end", "url"]
 
 
 def columns(text: str) -> int:
@@ -417,6 +510,26 @@ def shorten(text: str, width: int, where: Shorten = "middle") -> str:
     return "".join(head) + ELLIPSIS + "".join(reversed(tail))
 
 
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+
+
+def origin_width(url: str) -> int:
+    """Columns of ``url``'s ``scheme://host:port`` (the whole URL if it has none)."""
+    found = _ORIGIN.match(url)
+    return columns(found.group() if found else url)
+
+
+def shorten_url(url: str, width: int) -> str:
+    """``url`` in at most ``width`` columns, its ``scheme://host:port`` kept whole and
+    the middle of its path elided (``http://127.0.0.1:8000/v…ges``), while the
+    origin and a character of the path fit; below that, shortened in the middle."""
+    found = _ORIGIN.match(url)
+    if columns(url) <= width or found is None or width < columns(found.group()) + 2:
+        return shorten(url, width, "middle")
+    origin = found.group()
+    return origin + shorten(url[len(origin) :], width - columns(origin), "middle")
+
+
 def wrap_words(text: str, width: int) -> list[str]:
     """``text`` in lines of at most ``width`` terminal columns, broken only between words.
 
@@ -446,11 +559,12 @@ def field_lines(fields: Sequence[tuple[str, str]], width: int | None = None) -> 
     out: list[str] = []
     for name, value in fields:
         label = name + " " * (name_width - columns(name)) + "  "
+        value = one_line(value)  # no value can start a line that reads as another field
         room = None if width is None else width - columns(label)
         if room is None or room < MIN_WRAPPED:
             out.append(f"{label}{value}")
             continue
-        first, *rest = wrap_words(printable(value), room)
+        first, *rest = wrap_words(value, room)
         out.append(f"{label}{first}")
         out += [" " * columns(label) + line for line in rest]
     return out
@@ -460,9 +574,10 @@ def indented_wrap(
     text: str, width: int | None, indent: str = "  ", hanging: str = "    "
 ) -> list[str]:
     """``text`` indented; within ``width``, wrapped between words with a hanging indent."""
+    text = one_line(text)
     if width is None:
         return [f"{indent}{text}"]
-    first, *rest = wrap_words(printable(text), max(width - len(hanging), MIN_WRAPPED))
+    first, *rest = wrap_words(text, max(width - len(hanging), MIN_WRAPPED))
     return [f"{indent}{first}", *(f"{hanging}{line}" for line in rest)]
 
 
@@ -490,20 +605,39 @@ def table(
     column: a cell too wide for it is never cut but printed whole on a line of
     its own, its row following on the next line. The other columns are never cut.
     """
-    cells = [["-" if cell is None else printable(str(cell)) for cell in row] for row in rows]
+    cells = [["-" if cell is None else one_line(str(cell)) for cell in row] for row in rows]
     widths = [
         max([columns(name)] + [columns(row[i]) for row in cells]) for i, name in enumerate(headers)
     ]
     right_aligned = {i for i, name in enumerate(headers) if name in right.split(",")}
     shrinkable = {headers.index(name): where for name, where in (shrink or {}).items()}
     whole = None if own_line is None else headers.index(own_line)
+    gap = "  "
     if width is not None:
         excess = sum(widths) + 2 * (len(widths) - 1) - width
+        if excess > 0:
+            # One space between columns, as ls -l and ps have, before any value gives way.
+            gap = " "
+            excess -= len(widths) - 1
+        natural = list(widths)
         for name, floor in give:
             i = headers.index(name)
             taken = max(0, min(excess, widths[i] - max(floor, columns(headers[i]))))
+            if i == whole and taken:
+                # Narrowed to the widest cell that still fits, so every id that can be
+                # whole on its row is; the columns freed by the snap go back below.
+                fits = [columns(row[i]) for row in cells if columns(row[i]) <= widths[i] - taken]
+                taken = widths[i] - max([columns(headers[i]), *fits])
             widths[i] -= taken
             excess -= taken
+        for name, _ in give:  # what a snap freed returns to the columns that gave first
+            i = headers.index(name)
+            returned = 0 if i == whole else max(0, min(-excess, natural[i] - widths[i]))
+            widths[i] += returned
+            excess += returned
+        if excess + len(widths) - 1 <= 0:
+            gap = "  "  # room enough for the wide gaps again
+            excess += len(widths) - 1
         floors = {i: max(columns(headers[i]), MIN_SHORTENED) for i in shrinkable}
         while excess > 0:
             wide = [i for i in shrinkable if widths[i] > floors[i]]
@@ -514,7 +648,11 @@ def table(
             excess -= 1
         for row in cells:
             for i, where in shrinkable.items():
-                if i != whole:
+                if i == whole:
+                    continue
+                if where == "url":
+                    row[i] = shorten_url(row[i], widths[i])
+                else:
                     row[i] = shorten(row[i], widths[i], where)
 
     def line(row: Sequence[str]) -> str:
@@ -523,7 +661,7 @@ def table(
             padding[i] + cell if i in right_aligned else cell + padding[i]
             for i, cell in enumerate(row)
         ]
-        return "  ".join(padded).rstrip()
+        return gap.join(padded).rstrip()
 
     out = [line(list(headers))]
     for row in cells:
@@ -537,16 +675,19 @@ def table(
 def operations_table(
     operations: Iterable[Operation], now: float, width: int | None = None
 ) -> list[str]:
-    """The aligned table of `idempotently list` (the demo prints it too).
+    """The aligned table of `idempotently list` on a terminal (the demo prints it too).
 
-    Within ``width`` columns the URL gives way first (shortened in the middle,
-    to no less than 24 columns), then the operation column narrows: an id too
-    long for it is printed whole on a line of its own above its row, never cut,
-    since it is what ``show`` and every operator action take; only then does the
-    URL shorten further.
+    One rule: an operation id is never cut, since it is what ``show`` and every
+    operator action take. Within ``width`` columns the gaps narrow to one space, then
+    the URL gives way (its ``scheme://host:port`` kept, the middle of its path
+    elided); an id that still does not fit beside the others is printed whole on a
+    line of its own above its row (the only line that may pass the width, when the
+    id is wider than the terminal); only then does the URL shorten further.
     """
+    operations = list(operations)
+    floor = max((origin_width(shown_url(op.url)) + 2 for op in operations), default=0)
     return table(
-        ("operation", "status", "method", "url", "attempts", "last", "created"),
+        ("operation", "status", "method", "url", "tries", "last", "age"),
         (
             (
                 op.operation_id,
@@ -555,20 +696,37 @@ def operations_table(
                 shown_url(op.url),
                 op.attempt_count,
                 op.last_status_code,
-                format_age(op.created_at, now),
+                short_age(op.created_at, now),
             )
             for op in operations
         ),
-        right="attempts,last",
+        right="tries,last",
         width=width,
-        shrink={"url": "middle"},
-        give=(("url", URL_FLOOR), ("operation", 0)),
+        shrink={"url": "url"},
+        give=(("url", floor), ("operation", 0)),
         own_line="operation",
     )
 
 
-URL_FLOOR = 24
-"""Columns a URL in ``list`` keeps before the operation column narrows."""
+def short_age(timestamp: float, now: float) -> str:
+    """An age for a column: ``3m``, ``2d``, ``now``; ``in 5h`` for a time ahead of this
+    clock."""
+    age = format_age(timestamp, now)
+    return "now" if age == "just now" else age.removesuffix(" ago")
+
+
+def operation_record(operation: Operation) -> tuple[object, ...]:
+    """One piped record of ``list``: the table's fields, each whole, the creation time
+    in ISO 8601 UTC (an age means nothing once it is stored)."""
+    return (
+        operation.operation_id,
+        operation.status,
+        operation.method,
+        shown_url(operation.url),
+        operation.attempt_count,
+        operation.last_status_code,
+        utc(operation.created_at),
+    )
 
 
 OPERATION_FIELDS = (
@@ -645,6 +803,14 @@ def stats_lines(
 ) -> list[str]:
     """``stats`` for people: one named figure per line, then the paused origins (wrapped
     between words within ``width``)."""
+    return field_lines(stats_fields(stats, path, stuck_after, pauses), width)
+
+
+def stats_fields(
+    stats: JournalStats, path: str, stuck_after: float, pauses: Sequence[OriginPause] = ()
+) -> list[tuple[str, str]]:
+    """``stats``'s named figures; a status count and a paused origin are indented under
+    what they count (piped, each is a record of its own, its name unindented)."""
     age = stats.oldest_pending_age
     oldest = stats.oldest_pending_created_at
     fields = [
@@ -677,7 +843,7 @@ def stats_lines(
         )
         for pause in pauses
     )
-    return field_lines(fields, width)
+    return fields
 
 
 def pause_json(pause: OriginPause) -> dict[str, Any]:
@@ -775,11 +941,8 @@ def operator_lines(operation: Operation, entries: Sequence[AuditEntry], now: flo
     """What ``show`` adds for people: links, the lookup backoff, the audit trail."""
     out: list[str] = []
     if operation.forked_from is not None:
-        out.append(f"forked from  {operation.forked_from}")
-    for entry in entries:
-        fork = entry_detail(entry).get("fork")
-        if isinstance(fork, str):
-            out.append(f"forked as    {fork}")
+        out.append(f"forked from  {one_line(operation.forked_from)}")
+    out += [f"forked as    {one_line(fork)}" for fork in _forks(entries)]
     if operation.lookup_after is not None and operation.status == "needs_reconcile":
         out.append(f"next lookup  {when(operation.lookup_after, now)}")
     out += ["", "audit"]
@@ -788,11 +951,13 @@ def operator_lines(operation: Operation, entries: Sequence[AuditEntry], now: flo
     for entry in entries:
         detail = entry_detail(entry)
         change = (
-            f" ({detail['from']} -> {detail['to']})"
+            f" ({one_line(str(detail['from']))} -> {one_line(str(detail['to']))})"
             if "from" in detail and detail.get("from") != detail.get("to")
             else ""
         )
-        out.append(f"  {utc(entry.at)}  {entry.actor}  {entry.action}{change}")
+        # Each entry is exactly two lines however its text reads: a note holding a line
+        # break shows it as \n, so no note can print a second, forged entry.
+        out.append(f"  {utc(entry.at)}  {one_line(entry.actor)}  {one_line(entry.action)}{change}")
         if entry.note:
-            out.append(f"    {entry.note}")
+            out.append(f"    {one_line(entry.note)}")
     return out

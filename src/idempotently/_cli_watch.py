@@ -26,26 +26,33 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, TextIO, get_args
 
 import click
 
 from idempotently import _early_signals
-from idempotently._cli_format import columns, printable, wrap_words
+from idempotently._cli_format import columns, one_line, printable, record, wrap_words
 from idempotently._flow import ResumeResult
 from idempotently._lookup import BoundReconciler, Lookup
 from idempotently._session import Session
+from idempotently._vocabulary import RESUME_DONE, STATUSES, ResumeAction
 from idempotently._watch import WatchSummary, watch
 
-OPERATION_WIDTH = 22
 RESULT_HEADERS = ("operation", "action", "status", "code", "detail")
 JSON_ESCAPES = {
     code: f"\\u{code:04x}"
     for code in (*range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 }
+ACTION_WIDTHS = {
+    dry_run: max(len(a) for a in get_args(ResumeAction) if a.startswith("would_") == dry_run)
+    for dry_run in (False, True)
+}
+STATUS_WIDTH = max(map(len, STATUSES))
+CODE_WIDTH = 4
 
 
 def stdout_is_terminal() -> bool:
@@ -53,54 +60,117 @@ def stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def result_row(cells: tuple[object, ...], dry_run: bool) -> str:
-    """One aligned row of resume's results, printable as soon as it is known.
-
-    Nothing a user needs to act on is cut: an operation id too long for its
-    column is printed whole on a line of its own above the row, and the detail
-    (what happened, or what to do, such as which ``--header-env`` to pass) wraps
-    between words under its column, or on indented lines below the row when the
-    terminal leaves that column too little room. The row may be several lines.
-    """
-    widths = (OPERATION_WIDTH, 20 if dry_run else 15, 15, 4)
-    text = [printable("-" if cell is None else str(cell)) for cell in cells]
-    lines: list[str] = []
-    operation = text[0]
-    if columns(operation) > widths[0]:
-        lines.append(operation)
-        operation = ""
-    padded = [
-        operation + " " * (widths[0] - columns(operation)),
-        text[1].ljust(widths[1]),
-        text[2].ljust(widths[2]),
-        text[3].rjust(widths[3]),
-    ]
-    terminal = shutil.get_terminal_size().columns
-    start = sum(widths) + 2 * len(widths)
-    room = terminal - start
-    detail = text[4]
-    if not stdout_is_terminal():
-        # A pipe or a file: one line per row, the detail whole at its end, for scripts.
-        return "\n".join([*lines, "  ".join([*padded, detail]).rstrip()])
-    if columns(detail) <= room or room >= DETAIL_ROOM:
-        first, *rest = wrap_words(detail, max(room, 1))
-        lines.append("  ".join([*padded, first]).rstrip())
-        lines += [" " * start + line for line in rest]
-    else:
-        lines.append("  ".join(padded).rstrip())
-        lines += ["    " + line for line in wrap_words(detail, terminal - 4)]
-    return "\n".join(lines)
-
-
 DETAIL_ROOM = 30
 """Columns the detail needs beside the row; with less it goes on lines of its own below."""
+MIN_OPERATION_WIDTH = 10
 
 
-def result_line(result: ResumeResult, dry_run: bool) -> str:
-    return result_row(
-        (result.operation_id, result.action, result.status, result.status_code, result.detail),
-        dry_run,
+class ResultTable:
+    """resume's (and reconcile's) results, each printed as soon as it is known.
+
+    Piped: one record per result, tab-separated and escaped (`record`), the detail
+    whole; no header. On a terminal: aligned rows whose columns are sized to the
+    terminal and to the ids about to be resumed, so a short detail sits on its row;
+    an id too wide for its column is printed whole on a line of its own, and a long
+    detail wraps between words (under its column, or below the row when the
+    terminal leaves it too little room). A detail already printed in full is not
+    repeated for an unfinished operation (the 401 hint of 900 operations once): the
+    row says ``(as above)`` and the summary counts it. With a progress bar on stderr,
+    the bar's line is cleared before anything is printed, so no row shares a line
+    with it.
+    """
+
+    def __init__(
+        self,
+        ids: Iterable[str],
+        *,
+        dry_run: bool,
+        terminal: bool,
+        clear_bar: bool,
+        width: int | None = None,
+    ) -> None:
+        self.terminal, self.clear_bar = terminal, clear_bar
+        self.width = width or shutil.get_terminal_size().columns
+        action = ACTION_WIDTHS[dry_run]
+        rest = action + STATUS_WIDTH + CODE_WIDTH + 2 * (len(RESULT_HEADERS) - 1)
+        # The id column as wide as the widest id that fits beside the other columns
+        # (the detail goes below the row when it cannot sit on it).
+        room = max(MIN_OPERATION_WIDTH, self.width - rest)
+        fitting = [w for w in (columns(one_line(i)) for i in ids) if w <= room]
+        self.widths = (max([len(RESULT_HEADERS[0]), *fitting]), action, STATUS_WIDTH, CODE_WIDTH)
+        self.started = False
+        self.printed: set[str] = set()
+
+    def __call__(self, result: ResumeResult) -> None:
+        cells = (
+            result.operation_id,
+            result.action,
+            result.status,
+            result.status_code,
+            result.detail,
+        )
+        if self.clear_bar:
+            click.echo("\r\x1b[K", nl=False, err=True)
+        if not self.terminal:
+            click.echo(record(cells))
+            return
+        if not self.started:
+            self.started = True
+            click.echo(self.row(RESULT_HEADERS))
+        if result.detail and result.action not in RESUME_DONE:
+            if result.detail in self.printed:
+                cells = (*cells[:4], "(as above)")
+            self.printed.add(result.detail)
+        click.echo(self.row(cells))
+
+    def row(self, cells: tuple[object, ...]) -> str:
+        """One aligned row, several lines if its id or its detail needs them."""
+        text = [one_line("-" if cell is None else str(cell)) for cell in cells]
+        lines: list[str] = []
+        operation = text[0]
+        if columns(operation) > self.widths[0]:
+            lines.append(operation)
+            operation = ""
+        padded = [
+            operation + " " * (self.widths[0] - columns(operation)),
+            text[1].ljust(self.widths[1]),
+            text[2].ljust(self.widths[2]),
+            text[3].rjust(self.widths[3]),
+        ]
+        start = sum(self.widths) + 2 * len(self.widths)
+        room = self.width - start
+        detail = text[4]
+        if columns(detail) <= room or room >= DETAIL_ROOM:
+            first, *rest = wrap_words(detail, max(room, 1))
+            lines.append("  ".join([*padded, first]).rstrip())
+            lines += [" " * start + line for line in rest]
+        else:
+            lines.append("  ".join(padded).rstrip())
+            lines += ["    " + line for line in wrap_words(detail, self.width - 4)]
+        return "\n".join(lines)
+
+
+def summary_lines(results: Sequence[ResumeResult], verb: str) -> list[str]:
+    """What a run did, counted by action, then by reason: each distinct detail of an
+    operation left unfinished once, with how many it concerns, most first."""
+    counts = Counter(result.action for result in results)
+    summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
+    noun = "operation" if len(results) == 1 else "operations"
+    lines = [f"{verb} {len(results)} {noun}: {summary}"]
+    reasons = Counter(
+        (result.action, result.detail)
+        for result in results
+        if result.detail and result.action not in RESUME_DONE
     )
+    for (action, detail), count in reasons.most_common(MAX_REASONS):
+        lines.append(f"  {count} {action}: {one_line(detail)}")
+    if len(reasons) > MAX_REASONS:
+        lines.append(f"  ... and {len(reasons) - MAX_REASONS} other reasons (--json lists each)")
+    return lines
+
+
+MAX_REASONS = 20
+"""Distinct reasons a summary lists; the rest are counted in one line."""
 
 
 # -- --watch -----------------------------------------------------------------------
@@ -277,17 +347,3 @@ def run_watch(
             if reconciler is None
             else BoundReconciler.of(reconciler, session.client, engine, stopped=stop.is_set),
         )
-
-
-ResultPrinter = Callable[[ResumeResult], None]
-
-
-def echo_result(dry_run: bool, clear_bar: bool) -> ResultPrinter:
-    """Print one result line on stdout as soon as it is known (above a progress bar)."""
-
-    def echo(result: ResumeResult) -> None:
-        if clear_bar:
-            click.echo("\r\x1b[K", nl=False, err=True)
-        click.echo(result_line(result, dry_run))
-
-    return echo

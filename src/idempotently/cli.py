@@ -1,7 +1,8 @@
 """The `idempotently` command: a thin layer over Journal and Session.
 
 Each command opens the journal, makes one library call and prints the result:
-an aligned table for people, or ``--format json|csv|nl|...`` for scripts. No command creates a
+an aligned table for people on a terminal, one escaped tab-separated record per line
+when piped, or ``--format json|csv|nl|...`` for scripts. No command creates a
 journal, and read-only ones (list, show, stats, any --dry-run) open it read-only;
 any `JournalError` becomes a one-line error (exit 1).
 Usage errors (bad option values) exit 2. Reference: the command-line page of the docs.
@@ -18,7 +19,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -35,17 +36,21 @@ from idempotently._cli_format import (
     operation_detail_json,
     operation_json,
     operation_lines,
+    operation_record,
+    operation_records,
     operations_table,
     operator_json,
     operator_lines,
     pause_json,
     plural,
     printable,
+    record,
+    stats_fields,
     stats_lines,
     stats_prometheus,
     wrap_words,
 )
-from idempotently._cli_watch import RESULT_HEADERS, echo_result, result_row, run_watch
+from idempotently._cli_watch import ResultTable, run_watch, summary_lines
 from idempotently._codec import check_codec
 from idempotently._exceptions import JournalError, JournalMissingError, StoredProfileError
 from idempotently._flow import (
@@ -78,7 +83,7 @@ from idempotently._session import (
     check_origin,
 )
 from idempotently._special_files import refuse_special_file
-from idempotently._vocabulary import RESUME_DONE, STATUSES
+from idempotently._vocabulary import RESUME_DONE, STATUSES, Status
 
 JOURNAL_ENVVAR = "IDEMPOTENTLY_JOURNAL"
 JSON_ESCAPES = {
@@ -107,8 +112,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def cli(ctx: click.Context, journal_path: str) -> None:
     """Audit and resume the idempotently journal.
 
-    Tables for people; --format json, csv or nl (one JSON object per line) for
-    scripts. Exit status: 0 success, 1 failure (including a missing or
+    Tables for people on a terminal; piped, one tab-separated record per line
+    (escaped: no value can add a field or a line); --format json, csv or nl (one
+    JSON object per line) for scripts. Exit status: 0 success, 1 failure (including a missing or
     unreadable journal), 2 usage error.
     """
     if ctx.invoked_subcommand != "resume":
@@ -281,6 +287,13 @@ def prose_width() -> int | None:
     return terminal_width() if _cli_watch.stdout_is_terminal() else None
 
 
+def echo_records_tsv(records: Iterable[Sequence[object]]) -> None:
+    """Piped output for people's tools (grep, cut, awk): one record per line, its
+    fields tab-separated, each escaped so that no text can add a field or a line."""
+    for cells in records:
+        click.echo(record(cells))
+
+
 def echo_lines(lines: Sequence[str], indent: str = "") -> None:
     for line in lines:
         click.echo(printable(f"{indent}{line}".rstrip()))
@@ -330,8 +343,9 @@ def list_command(
 ) -> None:
     """List operations, newest first.
 
-    The table fits the terminal: long operation ids and URLs are shortened in
-    the middle (show, or any other format, prints them whole).
+    On a terminal the table fits its width: an operation id is never cut (one too
+    wide gets a line of its own), the URL gives way first, keeping its host and port.
+    Piped, one line per operation, tab-separated and escaped, every value whole.
     """
     now = time.time()
     operations = journal.operations(
@@ -347,12 +361,18 @@ def list_command(
             OPERATION_FIELDS,
         )
         return
+    piped = not _cli_watch.stdout_is_terminal()
     if not operations:
+        # Piped, stdout holds records only: the remark goes to stderr.
         click.echo(
             f"no operations in {journal.path} match"
             if statuses or since
-            else f"no operations in {journal.path}"
+            else f"no operations in {journal.path}",
+            err=piped,
         )
+        return
+    if piped:
+        echo_records_tsv(operation_record(operation) for operation in operations)
         return
     echo_lines(operations_table(operations, now, width=terminal_width()))
 
@@ -368,7 +388,8 @@ def list_command(
 def show_command(journal: Journal, operation_id_or_key: str, output_format: str) -> None:
     """Show one operation: its attempts, headers and bodies.
 
-    Everything whole: ids, URLs, the reason and each attempt's error.
+    Everything whole: ids, URLs, the reason and each attempt's error. Piped, one
+    tab-separated record per line, led by what it is (a field, attempt, audit, ...).
 
     Secret headers (Authorization, Cookie, X-Api-Key, Proxy-Authorization) are
     never journaled, and never printed even if a journal holds them.
@@ -381,6 +402,8 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     entries = journal.audit(operation.operation_id)
     if output_format == "json":
         echo_json({**operation_detail_json(operation), **operator_json(operation, entries)})
+    elif not _cli_watch.stdout_is_terminal():
+        echo_records_tsv(operation_records(operation, entries, time.time()))
     else:
         now = time.time()
         echo_lines(
@@ -451,6 +474,9 @@ def stats_command(
         )
     elif output_format == "prometheus":
         click.echo(stats_prometheus(stats, journal.path), nl=False)
+    elif not _cli_watch.stdout_is_terminal():
+        fields = stats_fields(stats, journal.path, stuck_after, pauses)
+        echo_records_tsv((name.strip(), value) for name, value in fields)
     else:
         echo_lines(stats_lines(stats, journal.path, stuck_after, pauses, width=prose_width()))
     reconcile = stats.counts["needs_reconcile"]
@@ -629,15 +655,11 @@ def headers_from_env(
     """``NAME=ENVVAR`` pairs to headers; credentials come from the environment, never argv."""
     headers: dict[str, str] = {}
     for value in values:
-        name, sep, envvar = value.partition("=")
-        if not sep or not name.strip() or not envvar.strip():
-            raise click.BadParameter(
-                f"{value!r} is not NAME=ENVVAR (e.g. Authorization=MY_TOKEN)", ctx, param
-            )
-        name, envvar = name.strip(), envvar.strip()
+        name, envvar = env_pair(value, "Authorization=MY_TOKEN", ctx, param)
         if not HEADER_NAME.fullmatch(name):
             raise click.BadParameter(
-                f"{name!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)",
+                "NAME must be a header name (letters, digits and !#$%&'*+-.^_`|~); what was "
+                "given is not repeated here, in case it holds a credential",
                 ctx,
                 param,
             )
@@ -662,6 +684,36 @@ def headers_from_env(
 
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+QUERY_NAME = re.compile(r"[^\s=&#]+")
+ENVVAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_pair(
+    value: str, example: str, ctx: click.Context, param: click.Parameter
+) -> tuple[str, str]:
+    """``NAME=ENVVAR`` split, or a usage error that never repeats ``value``.
+
+    The usual slip is a credential where the variable's name belongs
+    (``Authorization=Bearer sk_live_...``): echoing it would put the secret on the
+    screen and in CI logs, so no message quotes what was given."""
+    name, sep, envvar = value.partition("=")
+    name, envvar = name.strip(), envvar.strip()
+    if not sep or not name or not envvar:
+        raise click.BadParameter(
+            f"give NAME=ENVVAR (e.g. {example}); what was given is not repeated here, in "
+            "case it holds a credential",
+            ctx,
+            param,
+        )
+    if not ENVVAR_NAME.fullmatch(envvar):
+        raise click.BadParameter(
+            "ENVVAR must be an environment variable's name (letters, digits and _, e.g. "
+            f"{example}), not a value: put the credential in a variable and name that; "
+            "what was given is not repeated here",
+            ctx,
+            param,
+        )
+    return name, envvar
 
 
 def params_from_env(
@@ -671,15 +723,13 @@ def params_from_env(
     environment (never argv); the value is never quoted in a message."""
     params: dict[str, str] = {}
     for value in values:
-        name, sep, envvar = value.partition("=")
-        if not sep or not name.strip() or not envvar.strip():
+        name, envvar = env_pair(value, "api_key=MY_API_KEY", ctx, param)
+        if not QUERY_NAME.fullmatch(name):
             raise click.BadParameter(
-                f"{value!r} is not NAME=ENVVAR (e.g. api_key=MY_API_KEY)", ctx, param
-            )
-        name, envvar = name.strip(), envvar.strip()
-        if not name.isprintable():
-            raise click.BadParameter(
-                f"{name!r} is not a query parameter name (printable characters)", ctx, param
+                "NAME must be a query parameter name (no space, '=' or '&'); what was given "
+                "is not repeated here, in case it holds a credential",
+                ctx,
+                param,
             )
         if envvar not in os.environ:
             raise click.BadParameter(
@@ -1050,55 +1100,81 @@ def resume_printing(
     reconciler: Lookup | None = None,
 ) -> list[ResumeResult]:
     """Resume, printing each result as soon as it is known (unless --json); a progress
-    bar on a terminal only when there is work, never for a dry run."""
+    bar on stderr when it is a terminal and there is work, never for a dry run."""
     if reconciler is not None:
         session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
         return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
     counts = journal.counts()
     total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
-    header = [False]
-
-    def printed(echo: Callable[[ResumeResult], None]) -> Callable[[ResumeResult], None]:
-        def on_result(result: ResumeResult) -> None:
-            if not header[0]:
-                header[0] = True
-                click.echo(result_row(RESULT_HEADERS, dry_run))
-            echo(result)
-
-        return on_result
-
-    if total and not dry_run and stderr_is_terminal():
-        with click.progressbar(
-            length=total, label="resuming", file=sys.stderr, show_pos=True
-        ) as bar:
-            echo = printed(echo_result(dry_run, clear_bar=True))
-
-            def on_result(result: ResumeResult) -> None:
-                echo(result)
-                bar.update(1)
-
-            return session.resume(
-                dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
-            )
-    return session.resume(
-        dry_run=dry_run,
-        base_url=base_url,
-        on_result=printed(echo_result(dry_run, clear_bar=False)),
-        concurrency=concurrency,
+    statuses: tuple[Status, ...] = ("pending",)
+    if reconciler is not None:
+        statuses = ("pending", "needs_reconcile")
+    return with_progress(
+        "resuming",
+        total if not dry_run else 0,
+        ResultTable(
+            sized_by(journal, statuses),
+            dry_run=dry_run,
+            terminal=_cli_watch.stdout_is_terminal(),
+            clear_bar=bool(total) and not dry_run and stderr_is_terminal(),
+        ),
+        lambda on_result: session.resume(
+            dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
+        ),
     )
+
+
+ID_SAMPLE = 1000
+"""Ids a result table is sized by: the oldest this many of those it will print (an id
+outside them that does not fit gets a line of its own, never cut)."""
+
+
+def sized_by(journal: Journal, statuses: tuple[Status, ...]) -> list[str]:
+    """The ids of the operations a run will print, to size its table's id column."""
+    operations = journal.operations(status=statuses, limit=ID_SAMPLE, newest_first=False)
+    return [operation.operation_id for operation in operations]
+
+
+def with_progress(
+    label: str,
+    total: int,
+    table: ResultTable,
+    run: Callable[[Callable[[ResumeResult], None]], list[ResumeResult]],
+) -> list[ResumeResult]:
+    """``run`` with each result printed by ``table``, under a progress bar on stderr
+    when it is a terminal and there is work (``table`` clears the bar's line first)."""
+    if not (total and stderr_is_terminal()):
+        return run(table)
+    with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True) as bar:
+
+        def on_result(result: ResumeResult) -> None:
+            table(result)
+            bar.update(1)
+
+        return run(on_result)
+
+
+def echo_summary(lines: Sequence[str]) -> None:
+    """A run's summary: on a terminal after a blank line, wrapped; piped, on stderr, so
+    stdout holds the records alone."""
+    terminal = _cli_watch.stdout_is_terminal()
+    width = terminal_width()
+    if terminal:
+        click.echo()
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        first, *rest = wrap_words(line, width - len(indent)) if terminal else [line]
+        click.echo(first, err=not terminal)
+        for more in rest:
+            click.echo(indent + more, err=not terminal)
 
 
 def echo_resume_summary(results: Sequence[ResumeResult], path: str, dry_run: bool) -> None:
     if not results:
-        click.echo(f"nothing to resume in {path}")
+        click.echo(f"nothing to resume in {path}", err=not _cli_watch.stdout_is_terminal())
         return
-    counts = Counter(result.action for result in results)
-    summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
-    verb = "planned" if dry_run else "resumed"
-    line = f"{verb} {plural(len(results), 'operation')}: {summary}"
-    width = prose_width()
-    click.echo("\n" + ("\n".join(wrap_words(line, width)) if width else line))
+    echo_summary(summary_lines(results, "planned" if dry_run else "resumed"))
 
 
 # -- reconcile: the lookup reconciler ----------------------------------------------
@@ -1168,47 +1244,41 @@ def reconcile_command(
         redact_headers=list(headers),
         timeout=httpx.Timeout(10.0),
     )
-    total = journal.counts()["needs_reconcile"]
-    header = [False]
-    echo = echo_result(False, clear_bar=stderr_is_terminal())
-
-    def on_result(result: ResumeResult) -> None:
-        if as_json:
-            return
-        if not header[0]:
-            header[0] = True
-            click.echo(result_row(RESULT_HEADERS, False))
-        echo(result)
-
     with session:
-        if total and not as_json and stderr_is_terminal():
-            with click.progressbar(
-                length=total, label="reconciling", file=sys.stderr, show_pos=True
-            ) as bar:
-
-                def with_bar(result: ResumeResult) -> None:
-                    on_result(result)
-                    bar.update(1)
-
-                results = session.reconcile(lookup, on_result=with_bar)
+        if as_json:
+            results = session.reconcile(lookup)
         else:
-            results = session.reconcile(lookup, on_result=on_result)
+            total = journal.counts()["needs_reconcile"]
+            table = ResultTable(
+                sized_by(journal, ("needs_reconcile",)),
+                dry_run=False,
+                terminal=_cli_watch.stdout_is_terminal(),
+                clear_bar=bool(total) and stderr_is_terminal(),
+            )
+            results = with_progress(
+                "reconciling",
+                total,
+                table,
+                lambda on_result: session.reconcile(lookup, on_result=on_result),
+            )
     if as_json:
         echo_json([result.to_json() for result in results])
     elif not results:
-        click.echo(f"nothing needs reconciling in {journal.path}")
+        click.echo(
+            f"nothing needs reconciling in {journal.path}",
+            err=not _cli_watch.stdout_is_terminal(),
+        )
     else:
-        counts = Counter(result.action for result in results)
-        summary = ", ".join(f"{count} {action}" for action, count in sorted(counts.items()))
-        click.echo(f"\nlooked up {plural(len(results), 'operation')}: {summary}")
+        lines = summary_lines(results, "looked up")
         # Held back by a paused origin: nothing was sent to it (the lines say until when).
         deferred = sum(r.status == "needs_reconcile" and r.action == "waiting" for r in results)
         if deferred:
-            click.echo(
+            lines.append(
                 f"{plural(deferred, 'operation')} not looked up: origin paused (each line "
                 "says until when; `idempotently stats` lists the pauses, `idempotently "
                 "unpause ORIGIN` lifts one)"
             )
+        echo_summary(lines)
     left = [result for result in results if result.action != "reconciled"]
     if left:
         fail(
@@ -1350,14 +1420,15 @@ def run_action(
 
 @cli.command("settle")
 @click.argument("operation_id", metavar="OPERATION_ID")
-@click.option("--succeeded", "status", flag_value="succeeded", help="It took effect.")
-@click.option("--failed", "status", flag_value="failed", help="It provably did not.")
+@click.option("--succeeded", is_flag=True, help="It took effect.")
+@click.option("--failed", is_flag=True, help="It provably did not.")
 @operator_options(note_required=True)
 @with_journal(readonly_if="dry_run")
 def settle_command(
     journal: Journal,
     operation_id: str,
-    status: str | None,
+    succeeded: bool,
+    failed: bool,
     note: str,
     actor: str | None,
     dry_run: bool,
@@ -1370,8 +1441,13 @@ def settle_command(
     audit trail keeps who, when and --note. Refused for a completed operation,
     and while a live caller holds its lease.
     """
-    if status is None:
+    # Two flags rather than one flag_value option: with flag_value the last one given
+    # would silently win, and an operator's contradictory word must not be recorded.
+    if succeeded and failed:
+        raise click.UsageError("--succeeded and --failed contradict: give one")
+    if not (succeeded or failed):
         raise click.UsageError("say what happened: --succeeded or --failed")
+    status = "succeeded" if succeeded else "failed"
     run_action(
         journal,
         "settle",

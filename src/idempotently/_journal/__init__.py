@@ -53,10 +53,13 @@ from idempotently._exceptions import (
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
+from idempotently._keys import derived_key
 from idempotently._operator import (
+    FORKABLE,
     ActionName,
     check_actor,
     check_note,
+    fork_id_of,
     fork_root,
     plan,
     recorded_forks,
@@ -406,7 +409,8 @@ class Journal:
         pending operation ``<operation_id>~fork<n>``: the same request bytes under a
         new derived key, linked to this one (``forked_from``) in the journal. ``n``
         is never one an earlier fork had, even a fork pruned since (its audit entry on
-        this operation stays): the server may still remember that fork's key. Refused
+        this operation stays): the server may still remember that fork's key, and never
+        an id another operation holds (one the application named so itself). Refused
         while a fork of it is still in the journal (fork that one instead).
 
         Forking a needs_reconcile or abandoned operation settles it ``failed`` in the
@@ -444,7 +448,11 @@ class Journal:
                 )
             now = time.time()
             owner = operation.lease_owner
-            forks_taken = self._forks_taken(operation) if action == "fork" else ()
+            forks_taken = (
+                self._free_forks(operation, self._forks_taken(operation))
+                if action == "fork" and operation.status in FORKABLE
+                else ()
+            )
             planned = plan(
                 action,
                 operation,
@@ -456,15 +464,6 @@ class Journal:
                 status=status,
                 forks_taken=forks_taken,
             )
-            if planned.write.fork is not None:
-                taken = self._store.find(planned.write.fork.operation_id, planned.write.fork.key)
-                if taken is not None:
-                    raise OperatorActionError(
-                        f"cannot fork: it was forked already, as {taken.operation_id!r} "
-                        f"({taken.status}); fork that one if it failed; nothing was written",
-                        operation_id=operation.operation_id,
-                        key=operation.key,
-                    )
             # Read from the store as it is (a fork copies its parent's stored bytes, in
             # its codec); returned as every read is, decoded.
             if dry_run:
@@ -478,6 +477,29 @@ class Journal:
             "look at it again (`idempotently show`)",
             operation_id=operation_id,
         )
+
+    def _free_forks(self, operation: Operation, taken: tuple[str, ...]) -> tuple[str, ...]:
+        """``taken`` and every id a fork of ``operation`` would be given that a row
+        already holds, so the fork takes the next free one.
+
+        An unrelated operation may already be called ``<id>~fork1`` (an application
+        naming its own retries so): that id is passed over, never reported as this
+        operation's fork. Only a row this operation really forked is refused."""
+        namespace = self._namespace
+        while namespace is not None:  # without one, the plan refuses to fork
+            candidate = fork_id_of(operation, taken)
+            held = self._store.find(candidate, derived_key(namespace, candidate))
+            if held is None:
+                return taken
+            if held.forked_from == operation.operation_id:
+                raise OperatorActionError(
+                    f"cannot fork: it was forked already, as {held.operation_id!r} "
+                    f"({held.status}); fork that one if it failed; nothing was written",
+                    operation_id=operation.operation_id,
+                    key=operation.key,
+                )
+            taken = (*taken, candidate)
+        return taken
 
     def _forks_taken(self, operation: Operation) -> tuple[str, ...]:
         """The forks of ``operation``'s chain its own audit trail and its root's record
