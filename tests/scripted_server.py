@@ -34,6 +34,8 @@ class Answer:
     trickle: float = 0.0
     """With ``endless``: one byte every ``trickle`` seconds instead of 64 KiB at once
     (each byte well within a read timeout), until the client hangs up."""
+    prefix: bytes = b""
+    """With ``endless``: bytes sent before the endless ones (a gzip header, say)."""
 
 
 ENDLESS_BYTES = 64 * 1024 * 1024
@@ -123,6 +125,8 @@ class ScriptedApp:
         )
         if answer.endless:
             cycle, sent = receive.__self__, 0
+            if answer.prefix:
+                await send({"type": "http.response.body", "body": answer.prefix, "more_body": True})
             chunk = b"x" if answer.trickle else b"x" * 65536
             while sent < ENDLESS_BYTES and not cycle.disconnected:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

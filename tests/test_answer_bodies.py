@@ -391,6 +391,38 @@ def test_a_trickled_final_answer_ends_with_the_calls_deadline(
     )
 
 
+# A gzip header announcing a comment (FLG.FCOMMENT): every byte after it is comment until
+# a NUL, so an endless run of "x" decodes to nothing, ever.
+GZIP_ENDLESS_COMMENT = b"\x1f\x8b\x08\x10\x00\x00\x00\x00\x00\xff"
+
+
+@pytest.mark.parametrize("status", [201, 503])
+def test_a_trickled_compressed_answer_that_decodes_to_nothing_still_ends_at_the_deadline(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], status: int
+) -> None:
+    """A gzip answer whose trickled bytes decode to nothing (an endless header comment)
+    is still bounded in time: the call ends with its deadline instead of reading forever,
+    and the operation keeps its key."""
+    app, url = scripted
+    app.answer(
+        Answer(
+            status=status,
+            headers=(("content-encoding", "gzip"),),
+            endless=True,
+            trickle=0.01,
+            prefix=GZIP_ENDLESS_COMMENT,
+        )
+    )
+    policy = idempotently.RetryPolicy(deadline=1.0, max_attempts=1)
+    with (
+        idempotently.Session(tmp_path / "journal.db", policy=policy, timeout=5) as session,
+        pytest.raises(idempotently.IdempotentlyError) as raised,
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-z")
+    assert "op-z" == raised.value.operation_id
+    assert operation(tmp_path / "journal.db", "op-z").status in {"succeeded", "pending"}
+
+
 def test_a_trickled_503_is_given_up_within_one_read_timeout(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:

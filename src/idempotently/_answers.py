@@ -153,7 +153,14 @@ def _decoded(
         yield read
         return
     for chunk in raw():
-        yield from _through(layers, 0, chunk)
+        produced = False
+        for piece in _through(layers, 0, chunk):
+            produced = True
+            yield piece
+        if not produced:
+            # Compressed bytes trickled in that decode to nothing yet: an empty piece
+            # still lets the reader look at its clock, so the time bound holds.
+            yield b""
     yield from _ended(layers)
 
 
@@ -164,8 +171,12 @@ async def _adecoded(
         yield read
         return
     async for chunk in raw():
+        produced = False
         for piece in _through(layers, 0, chunk):
+            produced = True
             yield piece
+        if not produced:
+            yield b""  # as in _decoded: the reader's clock is looked at
     for piece in _ended(layers):
         yield piece
 
