@@ -17,8 +17,8 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import suppress
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import anyio
@@ -47,6 +47,7 @@ from idempotently._credentials import compute_digest
 from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError
 from idempotently._flow import Flow, Held
+from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
 from idempotently._lookup import BoundReconciler
@@ -74,6 +75,13 @@ def run(
     """Run ``flow`` to its end with blocking I/O."""
     reply: Any = None
     unfinished = Unfinished()
+
+    def perform(command: Command) -> Any:
+        """What a request's gate asks for as it leaves (inside ``send``)."""
+        if isinstance(command, DigestCredentials):
+            return compute_digest(command.key)
+        return store._execute(command)  # type: ignore[arg-type]
+
     try:
         while True:
             try:
@@ -82,7 +90,7 @@ def run(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    with heartbeat_for(store).holding(command.lease):
+                    with heartbeat_for(store).holding(command.lease), _gated(command, perform):
                         reply = send(command.request)
                         # An answer already read (an in-process transport's) is whole.
                         if command.read is not None and not reply.is_stream_consumed:
@@ -151,6 +159,13 @@ async def arun(
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
     reply: Any = None
     unfinished = Unfinished()
+
+    async def aperform(command: Command) -> Any:
+        """What a request's gate asks for as it leaves, off the event loop as ever."""
+        if isinstance(command, DigestCredentials):
+            return await anyio.to_thread.run_sync(compute_digest, command.key)
+        return await _journal(store, command)  # type: ignore[arg-type]
+
     try:
         while True:
             try:
@@ -159,7 +174,7 @@ async def arun(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    with heartbeat_for(store).holding(command.lease):
+                    with heartbeat_for(store).holding(command.lease), _gated(command, aperform):
                         reply = await send(command.request)
                         if command.read is not None and not reply.is_stream_consumed:
                             await aread_answer(*command.read(reply))
@@ -428,6 +443,28 @@ def _forget_workers() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers)
+
+
+@contextmanager
+def _gated(command: Send, perform: Callable[[Command], Any]) -> Iterator[None]:
+    """While ``command`` is sent, its request carries its gate with the driver's I/O
+    (`_gate.Passage`), for the client's last request hook or the Transport to check it
+    as it leaves; afterwards it carries nothing of ours."""
+    gate = command.gate
+    if gate is None:
+        yield
+        return
+    passage = Passage(gate, perform)
+    request = command.request
+    request.extensions = {**request.extensions, GATE_EXTENSION: passage}
+    token = LEAVING.set(passage)
+    try:
+        yield
+    finally:
+        LEAVING.reset(token)
+        request.extensions = {
+            name: value for name, value in request.extensions.items() if name != GATE_EXTENSION
+        }
 
 
 def _status_after(cleanup: Record | Release | None) -> Status:

@@ -33,7 +33,6 @@ from idempotently._commands import (
     AuditNote,
     AuditTrail,
     Command,
-    DigestCredentials,
     Discard,
     Emit,
     Enqueue,
@@ -58,14 +57,8 @@ from idempotently._commands import (
     TakeLease,
 )
 from idempotently._credentials import (
-    cached_digest,
     credential_names,
     credential_values,
-    credentials_record,
-    described,
-    digest_key,
-    read_record,
-    same_digest,
 )
 from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
@@ -84,7 +77,6 @@ from idempotently._exceptions import (
     RESUME_HINT,
     AnswerNotReadError,
     CodecError,
-    CredentialsMismatchError,
     ErrorContext,
     IdempotentlyError,
     KeyReuseError,
@@ -98,6 +90,7 @@ from idempotently._exceptions import (
     RetryLaterError,
     StoredProfileError,
 )
+from idempotently._gate import Gate, GateRefusal, binding_differs
 from idempotently._keys import (
     DIGEST_PREFIX,
     RequestHeaders,
@@ -130,6 +123,7 @@ from idempotently._policy import (
     Answer,
     CallState,
     Decision,
+    Failure,
     RetryPolicy,
     classify,
     classify_error,
@@ -761,11 +755,9 @@ class Engine:
                         f"operation {call.operation_id!r}: nothing was journaled or sent; "
                         "give a deadline in the future, or none"
                     )
+                # A key bound to credentials is bound by its first send, to those it
+                # leaves with (after the client's request hooks and auth flow): `_gate`.
                 new, owner = self._new_operation(call, print_, headers, now)
-                if self.profile.key_bound_to_credentials:
-                    new = attrs.evolve(
-                        new, credentials_digest=(yield from self._credentials_of(request))
-                    )
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
@@ -807,12 +799,6 @@ class Engine:
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
                 raise _blocker_error(operation, blocker[0], blocker[1])
-            if blocker is None and operation.credentials_digest is not None:
-                differ = yield from self._credentials_differ(
-                    operation, self.rebuild(operation, build, live=request)
-                )
-                if differ is not None:
-                    raise CredentialsMismatchError(differ, **_ids(operation))
             owner = self.new_owner()
             now = self.clock()
             if blocker is None:
@@ -840,6 +826,7 @@ class Engine:
                 held,
                 secrets,
                 self._codec_of(operation),
+                binding=operation.credentials_digest,
             )
             return self._finish(end)
 
@@ -905,9 +892,8 @@ class Engine:
                 "or none"
             )
         new, _ = self._new_operation(call, print_, headers, now)
+        # Bound to credentials (if its profile says so) by its first send, as a call's is.
         new = attrs.evolve(new, enqueued_at=now)
-        if self.profile.key_bound_to_credentials:
-            new = attrs.evolve(new, credentials_digest=(yield from self._credentials_of(request)))
         if (yield Enqueue(new, connection)):
             # What a read of the row would return: its body in clear.
             return attrs.evolve(new.as_row(), request_body=request.content)
@@ -935,36 +921,11 @@ class Engine:
     def _salt(self) -> bytes:
         return b"" if self.namespace is None else self.namespace.bytes
 
-    def _credentials_of(self, request: httpx.Request) -> Flow[str]:
-        """The credentials record of a new operation whose key is bound to them."""
-        names = credential_names(request, self.redact_headers, self.secret_params)
-        key = digest_key(self._salt(), request, names)
-        digest = cached_digest(key)
-        if digest is None:
-            digest = yield DigestCredentials(key)
-        return credentials_record(names, digest)
-
     def _credentials_differ(self, operation: Operation, request: httpx.Request) -> Flow[str | None]:
         """None when ``request`` carries the credentials ``operation`` was made with (its
         digest agrees), else why it must not be sent."""
-        try:
-            names, digest = read_record(operation.credentials_digest or "")
-        except ValueError as error:
-            return (
-                f"its key is bound to its credentials and their digest cannot be checked "
-                f"({error}); nothing was sent and it stays pending"
-            )
-        key = digest_key(self._salt(), request, names)
-        live = cached_digest(key)
-        if live is None:
-            live = yield DigestCredentials(key)
-        if same_digest(live, digest):
-            return None
         return (
-            f"credentials differ from those it was made with ({described(names)}, compared "
-            "by digest): its profile says the server binds the key to them, so a resend "
-            "would be a new request there. Nothing was sent and it stays pending: send it "
-            "again with the original credentials"
+            yield from binding_differs(operation.credentials_digest or "", request, self._salt())
         )
 
     def _redacted_request(self, request: httpx.Request) -> httpx.Request:
@@ -1068,6 +1029,8 @@ class Engine:
                     **ids,
                 )
             return end.response
+        if isinstance(end.error, GateRefusal) and action in ("unsent", "pending"):
+            raise end.error.error(ids) from None
         if action == "fail" or action == "unsent":
             # The error may quote a secret header's value: only the scrubbed text
             # travels, and the original is not chained.
@@ -1116,10 +1079,29 @@ class Engine:
         held: Held,
         secrets: Sequence[str],
         codec: Codec | None = None,
+        *,
+        binding: str | None = None,
     ) -> Flow[End]:
-        """Send until the decision is anything but a retry; journal every attempt."""
+        """Send until the decision is anything but a retry; journal every attempt.
+
+        ``binding`` is the credentials record the operation's key is bound to (None: not
+        bound yet, or its profile does not bind keys): each attempt's request is checked
+        by its `Gate` as it leaves, after the client's request hooks and auth flow."""
         owner = held.lease[1] if held.lease is not None else None
         lease = None if owner is None else self.lease(operation_id, owner)  # one per call
+        gate = Gate(
+            request,
+            operation_id=operation_id,
+            key=key,
+            key_header=profile.key_header,
+            bind=profile.key_bound_to_credentials,
+            binding=binding,
+            owner=owner,
+            salt=self._salt(),
+            redact_headers=self.redact_headers,
+            secret_params=self.secret_params,
+            fingerprint_headers=self.fingerprint_headers,
+        )
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
@@ -1175,7 +1157,17 @@ class Engine:
             # The answer's body is read by the driver as it arrives, within the bounds
             # `_Reading` sets; an error while reading is the attempt's error.
             reading.body = None
-            reply = yield Send(request, lease, reading)
+            gate.passes = 0
+            reply = yield Send(request, lease, reading, gate)
+            if isinstance(reply, httpx.Response) and gate.passes == 0 and gate.bind:
+                # A client whose send skipped its request hooks (so its last one, the gate):
+                # the credentials it left with are checked, and bound, after the fact.
+                try:
+                    yield from gate.leaving(reply.request)
+                except GateRefusal as refusal:
+                    yield Discard(reply, reading.body)
+                    refusal.outcome = "maybe_delivered"
+                    reply = refusal
             body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
             if body is not None and not reading.excerpt and not body.complete:
@@ -1187,6 +1179,8 @@ class Engine:
             signal = (
                 classify(profile, response, now=now)
                 if response is not None
+                else Failure(reply.outcome, storable_text(reply.reason), refused=True)
+                if isinstance(reply, GateRefusal)
                 else classify_error(reply, secrets=secrets)
             )
             decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
@@ -2005,10 +1999,6 @@ class Engine:
             engine = self.overridden(policy, None)
             if timeouts is not None:
                 request.extensions = {**request.extensions, "timeout": timeouts}
-        if operation.credentials_digest is not None:
-            differ = yield from self._credentials_differ(operation, request)
-            if differ is not None:
-                return ResumeResult.of(operation, "pending", "not_sent", differ)
         # A claimed lease is renewed by the same compare-and-swap on the row just read:
         # it fails only if the claim expired and another caller took the operation.
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
@@ -2030,6 +2020,7 @@ class Engine:
             held,
             secrets,
             self._codec_of(operation),
+            binding=operation.credentials_digest,
         )
         decision = end.decision
         code = None if end.response is None else end.response.status_code
