@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently import _credentials, profiles
+from idempotently._gate import CREDENTIALS_DIFFER
 from idempotently.cli import cli
 from idempotently.testing import serve
 from tests.at_rest import stored_bytes, stored_column
@@ -572,3 +573,36 @@ def test_a_first_attempt_killed_in_flight_resumes_only_under_the_token_its_hook_
         assert "succeeded" == resumed.action
         assert {(USER, "order-0"): 1} == server.charge_count_by_order()
         assert 1 == len(server.charges())
+
+
+class HooklessClient(httpx.Client):
+    """A client whose send skips its request hooks and auth (straight to its transport)."""
+
+    def send(self, request: httpx.Request, **options: Any) -> httpx.Response:
+        return self._transport.handle_request(request)
+
+
+def test_a_client_that_skips_its_hooks_is_checked_after_the_fact_and_said_so(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Such a client cannot be checked before it sends: its lost first attempt is bound
+    after the fact (never left bound to nothing), and a resend under a rotated token is
+    journaled maybe delivered, pending, and says the client skipped its hooks."""
+    app, url = scripted
+    app.answer(RESET)
+    target = str(tmp_path / "j.db")
+    first = HooklessClient(base_url=url, headers={"Authorization": TOKEN})
+    with (
+        idempotently.Session(target, client=first, profile=BOUND, policy=ONE_TRY) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op")
+    assert ["header:authorization"] == digest_names(target)
+    rotated = HooklessClient(base_url=url, headers={"Authorization": ROTATED})
+    with idempotently.Session(target, client=rotated) as session:
+        (result,) = session.resume()
+    assert ("still_pending", "pending") == (result.action, result.status)
+    assert "without running its request hooks" in result.detail
+    assert CREDENTIALS_DIFFER in result.detail
+    first.close()
+    rotated.close()

@@ -1159,15 +1159,12 @@ class Engine:
             reading.body = None
             gate.passes = 0
             reply = yield Send(request, lease, reading, gate)
-            if isinstance(reply, httpx.Response) and gate.passes == 0 and gate.bind:
-                # A client whose send skipped its request hooks (so its last one, the gate):
-                # the credentials it left with are checked, and bound, after the fact.
-                try:
-                    yield from gate.leaving(reply.request)
-                except GateRefusal as refusal:
-                    yield Discard(reply, reading.body)
-                    refusal.outcome = "maybe_delivered"
-                    reply = refusal
+            if (
+                gate.bind
+                and gate.passes == 0
+                and isinstance(reply, (httpx.Response, httpx.TransportError))
+            ):
+                reply = yield from self._checked_late(gate, reply, request, reading)
             body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
             if body is not None and not reading.excerpt and not body.complete:
@@ -1316,6 +1313,31 @@ class Engine:
                     )
                 )
             return End(operation_id, key, decision, attempts, response, error, unkept)
+
+    def _checked_late(
+        self,
+        gate: Gate,
+        reply: httpx.Response | httpx.TransportError,
+        request: httpx.Request,
+        reading: _Reading,
+    ) -> Flow[httpx.Response | BaseException]:
+        """A bound request that reached the transport without passing its gate (a client
+        whose ``send`` runs no request hooks, so not the Session's last one): what it left
+        with is checked, and bound if it was bound to none, after the fact; the attempt
+        is ``maybe_delivered`` and the operation stays pending if it differs."""
+        try:
+            yield from gate.leaving(_sent(reply, request))
+        except GateRefusal as refusal:
+            if isinstance(reply, httpx.Response):
+                yield Discard(reply, reading.body)
+            refusal.outcome = "maybe_delivered"
+            refusal.reason = (
+                "the client sent this request without running its request hooks (a Client "
+                "whose send skips them?), so it could be checked only after it left, and it "
+                f"may have been delivered: {refusal.reason}"
+            )
+            return refusal
+        return reply
 
     def _unkept(self, body: AnswerBody) -> str:
         """Why a final answer's body is not kept: what stopped its reading."""
@@ -2230,6 +2252,15 @@ def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> Idempote
     if kind == "leased":
         return OperationInProgressError(reason, **ids)
     return NeedsReconcileError(f"{reason}; {RECONCILE_HINT}", **ids)
+
+
+def _sent(reply: httpx.Response | httpx.TransportError, request: httpx.Request) -> httpx.Request:
+    """The request ``reply`` answers (or failed to send), as it left (``request`` if the
+    transport did not say)."""
+    try:
+        return reply.request
+    except RuntimeError:
+        return request
 
 
 def _ids(operation: Operation) -> ErrorContext:
