@@ -158,6 +158,10 @@ def set_token(request: httpx.Request) -> None:
     request.headers["Authorization"] = f"Bearer {USER}"
 
 
+def die_in_hook(request: httpx.Request) -> None:
+    die("in_request_hook", "KILL", key=request.headers.get("idempotency-key"))
+
+
 def charge(args: argparse.Namespace, session: idempotently.Session) -> None:
     for order in range(args.first, args.orders):
         response = session.post(
@@ -217,6 +221,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="credentials set by a request hook (not headers=), keys bound to them",
     )
+    parser.add_argument(
+        "--die-in-hook",
+        action="store_true",
+        help="with --token-by-hook: SIGKILL in the hook, key journaled, nothing bound or sent",
+    )
     return parser.parse_args(argv)
 
 
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         codec = getattr(importlib.import_module(module), name)
     if args.token_by_hook:
         # The usual token-refresh pattern: the token is set as the request leaves.
-        options["event_hooks"] = {"request": [set_token]}
+        options["event_hooks"] = {"request": [die_in_hook if args.die_in_hook else set_token]}
         options["profile"] = BOUND
     else:
         options["headers"] = {"Authorization": f"Bearer {USER}"}

@@ -606,3 +606,33 @@ def test_a_client_that_skips_its_hooks_is_checked_after_the_fact_and_said_so(
     assert CREDENTIALS_DIFFER in result.detail
     first.close()
     rotated.close()
+
+
+def test_a_first_attempt_killed_before_its_request_left_is_bound_by_the_resume_that_sends_it(
+    journal_target: str, tmp_path: Path
+) -> None:
+    """Killed inside the client's request hook: the key is journaled, nothing is bound and
+    nothing left. Its key was never sent, so the first resume that sends it binds it to the
+    credentials it leaves with (here a rotated token): one charge, then bound to that."""
+    with serve() as server:
+        code, killed = run_worker(
+            tmp_path,
+            *charge_args(
+                journal_target,  # type: ignore[arg-type]
+                server.url,
+                "--token-by-hook",
+                "--die-in-hook",
+                orders=1,
+            ),
+        )
+        assert -signal.SIGKILL == code, killed.diagnosis()
+        assert stored_column(journal_target, "order-0:charge", "key")
+        assert None is stored_column(journal_target, "order-0:charge", "credentials_digest")
+        assert [] == server.charges()
+        rotated = Token("Bearer shop_rotated")
+        with idempotently.Session(journal_target, base_url=server.url, **with_hook(rotated)) as s:
+            (resumed,) = s.resume()
+        assert "succeeded" == resumed.action
+        assert {("shop_rotated", "order-0"): 1} == server.charge_count_by_order()
+    record = json.loads(stored_column(journal_target, "order-0:charge", "credentials_digest"))
+    assert ["header:authorization"] == record["names"]
