@@ -14,7 +14,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently import _credentials, profiles
+from idempotently._commands import BindCredentials
 from idempotently._gate import CREDENTIALS_DIFFER
 from idempotently.cli import cli
 from idempotently.testing import serve
@@ -636,3 +637,29 @@ def test_a_first_attempt_killed_before_its_request_left_is_bound_by_the_resume_t
         assert {("shop_rotated", "order-0"): 1} == server.charge_count_by_order()
     record = json.loads(stored_column(journal_target, "order-0:charge", "credentials_digest"))
     assert ["header:authorization"] == record["names"]
+
+
+def test_the_binding_is_made_durable_before_the_first_byte_leaves(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """With durability "fsync", the write that binds the key to the hook's token commits
+    durably while the server has seen nothing of the request; later sends write no
+    binding again."""
+    app, url = scripted
+    token = Token()
+    journal = idempotently.Journal(tmp_path / "j.db")
+    binds: list[tuple[bool, int]] = []
+    commit = journal._store.commit
+
+    def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+        if any(isinstance(write, BindCredentials) for write in writes):
+            binds.append((durable, len(app.arrivals)))
+        return commit(writes, durable)
+
+    journal._store.commit = recorded  # type: ignore[method-assign]
+    with idempotently.Session(journal, base_url=url, profile=BOUND, **with_hook(token)) as session:
+        session.post("/v1/charges", json=CHARGE, operation_id="op")
+        session.post("/v1/charges", json=CHARGE, operation_id="op")
+    journal.close()
+    assert [(True, 0)] == binds
+    assert 1 == len(app.arrivals)
