@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Generator, Sequence
@@ -663,3 +664,26 @@ def test_the_binding_is_made_durable_before_the_first_byte_leaves(
     journal.close()
     assert [(True, 0)] == binds
     assert 1 == len(app.arrivals)
+
+
+def test_a_key_an_earlier_version_bound_to_no_credentials_is_never_resent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A row bound to no credentials (an earlier version digested the request before its
+    hook added them): no resend can be shown to carry its credentials, so none is sent,
+    whatever the live ones; it stays pending and says to look it up."""
+    app, url = scripted
+    target = str(tmp_path / "j.db")
+    lost_answer(target, url, app)
+    with idempotently.Journal(target, create=False) as journal:
+        salt = journal._namespace.bytes
+    # What the earlier version journaled: the real digest of no credentials at all, which
+    # every request matches.
+    empty = _credentials.credentials_record([], _credentials.compute_digest((salt, (), ())))
+    with sqlite3.connect(target) as conn:
+        conn.execute("UPDATE operations SET credentials_digest = ?", (empty,))
+    conn.close()
+    with idempotently.Session(target, base_url=url, headers={"Authorization": TOKEN}) as s:
+        (refused,) = s.resume()
+    assert ("not_sent", "pending", 1) == (refused.action, refused.status, len(app.arrivals))
+    assert "bound to no credentials" in refused.detail
