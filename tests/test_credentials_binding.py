@@ -351,15 +351,15 @@ def test_credentials_a_hook_or_auth_flow_sets_bind_the_key_and_a_rotated_token_s
 
 @pytest.mark.anyio
 async def test_async_credentials_an_async_hook_sets_bind_the_key(
-    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+    journal_target: str, scripted: tuple[ScriptedApp, str]
 ) -> None:
-    """AsyncSession with an async request hook (asyncio and trio): bound to the hook's
-    token; rotated, a call again raises CredentialsMismatchError and a resume sends
-    nothing; the original token resends the same key."""
+    """AsyncSession with an async request hook (asyncio and trio, SQLite and PostgreSQL):
+    bound to the hook's token; rotated, a call again raises CredentialsMismatchError and a
+    resume sends nothing; the original token resends the same key."""
     app, url = scripted
     app.answer(RESET)
     token = Token()
-    target = str(tmp_path / "j.db")
+    target = journal_target
     hooks = {"event_hooks": {"request": [token.aset]}}
     async with idempotently.AsyncSession(
         target, base_url=url, policy=ONE_TRY, profile=BOUND, **hooks
@@ -374,7 +374,7 @@ async def test_async_credentials_an_async_hook_sets_bind_the_key(
         token.value = TOKEN
         (result,) = await session.resume()
     assert "succeeded" == result.action
-    assert ["header:authorization"] == digest_names(target)
+    assert ["header:authorization"] == await anyio.to_thread.run_sync(digest_names, target)
     first, second = app.arrivals
     assert (first.key, TOKEN) == (second.key, second.authorization)
 
