@@ -25,6 +25,7 @@ drivers keep it last), and by a `Transport` right before its wrapped transport.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any
 
@@ -368,11 +369,17 @@ async def alast_hook(request: Any) -> None:
         await passage.athrough(request)
 
 
+_KEEPING_LAST = threading.Lock()
+
+
 def keep_last(client: Any, hook: Callable[[Any], Any]) -> None:
-    """Make ``hook`` the client's last request hook (a hook added after it moves it)."""
+    """Make ``hook`` the client's last request hook (a hook added after it moves it);
+    threads sending through one client move it once."""
     hooks = client.event_hooks["request"]
     if hooks and hooks[-1] is hook:
         return
-    while hook in hooks:
-        hooks.remove(hook)
-    hooks.append(hook)
+    with _KEEPING_LAST:
+        hooks = client.event_hooks["request"]
+        while hook in hooks:
+            hooks.remove(hook)
+        hooks.append(hook)
