@@ -32,9 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import httpx
 
 import idempotently
+from idempotently import profiles
 from idempotently._commands import Insert, Queue, Record
 from idempotently._journal._sqlite import SqliteStore
 
@@ -149,6 +151,17 @@ def wrap_journal(phase: str, doomed_operation_id: str, signal_name: str) -> None
     SqliteStore.commit = dying_commit  # type: ignore[method-assign]
 
 
+BOUND = attrs.evolve(profiles.GENERIC, name="bound", key_bound_to_credentials=True)
+
+
+def set_token(request: httpx.Request) -> None:
+    request.headers["Authorization"] = f"Bearer {USER}"
+
+
+def die_in_hook(request: httpx.Request) -> None:
+    die("in_request_hook", "KILL", key=request.headers.get("idempotency-key"))
+
+
 def charge(args: argparse.Namespace, session: idempotently.Session) -> None:
     for order in range(args.first, args.orders):
         response = session.post(
@@ -203,6 +216,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--barrier", action="store_true")
     parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
     parser.add_argument("--codec", help="module:NAME of the journal's codec (bodies encoded)")
+    parser.add_argument(
+        "--token-by-hook",
+        action="store_true",
+        help="credentials set by a request hook (not headers=), keys bound to them",
+    )
+    parser.add_argument(
+        "--die-in-hook",
+        action="store_true",
+        help="with --token-by-hook: SIGKILL in the hook, key journaled, nothing bound or sent",
+    )
     return parser.parse_args(argv)
 
 
@@ -221,10 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.codec is not None:
         module, _, name = args.codec.partition(":")
         codec = getattr(importlib.import_module(module), name)
+    if args.token_by_hook:
+        # The usual token-refresh pattern: the token is set as the request leaves.
+        options["event_hooks"] = {"request": [die_in_hook if args.die_in_hook else set_token]}
+        options["profile"] = BOUND
+    else:
+        options["headers"] = {"Authorization": f"Bearer {USER}"}
     with idempotently.Session(
         idempotently.Journal(args.journal, durability=args.durability, codec=codec),
         base_url=args.url,
-        headers={"Authorization": f"Bearer {USER}"},
         policy=idempotently.RetryPolicy(initial_backoff=0.001, max_backoff=0.01),
         # Generous: a request the test holds at the proxy must not time out and be retried.
         timeout=CLIENT_TIMEOUT,

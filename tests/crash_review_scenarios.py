@@ -169,6 +169,22 @@ def bound_key_session(journal: Path, base_url: str) -> idempotently.Session:
     )
 
 
+def hook_bound_key_session(journal: Path, base_url: str) -> idempotently.Session:
+    """Keys bound to credentials that a request hook sets as each request leaves (the
+    token-refresh pattern): the binding is journaled by the first send, after the key."""
+    import attrs
+
+    def set_token(request: httpx.Request) -> None:
+        request.headers.update(BEARER)
+
+    return idempotently.Session(
+        journal,
+        base_url=base_url,
+        event_hooks={"request": [set_token]},
+        profile=attrs.evolve(GENERIC, key_bound_to_credentials=True),
+    )
+
+
 class OwnTransport(httpx.BaseTransport):
     """A transport of the user's own (http.client underneath), which the harness cannot see."""
 

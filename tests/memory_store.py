@@ -13,6 +13,7 @@ import attrs
 
 from idempotently._commands import (
     Act,
+    BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
@@ -133,6 +134,17 @@ class MemoryStore:
                     first_send_at=write.now,
                     key_expires_at=write.now + (row.key_expires_at - row.created_at),
                 )
+            return True
+        if isinstance(write, BindCredentials):
+            row = self.rows.get(write.operation_id)
+            if (
+                row is None
+                or row.status != "pending"
+                or row.lease_owner != write.owner
+                or row.credentials_digest is not None
+            ):
+                return False
+            self._set(row, credentials_digest=write.record)
             return True
         if isinstance(write, RenewLease):
             row = self.rows.get(write.operation_id)

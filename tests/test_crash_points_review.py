@@ -463,6 +463,8 @@ def test_an_async_scenario_behind_a_plain_decorator_is_a_clear_error(tmp_path: P
         (crash_scenarios.place_orders, scenarios.encrypted_session),
         # Keys bound to credentials: the harness reads the journal without them.
         (crash_scenarios.place_orders, scenarios.bound_key_session),
+        # ... and bound to credentials a request hook sets as the request leaves.
+        (crash_scenarios.place_orders, scenarios.hook_bound_key_session),
         # Tens of thousands of lines on stdout and stderr.
         (scenarios.noisy, None),
     ],

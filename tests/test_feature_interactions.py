@@ -4,6 +4,7 @@ adversarial review of the four together)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -122,7 +123,9 @@ def test_a_hostile_lookup_answer_nested_too_deep_leaves_the_operation_and_the_ru
     app, url = scripted
     journal = str(tmp_path / "j.db")
     app.answer(REPLAYED_500)
-    with idempotently.Session(journal, base_url=url, profile=BOUND) as session:
+    with idempotently.Session(
+        journal, base_url=url, profile=BOUND, headers={"Authorization": TOKEN_A}
+    ) as session:
         with pytest.raises(idempotently.NeedsReconcileError):
             session.post("/v1/charges", json={"amount": 1}, operation_id="deep")
         app.answer(Answer(status=200, body=b"[" * 100_000 + b"]" * 100_000))
@@ -130,40 +133,50 @@ def test_a_hostile_lookup_answer_nested_too_deep_leaves_the_operation_and_the_ru
         assert result.status == "needs_reconcile"
 
 
-def test_a_per_call_credential_bound_profile_on_a_session_with_httpx_auth_is_refused(
+def test_a_per_call_credential_bound_profile_on_a_session_with_httpx_auth_binds_its_credentials(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
     """A profile that binds keys to credentials, given per call on a client with httpx
-    `auth=`, is refused as the Session's own would be (httpx adds those credentials after
-    the journal digested the request, so the key would be bound to none): nothing is
-    journaled or sent."""
+    `auth=`: the key is bound to the Authorization the auth flow added as the request
+    left (not to none), and a resume under other credentials sends nothing."""
     app, url = scripted
     journal = str(tmp_path / "j.db")
+    app.answer(Answer(status=503))
     with (
-        idempotently.Session(journal, base_url=url, auth=("sk_live_account_a", "")) as session,
-        pytest.raises(ValueError, match="binds keys to credentials"),
+        idempotently.Session(
+            journal,
+            base_url=url,
+            auth=("sk_live_account_a", ""),
+            policy=idempotently.RetryPolicy(max_attempts=1),
+        ) as session,
+        pytest.raises(idempotently.OperationPendingError),
     ):
         session.post("/v1/charges", json={"amount": 1}, operation_id="op", profile=BOUND)
-    assert [] == app.arrivals
+    with idempotently.Session(journal, base_url=url, auth=("sk_live_account_b", "")) as other:
+        (refused,) = other.resume()
+    assert ("not_sent", 1) == (refused.action, len(app.arrivals))
     with idempotently.Journal(journal) as opened:
-        assert [] == opened.operations()
+        operation = opened.operation("op")
+    assert operation is not None and operation.credentials_digest is not None
+    assert ["header:authorization"] == json.loads(operation.credentials_digest)["names"]
 
 
 @pytest.mark.anyio
-async def test_async_a_per_call_credential_bound_profile_with_httpx_auth_is_refused(
+async def test_async_a_per_call_credential_bound_profile_with_httpx_auth_binds_its_credentials(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
-    """The same refusal on an AsyncSession, on asyncio and trio."""
+    """The same on an AsyncSession, on asyncio and trio."""
     app, url = scripted
     journal = str(tmp_path / "j.db")
     async with idempotently.AsyncSession(
         journal, base_url=url, auth=("sk_live_account_a", "")
     ) as session:
-        with pytest.raises(ValueError, match="binds keys to credentials"):
-            await session.post("/v1/charges", json={"amount": 1}, operation_id="op", profile=BOUND)
-    assert [] == app.arrivals
+        await session.post("/v1/charges", json={"amount": 1}, operation_id="op", profile=BOUND)
+    assert 1 == len(app.arrivals)
     with idempotently.Journal(journal) as opened:
-        assert [] == opened.operations()
+        operation = opened.operation("op")
+    assert operation is not None and operation.credentials_digest is not None
+    assert ["header:authorization"] == json.loads(operation.credentials_digest)["names"]
 
 
 def test_a_fork_of_an_at_most_once_operation_is_sent_by_the_next_resume(

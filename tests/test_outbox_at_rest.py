@@ -1,6 +1,7 @@
 """The outbox keeps the journal's data-at-rest promises: an enqueued operation's body is
 encoded by the journal's codec, its secret query values are never stored, and a key bound
-to credentials is bound at enqueue, so the relay sends it only with those credentials."""
+to credentials is bound by its first send, so the relay resends it only with those
+credentials."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cryptography.fernet import Fernet
 import idempotently
 from idempotently import profiles
 from tests.at_rest import stored_bytes, stored_column
-from tests.scripted_server import Answer, ScriptedApp
+from tests.scripted_server import RESET, Answer, ScriptedApp
 
 CODEC = idempotently.FernetCodec(Fernet.generate_key())
 CARD = "4242424242424242"
@@ -60,19 +61,30 @@ def test_the_relay_sends_an_enqueued_encoded_operation_in_clear_once(
     assert [{"card": CARD}] == [json.loads(arrival.body) for arrival in app.arrivals]
 
 
-def test_an_enqueued_key_bound_to_credentials_is_sent_only_with_them(
+def test_an_enqueued_key_bound_to_credentials_is_bound_by_its_first_send(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
-    """The digest is journaled at enqueue (never the token); the relay under a rotated
-    token sends nothing, under the original one sends it once."""
+    """Nothing is bound at enqueue (nothing left, and a hook or auth flow may add the
+    credentials only as the request leaves); the relay's first send binds the key to the
+    credentials it leaves with (a digest, never the token), so a relay under a rotated
+    token then sends nothing, and one under the original token sends it again."""
     app, url = scripted
-    app.answer(Answer(201, body=b'{"id": "ch_1"}'))
+    app.answer(RESET)
     path = str(tmp_path / "ops.db")
     with idempotently.Session(
         path, base_url=url, profile=BOUND, headers={"Authorization": TOKEN}
     ) as session:
         session.enqueue("POST", "/v1/charges", json={"amount": 1}, operation_id="op")
     conn = sqlite3.connect(path)
+    assert (None,) == conn.execute("SELECT credentials_digest FROM operations").fetchone()
+    with idempotently.Session(
+        path,
+        base_url=url,
+        profile=BOUND,
+        headers={"Authorization": TOKEN},
+        policy=idempotently.RetryPolicy(max_attempts=1),
+    ) as relay:
+        (lost,) = relay.resume()
     (digest,) = conn.execute("SELECT credentials_digest FROM operations").fetchone()
     conn.close()
     assert digest and TOKEN.split()[1] not in digest
@@ -80,9 +92,9 @@ def test_an_enqueued_key_bound_to_credentials_is_sent_only_with_them(
         path, base_url=url, profile=BOUND, headers={"Authorization": "Bearer sk_live_rotated"}
     ) as rotated:
         (refused,) = rotated.resume()
-    assert ("not_sent", []) == (refused.action, app.arrivals)
+    assert ("still_pending", "not_sent", 1) == (lost.action, refused.action, len(app.arrivals))
     with idempotently.Session(
         path, base_url=url, profile=BOUND, headers={"Authorization": TOKEN}
     ) as original:
         (sent,) = original.resume()
-    assert ("succeeded", 1) == (sent.action, len(app.arrivals))
+    assert ("succeeded", 2) == (sent.action, len(app.arrivals))

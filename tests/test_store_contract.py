@@ -13,6 +13,7 @@ import pytest
 from idempotently._commands import (
     Act,
     AuditNote,
+    BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
@@ -175,6 +176,24 @@ def test_a_lease_is_renewed_only_by_its_owner_and_only_while_pending(store: Stor
     assert False is one(store, RenewLease("op-1", "you", NOW + 60))
     one(store, SetStatus("op-1", "needs_reconcile", "key expired", NOW))
     assert False is one(store, RenewLease("op-1", "me", NOW + 90))
+
+
+def test_credentials_are_bound_once_by_the_lease_holder_of_a_pending_operation(
+    store: Store,
+) -> None:
+    """BindCredentials writes the record only for the owner of the lease, only while the
+    operation is pending and bound to nothing; every other bind is refused (False) and
+    leaves the first record in place."""
+    one(store, Insert(new("op-1"), "me", NOW + 30))
+    one(store, Insert(new("op-2"), "me", NOW + 30))
+    assert False is one(store, BindCredentials("op-1", "you", "record-of-you"))
+    assert True is one(store, BindCredentials("op-1", "me", "record-1"), durable=True)
+    assert False is one(store, BindCredentials("op-1", "me", "record-2"))
+    one(store, SetStatus("op-2", "needs_reconcile", "key expired", NOW))
+    assert False is one(store, BindCredentials("op-2", "me", "record-3"))
+    bound, settled = store.find("op-1", None), store.find("op-2", None)
+    assert bound is not None and settled is not None
+    assert ("record-1", None) == (bound.credentials_digest, settled.credentials_digest)
 
 
 def test_statuses_move_only_from_the_one_expected(store: Store) -> None:

@@ -21,6 +21,7 @@ from idempotently._vocabulary import Status
 if TYPE_CHECKING:
     from idempotently._answers import AnswerBody
     from idempotently._events import AsyncHook, Event
+    from idempotently._gate import Gate
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
 
@@ -121,6 +122,21 @@ class RenewLease:
     operation_id: str
     owner: str
     lease_until: float
+
+
+@attrs.frozen
+class BindCredentials:
+    """Journal the credentials a key is bound to (a `credentials_record`), right before
+    the first request of the operation leaves with them: only while ``owner`` holds the
+    lease of the pending operation and it is bound to none yet; False otherwise (nothing
+    may be sent). Durable like an `Insert`: the binding must outlive a crash of the send
+    it precedes."""
+
+    operation_id: str
+    owner: str
+    record: str = attrs.field(repr=False)
+    key: str | None = None
+    """The operation's key, for the error a failed write raises (never written)."""
 
 
 @attrs.frozen
@@ -246,6 +262,7 @@ Write = (
     | SetStatus
     | Release
     | RenewLease
+    | BindCredentials
     | ExtendLeases
     | ClaimDue
     | Act
@@ -264,6 +281,7 @@ WRITES: tuple[type, ...] = (
     SetStatus,
     Release,
     RenewLease,
+    BindCredentials,
     ExtendLeases,
     ClaimDue,
     Act,
@@ -301,6 +319,9 @@ class Send:
     read: (
         Callable[[httpx.Response], tuple[AnswerBody, int, float | None, Callable[[], float]]] | None
     ) = attrs.field(default=None, eq=False, repr=False)
+    gate: Gate | None = attrs.field(default=None, eq=False, repr=False)
+    """What the request must still be as it leaves (after the client's request hooks and
+    auth flow), checked there by the driver's `_gate.Passage`; None for a read."""
 
 
 @attrs.frozen

@@ -47,6 +47,7 @@ from idempotently._credentials import compute_digest
 from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError, after_send_began
 from idempotently._flow import Flow, Held
+from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
 from idempotently._lookup import BoundReconciler
@@ -74,6 +75,13 @@ def run(
     """Run ``flow`` to its end with blocking I/O."""
     reply: Any = None
     unfinished = Unfinished()
+
+    def perform(command: Command) -> Any:
+        """What a request's gate asks for as it leaves (inside ``send``)."""
+        if isinstance(command, DigestCredentials):
+            return compute_digest(command.key)
+        return store._execute(command)  # type: ignore[arg-type]
+
     try:
         while True:
             try:
@@ -82,7 +90,7 @@ def run(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    with heartbeat_for(store).holding(command.lease):
+                    with heartbeat_for(store).holding(command.lease), _Gated(command, perform):
                         reply = send(command.request)
                         # An answer already read (an in-process transport's) is whole.
                         if command.read is not None and not reply.is_stream_consumed:
@@ -156,6 +164,13 @@ async def arun(
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
     reply: Any = None
     unfinished = Unfinished()
+
+    async def aperform(command: Command) -> Any:
+        """What a request's gate asks for as it leaves, off the event loop as ever."""
+        if isinstance(command, DigestCredentials):
+            return await anyio.to_thread.run_sync(compute_digest, command.key)
+        return await _journal(store, command)  # type: ignore[arg-type]
+
     try:
         while True:
             try:
@@ -164,7 +179,7 @@ async def arun(
                 return stop.value  # type: ignore[no-any-return]
             if isinstance(command, Send):
                 try:
-                    with heartbeat_for(store).holding(command.lease):
+                    with heartbeat_for(store).holding(command.lease), _Gated(command, aperform):
                         reply = await send(command.request)
                         if command.read is not None and not reply.is_stream_consumed:
                             await aread_answer(*command.read(reply))
@@ -449,6 +464,35 @@ def _forget_workers() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers)
+
+
+class _Gated:
+    """While ``command`` is sent, its request carries its gate with the driver's I/O
+    (`_gate.Passage`), for the client's last request hook or the Transport to check it
+    as it leaves; afterwards it carries nothing of ours. A class, not a generator: it
+    runs around every send."""
+
+    __slots__ = ("request", "token")
+
+    def __init__(self, command: Send, perform: Callable[[Command], Any]) -> None:
+        gate = command.gate
+        self.request = None if gate is None else command.request
+        self.token: Any = None
+        if gate is not None:
+            passage = Passage(gate, perform)
+            command.request.extensions = {**command.request.extensions, GATE_EXTENSION: passage}
+            self.token = LEAVING.set(passage)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        request = self.request
+        if request is not None:
+            LEAVING.reset(self.token)
+            request.extensions = {
+                name: value for name, value in request.extensions.items() if name != GATE_EXTENSION
+            }
 
 
 def _status_after(cleanup: Record | Release | None) -> Status:

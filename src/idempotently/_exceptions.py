@@ -11,7 +11,8 @@
     ├── KeyReuseError (ValueError)    same operation id, different request
     ├── InvalidKeyError (ValueError)  key rejected by the server profile
     ├── OperationInProgressError      another live caller holds the lease
-    ├── RequestNotSentError           the request cannot be sent (bad URL, illegal header)
+    ├── RequestNotSentError           the request cannot be sent (bad URL, illegal header,
+    │                                 a hook changed it after it was journaled)
     ├── OperationPendingError         retries ran out, outcome unknown
     │   ├── RetryLaterError           the server asked us to come back later
     │   ├── RetryBudgetError          the origin's retry budget refused the retry
@@ -139,7 +140,8 @@ class OperationInProgressError(IdempotentlyError):
 
 class RequestNotSentError(IdempotentlyError):
     """httpx refused to send the request (a URL scheme it cannot send to, an illegal
-    header value): nothing reached the server on this attempt."""
+    header value), or a request hook or auth flow changed what the journal recorded
+    (its method, URL, body or key header): nothing reached the server on this attempt."""
 
 
 class OperationPendingError(IdempotentlyError):

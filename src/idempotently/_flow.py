@@ -33,7 +33,6 @@ from idempotently._commands import (
     AuditNote,
     AuditTrail,
     Command,
-    DigestCredentials,
     Discard,
     Emit,
     Enqueue,
@@ -58,14 +57,8 @@ from idempotently._commands import (
     TakeLease,
 )
 from idempotently._credentials import (
-    cached_digest,
     credential_names,
     credential_values,
-    credentials_record,
-    described,
-    digest_key,
-    read_record,
-    same_digest,
 )
 from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
@@ -84,7 +77,6 @@ from idempotently._exceptions import (
     RESUME_HINT,
     AnswerNotReadError,
     CodecError,
-    CredentialsMismatchError,
     ErrorContext,
     IdempotentlyError,
     KeyReuseError,
@@ -98,6 +90,7 @@ from idempotently._exceptions import (
     RetryLaterError,
     StoredProfileError,
 )
+from idempotently._gate import Gate, GateRefusal, binding_differs
 from idempotently._keys import (
     DIGEST_PREFIX,
     RequestHeaders,
@@ -133,6 +126,7 @@ from idempotently._policy import (
     Answer,
     CallState,
     Decision,
+    Failure,
     RetryPolicy,
     classify,
     classify_error,
@@ -789,11 +783,9 @@ class Engine:
                         f"operation {call.operation_id!r}: nothing was journaled or sent; "
                         "give a deadline in the future, or none"
                     )
+                # A key bound to credentials is bound by its first send, to those it
+                # leaves with (after the client's request hooks and auth flow): `_gate`.
                 new, owner = self._new_operation(call, print_, headers, now)
-                if self.profile.key_bound_to_credentials:
-                    new = attrs.evolve(
-                        new, credentials_digest=(yield from self._credentials_of(request))
-                    )
                 # Held before the write: a call stopped while the write runs releases
                 # whatever it got (a release of a lease it did not get changes nothing).
                 held.take(new.operation_id, owner)
@@ -835,12 +827,6 @@ class Engine:
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
                 raise _blocker_error(operation, blocker[0], blocker[1])
-            if blocker is None and operation.credentials_digest is not None:
-                differ = yield from self._credentials_differ(
-                    operation, self.rebuild(operation, build, live=request)
-                )
-                if differ is not None:
-                    raise CredentialsMismatchError(differ, **_ids(operation))
             owner = self.new_owner()
             now = self.clock()
             if blocker is None:
@@ -868,6 +854,7 @@ class Engine:
                 held,
                 secrets,
                 self._codec_of(operation),
+                binding=operation.credentials_digest,
             )
             return self._finish(end)
 
@@ -946,9 +933,8 @@ class Engine:
                 "or none"
             )
         new, _ = self._new_operation(call, print_, headers, now)
+        # Bound to credentials (if its profile says so) by its first send, as a call's is.
         new = attrs.evolve(new, enqueued_at=now)
-        if self.profile.key_bound_to_credentials:
-            new = attrs.evolve(new, credentials_digest=(yield from self._credentials_of(request)))
         if (yield Enqueue(new, connection)):
             # What a read of the row would return: its body in clear.
             return attrs.evolve(new.as_row(), request_body=request.content)
@@ -976,36 +962,11 @@ class Engine:
     def _salt(self) -> bytes:
         return b"" if self.namespace is None else self.namespace.bytes
 
-    def _credentials_of(self, request: httpx.Request) -> Flow[str]:
-        """The credentials record of a new operation whose key is bound to them."""
-        names = credential_names(request, self.redact_headers, self.secret_params)
-        key = digest_key(self._salt(), request, names)
-        digest = cached_digest(key)
-        if digest is None:
-            digest = yield DigestCredentials(key)
-        return credentials_record(names, digest)
-
     def _credentials_differ(self, operation: Operation, request: httpx.Request) -> Flow[str | None]:
         """None when ``request`` carries the credentials ``operation`` was made with (its
         digest agrees), else why it must not be sent."""
-        try:
-            names, digest = read_record(operation.credentials_digest or "")
-        except ValueError as error:
-            return (
-                f"its key is bound to its credentials and their digest cannot be checked "
-                f"({error}); nothing was sent and it stays pending"
-            )
-        key = digest_key(self._salt(), request, names)
-        live = cached_digest(key)
-        if live is None:
-            live = yield DigestCredentials(key)
-        if same_digest(live, digest):
-            return None
         return (
-            f"credentials differ from those it was made with ({described(names)}, compared "
-            "by digest): its profile says the server binds the key to them, so a resend "
-            "would be a new request there. Nothing was sent and it stays pending: send it "
-            "again with the original credentials"
+            yield from binding_differs(operation.credentials_digest or "", request, self._salt())
         )
 
     def _redacted_request(self, request: httpx.Request) -> httpx.Request:
@@ -1109,6 +1070,8 @@ class Engine:
                     **ids,
                 )
             return end.response
+        if isinstance(end.error, GateRefusal) and action in ("unsent", "pending"):
+            raise end.error.error(ids) from None
         if action == "fail" or action == "unsent":
             # The error may quote a secret header's value: only the scrubbed text
             # travels, and the original is not chained.
@@ -1157,10 +1120,29 @@ class Engine:
         held: Held,
         secrets: Sequence[str],
         codec: Codec | None = None,
+        *,
+        binding: str | None = None,
     ) -> Flow[End]:
-        """Send until the decision is anything but a retry; journal every attempt."""
+        """Send until the decision is anything but a retry; journal every attempt.
+
+        ``binding`` is the credentials record the operation's key is bound to (None: not
+        bound yet, or its profile does not bind keys): each attempt's request is checked
+        by its `Gate` as it leaves, after the client's request hooks and auth flow."""
         owner = held.lease[1] if held.lease is not None else None
         lease = None if owner is None else self.lease(operation_id, owner)  # one per call
+        gate = Gate(
+            request,
+            operation_id=operation_id,
+            key=key,
+            key_header=profile.key_header,
+            bind=profile.key_bound_to_credentials,
+            binding=binding,
+            owner=owner,
+            salt=self._salt(),
+            redact_headers=self.redact_headers,
+            secret_params=self.secret_params,
+            fingerprint_headers=self.fingerprint_headers,
+        )
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
@@ -1218,7 +1200,14 @@ class Engine:
             # within the bounds `_Reading` sets; an error while reading is the attempt's.
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             reading.body = None
-            reply = yield Send(request, lease, reading)
+            gate.passes = 0
+            reply = yield Send(request, lease, reading, gate)
+            if (
+                gate.bind
+                and gate.passes == 0
+                and isinstance(reply, (httpx.Response, httpx.TransportError))
+            ):
+                reply = yield from self._checked_late(gate, reply, request, reading)
             body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
             if body is not None and not reading.excerpt and not body.complete:
@@ -1230,6 +1219,8 @@ class Engine:
             signal = (
                 classify(profile, response, now=now)
                 if response is not None
+                else Failure(reply.outcome, storable_text(reply.reason), refused=True)
+                if isinstance(reply, GateRefusal)
                 else classify_error(reply, secrets=secrets)
             )
             decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
@@ -1365,6 +1356,31 @@ class Engine:
                     )
                 )
             return End(operation_id, key, decision, attempts, response, error, unkept)
+
+    def _checked_late(
+        self,
+        gate: Gate,
+        reply: httpx.Response | httpx.TransportError,
+        request: httpx.Request,
+        reading: _Reading,
+    ) -> Flow[httpx.Response | BaseException]:
+        """A bound request that reached the transport without passing its gate (a client
+        whose ``send`` runs no request hooks, so not the Session's last one): what it left
+        with is checked, and bound if it was bound to none, after the fact; the attempt
+        is ``maybe_delivered`` and the operation stays pending if it differs."""
+        try:
+            yield from gate.leaving(_sent(reply, request))
+        except GateRefusal as refusal:
+            if isinstance(reply, httpx.Response):
+                yield Discard(reply, reading.body)
+            refusal.outcome = "maybe_delivered"
+            refusal.reason = (
+                "the client sent this request without running its request hooks (a Client "
+                "whose send skips them?), so it could be checked only after it left, and it "
+                f"may have been delivered: {refusal.reason}"
+            )
+            return refusal
+        return reply
 
     def _unkept(self, body: AnswerBody) -> str:
         """Why a final answer's body is not kept: what stopped its reading."""
@@ -2087,10 +2103,6 @@ class Engine:
             engine = self.overridden(policy, None)
             if timeouts is not None:
                 request.extensions = {**request.extensions, "timeout": timeouts}
-        if operation.credentials_digest is not None:
-            differ = yield from self._credentials_differ(operation, request)
-            if differ is not None:
-                return ResumeResult.of(operation, "pending", "not_sent", differ)
         # A claimed lease is renewed by the same compare-and-swap on the row just read:
         # it fails only if the claim expired and another caller took the operation.
         owner = claimed_by if claimed_by is not None and claimed else self.new_owner()
@@ -2112,6 +2124,7 @@ class Engine:
             held,
             secrets,
             self._codec_of(operation),
+            binding=operation.credentials_digest,
         )
         decision = end.decision
         code = None if end.response is None else end.response.status_code
@@ -2322,6 +2335,15 @@ def _blocker_error(operation: Operation, kind: Blocker, reason: str) -> Idempote
     if kind == "leased":
         return OperationInProgressError(reason, **ids)
     return NeedsReconcileError(f"{reason}; {RECONCILE_HINT}", **ids)
+
+
+def _sent(reply: httpx.Response | httpx.TransportError, request: httpx.Request) -> httpx.Request:
+    """The request ``reply`` answers (or failed to send), as it left (``request`` if the
+    transport did not say)."""
+    try:
+        return reply.request
+    except RuntimeError:
+        return request
 
 
 def _ids(operation: Operation) -> ErrorContext:

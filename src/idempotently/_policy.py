@@ -247,6 +247,9 @@ class Failure:
     unreadable: bool = False
     """The server answered, but httpx could not read the answer (an undecodable body,
     a redirect loop): resending would meet the same answer."""
+    refused: bool = False
+    """The request was held back as it left (``_gate``: a hook changed its credentials,
+    body or key): sending it again would meet the same refusal."""
 
 
 Signal = Answer | Failure
@@ -539,6 +542,8 @@ def decide(
                 f"{signal.text} after sending: an at-most-once operation that may have "
                 "been delivered is never resent",
             )
+        if signal.refused:
+            return decision("unsent" if signal.outcome == "not_sent" else "pending", signal.text)
         if signal.unreadable:
             return decision(
                 "pending",

@@ -48,6 +48,7 @@ from idempotently._flow import (
     check_timeouts,
     default_host_id,
 )
+from idempotently._gate import alast_hook, keep_last, last_hook
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
 from idempotently._lookup import BoundReconciler, Verdict
@@ -230,11 +231,6 @@ class _SessionBase(Generic[ClientT]):
             asynchronous=self._client_class is httpx.AsyncClient,
             max_response_bytes=max_response_bytes,
         )
-        check_binding_without_auth(
-            profile,
-            client_options.get("auth") is not None
-            or (client is not None and getattr(client, "auth", None) is not None),
-        )
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
@@ -353,8 +349,6 @@ class _SessionBase(Generic[ClientT]):
             deadline_at=deadline_at,
         )
         check_call_overrides(policy, profile)
-        if profile is not None:
-            check_binding_without_auth(profile, self.client.auth is not None)
         # A lookup finds the object by the id the profile carries into the body.
         parts["json"], parts["data"] = carry_operation_id(
             (profile or self.profile).operation_id_field,
@@ -426,18 +420,6 @@ class _SessionBase(Generic[ClientT]):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(journal={self.journal.path!r}, profile={self.profile.name!r})"
-        )
-
-
-def check_binding_without_auth(profile: ServerProfile, has_auth: bool) -> None:
-    """Refuse a profile that binds keys to credentials on a client with httpx ``auth=``:
-    httpx applies it while sending, after the journal digested the request, so the key
-    would be bound to no credentials at all."""
-    if profile.key_bound_to_credentials and has_auth:
-        raise ValueError(
-            f"profile {profile.name!r} binds keys to credentials, and an httpx auth= "
-            "adds them only while sending, unseen by the journal: give them as headers "
-            "instead (headers={'Authorization': ...})"
         )
 
 
@@ -749,7 +731,9 @@ class Session(_SessionBase[httpx.Client]):
         )
 
     def _send(self, request: httpx.Request) -> httpx.Response:
-        """One attempt, its answer's body unread: the flow reads it within bounds."""
+        """One attempt, its answer's body unread: the flow reads it within bounds. The
+        client's last request hook is the gate (kept last whatever was added since)."""
+        keep_last(self.client, last_hook)
         if not self._httpx2:
             return self.client.send(request, stream=True)
         try:
@@ -1117,7 +1101,9 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
-        """One attempt, its answer's body unread: the flow reads it within bounds."""
+        """One attempt, its answer's body unread: the flow reads it within bounds. The
+        client's last request hook is the gate (kept last whatever was added since)."""
+        keep_last(self.client, alast_hook)
         if not self._httpx2:
             return await self.client.send(request, stream=True)
         try:

@@ -30,6 +30,7 @@ from idempotently._flow import (
     check_timeouts,
     default_host_id,
 )
+from idempotently._gate import alast_hook, last_hook
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile
@@ -364,7 +365,9 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     def _send(self, inner: Any, request: httpx.Request) -> httpx.Response:
         """One attempt, its answer's body unread: a write's is read by the flow within
         bounds (a server can make a body endless); a read's final answer streams as it
-        would without us (a download), and one the flow retries it closes unread."""
+        would without us (a download), and one the flow retries it closes unread. A
+        write leaves here: its gate is passed first (the client's hooks and auth have run)."""
+        last_hook(request)
         if _httpx2.is_httpx2(inner):
             try:
                 answer = inner.handle_request(_httpx2.to_httpx2_request(request))
@@ -527,6 +530,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
 
     async def _send(self, inner: Any, request: httpx.Request) -> httpx.Response:
         """`Transport._send`, async."""
+        await alast_hook(request)
         if _httpx2.is_httpx2(inner):
             try:
                 answer = await inner.handle_async_request(_httpx2.to_httpx2_request(request))

@@ -29,6 +29,7 @@ from idempotently._budget import origin_of
 from idempotently._codec import Codec, check_codec, decoded, unverified
 from idempotently._commands import (
     AuditTrail,
+    BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
@@ -528,7 +529,7 @@ class Journal:
     def _durable(self, write: Any) -> bool:
         """Whether a write must be flushed before its caller goes on: a new key, with
         durability "fsync"."""
-        return self._fsync_keys and isinstance(write, (Insert, Enqueue))
+        return self._fsync_keys and isinstance(write, (Insert, Enqueue, BindCredentials))
 
     def _check_usable(self, command: Any = None) -> None:
         refusal = self._refusal(command)
@@ -811,7 +812,10 @@ def _closed_message(path: str, command: Any) -> str:
         )
     if isinstance(command, (Release, ExtendLeases, RenewLease)):
         return f"{closed}: the lease was left to expire; nothing else changed"
-    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses, AuditTrail)):
+    if isinstance(
+        command,
+        (Insert, Find, TakeLease, BindCredentials, Queue, ClaimDue, Pauses, AuditTrail),
+    ):
         return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
     return f"{closed}; this write was not journaled. Open the journal again to retry it"
 

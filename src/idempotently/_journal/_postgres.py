@@ -46,6 +46,7 @@ import attrs
 
 from idempotently._commands import (
     Act,
+    BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
@@ -1099,6 +1100,12 @@ class PostgresStore:
                     "read_until": operation.lease_until,
                     "read_owner": operation.lease_owner,
                 },
+            )
+        if isinstance(write, BindCredentials):
+            return conn.execute(
+                f"UPDATE {SCHEMA}.operations SET credentials_digest = %s WHERE operation_id = %s "
+                "AND lease_owner = %s AND status = 'pending' AND credentials_digest IS NULL",
+                (write.record, write.operation_id, write.owner),
             )
         if isinstance(write, RenewLease):
             return conn.execute(

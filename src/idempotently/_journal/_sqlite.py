@@ -33,6 +33,7 @@ import sqlite_utils
 
 from idempotently._commands import (
     Act,
+    BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
@@ -482,10 +483,24 @@ WHERE operation_id = ? AND status = 'pending'
   AND lease_until = ? AND lease_owner IS ?
 """
 
-_STARTS_SENDS: Final = (Insert, Enqueue, TakeLease, RenewLease, ClaimDue)
+_BIND_CREDENTIALS = """
+UPDATE operations SET credentials_digest = ?
+WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'
+  AND credentials_digest IS NULL
+"""
+
+_STARTS_SENDS: Final = (Insert, Enqueue, TakeLease, RenewLease, BindCredentials, ClaimDue)
 """Writes after which the caller may send (or a relay will): refused if the journal's
 file moved."""
-_ONE_STATEMENT: Final = (Insert, Enqueue, TakeLease, RenewLease, SetStatus, Release)
+_ONE_STATEMENT: Final = (
+    Insert,
+    Enqueue,
+    TakeLease,
+    RenewLease,
+    BindCredentials,
+    SetStatus,
+    Release,
+)
 """Writes of a single statement: alone in a batch, SQLite commits them by itself."""
 
 _WRITE_ADVICE = {
@@ -1054,6 +1069,11 @@ class SqliteStore:
                     operation.lease_until,
                     operation.lease_owner,
                 ),
+            )
+            return cursor.rowcount == 1
+        if isinstance(write, BindCredentials):
+            cursor = conn.execute(
+                _BIND_CREDENTIALS, (write.record, write.operation_id, write.owner)
             )
             return cursor.rowcount == 1
         if isinstance(write, RenewLease):

@@ -1,0 +1,198 @@
+"""What a request hook or auth flow may change after the journal saw the request.
+
+httpx runs a client's ``auth=`` flow and request hooks inside ``client.send``, after
+the journal recorded the request (DESIGN §7: everything that can change a request
+after the journal saw it is either journaled as sent or refused). What decides the
+server's answer to the key (the method, the URL, the body bytes, the key header, a
+fingerprinted header) is refused as the request leaves: nothing is sent, the error
+names the operation, its key and what changed, and the operation stays pending.
+Anything else (a trace id, a user agent, a signature header) is outside the
+operation's identity, as it is outside its fingerprint: sent as the hook set it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import idempotently
+from tests.scripted_server import ScriptedApp
+
+CHARGE = {"amount": 1000}
+
+
+def other_method(request: httpx.Request) -> None:
+    request.method = "PUT"
+
+
+def other_path(request: httpx.Request) -> None:
+    request.url = request.url.copy_with(path="/v1/refunds")
+
+
+def other_query(request: httpx.Request) -> None:
+    request.url = request.url.copy_merge_params({"expand": "customer"})
+
+
+def other_body(request: httpx.Request) -> None:
+    request.stream = httpx.ByteStream(b'{"amount": 99999}')
+    request.headers["Content-Length"] = "17"
+
+
+def other_key(request: httpx.Request) -> None:
+    request.headers["Idempotency-Key"] = "a-key-of-the-hooks-own"
+
+
+def no_key(request: httpx.Request) -> None:
+    del request.headers["Idempotency-Key"]
+
+
+def other_fingerprinted(request: httpx.Request) -> None:
+    request.headers["Stripe-Account"] = "acct_other"
+
+
+REFUSED: list[tuple[Callable[[httpx.Request], None], str]] = [
+    (other_method, "its method"),
+    (other_path, "its URL"),
+    (other_query, "its URL"),
+    (other_body, "its body"),
+    (other_key, "its Idempotency-Key header"),
+    (no_key, "its Idempotency-Key header"),
+    (other_fingerprinted, "its Stripe-Account header (a fingerprinted header)"),
+]
+
+
+def trace_id(request: httpx.Request) -> None:
+    request.headers["X-Trace-Id"] = "trace-1"
+
+
+def user_agent(request: httpx.Request) -> None:
+    request.headers["User-Agent"] = "sdk/1.0"
+
+
+def signature(request: httpx.Request) -> None:
+    request.headers["X-Signature"] = f"sha256={hash(request.content) & 0xFFFF:x}"
+
+
+def same_body_again(request: httpx.Request) -> None:
+    request.stream = httpx.ByteStream(request.content)
+
+
+ALLOWED = [trace_id, user_agent, signature, same_body_again]
+
+FINGERPRINTED = {"fingerprint_headers": ["Stripe-Account"], "headers": {"Stripe-Account": "acct_1"}}
+
+
+@pytest.mark.parametrize(("hook", "what"), REFUSED, ids=[hook.__name__ for hook, _ in REFUSED])
+def test_a_hook_that_changes_what_the_key_answers_for_is_refused_unsent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], hook: Any, what: str
+) -> None:
+    """Nothing reaches the server; RequestNotSentError names the operation, its key and
+    what changed; the operation is pending with one not_sent attempt."""
+    app, url = scripted
+    target = str(tmp_path / "j.db")
+    with (
+        idempotently.Session(
+            target, base_url=url, event_hooks={"request": [hook]}, **FINGERPRINTED
+        ) as session,
+        pytest.raises(idempotently.RequestNotSentError) as caught,
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op")
+    error = caught.value
+    assert ("op", True) == (error.operation_id, bool(error.key))
+    assert f"changed {what}" in str(error) and str(error.key) in str(error)
+    assert [] == app.arrivals
+    with idempotently.Journal(target, create=False) as journal:
+        operation = journal.operation("op")
+    assert operation is not None
+    assert ("pending", ["not_sent"]) == (
+        operation.status,
+        [attempt.outcome for attempt in operation.attempts],
+    )
+
+
+@pytest.mark.parametrize("hook", ALLOWED, ids=[hook.__name__ for hook in ALLOWED])
+def test_a_hook_that_sets_other_headers_is_sent_as_it_set_them(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], hook: Any
+) -> None:
+    """Headers outside the operation's identity (and a body set again to the same bytes)
+    go out as the hook left them; the operation succeeds with its key."""
+    app, url = scripted
+    with idempotently.Session(
+        tmp_path / "j.db", base_url=url, event_hooks={"request": [hook]}, **FINGERPRINTED
+    ) as session:
+        response = session.post("/v1/charges", json=CHARGE, operation_id="op")
+    assert (201, 1) == (response.status_code, len(app.arrivals))
+    assert response.extensions["idempotently"].key == app.arrivals[0].key
+
+
+def test_a_hook_added_after_the_session_was_made_runs_before_the_check(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """The Session's own hook is kept last: one appended to the client later still runs
+    before the check, so its change to the body is refused, not sent unchecked."""
+    app, url = scripted
+    client = httpx.Client(base_url=url)
+    with idempotently.Session(tmp_path / "j.db", client=client) as session:
+        session.post("/v1/charges", json=CHARGE, operation_id="first")
+        client.event_hooks["request"].append(other_body)
+        with pytest.raises(idempotently.RequestNotSentError, match="changed its body"):
+            session.post("/v1/charges", json=CHARGE, operation_id="second")
+    client.close()
+    assert 1 == len(app.arrivals)
+
+
+class RebuildingAuth(httpx.Auth):
+    """An auth flow that yields a new request (headers copied, extensions not), with a
+    body of its own."""
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        yield httpx.Request(
+            request.method,
+            request.url,
+            headers={**request.headers, "Authorization": "Bearer sk_rebuilt"},
+            content=b'{"amount": 1}',
+        )
+
+
+def test_an_auth_flow_that_rebuilds_the_request_is_still_checked(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A request an auth flow built anew (without the original's extensions) is still
+    recognised by its key header, and its other body is refused."""
+    app, url = scripted
+    with (
+        idempotently.Session(tmp_path / "j.db", base_url=url, auth=RebuildingAuth()) as session,
+        pytest.raises(idempotently.RequestNotSentError, match="changed its body"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op")
+    assert [] == app.arrivals
+
+
+@pytest.mark.anyio
+async def test_async_an_async_hook_that_changes_the_body_is_refused_unsent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: the same refusal from an async hook; a trace id
+    from one is sent."""
+    app, url = scripted
+
+    async def change_body(request: httpx.Request) -> None:
+        other_body(request)
+
+    async def add_trace(request: httpx.Request) -> None:
+        trace_id(request)
+
+    async with idempotently.AsyncSession(
+        tmp_path / "j.db", base_url=url, event_hooks={"request": [change_body]}
+    ) as session:
+        with pytest.raises(idempotently.RequestNotSentError, match="changed its body"):
+            await session.post("/v1/charges", json=CHARGE, operation_id="op")
+    async with idempotently.AsyncSession(
+        tmp_path / "k.db", base_url=url, event_hooks={"request": [add_trace]}
+    ) as session:
+        response = await session.post("/v1/charges", json=CHARGE, operation_id="op")
+    assert (201, 1) == (response.status_code, len(app.arrivals))
