@@ -22,6 +22,7 @@ from idempotently._commands import (
     PauseOrigin,
     Pauses,
     Queue,
+    RebasePause,
     Record,
     Release,
     RenewLease,
@@ -93,6 +94,18 @@ class MemoryStore:
                     write.origin, write.credentials, write.until, write.reason, write.set_at
                 )
             return None
+        if isinstance(write, RebasePause):
+            known = self.pauses.get((write.origin, write.credentials))
+            if known is not None and known.set_at > write.now:
+                known = OriginPause(
+                    known.origin,
+                    known.credentials,
+                    write.now + (known.until - known.set_at),
+                    known.reason,
+                    write.now,
+                )
+                self.pauses[(write.origin, write.credentials)] = known
+            return known
         if isinstance(write, Unpause):
             lifted = [pause for pause in self.pauses.values() if pause.origin == write.origin]
             for pause in lifted:

@@ -232,6 +232,17 @@ class PauseOrigin:
 
 
 @attrs.frozen
+class RebasePause:
+    """Count a pause written by a clock ahead of ``now`` from ``now``: if its ``set_at``
+    is in the future, (set_at, until) become (now, now + its length), so it only ever
+    gets shorter. Replies the pause as it stands after (None: it was lifted)."""
+
+    origin: str
+    credentials: str
+    now: float
+
+
+@attrs.frozen
 class Unpause:
     """Lift every pause of ``origin``; replies the pauses it lifted."""
 
@@ -251,6 +262,7 @@ Write = (
     | Act
     | LookUpLater
     | PauseOrigin
+    | RebasePause
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
@@ -269,6 +281,7 @@ WRITES: tuple[type, ...] = (
     Act,
     LookUpLater,
     PauseOrigin,
+    RebasePause,
     Unpause,
 )
 

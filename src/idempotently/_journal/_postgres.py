@@ -52,6 +52,7 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
+    RebasePause,
     Record,
     Release,
     RenewLease,
@@ -1056,6 +1057,26 @@ class PostgresStore:
                 """,
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
+        if isinstance(write, RebasePause):
+            # A clock ahead of ours wrote it: count it from our now, never longer. The
+            # pause as it stands after: the rebased row, else the row untouched.
+            return conn.execute(
+                f"""
+                WITH rebased AS (
+                    UPDATE {SCHEMA}.origin_pauses
+                    SET until = %(now)s + (until - set_at), set_at = %(now)s
+                    WHERE origin = %(origin)s AND credentials = %(credentials)s
+                      AND set_at > %(now)s
+                    RETURNING origin, credentials, until, reason, set_at
+                )
+                SELECT * FROM rebased
+                UNION ALL
+                SELECT origin, credentials, until, reason, set_at FROM {SCHEMA}.origin_pauses
+                WHERE origin = %(origin)s AND credentials = %(credentials)s
+                  AND NOT EXISTS (SELECT 1 FROM rebased)
+                """,
+                {"now": write.now, "origin": write.origin, "credentials": write.credentials},
+            )
         if isinstance(write, Unpause):
             return conn.execute(
                 f"DELETE FROM {SCHEMA}.origin_pauses WHERE origin = %s "
@@ -1150,6 +1171,9 @@ class PostgresStore:
             return None
         if isinstance(write, Unpause):
             return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
+        if isinstance(write, RebasePause):
+            row = None if cursor is None else cursor.fetchone()
+            return None if row is None else OriginPause(**row)
         if isinstance(write, ClaimDue):
             return [] if cursor is None else self._with_attempts(cursor.fetchall())
         assert cursor is not None

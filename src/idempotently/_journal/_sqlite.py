@@ -39,6 +39,7 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
+    RebasePause,
     Record,
     Release,
     RenewLease,
@@ -1062,6 +1063,19 @@ class SqliteStore:
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
             return None
+        if isinstance(write, RebasePause):
+            # A clock ahead of ours wrote it: count it from our now, never longer.
+            conn.execute(
+                "UPDATE origin_pauses SET until = ? + (until - set_at), set_at = ? "
+                "WHERE origin = ? AND credentials = ? AND set_at > ?",
+                (write.now, write.now, write.origin, write.credentials, write.now),
+            )
+            row = conn.execute(
+                "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                "WHERE origin = ? AND credentials = ?",
+                (write.origin, write.credentials),
+            ).fetchone()
+            return None if row is None else OriginPause(*tuple(row))
         if isinstance(write, Unpause):
             lifted = [
                 OriginPause(*tuple(row))
