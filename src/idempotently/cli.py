@@ -434,7 +434,7 @@ def stats_command(
                 "journal": journal.path,
                 **stats.to_json(),
                 "stuck_after": stuck_after,
-                "paused_origins": [pause_json(pause) for pause in pauses],
+                "paused_origins": [pause_json(pause, stats.now) for pause in pauses],
             }
         )
     elif output_format == "prometheus":
