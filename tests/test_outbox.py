@@ -678,3 +678,29 @@ def test_migrate_sql_from_a_version_reads_no_database() -> None:
     too_far = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "9"])
     alone = runner.invoke(cli, ["--journal", url, "migrate", "--from-version", "0"])
     assert (2, 2) == (too_far.exit_code, alone.exit_code)
+
+
+def test_an_application_connection_with_text_factory_bytes_enqueues(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """A connection whose text_factory is bytes is the journal's file all the same: the
+    enqueue commits with the order, is found again, the relay sends it once, and the
+    application's text_factory is still bytes."""
+    path = str(tmp_path / "shop.db")
+    with session(path, api, user) as s:
+        conn = sqlite_app(path)
+        conn.text_factory = bytes
+        conn.execute("INSERT INTO orders VALUES (?, ?)", ("o-9", 500))
+        first = s.enqueue(
+            "POST", "/v1/charges", json=charge("o-9"), operation_id="o-9:charge", connection=conn
+        )
+        again = s.enqueue(
+            "POST", "/v1/charges", json=charge("o-9"), operation_id="o-9:charge", connection=conn
+        )
+        conn.commit()
+        results = s.resume()
+        order = conn.execute("SELECT id FROM orders").fetchall()
+    conn.close()
+    assert (first.key, [(b"o-9",)]) == (again.key, order)
+    assert [("o-9:charge", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert 1 == len(api.charges(user))

@@ -520,6 +520,19 @@ def _is_corruption(error: sqlite3.Error) -> bool:
     return "malformed" in message or "not a database" in message
 
 
+@contextmanager
+def _text_as_str(conn: sqlite3.Connection) -> Iterator[None]:
+    """The journal's statements on an application's connection read TEXT as str, whatever
+    ``text_factory`` the application set (``bytes``, say); the application's own setting
+    is back as soon as they are done."""
+    factory = conn.text_factory
+    conn.text_factory = str
+    try:
+        yield
+    finally:
+        conn.text_factory = factory
+
+
 def _identity(path: str) -> tuple[int, int]:
     """The (device, inode) naming a file, as the store's moved-file check compares them."""
     found = os.stat(path)
@@ -1388,7 +1401,8 @@ class SqliteStore:
         try:
             cursor = connection.cursor()
             cursor.row_factory = None  # tuples, whatever the application's row_factory
-            rows = cursor.execute("PRAGMA database_list").fetchall()
+            with _text_as_str(connection):
+                rows = cursor.execute("PRAGMA database_list").fetchall()
         except sqlite3.ProgrammingError as error:
             raise JournalError(
                 f"cannot use the connection given to enqueue ({error}): it must be open, and "
@@ -1455,13 +1469,17 @@ class SqliteStore:
             try:
                 if conn is None:
                     cursor = self._conn.execute(sql, params)
+                    fetched = cursor.fetchall()
                 else:
-                    # Tuples whatever row_factory the application set on its connection.
+                    # Tuples whatever row_factory the application set on its connection,
+                    # and text as str whatever its text_factory.
                     cursor = conn.cursor()
                     cursor.row_factory = None
-                    cursor.execute(sql, params)
+                    with _text_as_str(conn):
+                        cursor.execute(sql, params)
+                        fetched = cursor.fetchall()
                 columns = [description[0] for description in cursor.description]
-                rows = [dict(zip(columns, row, strict=True)) for row in cursor]
+                rows = [dict(zip(columns, row, strict=True)) for row in fetched]
             except sqlite3.DatabaseError as error:
                 if _is_corruption(error):
                     raise self._damaged(error) from error
