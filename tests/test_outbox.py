@@ -704,3 +704,33 @@ def test_an_application_connection_with_text_factory_bytes_enqueues(
     assert (first.key, [(b"o-9",)]) == (again.key, order)
     assert [("o-9:charge", "succeeded")] == [(r.operation_id, r.action) for r in results]
     assert 1 == len(api.charges(user))
+
+
+def test_the_documented_sqlite_utils_idiom_commits_or_rolls_back_both(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """docs/outbox.md's `with db.atomic():` around `db["orders"].insert(...)` and the
+    enqueue: an exception rolls back the order and the charge alike; without one both
+    commit and the relay sends the charge once."""
+    path = str(tmp_path / "shop.db")
+    with session(path, api, user) as s:
+        db = sqlite_utils.Database(sqlite_app(path))
+        with pytest.raises(RuntimeError), db.atomic():
+            db["orders"].insert({"id": "o-10", "amount": 500})
+            s.enqueue(
+                "POST", "/v1/charges", json=charge("o-10"), operation_id="o-10", connection=db
+            )
+            raise RuntimeError("the request handler failed")
+        rolled_back = ([row["id"] for row in db["orders"].rows], s.journal.operation("o-10"))
+        with db.atomic():
+            db["orders"].insert({"id": "o-11", "amount": 500})
+            s.enqueue(
+                "POST", "/v1/charges", json=charge("o-11"), operation_id="o-11", connection=db
+            )
+        committed = [row["id"] for row in db["orders"].rows]
+        results = s.resume()
+    db.close()
+    assert ([], None) == rolled_back
+    assert ["o-11"] == committed
+    assert [("o-11", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert 1 == len(api.charges(user))
