@@ -101,6 +101,10 @@ def _refuse_url(path: str) -> None:
 SCHEMA_VERSION = 4
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
+# In a file adopted by `idempotently migrate` (an application's database) the
+# application's own PRAGMA user_version and application_id are never read nor written:
+# the journal's identity and schema version are rows of its own journal_meta table.
+ADOPTED_IDENTITY: Final = "idempotently"
 
 
 def _one_of(column: str, values: Sequence[str]) -> str:
@@ -346,6 +350,12 @@ _SCHEMA_V4_NAMES: Final = _SCHEMA_V3_NAMES | frozenset(
 """Every table, index and trigger a version-4 journal has (beyond version 1's tables)."""
 
 
+_JOURNAL_NAMES: Final = (
+    frozenset(re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA)) | _SCHEMA_V4_NAMES
+)
+"""Every name a journal's schema uses: a file holding any of them is not adopted."""
+
+
 def _schema_names(version: int) -> frozenset[str]:
     """The tables, indexes and triggers a journal of ``version`` (2 or later) must have."""
     if version >= 4:
@@ -375,13 +385,16 @@ _RANDOM_UUID_SQL: Final = (
 )
 
 
-def upgrade_statements(version: int) -> list[str]:
+def upgrade_statements(version: int, *, adopted: bool = False) -> list[str]:
     """Every statement from schema ``version`` (0: an empty file) to SCHEMA_VERSION, in
-    order: what opening the journal to write runs in one transaction."""
+    order: what opening the journal to write runs in one transaction. ``adopted``: in an
+    application's database, where the version and identity are journal_meta rows and the
+    file's PRAGMA user_version and application_id are the application's."""
     statements: list[str] = []
     if version < 1:
         statements += _split_statements(_SCHEMA)
-        statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
+        if not adopted:
+            statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
     if version < 2:
         statements += _split_statements(_SCHEMA_V2)
         statements += [_RECOUNT.strip(), _NAMESPACE_INSERT]
@@ -389,14 +402,20 @@ def upgrade_statements(version: int) -> list[str]:
         statements += _split_statements(_SCHEMA_V3)
     if version < 4:
         statements += _split_statements(_SCHEMA_V4)
-    statements.append(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    statements.append(
+        "INSERT OR REPLACE INTO journal_meta (name, value) VALUES "
+        f"('identity', '{ADOPTED_IDENTITY}'), ('schema_version', '{SCHEMA_VERSION}')"
+        if adopted
+        else f"PRAGMA user_version = {SCHEMA_VERSION}"
+    )
     return statements
 
 
-def migration_sql(version: int) -> str:
+def migration_sql(version: int, *, adopted: bool = False) -> str:
     """The script that brings a SQLite journal from ``version`` (0: a new file) to this
     version, for applications that run their own migrations: the statements opening it
-    runs, in one transaction, after the switch to WAL mode."""
+    runs, in one transaction, after the switch to WAL mode. ``adopted``: into an
+    application's database (`upgrade_statements`)."""
     if version >= SCHEMA_VERSION:
         return f"-- The journal is at schema version {version}: nothing to do.\n"
     lines = [
@@ -404,7 +423,7 @@ def migration_sql(version: int) -> str:
         "PRAGMA journal_mode = WAL;",
         "BEGIN IMMEDIATE;",
     ]
-    for statement in upgrade_statements(version):
+    for statement in upgrade_statements(version, adopted=adopted):
         if statement == _NAMESPACE_INSERT:
             statement = statement.replace("?", _RANDOM_UUID_SQL)
         lines.append(statement.rstrip().rstrip(";") + ";")
@@ -579,6 +598,7 @@ class SqliteStore:
         readonly: bool = False,
         busy_timeout: float = 30.0,
         durability: Durability = "fsync",
+        adopt: bool = False,
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
@@ -616,6 +636,10 @@ class SqliteStore:
         self._abspath = os.path.abspath(self.path)
         self._file_id: tuple[int, int] | None = None
         self._version = SCHEMA_VERSION
+        self._adopt = adopt
+        self._adopted = False
+        """The journal lives in an application's database: its version is a journal_meta
+        row, and the file's user_version and application_id are the application's."""
         self._namespace: uuid.UUID | None = None
         if not self._create and self.path != ":memory:" and not os.path.exists(self.path):
             raise JournalMissingError(
@@ -693,8 +717,14 @@ class SqliteStore:
                     app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
                     tables = set(self.db.table_names())
                     names = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
+                    adopted = self._adopted_version() if "journal_meta" in tables else None
                 finally:
                     self._conn.execute("COMMIT")
+                if adopted is not None:
+                    self._adopted, version, app_id = True, adopted, APPLICATION_ID
+                elif app_id != APPLICATION_ID and tables and not names & _JOURNAL_NAMES:
+                    self._adopt_application_database(app_id)
+                    return
                 if version == 0 and not tables:
                     if not self._create:
                         raise JournalCorruptError(
@@ -734,6 +764,71 @@ class SqliteStore:
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
 
+    def _adopted_version(self) -> int | None:
+        """The schema version of a journal adopted into an application's database (its
+        journal_meta rows), or None: not adopted."""
+        rows = dict(
+            self._conn.execute(
+                "SELECT name, value FROM journal_meta WHERE name IN ('identity', 'schema_version')"
+            ).fetchall()
+        )
+        if rows.get("identity") != ADOPTED_IDENTITY:
+            return None
+        try:
+            return int(rows["schema_version"])
+        except (KeyError, TypeError, ValueError):
+            raise JournalCorruptError(
+                f"{self.path} holds an adopted journal without a valid schema version "
+                f"(journal_meta 'schema_version' is {short(rows.get('schema_version'))}); "
+                "restore the file from a backup"
+            ) from None
+
+    def _adopt_application_database(self, app_id: int) -> None:
+        """A file with other tables and none named like the journal's: an application's
+        database. Only `idempotently migrate` (``adopt=True``) creates the journal's tables
+        in it, never touching its user_version or application_id (read-only: it is
+        found adoptable, at version 0). Anything else is refused with what to do."""
+        if app_id != 0:
+            raise JournalCorruptError(
+                f"{self.path} belongs to another program (its SQLite application_id is "
+                f"{app_id:#x}, not idempotently's): it is not adopted and was left as it is; "
+                "give the journal a file of its own"
+            )
+        if not self._adopt:
+            raise JournalMissingError(
+                f"{self.path} holds other tables and no idempotently journal: to keep the "
+                f"journal's tables in it (the outbox), run `idempotently --journal {self.path} "
+                "migrate` once (your tables, user_version and application_id are left as "
+                "they are); otherwise point journal= at the journal's own file. Nothing was "
+                "written"
+            )
+        self._adopted = True
+        if self.readonly or not self._create:
+            self._version = 0  # adoptable: what `migrate --sql` would print from
+            return
+        self._ensure_wal()
+        with self._write(durable=True):
+            # Another process may have adopted it while we waited for the lock.
+            if "journal_meta" in self.db.table_names():
+                version = self._adopted_version()
+                if version is None:
+                    raise JournalCorruptError(
+                        f"{self.path} gained tables named like the journal's meanwhile; "
+                        "it was not adopted"
+                    )
+                if version < SCHEMA_VERSION:
+                    self._upgrade(version)
+            else:
+                self._upgrade(0)
+        self._version = SCHEMA_VERSION
+        self._namespace = self._read_namespace()
+
+    def _stored_version(self) -> int:
+        """The journal's schema version as stored, inside the caller's transaction."""
+        if self._adopted:
+            return self._adopted_version() or 0
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
     def _migrate(self) -> None:
         """Bring an older journal to this version, in one durable transaction.
 
@@ -743,12 +838,12 @@ class SqliteStore:
         have migrated the file since we read its version: then there is nothing to do.
         """
         with self._write(durable=True):
-            self._upgrade(int(self._conn.execute("PRAGMA user_version").fetchone()[0]))
+            self._upgrade(self._stored_version())
 
     def _upgrade(self, version: int) -> None:
         """Every step from ``version`` (0: an empty file) to SCHEMA_VERSION, inside the
         caller's transaction: the statements ``idempotently migrate --sql`` prints."""
-        for statement in upgrade_statements(version):
+        for statement in upgrade_statements(version, adopted=self._adopted):
             params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else ()
             self._conn.execute(statement, params)
 
