@@ -713,15 +713,22 @@ class SqliteStore:
                 # another process is creating the schema.
                 self._conn.execute("BEGIN")
                 try:
-                    version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                    app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
                     tables = set(self.db.table_names())
                     names = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
                     adopted = self._adopted_version() if "journal_meta" in tables else None
+                    # An adopted file's pragmas are the application's: not even read.
+                    version, app_id = (
+                        (adopted, APPLICATION_ID)
+                        if adopted is not None
+                        else (
+                            self._conn.execute("PRAGMA user_version").fetchone()[0],
+                            self._conn.execute("PRAGMA application_id").fetchone()[0],
+                        )
+                    )
                 finally:
                     self._conn.execute("COMMIT")
                 if adopted is not None:
-                    self._adopted, version, app_id = True, adopted, APPLICATION_ID
+                    self._adopted = True
                 elif app_id != APPLICATION_ID and tables and not names & _JOURNAL_NAMES:
                     self._adopt_application_database(app_id)
                     return
