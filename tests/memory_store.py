@@ -22,6 +22,7 @@ from idempotently._commands import (
     PauseOrigin,
     Pauses,
     Queue,
+    RebaseNotBefore,
     RebasePause,
     Record,
     Release,
@@ -94,6 +95,21 @@ class MemoryStore:
                     write.origin, write.credentials, write.until, write.reason, write.set_at
                 )
             return None
+        if isinstance(write, RebaseNotBefore):
+            row = self.rows.get(write.operation_id)
+            if (
+                row is None
+                or row.status != "pending"
+                or row.not_before is None
+                or row.updated_at != write.updated_at
+                or not row.not_before > row.updated_at > write.now
+            ):
+                return None
+            not_before = write.now + (row.not_before - row.updated_at)
+            self.rows[write.operation_id] = attrs.evolve(
+                row, not_before=not_before, updated_at=write.now
+            )
+            return not_before
         if isinstance(write, RebasePause):
             known = self.pauses.get((write.origin, write.credentials))
             if known is not None and known.set_at > write.now:

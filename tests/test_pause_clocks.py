@@ -218,3 +218,54 @@ async def test_unpause_wakes_an_async_call_waiting_out_a_pause(
     assert (201, "succeeded") == (response.status_code, second and second.status)
     assert 2 == len(app.arrivals)
     assert 4.0 >= sum(fake_time.sleeps)
+
+
+# -- a not_before likewise ------------------------------------------------------------------
+
+PER_RESOURCE = attrs.evolve(idempotently.profiles.GENERIC, pause_origin=False)
+
+
+def test_a_not_before_written_by_a_clock_ahead_is_counted_from_the_readers_now(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """An operation told `Retry-After: 5` by a host ten years fast: a call with its id on
+    a host whose clock is right waits 5 s from when it first sees it, then the resume
+    sends it, with the same key; not ten years."""
+    app, url = scripted
+    fast = FakeTime(now=fake_time.now + TEN_YEARS)
+    app.answer(limited("5"))
+    with (
+        host(journal_target, fast, profile=PER_RESOURCE) as writer,
+        pytest.raises(idempotently.RetryLaterError),
+    ):
+        writer.post(f"{url}/v1/charges", json={}, operation_id="charge")
+    with host(journal_target, fake_time, profile=PER_RESOURCE) as reader:
+        with pytest.raises(idempotently.RetryLaterError) as raised:
+            reader.post(f"{url}/v1/charges", json={}, operation_id="charge")
+        fake_time.sleep(5.0)
+        results = reader.resume()
+    assert fake_time.now == raised.value.not_before
+    assert [("charge", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert [app.arrivals[0].key] * 2 == [arrival.key for arrival in app.arrivals]
+
+
+def test_a_watch_worker_claims_an_operation_a_clock_ahead_deferred_after_its_length(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """A watch worker's claim counts a not_before written by a clock ahead from its own
+    now: nothing is due before the length has passed, and it is due then."""
+    from idempotently._commands import ClaimDue
+
+    app, url = scripted
+    fast = FakeTime(now=fake_time.now + TEN_YEARS)
+    app.answer(limited("5"))
+    with (
+        host(journal_target, fast, profile=PER_RESOURCE) as writer,
+        pytest.raises(idempotently.RetryLaterError),
+    ):
+        writer.post(f"{url}/v1/charges", json={}, operation_id="charge")
+    with idempotently.Journal(journal_target) as journal:
+        now = fake_time.now
+        early = journal._execute(ClaimDue("worker", now, now + 30, 10))
+        due = journal._execute(ClaimDue("worker", now + 5, now + 35, 10))
+    assert ([], ["charge"]) == (early, [operation.operation_id for operation in due])

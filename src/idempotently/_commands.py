@@ -243,6 +243,18 @@ class RebasePause:
 
 
 @attrs.frozen
+class RebaseNotBefore:
+    """Count a pending operation's ``not_before`` written by a clock ahead of ``now``
+    (its ``updated_at``, the write's time, is in the future) from ``now``: not_before
+    becomes now + (not_before - updated_at), only ever sooner; a compare-and-swap on the
+    ``updated_at`` read. Replies the new not_before, or None if the row changed."""
+
+    operation_id: str
+    updated_at: float
+    now: float
+
+
+@attrs.frozen
 class Unpause:
     """Lift every pause of ``origin``; replies the pauses it lifted."""
 
@@ -263,6 +275,7 @@ Write = (
     | LookUpLater
     | PauseOrigin
     | RebasePause
+    | RebaseNotBefore
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
@@ -282,6 +295,7 @@ WRITES: tuple[type, ...] = (
     LookUpLater,
     PauseOrigin,
     RebasePause,
+    RebaseNotBefore,
     Unpause,
 )
 

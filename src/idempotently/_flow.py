@@ -46,6 +46,7 @@ from idempotently._commands import (
     PlanReconcile,
     Queue,
     ReadAnswer,
+    RebaseNotBefore,
     RebasePause,
     Reconcile,
     ReconcilePlan,
@@ -810,6 +811,7 @@ class Engine:
             if operation.status != "pending":
                 return self.stored_response(operation, build)
             self.profile_for(operation)  # one that cannot be read is an error: nothing sent
+            operation = yield from self._not_before_from_now(operation)
             blocker = self.blocker(operation)
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
@@ -1642,6 +1644,20 @@ class Engine:
             return "waiting", f"the server asked not to retry before {_iso(operation.not_before)}"
         return None
 
+    def _not_before_from_now(self, operation: Operation) -> Flow[Operation]:
+        """The operation with its not_before counted from our now, in the journal, when
+        the clock that wrote it (its ``updated_at``) was ahead of ours: a server's "not
+        before 5 s" from a host ten years fast is 5 s from when we first see it, as an
+        origin pause is (`_origin_pause`)."""
+        now = self.clock()
+        not_before = operation.not_before
+        if not_before is None or not not_before > operation.updated_at > now:
+            return operation
+        rebased = yield RebaseNotBefore(operation.operation_id, operation.updated_at, now)
+        if rebased is None:
+            return operation  # changed meanwhile: what was read decides, as before
+        return attrs.evolve(operation, not_before=rebased, updated_at=now)
+
     def _apply_blocker(self, operation: Operation, kind: Blocker, reason: str) -> Flow[Status]:
         """Journal what a blocker means for the operation; return its status."""
         status: Status = "pending"
@@ -1980,6 +1996,7 @@ class Engine:
         if claimed_by is not None and claimed:
             # Ours: whatever ends this flow early releases it (a blocker's SetStatus does too).
             held.take(operation.operation_id, claimed_by)
+        operation = yield from self._not_before_from_now(operation)
         blocked = self.blocker(operation, resuming=True, claimed_by=claimed_by)
         if blocked is not None:
             kind, reason = blocked

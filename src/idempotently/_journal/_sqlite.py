@@ -39,6 +39,7 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
+    RebaseNotBefore,
     RebasePause,
     Record,
     Release,
@@ -383,6 +384,13 @@ _RANDOM_UUID_SQL: Final = (
     "|| substr('89ab', 1 + (abs(random()) % 4), 1) || substr(h, 18, 3) || '-' "
     "|| substr(h, 21, 12) FROM (SELECT lower(hex(randomblob(16))) AS h))"
 )
+
+
+_REBASE_NOT_BEFORES: Final = (
+    "UPDATE operations SET not_before = ? + (not_before - updated_at), updated_at = ? "
+    "WHERE status = 'pending' AND updated_at > ? AND not_before > updated_at"
+)
+"""Every pending not_before written by a clock ahead of ours, counted from our now."""
 
 
 def upgrade_statements(version: int, *, adopted: bool = False) -> list[str]:
@@ -1178,6 +1186,20 @@ class SqliteStore:
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
             return None
+        if isinstance(write, RebaseNotBefore):
+            # A clock ahead of ours wrote it: counted from our now, never later.
+            cursor = conn.execute(
+                "UPDATE operations SET not_before = ? + (not_before - updated_at), "
+                "updated_at = ? WHERE operation_id = ? AND status = 'pending' "
+                "AND updated_at = ? AND updated_at > ? AND not_before > updated_at",
+                (write.now, write.now, write.operation_id, write.updated_at, write.now),
+            )
+            if cursor.rowcount != 1:
+                return None
+            row = conn.execute(
+                "SELECT not_before FROM operations WHERE operation_id = ?", (write.operation_id,)
+            ).fetchone()
+            return float(row[0])
         if isinstance(write, RebasePause):
             # A clock ahead of ours wrote it: count it from our now, never longer.
             conn.execute(
@@ -1299,7 +1321,10 @@ class SqliteStore:
     def _claim(self, conn: sqlite3.Connection, write: ClaimDue) -> list[Operation]:
         """Lease up to ``limit`` due pending operations, oldest first: inside the
         writer's ``BEGIN IMMEDIATE`` transaction, so two workers (threads or
-        processes) never claim one operation."""
+        processes) never claim one operation. A not_before written by a clock ahead of
+        ``now`` is first counted from ``now`` (`RebaseNotBefore`), so it is due after
+        its length, not when this host's clock catches up with the writer's."""
+        conn.execute(_REBASE_NOT_BEFORES, (write.now, write.now, write.now))
         ids = [
             row[0]
             for row in conn.execute(
