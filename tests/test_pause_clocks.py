@@ -35,13 +35,12 @@ def host(journal: str, clock: FakeTime, **options: Any) -> idempotently.Session:
     )
 
 
-def fast_host_pauses(journal: str, url: str, app: ScriptedApp, seconds: str) -> FakeTime:
+def fast_host_pauses(journal: str, url: str, app: ScriptedApp, seconds: str) -> None:
     """A host whose clock is ten years fast is answered 429 with Retry-After ``seconds``."""
     fast = FakeTime(now=FakeTime().now + TEN_YEARS)
     app.answer(limited(seconds))
     with host(journal, fast) as writer, pytest.raises(idempotently.RetryLaterError):
         writer.post(f"{url}/v1/charges", json={}, operation_id="fast")
-    return fast
 
 
 def test_a_pause_written_by_a_clock_ten_years_ahead_lasts_its_length(
