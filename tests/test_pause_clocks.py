@@ -268,3 +268,21 @@ def test_a_watch_worker_claims_an_operation_a_clock_ahead_deferred_after_its_len
         early = journal._execute(ClaimDue("worker", now, now + 30, 10))
         due = journal._execute(ClaimDue("worker", now + 5, now + 35, 10))
     assert ([], ["charge"]) == (early, [operation.operation_id for operation in due])
+
+
+def test_a_clock_that_sleeping_does_not_move_never_makes_the_wait_endless(
+    tmp_path: Any, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """An injected clock that stands still while the session sleeps (a test's frozen
+    clock): the sliced waits on a pause still end after the pause's length in slices,
+    for the call answered the 429 and for the next call to the paused origin."""
+    app, url = scripted
+    now, sleeps = 1_800_000_000.0, []
+    app.answer(limited("3"))
+    policy = attrs.evolve(POLICY, max_attempts=2, initial_backoff=0.0, max_backoff=0.0)
+    with idempotently.Session(
+        str(tmp_path / "j.db"), headers=TOKEN, policy=policy, clock=lambda: now, sleep=sleeps.append
+    ) as s:
+        assert 201 == s.post(f"{url}/v1/charges", json={}).status_code
+        assert 201 == s.post(f"{url}/v1/charges", json={}).status_code
+    assert (6.0, 3) == (sum(sleeps), len(app.arrivals))

@@ -1481,6 +1481,7 @@ class Engine:
         journaled or sent, when that is longer than this call (or read) may wait."""
         limit = self._time_limit(CallState(started_at=now, deadline_at=deadline_at))
         current: OriginPause | None = pause
+        began, slept = now, 0.0
         while current is not None:
             wait = current.until - now
             if wait > self.policy.max_retry_after or (limit is not None and current.until > limit):
@@ -1497,7 +1498,13 @@ class Engine:
             # In slices of at most the board's refresh, each followed by a look at the
             # journal: a pause lifted meanwhile (`idempotently unpause`, in any process)
             # ends the wait within a second, not at its planned end.
+            # Counted in slices slept too: an injected clock that a sleep does not move
+            # must not make the wait endless.
+            wait = min(wait, current.until - began - slept)
+            if wait <= 0:
+                return
             yield Sleep(min(wait, REFRESH))
+            slept += min(wait, REFRESH)
             now = self.clock()
             current = yield from self._origin_pause(profile, request, now, operation_id)
 
@@ -1514,9 +1521,11 @@ class Engine:
         if paused_until is None:
             yield Sleep(seconds)
             return
-        end = self.clock() + seconds
-        while (left := end - self.clock()) > 0:
+        end, slept = self.clock() + seconds, 0.0
+        # Counted in slices slept too: a clock that a sleep does not move ends it all the same.
+        while (left := min(end - self.clock(), seconds - slept)) > 0:
             yield Sleep(min(left, REFRESH))
+            slept += min(left, REFRESH)
             now = self.clock()
             if (
                 now < paused_until
