@@ -23,6 +23,8 @@ from idempotently._commands import (
     PauseOrigin,
     Pauses,
     Queue,
+    RebaseNotBefore,
+    RebasePause,
     Record,
     Release,
     RenewLease,
@@ -94,6 +96,33 @@ class MemoryStore:
                     write.origin, write.credentials, write.until, write.reason, write.set_at
                 )
             return None
+        if isinstance(write, RebaseNotBefore):
+            row = self.rows.get(write.operation_id)
+            if (
+                row is None
+                or row.status != "pending"
+                or row.not_before is None
+                or row.updated_at != write.updated_at
+                or not row.not_before > row.updated_at > write.now
+            ):
+                return None
+            not_before = write.now + (row.not_before - row.updated_at)
+            self.rows[write.operation_id] = attrs.evolve(
+                row, not_before=not_before, updated_at=write.now
+            )
+            return not_before
+        if isinstance(write, RebasePause):
+            known = self.pauses.get((write.origin, write.credentials))
+            if known is not None and known.set_at > write.now:
+                known = OriginPause(
+                    known.origin,
+                    known.credentials,
+                    write.now + (known.until - known.set_at),
+                    known.reason,
+                    write.now,
+                )
+                self.pauses[(write.origin, write.credentials)] = known
+            return known
         if isinstance(write, Unpause):
             lifted = [pause for pause in self.pauses.values() if pause.origin == write.origin]
             for pause in lifted:

@@ -101,7 +101,9 @@ ROWS = [
         sends=2,
         status="succeeded",
         returns=201,
-        sleeps=(2.0,),
+        # The 429 paused its origin: the wait comes in slices of at most a second, each
+        # a look whether the pause was lifted (`idempotently unpause`).
+        sleeps=(1.0, 1.0),
     ),
     Row(
         "409_in_progress_then_201",

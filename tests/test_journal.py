@@ -20,6 +20,7 @@ from idempotently import (
     Journal,
     JournalCorruptError,
     JournalError,
+    JournalMissingError,
     JournalVersionError,
     JournalWriteError,
     Operation,
@@ -164,17 +165,19 @@ def test_random_bytes_are_not_a_journal(path: Path) -> None:
 
 
 def test_another_apps_database_is_not_a_journal(path: Path) -> None:
-    """An SQLite database of some other application is refused, not adopted."""
+    """An SQLite database of some other application is refused, not adopted: only
+    `idempotently migrate` adopts one, and the error says so."""
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE foo (id INTEGER PRIMARY KEY, name TEXT)")
         conn.execute("INSERT INTO foo (name) VALUES ('bar')")
     conn.close()
     before = path.read_bytes()
 
-    with pytest.raises(JournalCorruptError) as caught:
+    with pytest.raises(JournalMissingError) as caught:
         Journal(path)
 
     assert str(path) in str(caught.value)
+    assert "migrate" in str(caught.value)
     assert before == path.read_bytes()
 
 
@@ -185,7 +188,7 @@ def test_another_apps_versioned_database_is_not_a_journal(path: Path) -> None:
         conn.execute("PRAGMA user_version = 7")
     conn.close()
 
-    with pytest.raises(JournalCorruptError):
+    with pytest.raises(JournalMissingError, match="migrate"):
         Journal(path)
 
 

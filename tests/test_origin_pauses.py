@@ -72,7 +72,7 @@ def test_a_429_with_retry_after_makes_the_next_operation_wait(
             pause.reason,
         )
         assert 201 == s.post(URL, json={}, operation_id="second").status_code
-    assert [5.0] == fake_time.sleeps
+    assert 5.0 == sum(fake_time.sleeps)
     assert 2 == len(sent)
 
 
@@ -179,7 +179,7 @@ async def test_an_async_session_waits_out_a_pause(tmp_path: Path, fake_time: Fak
         with pytest.raises(idempotently.RetryLaterError):
             await s.post(URL, json={})
         assert 201 == (await s.post(URL, json={})).status_code
-    assert [3.0] == fake_time.sleeps
+    assert 3.0 == sum(fake_time.sleeps)
     assert 2 == len(sent)
 
 
@@ -350,7 +350,7 @@ def test_a_read_waits_out_the_pause_a_write_was_answered(
         with pytest.raises(idempotently.RetryLaterError):
             c.post(URL, json={})
         assert 200 == c.get(URL).status_code
-    assert ([5.0], 2) == (fake_time.sleeps, len(sent))
+    assert (5.0, 2) == (sum(fake_time.sleeps), len(sent))
 
 
 def test_a_read_is_not_sent_into_a_pause_longer_than_it_may_wait(
@@ -413,4 +413,4 @@ async def test_an_async_transports_read_waits_out_a_pause(
         with pytest.raises(idempotently.RetryLaterError):
             await c.post(URL, json={})
         assert 200 == (await c.get(URL)).status_code
-    assert ([3.0], 2) == (fake_time.sleeps, len(sent))
+    assert (3.0, 2) == (sum(fake_time.sleeps), len(sent))

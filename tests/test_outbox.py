@@ -678,3 +678,187 @@ def test_migrate_sql_from_a_version_reads_no_database() -> None:
     too_far = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "9"])
     alone = runner.invoke(cli, ["--journal", url, "migrate", "--from-version", "0"])
     assert (2, 2) == (too_far.exit_code, alone.exit_code)
+
+
+def test_an_application_connection_with_text_factory_bytes_enqueues(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """A connection whose text_factory is bytes is the journal's file all the same: the
+    enqueue commits with the order, is found again, the relay sends it once, and the
+    application's text_factory is still bytes."""
+    path = str(tmp_path / "shop.db")
+    with session(path, api, user) as s:
+        conn = sqlite_app(path)
+        conn.text_factory = bytes
+        conn.execute("INSERT INTO orders VALUES (?, ?)", ("o-9", 500))
+        first = s.enqueue(
+            "POST", "/v1/charges", json=charge("o-9"), operation_id="o-9:charge", connection=conn
+        )
+        again = s.enqueue(
+            "POST", "/v1/charges", json=charge("o-9"), operation_id="o-9:charge", connection=conn
+        )
+        conn.commit()
+        results = s.resume()
+        order = conn.execute("SELECT id FROM orders").fetchall()
+    conn.close()
+    assert (first.key, [(b"o-9",)]) == (again.key, order)
+    assert [("o-9:charge", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert 1 == len(api.charges(user))
+
+
+def test_the_documented_sqlite_utils_idiom_commits_or_rolls_back_both(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """docs/outbox.md's `with db.atomic():` around `db["orders"].insert(...)` and the
+    enqueue: an exception rolls back the order and the charge alike; without one both
+    commit and the relay sends the charge once."""
+    path = str(tmp_path / "shop.db")
+    with session(path, api, user) as s:
+        db = sqlite_utils.Database(sqlite_app(path))
+        with pytest.raises(RuntimeError), db.atomic():
+            db["orders"].insert({"id": "o-10", "amount": 500})
+            s.enqueue(
+                "POST", "/v1/charges", json=charge("o-10"), operation_id="o-10", connection=db
+            )
+            raise RuntimeError("the request handler failed")
+        rolled_back = ([row["id"] for row in db["orders"].rows], s.journal.operation("o-10"))
+        with db.atomic():
+            db["orders"].insert({"id": "o-11", "amount": 500})
+            s.enqueue(
+                "POST", "/v1/charges", json=charge("o-11"), operation_id="o-11", connection=db
+            )
+        committed = [row["id"] for row in db["orders"].rows]
+        results = s.resume()
+    db.close()
+    assert ([], None) == rolled_back
+    assert ["o-11"] == committed
+    assert [("o-11", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert 1 == len(api.charges(user))
+
+
+# -- adopting an application's SQLite database ------------------------------------------------
+
+
+def shop_database(path: Path, *, user_version: int = 7, application_id: int = 0) -> None:
+    """An existing application's SQLite database: its orders table, its own user_version
+    (its migrations' counter) and application_id, and no journal."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(ORDERS_TABLE)
+    conn.execute("INSERT INTO orders VALUES ('o-0', 100)")
+    conn.execute(f"PRAGMA user_version = {user_version}")
+    conn.execute(f"PRAGMA application_id = {application_id}")
+    conn.close()
+
+
+def pragmas(path: Path) -> tuple[int, int]:
+    conn = sqlite3.connect(path)
+    try:
+        return (
+            conn.execute("PRAGMA user_version").fetchone()[0],
+            conn.execute("PRAGMA application_id").fetchone()[0],
+        )
+    finally:
+        conn.close()
+
+
+def names_in(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master"))
+    finally:
+        conn.close()
+
+
+def test_migrate_adopts_an_application_database_and_leaves_its_pragmas(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """`idempotently migrate` creates the journal's tables in a shop.db with user_version
+    7, which stays 7 (application_id stays 0); the app then enqueues on its own
+    connection and the relay sends the charge once."""
+    path = tmp_path / "shop.db"
+    shop_database(path)
+    migrated = CliRunner().invoke(cli, ["--journal", str(path), "migrate"])
+    again = CliRunner().invoke(cli, ["--journal", str(path), "migrate"])
+    with session(str(path), api, user) as s:
+        conn = sqlite3.connect(path)
+        conn.execute("INSERT INTO orders VALUES (?, ?)", ("o-12", 500))
+        s.enqueue("POST", "/v1/charges", json=charge("o-12"), operation_id="o-12", connection=conn)
+        conn.commit()
+        conn.close()
+        results = s.resume()
+    assert 0 == migrated.exit_code, migrated.output
+    assert "created the journal's tables" in migrated.output
+    assert "nothing to do" in again.output
+    assert [("o-12", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert 1 == len(api.charges(user))
+    assert (7, 0) == pragmas(path)
+
+
+def test_a_session_on_an_application_database_says_to_run_migrate(tmp_path: Path) -> None:
+    """Session(...) or Journal(...) on a file of other tables (a typo in journal=, say)
+    refuses with one line saying to run `migrate`, and writes nothing to it; so does a
+    command."""
+    path = tmp_path / "shop.db"
+    shop_database(path)
+    before = (names_in(path), path.read_bytes())
+    with pytest.raises(idempotently.JournalMissingError) as raised:
+        idempotently.Session(str(path))
+    with pytest.raises(idempotently.JournalMissingError):
+        idempotently.Journal(path, readonly=True)
+    listed = CliRunner().invoke(cli, ["--journal", str(path), "list"])
+    assert f"idempotently --journal {path} migrate" in str(raised.value)
+    assert 1 == len(str(raised.value).splitlines())
+    assert (1, 1) == (listed.exit_code, len(listed.output.strip().splitlines()))
+    assert "migrate" in listed.output
+    assert before == (names_in(path), path.read_bytes())
+
+
+def test_migrate_refuses_a_database_whose_application_id_is_another_programs(
+    tmp_path: Path,
+) -> None:
+    """A file whose application_id is non-zero and not the journal's is not adopted."""
+    path = tmp_path / "other.db"
+    shop_database(path, application_id=0x12345678)
+    before = path.read_bytes()
+    migrated = CliRunner().invoke(cli, ["--journal", str(path), "migrate"])
+    printed = CliRunner().invoke(cli, ["--journal", str(path), "migrate", "--sql"])
+    assert (1, 1) == (migrated.exit_code, printed.exit_code)
+    assert "another program" in migrated.output
+    assert before == path.read_bytes()
+
+
+def test_migrate_sql_on_an_application_database_leaves_its_pragmas_alone(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """`migrate --sql` on shop.db prints statements that set neither user_version nor
+    application_id; applied by the app's own migration, the library opens the journal
+    in it and sends what the app enqueues."""
+    path = tmp_path / "shop.db"
+    shop_database(path)
+    printed = CliRunner().invoke(cli, ["--journal", str(path), "migrate", "--sql"])
+    assert 0 == printed.exit_code, printed.output
+    assert "user_version" not in printed.output
+    assert "application_id" not in printed.output
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(printed.output)
+    conn.close()
+    assert "nothing to do" in migration_sql(str(path))
+    with session(str(path), api, user) as s:
+        s.enqueue("POST", "/v1/charges", json=charge("o-13"), operation_id="o-13")
+        results = s.resume()
+    assert [("o-13", "succeeded")] == [(r.operation_id, r.action) for r in results]
+    assert (7, 0) == pragmas(path)
+
+
+def test_a_file_with_a_table_named_like_the_journals_is_not_adopted(tmp_path: Path) -> None:
+    """An application table called `operations` is never taken for the journal's, nor
+    adopted beside: `migrate` refuses and the file is left as it is."""
+    path = tmp_path / "shop.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE operations (id INTEGER PRIMARY KEY)")
+    conn.close()
+    before = path.read_bytes()
+    migrated = CliRunner().invoke(cli, ["--journal", str(path), "migrate"])
+    assert 1 == migrated.exit_code
+    assert "not an idempotently journal" in migrated.output
+    assert before == path.read_bytes()

@@ -86,8 +86,8 @@ def test_429_waits_for_its_retry_after(
     )
     with make_session(tmp_path, fake_time) as s:
         assert 201 == s.post(URL, json={"amount": 1}).status_code
-    assert 1 == len(fake_time.sleeps)
-    assert fake_time.sleeps[0] >= 3
+    # In slices of at most a second, each a look whether the origin was unpaused.
+    assert sum(fake_time.sleeps) >= 3
 
 
 def test_garbage_retry_after_falls_back_to_backoff(
@@ -458,7 +458,7 @@ async def test_async_session_follows_the_same_table(
     assert 201 == response.status_code and json.loads(again.content) == {"id": "ch_1"}
     assert 3 == route.call_count
     assert 1 == len(keys_and_bodies(route))
-    assert fake_time.sleeps[1] >= 2
+    assert sum(fake_time.sleeps[1:]) >= 2
 
 
 @pytest.mark.anyio

@@ -839,16 +839,31 @@ def stats_fields(
     fields.extend(
         (
             f"  {printable(pause.origin)}",
-            f"until {iso(pause.until)} ({printable(pause.reason or '')})",
+            f"until {iso(pause.until)} ({printable(pause.reason or '')})"
+            + (
+                f"; written by a clock {format_duration(pause.set_at - stats.now)} ahead of "
+                f"this host's: a call here waits at most its "
+                f"{format_duration(pause.until - pause.set_at)} from when it first sees it"
+                if pause.set_at > stats.now
+                else ""
+            ),
         )
         for pause in pauses
     )
     return fields
 
 
-def pause_json(pause: OriginPause) -> dict[str, Any]:
-    """An origin pause for scripts: its times as ISO 8601 too."""
-    return {**pause.to_json(), "until_iso": iso(pause.until), "set_at_iso": iso(pause.set_at)}
+def pause_json(pause: OriginPause, now: float | None = None) -> dict[str, Any]:
+    """An origin pause for scripts: its times as ISO 8601 too, its length, and (with
+    ``now``) how far ahead of ``now`` the clock that wrote it was (0: not ahead)."""
+    ahead = {} if now is None else {"clock_ahead": max(0.0, pause.set_at - now)}
+    return {
+        **pause.to_json(),
+        "until_iso": iso(pause.until),
+        "set_at_iso": iso(pause.set_at),
+        "length": pause.until - pause.set_at,
+        **ahead,
+    }
 
 
 def _label(value: str) -> str:

@@ -248,6 +248,29 @@ class PauseOrigin:
 
 
 @attrs.frozen
+class RebasePause:
+    """Count a pause written by a clock ahead of ``now`` from ``now``: if its ``set_at``
+    is in the future, (set_at, until) become (now, now + its length), so it only ever
+    gets shorter. Replies the pause as it stands after (None: it was lifted)."""
+
+    origin: str
+    credentials: str
+    now: float
+
+
+@attrs.frozen
+class RebaseNotBefore:
+    """Count a pending operation's ``not_before`` written by a clock ahead of ``now``
+    (its ``updated_at``, the write's time, is in the future) from ``now``: not_before
+    becomes now + (not_before - updated_at), only ever sooner; a compare-and-swap on the
+    ``updated_at`` read. Replies the new not_before, or None if the row changed."""
+
+    operation_id: str
+    updated_at: float
+    now: float
+
+
+@attrs.frozen
 class Unpause:
     """Lift every pause of ``origin``; replies the pauses it lifted."""
 
@@ -268,6 +291,8 @@ Write = (
     | Act
     | LookUpLater
     | PauseOrigin
+    | RebasePause
+    | RebaseNotBefore
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
@@ -287,6 +312,8 @@ WRITES: tuple[type, ...] = (
     Act,
     LookUpLater,
     PauseOrigin,
+    RebasePause,
+    RebaseNotBefore,
     Unpause,
 )
 

@@ -94,7 +94,9 @@ class JournalError(IdempotentlyError):
 
 
 class JournalMissingError(JournalError, FileNotFoundError):
-    """No journal at that path (only when opened with ``create=False``)."""
+    """No journal at that path (only when opened with ``create=False``), or in that
+    SQLite file: it holds other tables (an application's) and only `idempotently
+    migrate` adds the journal's to them."""
 
 
 class JournalVersionError(JournalError):

@@ -45,6 +45,8 @@ from idempotently._commands import (
     PlanReconcile,
     Queue,
     ReadAnswer,
+    RebaseNotBefore,
+    RebasePause,
     Reconcile,
     ReconcilePlan,
     Record,
@@ -121,7 +123,7 @@ from idempotently._lookup import (
 from idempotently._numbers import as_float
 from idempotently._operator import plan as plan_action
 from idempotently._overrides import read_overrides
-from idempotently._pauses import PAUSE_STATUS_CODES, PauseBoard, credentials_digest
+from idempotently._pauses import PAUSE_STATUS_CODES, REFRESH, PauseBoard, credentials_digest
 from idempotently._policy import (
     Answer,
     CallState,
@@ -756,7 +758,13 @@ class Engine:
             if key is None and call.operation_id is not None and self.namespace is not None:
                 key = derived_key(self.namespace, call.operation_id)
             yield from self._wait_out(
-                pause, started, call.deadline_at, operation_id=call.operation_id, key=key
+                self.profile,
+                request,
+                pause,
+                started,
+                call.deadline_at,
+                operation_id=call.operation_id,
+                key=key,
             )
         named = call.operation_id is not None or call.key is not None
         wait_until = started + self.policy.deadline
@@ -823,6 +831,7 @@ class Engine:
             if operation.status != "pending":
                 return self.stored_response(operation, build)
             self.profile_for(operation)  # one that cannot be read is an error: nothing sent
+            operation = yield from self._not_before_from_now(operation)
             blocker = self.blocker(operation)
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
@@ -1167,6 +1176,7 @@ class Engine:
         reading = _Reading(self, profile, request, limit, longest)
         while True:
             started = self.clock()
+            paused_until: float | None = None  # the origin pause this attempt's answer set
             if limit is not None and limit - started < longest:
                 request.extensions = {
                     **request.extensions,
@@ -1285,7 +1295,7 @@ class Engine:
                 and answer.status_code in PAUSE_STATUS_CODES
                 and profile.pause_origin
             ):
-                yield from self._pause(request, answer, now)
+                paused_until = yield from self._pause(request, answer, now)
             if retrying:
                 held.lease_until = record.lease_until
             held.interrupted = None  # the answer is journaled: nothing to add if we stop now
@@ -1338,7 +1348,7 @@ class Engine:
                         reason=decision.reason,
                     )
                 )
-                yield Sleep(decision.wait)
+                yield from self._sleep_on(profile, request, decision.wait, paused_until)
                 continue
             if heard(hooks, finished_level(record.status)):
                 yield from self._emit(
@@ -1413,7 +1423,9 @@ class Engine:
         profile = self.profile
         pause = yield from self._origin_pause(profile, request, started)
         if pause is not None:
-            yield from self._wait_out(pause, started, None, operation_id=None, key=None)
+            yield from self._wait_out(
+                profile, request, pause, started, None, operation_id=None, key=None
+            )
         budget = self.policy.budget
         origin = None if budget is None else origin_of(request.url)
         if origin is not None:
@@ -1422,6 +1434,7 @@ class Engine:
         timeouts = request.extensions.get("timeout")
         longest = longest_timeout(timeouts)
         while True:
+            paused_until: float | None = None  # the origin pause this answer set
             if limit is not None and limit - self.clock() < longest:
                 request.extensions = {
                     **request.extensions,
@@ -1444,7 +1457,7 @@ class Engine:
                 and signal.status_code in PAUSE_STATUS_CODES
                 and profile.pause_origin
             ):
-                yield from self._pause(request, signal, now)
+                paused_until = yield from self._pause(request, signal, now)
             decision = decide_read(self.policy, state, signal, now=now, rand=self.rand)
             state = decision.state
             if (
@@ -1463,7 +1476,7 @@ class Engine:
             elif decision.action == "retry":
                 if response is not None:
                     yield Discard(response)
-                yield Sleep(decision.wait)
+                yield from self._sleep_on(profile, request, decision.wait, paused_until)
                 continue
             if response is not None:
                 return response
@@ -1492,7 +1505,20 @@ class Engine:
         origin = origin_of(request.url)
         if not board.has(origin):
             return None
-        return board.find(origin, self._pause_scope(request), now)
+        pause = board.find(origin, self._pause_scope(request), now)
+        if pause is not None and pause.set_at > now:
+            # Written by a clock ahead of ours (a host 10 years fast answering
+            # `Retry-After: 5`): counted from our now, in the journal, so that no reader
+            # waits longer than its length from when it first saw it. A clamp at each
+            # read (min(until, now + length)) would move with every reader's now and
+            # never end for a reader whose clock stays behind.
+            rebased = yield RebasePause(pause.origin, pause.credentials, now)
+            if rebased is None:
+                board.remove_pause(pause)
+                return None
+            board.add(rebased)
+            pause = rebased if rebased.until > now else None
+        return pause
 
     def _pause_scope(self, request: httpx.Request) -> str:
         """The digest of the request's credentials a pause is scoped to: the same
@@ -1503,6 +1529,8 @@ class Engine:
 
     def _wait_out(
         self,
+        profile: ServerProfile,
+        request: httpx.Request,
         pause: OriginPause,
         now: float,
         deadline_at: float | None,
@@ -1513,20 +1541,60 @@ class Engine:
         """Sleep until the pause ends, or raise RetryLaterError, before anything is
         journaled or sent, when that is longer than this call (or read) may wait."""
         limit = self._time_limit(CallState(started_at=now, deadline_at=deadline_at))
-        wait = pause.until - now
-        if wait > self.policy.max_retry_after or (limit is not None and pause.until > limit):
-            raise RetryLaterError(
-                f"{pause.origin} is paused until {_iso(pause.until)} ({pause.reason}), longer "
-                f"than this call may wait (max_retry_after={self.policy.max_retry_after:g}s, "
-                "or its deadline): nothing was journaled or sent; call again after that, or "
-                f"lift the pause with `idempotently unpause {pause.origin}`",
-                not_before=pause.until,
-                operation_id=operation_id,
-                key=key,
-            )
-        yield Sleep(wait)
+        current: OriginPause | None = pause
+        began, slept = now, 0.0
+        while current is not None:
+            wait = current.until - now
+            if wait > self.policy.max_retry_after or (limit is not None and current.until > limit):
+                raise RetryLaterError(
+                    f"{current.origin} is paused until {_iso(current.until)} "
+                    f"({current.reason}), longer than this call may wait (max_retry_after="
+                    f"{self.policy.max_retry_after:g}s, or its deadline): nothing was "
+                    "journaled or sent; call again after that, or lift the pause with "
+                    f"`idempotently unpause {current.origin}`",
+                    not_before=current.until,
+                    operation_id=operation_id,
+                    key=key,
+                )
+            # In slices of at most the board's refresh, each followed by a look at the
+            # journal: a pause lifted meanwhile (`idempotently unpause`, in any process)
+            # ends the wait within a second, not at its planned end.
+            # Counted in slices slept too: an injected clock that a sleep does not move
+            # must not make the wait endless.
+            wait = min(wait, current.until - began - slept)
+            if wait <= 0:
+                return
+            yield Sleep(min(wait, REFRESH))
+            slept += min(wait, REFRESH)
+            now = self.clock()
+            current = yield from self._origin_pause(profile, request, now, operation_id)
 
-    def _pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[None]:
+    def _sleep_on(
+        self,
+        profile: ServerProfile,
+        request: httpx.Request,
+        seconds: float,
+        paused_until: float | None,
+    ) -> Flow[None]:
+        """Sleep before a retry; when the answer paused its origin until ``paused_until``,
+        in slices of at most a second, each followed by a look at the journal, so that a
+        pause lifted meanwhile (`idempotently unpause`) ends the sleep within a second."""
+        if paused_until is None:
+            yield Sleep(seconds)
+            return
+        end, slept = self.clock() + seconds, 0.0
+        # Counted in slices slept too: a clock that a sleep does not move ends it all the same.
+        while (left := min(end - self.clock(), seconds - slept)) > 0:
+            yield Sleep(min(left, REFRESH))
+            slept += min(left, REFRESH)
+            now = self.clock()
+            if (
+                now < paused_until
+                and (yield from self._origin_pause(profile, request, now)) is None
+            ):
+                return
+
+    def _pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[float]:
         """Journal the pause a 429 or 503 with Retry-After (to a call, a read or a lookup)
         asks of its whole origin."""
         wait = answer.server_wait or 0.0
@@ -1539,6 +1607,7 @@ class Engine:
         )
         yield PauseOrigin(pause.origin, pause.credentials, pause.until, pause.reason or "", now)
         self.pauses.add(pause)
+        return pause.until
 
     def _time_limit(self, state: CallState) -> float | None:
         """When this call's attempts must be over: its policy's deadline (unless a custom
@@ -1647,6 +1716,20 @@ class Engine:
         except StoredProfileError:
             profile = None
         return key_expiry_margin(operation, profile, self.key_expiry_margin)
+
+    def _not_before_from_now(self, operation: Operation) -> Flow[Operation]:
+        """The operation with its not_before counted from our now, in the journal, when
+        the clock that wrote it (its ``updated_at``) was ahead of ours: a server's "not
+        before 5 s" from a host ten years fast is 5 s from when we first see it, as an
+        origin pause is (`_origin_pause`)."""
+        now = self.clock()
+        not_before = operation.not_before
+        if not_before is None or not not_before > operation.updated_at > now:
+            return operation
+        rebased = yield RebaseNotBefore(operation.operation_id, operation.updated_at, now)
+        if rebased is None:
+            return operation  # changed meanwhile: what was read decides, as before
+        return attrs.evolve(operation, not_before=rebased, updated_at=now)
 
     def _apply_blocker(self, operation: Operation, kind: Blocker, reason: str) -> Flow[Status]:
         """Journal what a blocker means for the operation; return its status."""
@@ -2020,6 +2103,7 @@ class Engine:
         if claimed_by is not None and claimed:
             # Ours: whatever ends this flow early releases it (a blocker's SetStatus does too).
             held.take(operation.operation_id, claimed_by)
+        operation = yield from self._not_before_from_now(operation)
         blocked = self.blocker(operation, resuming=True, claimed_by=claimed_by)
         if blocked is not None:
             kind, reason = blocked

@@ -62,6 +62,18 @@ class PauseBoard:
         )
         self.by_origin = {**self.by_origin, pause.origin: (*known, pause)}
 
+    def remove_pause(self, pause: OriginPause) -> None:
+        """A pause found lifted meanwhile: forget it until the next read."""
+        known = tuple(
+            each
+            for each in self.by_origin.get(pause.origin, ())
+            if each.credentials != pause.credentials
+        )
+        self.by_origin = {
+            **{name: pauses for name, pauses in self.by_origin.items() if name != pause.origin},
+            **({pause.origin: known} if known else {}),
+        }
+
     def remove(self, origin: str) -> None:
         self.by_origin = {name: pauses for name, pauses in self.by_origin.items() if name != origin}
 

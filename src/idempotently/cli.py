@@ -469,7 +469,7 @@ def stats_command(
                 "journal": journal.path,
                 **stats.to_json(),
                 "stuck_after": stuck_after,
-                "paused_origins": [pause_json(pause) for pause in pauses],
+                "paused_origins": [pause_json(pause, stats.now) for pause in pauses],
             }
         )
     elif output_format == "prometheus":
@@ -1634,9 +1634,13 @@ def migrate_command(
             click.echo(script, nl=False)
             return
         before = 0
-        with suppress(JournalMissingError), Journal(path, create=False, readonly=True) as found:
+        with (
+            suppress(JournalMissingError),
+            Journal(path, create=False, readonly=True, adopt=True) as found,
+        ):
             before = found._version
-        with Journal(path) as journal:
+        # Only here is an application's SQLite database adopted (outbox.md).
+        with Journal(path, adopt=True) as journal:
             after = journal._version
     if before == after:
         click.echo(f"{journal.path} is at journal schema version {after}: nothing to do")

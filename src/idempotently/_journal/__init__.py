@@ -131,6 +131,7 @@ class Journal:
         durability: Durability = "fsync",
         codec: Codec | None = None,
         redact_query: Iterable[str] = (),
+        adopt: bool = False,
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
@@ -153,6 +154,13 @@ class Journal:
         ``redact_query`` names query parameters journaled redacted, besides the
         built-in list (``api_key``, ``token``, ``password``, ``signature``, ...).
 
+        A SQLite file that already holds other tables (an application's database, for
+        the outbox) and none named like the journal's is refused unless ``adopt=True``
+        (what `idempotently migrate` passes): then the journal's tables are created in
+        it, and its version and identity kept in its own ``journal_meta`` table, never
+        in the file's ``PRAGMA user_version`` or ``application_id``, which stay the
+        application's. A file whose ``application_id`` is another program's is refused.
+
         Args:
             path: The SQLite file, or a `postgresql://` URL.
             create: Create the file (and its tables) if missing.
@@ -161,6 +169,7 @@ class Journal:
             durability: `"fsync"` or `"os"`, as above.
             codec: Encodes stored bodies at rest (None: stored in clear).
             redact_query: More query parameters to journal redacted.
+            adopt: Create the journal's tables in an application's SQLite database.
         """
         # Data at rest: checked before anything is opened.
         self._codec = None if codec is None else check_codec(codec)
@@ -186,6 +195,7 @@ class Journal:
                 readonly=readonly,
                 busy_timeout=busy_timeout,
                 durability=durability,
+                adopt=adopt,
             )
         self._store: Store = store
         self._fsync_keys = store.durability == "fsync"
@@ -772,11 +782,15 @@ def migration_sql(path: str | os.PathLike[str], from_version: int | None = None)
                 f"{'PostgreSQL' if postgres else 'SQLite'} journal, not {from_version}"
             )
         return script_from(from_version)
+    adopted = False
     try:
-        with Journal(path, create=False, readonly=True) as journal:
+        with Journal(path, create=False, readonly=True, adopt=True) as journal:
             version = journal._version
+            adopted = bool(getattr(journal._store, "_adopted", False))
     except JournalMissingError:
         version = 0
+    if adopted:
+        return _sqlite.migration_sql(version, adopted=True)
     return script_from(version)
 
 

@@ -53,6 +53,8 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
+    RebaseNotBefore,
+    RebasePause,
     Record,
     Release,
     RenewLease,
@@ -1073,6 +1075,43 @@ class PostgresStore:
                 """,
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
+        if isinstance(write, RebaseNotBefore):
+            # A clock ahead of ours wrote it: counted from our now, never later.
+            return conn.execute(
+                f"""
+                UPDATE {SCHEMA}.operations
+                SET not_before = %(now)s + (not_before - updated_at), updated_at = %(now)s
+                WHERE operation_id = %(operation_id)s AND status = 'pending'
+                  AND updated_at = %(updated_at)s AND updated_at > %(now)s
+                  AND not_before > updated_at
+                RETURNING not_before
+                """,
+                {
+                    "now": write.now,
+                    "operation_id": write.operation_id,
+                    "updated_at": write.updated_at,
+                },
+            )
+        if isinstance(write, RebasePause):
+            # A clock ahead of ours wrote it: count it from our now, never longer. The
+            # pause as it stands after: the rebased row, else the row untouched.
+            return conn.execute(
+                f"""
+                WITH rebased AS (
+                    UPDATE {SCHEMA}.origin_pauses
+                    SET until = %(now)s + (until - set_at), set_at = %(now)s
+                    WHERE origin = %(origin)s AND credentials = %(credentials)s
+                      AND set_at > %(now)s
+                    RETURNING origin, credentials, until, reason, set_at
+                )
+                SELECT * FROM rebased
+                UNION ALL
+                SELECT origin, credentials, until, reason, set_at FROM {SCHEMA}.origin_pauses
+                WHERE origin = %(origin)s AND credentials = %(credentials)s
+                  AND NOT EXISTS (SELECT 1 FROM rebased)
+                """,
+                {"now": write.now, "origin": write.origin, "credentials": write.credentials},
+            )
         if isinstance(write, Unpause):
             return conn.execute(
                 f"DELETE FROM {SCHEMA}.origin_pauses WHERE origin = %s "
@@ -1124,6 +1163,13 @@ class PostgresStore:
             # operation twice, and never wait for each other.
             if write.limit <= 0:
                 return None
+            # A not_before written by a clock ahead of ours: counted from our now first.
+            conn.execute(
+                f"UPDATE {SCHEMA}.operations SET not_before = %(now)s + (not_before - "
+                "updated_at), updated_at = %(now)s WHERE status = 'pending' "
+                "AND updated_at > %(now)s AND not_before > updated_at",
+                {"now": write.now},
+            )
             return conn.execute(
                 _CLAIM_DUE,
                 {
@@ -1173,6 +1219,12 @@ class PostgresStore:
             return None
         if isinstance(write, Unpause):
             return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
+        if isinstance(write, RebaseNotBefore):
+            row = None if cursor is None else cursor.fetchone()
+            return None if row is None else float(row["not_before"])
+        if isinstance(write, RebasePause):
+            row = None if cursor is None else cursor.fetchone()
+            return None if row is None else OriginPause(**row)
         if isinstance(write, ClaimDue):
             return [] if cursor is None else self._with_attempts(cursor.fetchall())
         assert cursor is not None

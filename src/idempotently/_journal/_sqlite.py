@@ -40,6 +40,8 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
+    RebaseNotBefore,
+    RebasePause,
     Record,
     Release,
     RenewLease,
@@ -101,6 +103,10 @@ def _refuse_url(path: str) -> None:
 SCHEMA_VERSION = 5
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
+# In a file adopted by `idempotently migrate` (an application's database) the
+# application's own PRAGMA user_version and application_id are never read nor written:
+# the journal's identity and schema version are rows of its own journal_meta table.
+ADOPTED_IDENTITY: Final = "idempotently"
 
 
 def _one_of(column: str, values: Sequence[str]) -> str:
@@ -356,6 +362,12 @@ _SCHEMA_V5_NAMES: Final = _SCHEMA_V4_NAMES
 """Version 5 adds a column, no table, index or trigger."""
 
 
+_JOURNAL_NAMES: Final = (
+    frozenset(re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA)) | _SCHEMA_V4_NAMES
+)
+"""Every name a journal's schema uses: a file holding any of them is not adopted."""
+
+
 def _schema_names(version: int) -> frozenset[str]:
     """The tables, indexes and triggers a journal of ``version`` (2 or later) must have."""
     if version >= 5:
@@ -387,13 +399,23 @@ _RANDOM_UUID_SQL: Final = (
 )
 
 
-def upgrade_statements(version: int) -> list[str]:
+_REBASE_NOT_BEFORES: Final = (
+    "UPDATE operations SET not_before = ? + (not_before - updated_at), updated_at = ? "
+    "WHERE status = 'pending' AND updated_at > ? AND not_before > updated_at"
+)
+"""Every pending not_before written by a clock ahead of ours, counted from our now."""
+
+
+def upgrade_statements(version: int, *, adopted: bool = False) -> list[str]:
     """Every statement from schema ``version`` (0: an empty file) to SCHEMA_VERSION, in
-    order: what opening the journal to write runs in one transaction."""
+    order: what opening the journal to write runs in one transaction. ``adopted``: in an
+    application's database, where the version and identity are journal_meta rows and the
+    file's PRAGMA user_version and application_id are the application's."""
     statements: list[str] = []
     if version < 1:
         statements += _split_statements(_SCHEMA)
-        statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
+        if not adopted:
+            statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
     if version < 2:
         statements += _split_statements(_SCHEMA_V2)
         statements += [_RECOUNT.strip(), _NAMESPACE_INSERT]
@@ -403,14 +425,20 @@ def upgrade_statements(version: int) -> list[str]:
         statements += _split_statements(_SCHEMA_V4)
     if version < 5:
         statements += _split_statements(_SCHEMA_V5)
-    statements.append(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    statements.append(
+        "INSERT OR REPLACE INTO journal_meta (name, value) VALUES "
+        f"('identity', '{ADOPTED_IDENTITY}'), ('schema_version', '{SCHEMA_VERSION}')"
+        if adopted
+        else f"PRAGMA user_version = {SCHEMA_VERSION}"
+    )
     return statements
 
 
-def migration_sql(version: int) -> str:
+def migration_sql(version: int, *, adopted: bool = False) -> str:
     """The script that brings a SQLite journal from ``version`` (0: a new file) to this
     version, for applications that run their own migrations: the statements opening it
-    runs, in one transaction, after the switch to WAL mode."""
+    runs, in one transaction, after the switch to WAL mode. ``adopted``: into an
+    application's database (`upgrade_statements`)."""
     if version >= SCHEMA_VERSION:
         return f"-- The journal is at schema version {version}: nothing to do.\n"
     lines = [
@@ -418,7 +446,7 @@ def migration_sql(version: int) -> str:
         "PRAGMA journal_mode = WAL;",
         "BEGIN IMMEDIATE;",
     ]
-    for statement in upgrade_statements(version):
+    for statement in upgrade_statements(version, adopted=adopted):
         if statement == _NAMESPACE_INSERT:
             statement = statement.replace("?", _RANDOM_UUID_SQL)
         lines.append(statement.rstrip().rstrip(";") + ";")
@@ -548,6 +576,19 @@ def _is_corruption(error: sqlite3.Error) -> bool:
     return "malformed" in message or "not a database" in message
 
 
+@contextmanager
+def _text_as_str(conn: sqlite3.Connection) -> Iterator[None]:
+    """The journal's statements on an application's connection read TEXT as str, whatever
+    ``text_factory`` the application set (``bytes``, say); the application's own setting
+    is back as soon as they are done."""
+    factory = conn.text_factory
+    conn.text_factory = str
+    try:
+        yield
+    finally:
+        conn.text_factory = factory
+
+
 def _identity(path: str) -> tuple[int, int]:
     """The (device, inode) naming a file, as the store's moved-file check compares them."""
     found = os.stat(path)
@@ -594,6 +635,7 @@ class SqliteStore:
         readonly: bool = False,
         busy_timeout: float = 30.0,
         durability: Durability = "fsync",
+        adopt: bool = False,
     ) -> None:
         """Open (or create, mode 0600) the journal at ``path``.
 
@@ -631,6 +673,10 @@ class SqliteStore:
         self._abspath = os.path.abspath(self.path)
         self._file_id: tuple[int, int] | None = None
         self._version = SCHEMA_VERSION
+        self._adopt = adopt
+        self._adopted = False
+        """The journal lives in an application's database: its version is a journal_meta
+        row, and the file's user_version and application_id are the application's."""
         self._namespace: uuid.UUID | None = None
         if not self._create and self.path != ":memory:" and not os.path.exists(self.path):
             raise JournalMissingError(
@@ -704,12 +750,25 @@ class SqliteStore:
                 # another process is creating the schema.
                 self._conn.execute("BEGIN")
                 try:
-                    version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                    app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
                     tables = set(self.db.table_names())
                     names = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
+                    adopted = self._adopted_version() if "journal_meta" in tables else None
+                    # An adopted file's pragmas are the application's: not even read.
+                    version, app_id = (
+                        (adopted, APPLICATION_ID)
+                        if adopted is not None
+                        else (
+                            self._conn.execute("PRAGMA user_version").fetchone()[0],
+                            self._conn.execute("PRAGMA application_id").fetchone()[0],
+                        )
+                    )
                 finally:
                     self._conn.execute("COMMIT")
+                if adopted is not None:
+                    self._adopted = True
+                elif app_id != APPLICATION_ID and tables and not names & _JOURNAL_NAMES:
+                    self._adopt_application_database(app_id)
+                    return
                 if version == 0 and not tables:
                     if not self._create:
                         raise JournalCorruptError(
@@ -749,6 +808,71 @@ class SqliteStore:
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
 
+    def _adopted_version(self) -> int | None:
+        """The schema version of a journal adopted into an application's database (its
+        journal_meta rows), or None: not adopted."""
+        rows = dict(
+            self._conn.execute(
+                "SELECT name, value FROM journal_meta WHERE name IN ('identity', 'schema_version')"
+            ).fetchall()
+        )
+        if rows.get("identity") != ADOPTED_IDENTITY:
+            return None
+        try:
+            return int(rows["schema_version"])
+        except (KeyError, TypeError, ValueError):
+            raise JournalCorruptError(
+                f"{self.path} holds an adopted journal without a valid schema version "
+                f"(journal_meta 'schema_version' is {short(rows.get('schema_version'))}); "
+                "restore the file from a backup"
+            ) from None
+
+    def _adopt_application_database(self, app_id: int) -> None:
+        """A file with other tables and none named like the journal's: an application's
+        database. Only `idempotently migrate` (``adopt=True``) creates the journal's tables
+        in it, never touching its user_version or application_id (read-only: it is
+        found adoptable, at version 0). Anything else is refused with what to do."""
+        if app_id != 0:
+            raise JournalCorruptError(
+                f"{self.path} belongs to another program (its SQLite application_id is "
+                f"{app_id:#x}, not idempotently's): it is not adopted and was left as it is; "
+                "give the journal a file of its own"
+            )
+        if not self._adopt:
+            raise JournalMissingError(
+                f"{self.path} holds other tables and no idempotently journal: to keep the "
+                f"journal's tables in it (the outbox), run `idempotently --journal {self.path} "
+                "migrate` once (your tables, user_version and application_id are left as "
+                "they are); otherwise point journal= at the journal's own file. Nothing was "
+                "written"
+            )
+        self._adopted = True
+        if self.readonly or not self._create:
+            self._version = 0  # adoptable: what `migrate --sql` would print from
+            return
+        self._ensure_wal()
+        with self._write(durable=True):
+            # Another process may have adopted it while we waited for the lock.
+            if "journal_meta" in self.db.table_names():
+                version = self._adopted_version()
+                if version is None:
+                    raise JournalCorruptError(
+                        f"{self.path} gained tables named like the journal's meanwhile; "
+                        "it was not adopted"
+                    )
+                if version < SCHEMA_VERSION:
+                    self._upgrade(version)
+            else:
+                self._upgrade(0)
+        self._version = SCHEMA_VERSION
+        self._namespace = self._read_namespace()
+
+    def _stored_version(self) -> int:
+        """The journal's schema version as stored, inside the caller's transaction."""
+        if self._adopted:
+            return self._adopted_version() or 0
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
     def _migrate(self) -> None:
         """Bring an older journal to this version, in one durable transaction.
 
@@ -758,12 +882,12 @@ class SqliteStore:
         have migrated the file since we read its version: then there is nothing to do.
         """
         with self._write(durable=True):
-            self._upgrade(int(self._conn.execute("PRAGMA user_version").fetchone()[0]))
+            self._upgrade(self._stored_version())
 
     def _upgrade(self, version: int) -> None:
         """Every step from ``version`` (0: an empty file) to SCHEMA_VERSION, inside the
         caller's transaction: the statements ``idempotently migrate --sql`` prints."""
-        for statement in upgrade_statements(version):
+        for statement in upgrade_statements(version, adopted=self._adopted):
             params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else ()
             self._conn.execute(statement, params)
 
@@ -1096,6 +1220,33 @@ class SqliteStore:
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
             return None
+        if isinstance(write, RebaseNotBefore):
+            # A clock ahead of ours wrote it: counted from our now, never later.
+            cursor = conn.execute(
+                "UPDATE operations SET not_before = ? + (not_before - updated_at), "
+                "updated_at = ? WHERE operation_id = ? AND status = 'pending' "
+                "AND updated_at = ? AND updated_at > ? AND not_before > updated_at",
+                (write.now, write.now, write.operation_id, write.updated_at, write.now),
+            )
+            if cursor.rowcount != 1:
+                return None
+            row = conn.execute(
+                "SELECT not_before FROM operations WHERE operation_id = ?", (write.operation_id,)
+            ).fetchone()
+            return float(row[0])
+        if isinstance(write, RebasePause):
+            # A clock ahead of ours wrote it: count it from our now, never longer.
+            conn.execute(
+                "UPDATE origin_pauses SET until = ? + (until - set_at), set_at = ? "
+                "WHERE origin = ? AND credentials = ? AND set_at > ?",
+                (write.now, write.now, write.origin, write.credentials, write.now),
+            )
+            row = conn.execute(
+                "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                "WHERE origin = ? AND credentials = ?",
+                (write.origin, write.credentials),
+            ).fetchone()
+            return None if row is None else OriginPause(*tuple(row))
         if isinstance(write, Unpause):
             lifted = [
                 OriginPause(*tuple(row))
@@ -1204,7 +1355,10 @@ class SqliteStore:
     def _claim(self, conn: sqlite3.Connection, write: ClaimDue) -> list[Operation]:
         """Lease up to ``limit`` due pending operations, oldest first: inside the
         writer's ``BEGIN IMMEDIATE`` transaction, so two workers (threads or
-        processes) never claim one operation."""
+        processes) never claim one operation. A not_before written by a clock ahead of
+        ``now`` is first counted from ``now`` (`RebaseNotBefore`), so it is due after
+        its length, not when this host's clock catches up with the writer's."""
+        conn.execute(_REBASE_NOT_BEFORES, (write.now, write.now, write.now))
         ids = [
             row[0]
             for row in conn.execute(
@@ -1408,7 +1562,8 @@ class SqliteStore:
         try:
             cursor = connection.cursor()
             cursor.row_factory = None  # tuples, whatever the application's row_factory
-            rows = cursor.execute("PRAGMA database_list").fetchall()
+            with _text_as_str(connection):
+                rows = cursor.execute("PRAGMA database_list").fetchall()
         except sqlite3.ProgrammingError as error:
             raise JournalError(
                 f"cannot use the connection given to enqueue ({error}): it must be open, and "
@@ -1475,13 +1630,17 @@ class SqliteStore:
             try:
                 if conn is None:
                     cursor = self._conn.execute(sql, params)
+                    fetched = cursor.fetchall()
                 else:
-                    # Tuples whatever row_factory the application set on its connection.
+                    # Tuples whatever row_factory the application set on its connection,
+                    # and text as str whatever its text_factory.
                     cursor = conn.cursor()
                     cursor.row_factory = None
-                    cursor.execute(sql, params)
+                    with _text_as_str(conn):
+                        cursor.execute(sql, params)
+                        fetched = cursor.fetchall()
                 columns = [description[0] for description in cursor.description]
-                rows = [dict(zip(columns, row, strict=True)) for row in cursor]
+                rows = [dict(zip(columns, row, strict=True)) for row in fetched]
             except sqlite3.DatabaseError as error:
                 if _is_corruption(error):
                     raise self._damaged(error) from error
