@@ -271,6 +271,9 @@ def operation_records(
     records += [("request header", *pair) for pair in visible_headers(op.request_headers)]
     records.append(("request body", _body_field(op.request_body, op.unreadable)))
     records.append(("response", op.response_status if op.response_status is not None else "none"))
+    source = answer_source(op) if op.response_status is not None else None
+    if source is not None:
+        records.append(("response source", source))
     records += [("response header", *pair) for pair in visible_headers(op.response_headers)]
     if op.response_status is not None:
         records.append(("response body", _body_field(op.response_body, op.unreadable)))

@@ -724,9 +724,10 @@ def params_from_env(
     params: dict[str, str] = {}
     for value in values:
         name, envvar = env_pair(value, "api_key=MY_API_KEY", ctx, param)
-        if not QUERY_NAME.fullmatch(name):
+        if not QUERY_NAME.fullmatch(name) or not name.isprintable():
             raise click.BadParameter(
-                "NAME must be a query parameter name (no space, '=' or '&'); what was given "
+                "NAME must be a query parameter name (printable, no space, '=' or '&'); what "
+                "was given "
                 "is not repeated here, in case it holds a credential",
                 ctx,
                 param,
