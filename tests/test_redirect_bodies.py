@@ -32,8 +32,8 @@ from tests.test_operator_actions import make
 
 FAST = idempotently.RetryPolicy(initial_backoff=0.0, max_backoff=0.0)
 CHARGE = {"amount": 1000, "currency": "usd"}
-TIMEOUT = httpx.Timeout(30.0, read=0.5)
-"""A read timeout of half a second: how long a trickling redirect's body is read."""
+TIMEOUT = httpx.Timeout(30.0, read=1.0)
+"""A read timeout of a second: how long a trickling redirect's body is read."""
 NEXT = "/v1/next"
 
 
@@ -110,7 +110,7 @@ def test_a_redirect_through_a_client_of_either_library_is_bounded_too(
     app, url = scripted
     app.answer(REDIRECTS[kind](), Answer(status=201))
     with (
-        lib.Client(follow_redirects=True, timeout=lib.Timeout(30.0, read=0.5)) as client,
+        lib.Client(follow_redirects=True, timeout=lib.Timeout(30.0, read=1.0)) as client,
         idempotently.Session(tmp_path / "journal.db", client=client, policy=FAST) as session,
         memory_growth() as grew,
     ):
