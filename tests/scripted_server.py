@@ -54,6 +54,8 @@ class Arrival:
     at: float
     query: bytes = b""
     """The raw query string as it reached the server."""
+    method: str = ""
+    path: str = ""
 
 
 @attrs.define
@@ -108,6 +110,8 @@ class ScriptedApp:
                 key_in_journal=self._key_in_journal(key),
                 at=time.monotonic(),
                 query=scope.get("query_string", b""),
+                method=scope.get("method", ""),
+                path=scope.get("path", ""),
             )
         )
         answer = self.script.popleft() if self.script else Answer()

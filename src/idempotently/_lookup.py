@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import attrs
 import httpx
 
+from idempotently import _redirects
 from idempotently._answers import AnswerBody, aread_answer, read_answer
 from idempotently._commands import ReconcilePlan
 from idempotently._differences import shown_url
@@ -885,7 +886,8 @@ def _fetch(client: httpx.Client, request: httpx.Request, reading: _Reading) -> P
     if cut is not None:
         return Page(cut=cut)
     try:
-        body = AnswerBody(client.send(request, stream=True))
+        # Redirects are followed as the client would, each one's body read within bounds.
+        body = AnswerBody(_redirects.send(client, request, reading.clock, until=reading.until))
         read_answer(body, reading.room(), reading.until, reading.clock)
     except _READ_ERRORS as error:
         return Page(error=error)
@@ -900,7 +902,9 @@ async def _afetch(client: httpx.AsyncClient, request: httpx.Request, reading: _R
     if cut is not None:
         return Page(cut=cut)
     try:
-        body = AnswerBody(await client.send(request, stream=True))
+        body = AnswerBody(
+            await _redirects.asend(client, request, reading.clock, until=reading.until)
+        )
         await aread_answer(body, reading.room(), reading.until, reading.clock)
     except _READ_ERRORS as error:
         return Page(error=error)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import httpx
 
-from idempotently import _httpx2
+from idempotently import _httpx2, _redirects
 
 if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotations only
     import httpx2
@@ -731,16 +731,24 @@ class Session(_SessionBase[httpx.Client]):
         )
 
     def _send(self, request: httpx.Request) -> httpx.Response:
-        """One attempt, its answer's body unread: the flow reads it within bounds. The
-        client's last request hook is the gate (kept last whatever was added since)."""
+        """One attempt, its answer's body unread: the flow reads it within bounds (and
+        the redirects it follows, `_redirects.send`). The client's
+        last request hook is the gate (kept last whatever was added since)."""
         keep_last(self.client, last_hook)
+        clock = self._engine.clock
         if not self._httpx2:
-            return self.client.send(request, stream=True)
+            response: httpx.Response = _redirects.send(self.client, request, clock)
+            return response
         try:
-            response = self.client.send(_httpx2.to_httpx2_request(request), stream=True)
+            answer = _redirects.send(
+                self.client,
+                _httpx2.to_httpx2_request(request),
+                clock,
+                view=lambda hop: _httpx2.unread_response(hop, request),
+            )
         except Exception as error:
             raise _httpx2.to_httpx_error(error) from error
-        return _httpx2.unread_response(response, request)
+        return _httpx2.unread_response(answer, request)
 
     def resume(
         self,
@@ -1101,16 +1109,24 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
-        """One attempt, its answer's body unread: the flow reads it within bounds. The
-        client's last request hook is the gate (kept last whatever was added since)."""
+        """One attempt, its answer's body unread: the flow reads it within bounds (and
+        the redirects it follows, `_redirects.asend`). The client's
+        last request hook is the gate (kept last whatever was added since)."""
         keep_last(self.client, alast_hook)
+        clock = self._engine.clock
         if not self._httpx2:
-            return await self.client.send(request, stream=True)
+            response: httpx.Response = await _redirects.asend(self.client, request, clock)
+            return response
         try:
-            response = await self.client.send(_httpx2.to_httpx2_request(request), stream=True)
+            answer = await _redirects.asend(
+                self.client,
+                _httpx2.to_httpx2_request(request),
+                clock,
+                view=lambda hop: _httpx2.unread_response(hop, request, asynchronous=True),
+            )
         except Exception as error:
             raise _httpx2.to_httpx_error(error) from error
-        return _httpx2.unread_response(response, request, asynchronous=True)
+        return _httpx2.unread_response(answer, request, asynchronous=True)
 
     async def resume(
         self,

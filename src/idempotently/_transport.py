@@ -34,6 +34,7 @@ from idempotently._gate import alast_hook, last_hook
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ServerProfile
+from idempotently._redirects import aread_redirect, read_redirect
 from idempotently._session import JournalArg, adopted_key, check_engine_options, open_journal
 from idempotently._vocabulary import DELIVERIES, Delivery
 
@@ -206,7 +207,8 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
     ``retry_idempotent_methods=True``) are retried on network errors, 5xx, 408,
     425 and 429 under the same policy, retry budget and origin pauses, without a
     key or an operation in the journal: an answer retried is closed unread, and
-    the last answer or error comes through as it came. Other methods pass
+    the last answer or error comes through as it came (a redirect read to a 64 KiB
+    excerpt first, as the client follows it after reading it). Other methods pass
     straight through. ``hooks=`` receive the same events as the Session's.
 
     Args:
@@ -325,6 +327,13 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
                 )
             except Exception as error:
                 raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+            if response.has_redirect_location and not response.is_stream_consumed:
+                # The client above may follow it, after reading it whole (httpx's loop):
+                # it finds it read, within bounds.
+                try:
+                    read_redirect(response, live, self._engine.clock)
+                except Exception as error:
+                    raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
             if from_httpx2:
                 # An httpx2 answer is handed over read (as its writes' answers are).
                 try:
@@ -488,6 +497,11 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
                 )
             except Exception as error:
                 raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
+            if response.has_redirect_location and not response.is_stream_consumed:
+                try:
+                    await aread_redirect(response, live, self._engine.clock)
+                except Exception as error:
+                    raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)
             if from_httpx2:
                 try:
                     await response.aread()
