@@ -87,6 +87,7 @@ from idempotently._exceptions import (
     CredentialsMismatchError,
     ErrorContext,
     IdempotentlyError,
+    JournalCorruptError,
     KeyReuseError,
     NeedsReconcileError,
     NoStoredAnswerError,
@@ -1706,6 +1707,11 @@ class Engine:
 
         ``claimed_by``: the owner that leased it for this resume (a resume worker's
         claim); that lease is its own, renewed by compare-and-swap, not raced for."""
+        if listed.damaged is not None:
+            # Read again, it would raise what the listing turned into this stand-in.
+            result = yield from self._unresumable(listed, held, JournalCorruptError(listed.damaged))
+            yield Report(result)
+            return result
         operation = (yield Find(listed.operation_id, None)) or listed
         try:
             if dry_run:
@@ -1747,12 +1753,20 @@ class Engine:
             operation.status,
             "not_sent",
             f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
-            f"{operation.status} (see `idempotently show {operation.operation_id}`)",
+            f"{operation.status}: `idempotently show {operation.operation_id}` says what is "
+            "wrong; once that row is repaired, resume sends it, or `idempotently settle` or "
+            "`abandon` records what happened",
         )
 
     def reconcile_one(self, operation: Operation, result: ResumeResult) -> Flow[ResumeResult]:
         """Hand a needs_reconcile operation to the reconciler (unless a lookup's backoff
         is still running) and journal its verdict; ``result`` if it decides nothing."""
+        if operation.damaged is not None:
+            return (
+                yield from self._unresumable(
+                    operation, Held(), JournalCorruptError(operation.damaged)
+                )
+            )
         current = (yield Find(operation.operation_id, None)) or operation
         if current.status != "needs_reconcile":
             return ResumeResult.of(current, current.status, "skipped", current.reason)

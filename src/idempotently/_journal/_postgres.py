@@ -85,6 +85,7 @@ from idempotently._rows import (
     check_number,
     column_problem,
     headers_json,
+    row_problem,
     short,
 )
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
@@ -891,11 +892,18 @@ class PostgresStore:
             yield conn
 
     def _rows(
-        self, conn: psycopg.Connection[dict[str, Any]], sql: str, params: Any = ()
+        self,
+        conn: psycopg.Connection[dict[str, Any]],
+        sql: str,
+        params: Any = (),
+        *,
+        checked: bool = True,
     ) -> list[dict[str, Any]]:
+        """Rows as dicts, each checked (unless a listing checks them, `_listed`)."""
         rows = conn.execute(sql, params).fetchall()
-        for row in rows:
-            self._check_row(row)
+        if checked:
+            for row in rows:
+                self._check_row(row)
         return rows
 
     def _check_row(self, row: dict[str, Any], operation: dict[str, Any] | None = None) -> None:
@@ -1167,7 +1175,7 @@ class PostgresStore:
         if isinstance(write, Unpause):
             return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
         if isinstance(write, ClaimDue):
-            return [] if cursor is None else self._with_attempts(cursor.fetchall())
+            return [] if cursor is None else self._with_attempts(cursor.fetchall(), listed=True)
         assert cursor is not None
         if isinstance(write, (Act, LookUpLater)):
             row = cursor.fetchone()
@@ -1434,29 +1442,54 @@ class PostgresStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def _with_attempts(self, rows: Sequence[dict[str, Any]]) -> list[Operation]:
+    def _with_attempts(
+        self, rows: Sequence[dict[str, Any]], *, listed: bool = False
+    ) -> list[Operation]:
         """Operations from rows of an operation joined with its attempts (_WITH_ATTEMPTS).
 
         Each operation's columns are checked once, each attempt's as it comes; an
-        operation without attempts is one row whose attempt columns are NULL.
+        operation without attempts is one row whose attempt columns are NULL. ``listed``
+        (a worker's claim): a damaged operation is its stand-in (`_listed`), not an error.
         """
         found: dict[str, tuple[dict[str, Any], list[Attempt]]] = {}
+        damaged: dict[str, str] = {}
         for row in rows:
             entry = found.get(row["operation_id"])
             if entry is None:
                 operation = {column: row[column] for column in _OPERATION_COLUMNS}
-                self._check_row(operation)
+                if listed:
+                    damaged[row["operation_id"]] = row_problem(operation) or ""
+                else:
+                    self._check_row(operation)
                 entry = found[row["operation_id"]] = (operation, [])
-            if row["number"] is None:
+            if row["number"] is None or damaged.get(row["operation_id"]):
                 continue
             attempt = {column: row[column] for column in _ATTEMPT_COLUMNS}
+            if listed and row_problem(attempt) is not None:
+                damaged[row["operation_id"]] = cast(str, row_problem(attempt))
+                continue
             self._check_row(attempt, entry[0])
             attempt["replayed"] = bool(attempt["replayed"])
             entry[1].append(Attempt(**attempt))
         return [
-            Operation._from_row(operation, tuple(attempts))
+            self._listed(operation, damaged.get(operation["operation_id"]), tuple(attempts))
             for operation, attempts in found.values()
         ]
+
+    def _listed(
+        self,
+        row: dict[str, Any],
+        problem: str | None = None,
+        attempts: tuple[Attempt, ...] = (),
+    ) -> Operation:
+        """A row of a listing (`operations`: list, the resume queue; a worker's claim):
+        one this version cannot decode is its damaged stand-in, reported by whoever reads
+        it, never an error that stops the listing. (A read of one operation by its id
+        stays strict: `_check_row`.)"""
+        problem = problem or row_problem(row)
+        if problem:
+            return Operation._damaged_row(row, problem)
+        return Operation._from_row(row, attempts)
 
     def operation(self, operation_id_or_key: str) -> Operation | None:
         """One operation with all its attempts, by operation id or by key."""
@@ -1507,7 +1540,7 @@ class PostgresStore:
             ]
         rows = merge(*listings, key=lambda row: row["_seq"], reverse=newest_first)
         return [
-            Operation._from_row({name: value for name, value in row.items() if name != "_seq"})
+            self._listed({name: value for name, value in row.items() if name != "_seq"})
             for row in islice(rows, limit)
         ]
 
@@ -1537,7 +1570,7 @@ class PostgresStore:
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
-        return self._rows(conn, sql, params)
+        return self._rows(conn, sql, params, checked=False)
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""

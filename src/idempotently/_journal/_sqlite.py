@@ -73,6 +73,7 @@ from idempotently._rows import (
     check_number,
     column_problem,
     headers_json,
+    row_problem,
     short,
 )
 from idempotently._special_files import refuse_special_file
@@ -1204,8 +1205,10 @@ class SqliteStore:
         )
         claimed = []
         for operation_id in ids:
-            rows = self._query("SELECT * FROM operations WHERE operation_id = ?", (operation_id,))
-            claimed.append(self._with_attempts(rows[0]))
+            rows = self._query(
+                "SELECT * FROM operations WHERE operation_id = ?", (operation_id,), checked=False
+            )
+            claimed.append(self._listed(rows[0], attempts=True))
         return claimed
 
     # -- the operator's journal: actions, lookup verdicts, audit entries --------------
@@ -1448,8 +1451,11 @@ class SqliteStore:
         sql: str,
         params: Sequence[Any] | dict[str, Any] = (),
         conn: sqlite3.Connection | None = None,
+        *,
+        checked: bool = True,
     ) -> list[dict[str, Any]]:
-        """Rows as dicts, each checked; on ``conn`` (an application's connection) if given."""
+        """Rows as dicts, each checked (unless a listing checks them, `_listed`); on
+        ``conn`` (an application's connection) if given."""
         with self._lock:
             cursor = None
             try:
@@ -1471,9 +1477,29 @@ class SqliteStore:
                 # transaction open (until garbage collection) under later writes.
                 if cursor is not None:
                     cursor.close()
-        for row in rows:
-            self._check_row(row)
+        if checked:
+            for row in rows:
+                self._check_row(row)
         return rows
+
+    def _listed(self, row: dict[str, Any], *, attempts: bool = False) -> Operation:
+        """A row of a listing (`operations`: list, the resume queue; a worker's claim):
+        one this version cannot decode is its damaged stand-in, reported by whoever reads
+        it, never an error that stops the listing. (A read of one operation by its id
+        stays strict: `_check_row`.)"""
+        problem = row_problem(row)
+        if problem is None and attempts:
+            for attempt in self._query(
+                "SELECT * FROM attempts WHERE operation_id = ?",
+                (row["operation_id"],),
+                checked=False,
+            ):
+                problem = problem or row_problem(attempt)
+            if problem is None:
+                return self._with_attempts(row)
+        if problem is None:
+            return Operation._from_row(row)
+        return Operation._damaged_row(row, problem)
 
     def _check_row(self, row: dict[str, Any]) -> None:
         """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
@@ -1580,7 +1606,7 @@ class SqliteStore:
             listings = [self._listing(value, since, limit, newest_first) for value in statuses]
         rows = merge(*listings, key=lambda row: (row["_at"], row["_rowid"]), reverse=newest_first)
         return [
-            Operation._from_row(
+            self._listed(
                 {name: value for name, value in row.items() if name not in ("_rowid", "_at")}
             )
             for row in islice(rows, limit)
@@ -1619,7 +1645,7 @@ class SqliteStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return self._query(sql, params)
+        return self._query(sql, params, checked=False)
 
     def stats(
         self,
