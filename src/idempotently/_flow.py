@@ -580,7 +580,8 @@ def check_timeouts(request: httpx.Request) -> None:
 UNREADABLE_ROW = (Exception,)
 """What a journaled value that cannot be used raises while its operation is resumed (an
 OverflowError, a URL httpx cannot parse, a JSON or Unicode error...): that operation is
-reported, the resume goes on. An `IdempotentlyError` is a verdict (the journal's own
+reported, the resume goes on. So is the codec's failure on that operation's body or
+answer (a `CodecError`). Any other `IdempotentlyError` is a verdict (the journal's own
 failure included), never a damaged row: it is raised as before."""
 
 _SHORTEST_TIMEOUT = 0.001
@@ -1719,7 +1720,7 @@ class Engine:
             else:
                 result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
         except UNREADABLE_ROW as error:
-            if isinstance(error, IdempotentlyError):
+            if isinstance(error, IdempotentlyError) and not isinstance(error, CodecError):
                 raise
             result = yield from self._unresumable(operation, held, error)
         else:
@@ -1746,7 +1747,12 @@ class Engine:
                 cleanup.record.status,
                 "still_pending",
                 f"its resume stopped while sending ({what}): the request may have been "
-                "delivered; the next resume finishes it with its key",
+                + (
+                    "delivered; as an at-most-once operation it is never resent (look it "
+                    "up on the server and settle it: `idempotently settle`)"
+                    if cleanup.record.status == "abandoned"
+                    else "delivered; the next resume finishes it with its key"
+                ),
             )
         return ResumeResult.of(
             operation,

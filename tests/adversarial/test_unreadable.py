@@ -598,3 +598,85 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
         time.sleep(0.05)
     return False
 
+
+# -- a codec failing on one server's answer during a resume: that operation only ----------
+
+
+class FailsOnMarkedAnswers:
+    """Encodes every body but an answer holding ``unencodable`` (a codec bug on one answer)."""
+
+    name = "fails-on-marked-answers"
+
+    def encode(self, data: bytes) -> bytes:
+        if b"unencodable" in data:
+            raise RuntimeError("cannot encode this answer")
+        return data[::-1]
+
+    def decode(self, data: bytes) -> bytes:
+        return data[::-1]
+
+
+CODEC = FailsOnMarkedAnswers()
+UNENCODABLE = reply(body=b'{"id": "ch_2", "unencodable": true}')
+
+
+def pending_through_the_codec(target: str, wire: Wire) -> None:
+    """first, middle and last pending (answers lost), journaled through `CODEC`; the resume
+    that follows gets OK, an answer the codec fails on, OK."""
+    wire.answer(RESET, RESET, RESET)
+    with idempotently.Session(idempotently.Journal(target, codec=CODEC), policy=ONE_TRY) as session:
+        for operation_id in ("first", "middle", "last"):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post(f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id)
+    wire.answer(OK, UNENCODABLE, OK)
+
+
+def assert_only_the_middle_one_stays(target: str, wire: Wire, results: list[Any]) -> None:
+    """first and last succeeded; middle was sent with its key and stays pending, its
+    attempt maybe delivered, reported as such with its key: never a stopped resume."""
+    by_id = {result.operation_id: result for result in results}
+    assert ["first", "middle", "last"] == [result.operation_id for result in results]
+    assert ("succeeded", "succeeded") == (by_id["first"].status, by_id["last"].status)
+    middle = by_id["middle"]
+    assert ("pending", "still_pending") == (middle.status, middle.action)
+    assert "may have been delivered" in middle.detail and "CodecError" in middle.detail
+    with idempotently.Journal(target, create=False, codec=CODEC) as opened:
+        stored = opened.operation("middle")
+    assert stored is not None and middle.key == stored.key
+    assert "pending" == stored.status
+    assert "maybe_delivered" == stored.attempts[-1].outcome
+    assert 2 == wire.keys().count(stored.key.encode())
+    assert 6 == len(wire.arrivals)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_codec_failing_on_one_answer_never_stops_session_resume(
+    journal_target: str, wire: Wire
+) -> None:
+    """Session.resume reports the operation whose answer the codec failed on (sent, may
+    have been delivered, pending with its key) and resumes the others. SQLite and
+    PostgreSQL."""
+    pending_through_the_codec(journal_target, wire)
+    with idempotently.Session(idempotently.Journal(journal_target, codec=CODEC)) as session:
+        results = session.resume()
+    assert_only_the_middle_one_stays(journal_target, wire, results)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_codec_failing_on_one_answer_never_stops_the_resume_command(
+    journal_target: str, wire: Wire
+) -> None:
+    """`idempotently resume --codec`: the same, and exit 1."""
+    pending_through_the_codec(journal_target, wire)
+    code, output = cli_run(
+        journal_target,  # type: ignore[arg-type]
+        "resume",
+        "--json",
+        "--codec",
+        "tests.adversarial.test_unreadable:CODEC",
+    )
+    assert 1 == code, output
+    printed = json.loads(output[: output.index("\n]") + 2])
+    assert_only_the_middle_one_stays(
+        journal_target, wire, [idempotently.ResumeResult(**row) for row in printed]
+    )
