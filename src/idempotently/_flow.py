@@ -38,6 +38,7 @@ from idempotently._commands import (
     Emit,
     Enqueue,
     Find,
+    ForksTaken,
     Insert,
     Lease,
     LookUpLater,
@@ -1938,6 +1939,16 @@ class Engine:
                 ),
             )
             return ResumeResult.of(operation, "needs_reconcile", "needs_reconcile", verdict.note)
+        forks_taken: tuple[str, ...] = ()
+        if verdict.outcome == "resend":
+            # Never an id another operation holds, nor one an earlier fork had: the
+            # operator's fork's rule (`Journal._free_forks`).
+            taken: tuple[str, ...] | IdempotentlyError = yield ForksTaken(operation)
+            if isinstance(taken, IdempotentlyError):
+                return ResumeResult.of(
+                    operation, operation.status, "needs_reconcile", taken.message
+                )
+            forks_taken = taken
         try:
             planned = plan_action(
                 "fork" if verdict.outcome == "resend" else "settle",
@@ -1950,6 +1961,7 @@ class Engine:
                 namespace=self.namespace,
                 status="succeeded" if verdict.outcome == "found" else "failed",
                 key_expiry_margin=self.key_expiry_margin,
+                forks_taken=forks_taken,
             )
         except IdempotentlyError as error:
             return ResumeResult.of(operation, operation.status, "needs_reconcile", error.message)

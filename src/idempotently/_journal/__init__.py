@@ -33,6 +33,7 @@ from idempotently._commands import (
     Enqueue,
     ExtendLeases,
     Find,
+    ForksTaken,
     Insert,
     JournalCommand,
     Pauses,
@@ -571,6 +572,11 @@ class Journal:
                 return self._store.origin_pauses(now=command.now)
             if isinstance(command, AuditTrail):
                 return self._store.audit(command.operation_id)
+            if isinstance(command, ForksTaken):
+                try:
+                    return self._free_forks(command.operation, self._forks_taken(command.operation))
+                except OperatorActionError as refused:
+                    return refused
             return self._writer.write(command)
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
@@ -612,7 +618,7 @@ class Journal:
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):
-            if isinstance(command, (Find, Queue, Pauses, AuditTrail)):
+            if isinstance(command, (Find, Queue, Pauses, AuditTrail, ForksTaken)):
                 try:
                     outcomes[index] = self._execute(command)
                 except Exception as error:
@@ -811,7 +817,9 @@ def _closed_message(path: str, command: Any) -> str:
         )
     if isinstance(command, (Release, ExtendLeases, RenewLease)):
         return f"{closed}: the lease was left to expire; nothing else changed"
-    if isinstance(command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses, AuditTrail)):
+    if isinstance(
+        command, (Insert, Find, TakeLease, Queue, ClaimDue, Pauses, AuditTrail, ForksTaken)
+    ):
         return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
     return f"{closed}; this write was not journaled. Open the journal again to retry it"
 
