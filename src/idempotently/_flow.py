@@ -1761,8 +1761,8 @@ class Engine:
             "not_sent",
             f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
             f"{operation.status}: `idempotently show {operation.operation_id}` says what is "
-            "wrong; once that row is repaired, resume sends it, or `idempotently settle` or "
-            "`abandon` records what happened",
+            "wrong; repair that row and resume sends it, or record what happened with "
+            "`idempotently settle` or `abandon`",
         )
 
     def reconcile_one(self, operation: Operation, result: ResumeResult) -> Flow[ResumeResult]:

@@ -1391,7 +1391,8 @@ def run_action(
     except (TypeError, ValueError) as error:
         raise click.BadParameter(str(error), param_hint="'--actor'") from None
     try:
-        before = journal.operation(operation_id)
+        # A damaged row can be settled or abandoned (never forked or made due).
+        before = journal.operation(operation_id, damaged=action in ("settle", "abandon"))
         if action == "settle":
             after = journal.settle(
                 operation_id,

@@ -541,6 +541,34 @@ def test_a_row_the_store_cannot_decode_is_reported_by_a_dry_run(
     assert 3 == len(wire.arrivals)
 
 
+@pytest.mark.parametrize("case", ["request-headers-not-json", "secret-params-not-a-list"])
+@pytest.mark.parametrize("store", STORES)
+def test_a_row_the_store_cannot_decode_can_be_settled_or_abandoned(
+    journal_target: str, wire: Wire, case: str
+) -> None:
+    """What a resume's report says to do works on the damaged row: `idempotently abandon`
+    (or settle) records it, and the next resume no longer reports it; a fork or retry of
+    it is refused, nothing written (its request cannot be read)."""
+    poisoned_journal(journal_target, wire, case)
+    with idempotently.Journal(journal_target, create=False) as opened:
+        with pytest.raises(idempotently.OperatorActionError, match="cannot be read") as refused:
+            opened.retry_now("poisoned", note="try again")
+        assert ("poisoned", "pending") == (
+            refused.value.operation_id,
+            opened.operation("poisoned", damaged=True).status,  # type: ignore[union-attr]
+        )
+    code, output = cli_run(journal_target, "abandon", "poisoned", "--note", "checked")  # type: ignore[arg-type]
+    assert (0, "poisoned: pending -> abandoned") == (code, output.strip())
+    code, output = cli_run(journal_target, "resume", "--json")  # type: ignore[arg-type]
+    printed = json.loads(output[: output.index("\n]") + 2])
+    assert (0, ["first", "last"]) == (code, sorted(row["operation_id"] for row in printed))
+    with idempotently.Journal(journal_target, create=False) as opened:
+        abandoned = opened.operation("poisoned", damaged=True)
+        assert abandoned is not None and "abandoned" == abandoned.status
+        assert "checked" == opened.audit("poisoned")[-1].note
+    assert 5 == len(wire.arrivals)
+
+
 @pytest.mark.parametrize("store", STORES)
 def test_a_watch_worker_reports_a_row_it_cannot_decode_once(
     tmp_path: Path, journal_target: str, wire: Wire

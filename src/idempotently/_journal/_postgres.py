@@ -919,8 +919,8 @@ class PostgresStore:
                 raise JournalCorruptError(
                     f"{self.path} holds a damaged operation: {problem}; repair that row "
                     f"(psql, table {SCHEMA}.operations or {SCHEMA}.attempts) or restore a "
-                    "backup; the other operations can still be read one by one with "
-                    "`idempotently show`",
+                    "backup, or record what happened to it with `idempotently settle` or "
+                    "`abandon`; the other operations are still listed, shown and resumed",
                     operation_id=operation_id if isinstance(operation_id, str) else None,
                     key=key if isinstance(key, str) else None,
                 )
@@ -1491,11 +1491,14 @@ class PostgresStore:
             return Operation._damaged_row(row, problem)
         return Operation._from_row(row, attempts)
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
-        """One operation with all its attempts, by operation id or by key."""
-        return self.find(operation_id_or_key, operation_id_or_key)
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key; with
+        ``damaged``, a row that cannot be decoded as its stand-in (`_listed`)."""
+        return self.find(operation_id_or_key, operation_id_or_key, damaged=damaged)
 
-    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
+    def find(
+        self, operation_id: str | None, key: str | None, *, damaged: bool = False
+    ) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts.
 
         One statement, one round trip: the operation and its attempts, joined.
@@ -1507,7 +1510,7 @@ class PostgresStore:
                 (_FIND_V1, _FIND_V2, _FIND)[min(self._version, SCHEMA_VERSION) - 1],
                 {"operation_id": operation_id, "key": key},
             ).fetchall()
-        found = self._with_attempts(rows)
+        found = self._with_attempts(rows, listed=damaged)
         return found[0] if found else None
 
     def operations(

@@ -1508,9 +1508,10 @@ class SqliteStore:
             if problem is not None:
                 operation_id, key = row.get("operation_id"), row.get("key")
                 raise JournalCorruptError(
-                    f"{self.path} holds a damaged operation: {problem}; move the journal aside "
-                    "and restore a backup (or repair that row with the sqlite3 shell); the "
-                    "other operations can still be read one by one with `idempotently show`",
+                    f"{self.path} holds a damaged operation: {problem}; repair that row with "
+                    "the sqlite3 shell (or restore a backup), or record what happened to it "
+                    "with `idempotently settle` or `abandon`; the other operations are still "
+                    "listed, shown and resumed",
                     operation_id=operation_id if isinstance(operation_id, str) else None,
                     key=key if isinstance(key, str) else None,
                 )
@@ -1521,16 +1522,18 @@ class SqliteStore:
             f"(keep it: `sqlite3 {self.path} .recover` may save its rows) and restore a backup"
         )
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
-        """One operation with all its attempts, by operation id or by key."""
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key; with
+        ``damaged``, a row that cannot be decoded as its stand-in (`_listed`)."""
         rows = self._query(
             "SELECT * FROM operations WHERE operation_id = ? "
             "UNION ALL SELECT * FROM operations WHERE key = ? AND operation_id != ? LIMIT 1",
             (operation_id_or_key, operation_id_or_key, operation_id_or_key),
+            checked=not damaged,
         )
         if not rows:
             return None
-        return self._with_attempts(rows[0])
+        return self._listed(rows[0], attempts=True) if damaged else self._with_attempts(rows[0])
 
     def _with_attempts(
         self, row: dict[str, Any], conn: sqlite3.Connection | None = None
