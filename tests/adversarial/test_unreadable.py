@@ -497,7 +497,7 @@ def test_a_row_the_store_cannot_decode_never_stops_an_audit(
         listed = {o.operation_id: o for o in opened.operations()}
         poisoned = listed["poisoned"]
     column = UNDECODABLE_ROWS[case][0]
-    assert (None, None, None) == (listed["first"].damaged, listed["last"].damaged, None)
+    assert (None, None) == (listed["first"].damaged, listed["last"].damaged)
     assert poisoned.damaged is not None and column in poisoned.damaged
     outputs = audit_commands(journal_target)
     expected = {args: 0 for args in outputs} | {("show", "poisoned"): 1}
