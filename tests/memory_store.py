@@ -382,7 +382,7 @@ class MemoryStore:
                 return next((row for row in self.rows.values() if row.key == key), None)
             return None
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
         return self.find(operation_id_or_key, operation_id_or_key)
 
     def operations(

@@ -239,6 +239,33 @@ def test_absence_with_resend_forks_it_and_the_fork_is_charged_once(
     assert (fork.key, "order-1") == (made.key, made.metadata["operation_id"])
 
 
+def test_absence_with_resend_passes_over_an_unrelated_operation_holding_the_fork_id(
+    journal_target: str, idempotently_mock_server: MockServer
+) -> None:
+    """absent='resend' when an unrelated operation is already called order-1~fork1: the
+    lookup forks as order-1~fork2 (never "skipped" at every lookup), leaves
+    order-1~fork1 as it was, and the next resume sends the fork once."""
+    server = idempotently_mock_server
+    with Journal(journal_target) as journal:
+        lost(journal, server, "order-1", ago=3600, carries=True)
+        unrelated = make(journal, "order-1~fork1", "succeeded")
+    with idempotently.Session(journal_target, base_url=server.url, headers=AUTH) as session:
+        (result,) = session.reconcile(Lookup("/v1/charges", absent="resend"))
+        resumed = session.resume()
+        fork = session.journal.operation("order-1~fork2")
+        parent = session.journal.operation("order-1")
+        assert unrelated == session.journal.operation("order-1~fork1")
+    assert fork is not None and parent is not None
+    assert ("reconciled", "failed", "failed") == (result.action, result.status, parent.status)
+    assert ("order-1", "forked as order-1~fork2") == (
+        fork.forked_from,
+        result.detail.split("; ")[-1].split(",")[0],
+    )
+    assert [("order-1~fork2", "succeeded")] == [(r.operation_id, r.action) for r in resumed]
+    (made,) = server.charges()
+    assert fork.key == made.key
+
+
 def test_a_failed_lookup_changes_nothing_and_backs_off(
     session: idempotently.Session, idempotently_mock_server: MockServer
 ) -> None:

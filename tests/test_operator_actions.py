@@ -275,8 +275,8 @@ def test_two_operators_at_once_one_wins_and_the_other_is_told(journal: Journal) 
     read = journal._store.operation
     first_reads = [0]
 
-    def both_read_first(operation_id: str) -> Any:
-        found = read(operation_id)
+    def both_read_first(operation_id: str, **options: Any) -> Any:
+        found = read(operation_id, **options)
         first_reads[0] += 1
         if first_reads[0] <= 2:  # each operator's first read, then both go on
             barrier.wait(timeout=5)

@@ -233,9 +233,11 @@ def test_an_attempt_count_lowered_by_hand_is_a_corrupt_error(journal_target: str
         pytest.param("postgres", marks=pytest.mark.postgres),
     ],
 )
-def test_a_claim_meeting_a_damaged_row_fails_alone_in_its_batch(journal_target: str) -> None:
+def test_a_claim_meeting_a_damaged_row_reads_it_as_damaged(journal_target: str) -> None:
     """A resume worker's claim reads a damaged row while another caller's key shares its
-    batch: the claim fails with JournalCorruptError, the key is journaled as usual."""
+    batch: the claim returns the sound row and the damaged one as its stand-in (what is
+    wrong in ``damaged``, for the worker to report, never to send); the key is journaled
+    as usual."""
     journal = with_operations(journal_target, 2)
     with journal:
         by_hand(
@@ -247,8 +249,12 @@ def test_a_claim_meeting_a_damaged_row_fails_alone_in_its_batch(journal_target: 
         )
         journaled = journal._find("new-1", None)
     assert True is outcomes[0]
-    assert isinstance(outcomes[1], Failed)
-    assert isinstance(outcomes[1].error, JournalCorruptError)
+    claimed = {operation.operation_id: operation for operation in outcomes[1]}
+    assert ["new-1", "op-1", "op-2"] == sorted(claimed)  # new-1: unleased, due too
+    assert None is claimed["op-1"].damaged
+    damaged = claimed["op-2"].damaged
+    assert damaged is not None and "request_headers is not valid JSON" in damaged
+    assert ("key-2", b"") == (claimed["op-2"].key, claimed["op-2"].request_body)
     assert journaled is not None
 
 

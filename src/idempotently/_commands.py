@@ -228,6 +228,16 @@ class AuditTrail:
 
 
 @attrs.frozen
+class ForksTaken:
+    """The fork ids a new fork of ``operation`` must pass over (a tuple of str): its
+    chain's earlier forks and any row already holding the next one
+    (`Journal._free_forks`); or the `OperatorActionError` refusing a fork while one it
+    made is still in the journal (returned, not raised, for the flow to report)."""
+
+    operation: Operation
+
+
+@attrs.frozen
 class Pauses:
     """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
 
@@ -296,7 +306,7 @@ Write = (
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
-Read = Find | Queue | Pauses | AuditTrail
+Read = Find | Queue | Pauses | AuditTrail | ForksTaken
 JournalCommand = Read | Write
 WRITES: tuple[type, ...] = (
     Insert,

@@ -37,6 +37,7 @@ from idempotently._commands import (
     Emit,
     Enqueue,
     Find,
+    ForksTaken,
     Insert,
     Lease,
     LookUpLater,
@@ -81,6 +82,7 @@ from idempotently._exceptions import (
     CodecError,
     ErrorContext,
     IdempotentlyError,
+    JournalCorruptError,
     KeyReuseError,
     NeedsReconcileError,
     NoStoredAnswerError,
@@ -575,7 +577,8 @@ def check_timeouts(request: httpx.Request) -> None:
 UNREADABLE_ROW = (Exception,)
 """What a journaled value that cannot be used raises while its operation is resumed (an
 OverflowError, a URL httpx cannot parse, a JSON or Unicode error...): that operation is
-reported, the resume goes on. An `IdempotentlyError` is a verdict (the journal's own
+reported, the resume goes on. So is the codec's failure on that operation's body or
+answer (a `CodecError`). Any other `IdempotentlyError` is a verdict (the journal's own
 failure included), never a damaged row: it is raised as before."""
 
 _SHORTEST_TIMEOUT = 0.001
@@ -1805,6 +1808,11 @@ class Engine:
 
         ``claimed_by``: the owner that leased it for this resume (a resume worker's
         claim); that lease is its own, renewed by compare-and-swap, not raced for."""
+        if listed.damaged is not None:
+            # Read again, it would raise what the listing turned into this stand-in.
+            result = yield from self._unresumable(listed, held, JournalCorruptError(listed.damaged))
+            yield Report(result)
+            return result
         operation = (yield Find(listed.operation_id, None)) or listed
         try:
             if dry_run:
@@ -1812,7 +1820,7 @@ class Engine:
             else:
                 result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
         except UNREADABLE_ROW as error:
-            if isinstance(error, IdempotentlyError):
+            if isinstance(error, IdempotentlyError) and not isinstance(error, CodecError):
                 raise
             result = yield from self._unresumable(operation, held, error)
         else:
@@ -1839,19 +1847,32 @@ class Engine:
                 cleanup.record.status,
                 "still_pending",
                 f"its resume stopped while sending ({what}): the request may have been "
-                "delivered; the next resume finishes it with its key",
+                + (
+                    "delivered; as an at-most-once operation it is never resent (look it "
+                    "up on the server and settle it: `idempotently settle`)"
+                    if cleanup.record.status == "abandoned"
+                    else "delivered; the next resume finishes it with its key"
+                ),
             )
         return ResumeResult.of(
             operation,
             operation.status,
             "not_sent",
             f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
-            f"{operation.status} (see `idempotently show {operation.operation_id}`)",
+            f"{operation.status}: `idempotently show {operation.operation_id}` says what is "
+            "wrong; repair that row and resume sends it, or record what happened with "
+            "`idempotently settle` or `abandon`",
         )
 
     def reconcile_one(self, operation: Operation, result: ResumeResult) -> Flow[ResumeResult]:
         """Hand a needs_reconcile operation to the reconciler (unless a lookup's backoff
         is still running) and journal its verdict; ``result`` if it decides nothing."""
+        if operation.damaged is not None:
+            return (
+                yield from self._unresumable(
+                    operation, Held(), JournalCorruptError(operation.damaged)
+                )
+            )
         current = (yield Find(operation.operation_id, None)) or operation
         if current.status != "needs_reconcile":
             return ResumeResult.of(current, current.status, "skipped", current.reason)
@@ -2017,6 +2038,16 @@ class Engine:
                 ),
             )
             return ResumeResult.of(operation, "needs_reconcile", "needs_reconcile", verdict.note)
+        forks_taken: tuple[str, ...] = ()
+        if verdict.outcome == "resend":
+            # Never an id another operation holds, nor one an earlier fork had: the
+            # operator's fork's rule (`Journal._free_forks`).
+            taken: tuple[str, ...] | IdempotentlyError = yield ForksTaken(operation)
+            if isinstance(taken, IdempotentlyError):
+                return ResumeResult.of(
+                    operation, operation.status, "needs_reconcile", taken.message
+                )
+            forks_taken = taken
         try:
             planned = plan_action(
                 "fork" if verdict.outcome == "resend" else "settle",
@@ -2029,6 +2060,7 @@ class Engine:
                 namespace=self.namespace,
                 status="succeeded" if verdict.outcome == "found" else "failed",
                 key_expiry_margin=self.key_expiry_margin,
+                forks_taken=forks_taken,
             )
         except IdempotentlyError as error:
             return ResumeResult.of(operation, operation.status, "needs_reconcile", error.message)

@@ -134,6 +134,11 @@ class Operation:
     unreadable: str | None = attrs.field(default=None, metadata={"column": False})
     """Why the stored bodies could not be read here (a codec missing, another codec, a
     failed decode); None when they are clear or decoded. Such an operation is never sent."""
+    damaged: str | None = attrs.field(default=None, metadata={"column": False})
+    """What this version cannot decode in the operation's row (a listing, the resume
+    queue or a worker's claim reads it as a stand-in rather than failing, so the others
+    go on); None for a sound row. A damaged operation is never sent, and its other fields
+    are what could be read (the damaged ones emptied), for reporting it only."""
     attempts: tuple[Attempt, ...] = ()
     """Filled in by `Journal.operation`; empty in listings."""
 
@@ -148,6 +153,47 @@ class Operation:
         if values["response_headers"] is not None:
             values["response_headers"] = headers_from_json(values["response_headers"])
         return cls(**values, attempts=attempts)
+
+    @classmethod
+    def _damaged_row(cls, row: dict[str, Any], problem: str) -> Operation:
+        """The stand-in for a row that cannot be decoded (``problem`` says why): its
+        readable values, each damaged one emptied, its bodies left out; `damaged` and
+        `unreadable` set, so nothing ever sends it."""
+        values: dict[str, Any] = {}
+        for name in _OPERATION_FIELDS:
+            value = row.get(name)
+            if column_problem(name, value) is not None:
+                value = _empty(name, value)
+            values[name] = value
+        values["request_body"] = b""
+        values["response_headers"] = None
+        values["response_body"] = None
+        values["reason"] = f"its journaled row cannot be read: {problem}"
+        return attrs.evolve(cls._from_row(values), damaged=problem, unreadable=values["reason"])
+
+
+def _empty(column: str, value: object) -> object:
+    """What a stand-in holds for a damaged ``column``: its id or key as text (to report
+    it by), else nothing of the column's type."""
+    types, nullable, _ = _COLUMNS[column]
+    if column in ("operation_id", "key") and value is not None:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if nullable:
+        return None
+    if column == "status":
+        return "pending"
+    if column == "request_headers":
+        return "[]"
+    return types[0]()
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """The first value of ``row`` this version cannot decode (`column_problem`), or None."""
+    for column, value in row.items():
+        problem = column_problem(column, value)
+        if problem is not None:
+            return problem
+    return None
 
 
 _OPERATION_FIELDS: Final = frozenset(

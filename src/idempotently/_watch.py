@@ -123,6 +123,9 @@ def watch(
     heartbeat = heartbeat_for(store)
     parked: dict[str, int] = {}  # operation id -> rounds it came back pending in a row
     parked_now: set[str] = set()  # operations this worker holds a parking lease on
+    # Rows it cannot decode (`Operation.damaged`), reported once: claimed again each time
+    # their lease runs out, they are held again without a word.
+    damaged: set[str] = set()
     report_lock = threading.Lock()
 
     def report(result: ResumeResult) -> None:
@@ -172,6 +175,17 @@ def watch(
                 limit=concurrency * BATCH_PER_WORKER,
             )
             parked_now.difference_update(operation.operation_id for operation in claimed)
+            for operation in claimed:
+                if operation.damaged is not None:
+                    parked_now.add(
+                        operation.operation_id
+                    )  # its claim's lease, given back at the end
+            claimed = [
+                operation
+                for operation in claimed
+                if operation.damaged is None or operation.operation_id not in damaged
+            ]
+            damaged.update(o.operation_id for o in claimed if o.damaged is not None)
             if not claimed:
                 stop.wait(interval)
                 continue
@@ -207,6 +221,8 @@ def watch(
             if lane is not None and any(result.status == "needs_reconcile" for result in results):
                 lane.wake.set()  # looked up at once, by the lane, not by a sender
             for result in results:
+                if result.operation_id in damaged:
+                    continue  # held by its claim's lease; reading it again would raise
                 if result.status == "pending" and result.action not in ("leased", "waiting"):
                     rounds = parked.get(result.operation_id, 0)
                     if _park(engine, store, result, owner, min(MAX_PARK, interval * 2**rounds)):
@@ -376,12 +392,14 @@ class _LookupLane:
         self._errors: list[BaseException] = []
         self._ended = threading.Event()
 
+        damaged: set[str] = set()  # rows it cannot decode, reported once
+
         def lane() -> None:
             try:
                 while not stopping.is_set():
                     self.wake.clear()
                     if not _reconcile_due(
-                        engine, store, build, reconcile, send, sleep, report, stopping
+                        engine, store, build, reconcile, send, sleep, report, stopping, damaged
                     ):
                         self._idle(interval)
             except _Stopping:
@@ -427,6 +445,7 @@ def _reconcile_due(
     sleep: Callable[[float], None],
     report: Callable[[ResumeResult], None],
     stop: threading.Event,
+    damaged: set[str],
 ) -> int:
     """Hand the needs_reconcile operations whose lookup backoff has passed to the
     reconciler, one after the other; how many it settled. No lease is needed:
@@ -438,8 +457,10 @@ def _reconcile_due(
         for operation in store.operations(
             status="needs_reconcile", newest_first=False, limit=RECONCILE_BATCH
         )
-        if operation.lookup_after is None or operation.lookup_after <= now
+        if (operation.lookup_after is None or operation.lookup_after <= now)
+        and operation.operation_id not in damaged
     ]
+    damaged.update(operation.operation_id for operation in due if operation.damaged is not None)
     settled = 0
     for operation in due:
         if stop.is_set():

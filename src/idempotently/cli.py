@@ -76,6 +76,7 @@ from idempotently._profiles import (
     ServerProfile,
     check_key_expiry_margin,
 )
+from idempotently._rows import Operation
 from idempotently._session import (
     MAX_LEASE_DURATION,
     MAX_RESUME_CONCURRENCY,
@@ -360,6 +361,7 @@ def list_command(
             output_format,
             OPERATION_FIELDS,
         )
+        say_damaged(operations)
         return
     piped = not _cli_watch.stdout_is_terminal()
     if not operations:
@@ -373,8 +375,25 @@ def list_command(
         return
     if piped:
         echo_records_tsv(operation_record(operation) for operation in operations)
-        return
-    echo_lines(operations_table(operations, now, width=terminal_width()))
+    else:
+        echo_lines(operations_table(operations, now, width=terminal_width()))
+    say_damaged(operations)
+
+
+def say_damaged(operations: Sequence[Operation]) -> None:
+    """On stderr, each listed operation whose row cannot be read: listed with what could
+    be read of it, never sent, and not to be mistaken for a sound one."""
+    for operation in operations:
+        if operation.damaged is not None:
+            click.echo(
+                printable(
+                    f"idempotently: operation {operation.operation_id!r} (key "
+                    f"{operation.key!r}) cannot be read: {operation.damaged}; it is never "
+                    f"sent as it is: `idempotently show {operation.operation_id}` says what "
+                    "is wrong"
+                ),
+                err=True,
+            )
 
 
 # -- show --------------------------------------------------------------------------
@@ -1373,7 +1392,8 @@ def run_action(
     except (TypeError, ValueError) as error:
         raise click.BadParameter(str(error), param_hint="'--actor'") from None
     try:
-        before = journal.operation(operation_id)
+        # A damaged row can be settled or abandoned (never forked or made due).
+        before = journal.operation(operation_id, damaged=action in ("settle", "abandon"))
         if action == "settle":
             after = journal.settle(
                 operation_id,

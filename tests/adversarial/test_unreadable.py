@@ -310,6 +310,15 @@ POISONS = {
     "method-empty": ("method", ""),
 }
 """What a damaged row, another version or an unchecked argument left: (column, text)."""
+UNDECODABLE_ROWS = {
+    "request-headers-not-json": ("request_headers", "not json"),
+    "request-headers-not-pairs": ("request_headers", '{"Accept": "*/*"}'),
+    "secret-params-not-json": ("secret_params", "not json"),
+    "secret-params-not-a-list": ("secret_params", '{"api_key": 1}'),
+}
+"""Values the store itself refuses to decode when it reads the row (what a read of that
+one operation raises as `JournalCorruptError`): a listing reads it as damaged instead."""
+EVERY_POISON = POISONS | UNDECODABLE_ROWS
 
 
 def poison(target: str, operation_id: str, column: str, text: str) -> None:
@@ -338,7 +347,7 @@ def poisoned_journal(target: str, wire: Wire, case: str) -> None:
         for operation_id in ("first", "poisoned", "last"):
             with pytest.raises(idempotently.OperationPendingError):
                 session.post(f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id)
-    poison(target, "poisoned", *POISONS[case])
+    poison(target, "poisoned", *EVERY_POISON[case])
 
 
 def assert_the_others_went_on(target: str, wire: Wire, results: list[Any]) -> None:
@@ -359,7 +368,7 @@ def assert_the_others_went_on(target: str, wire: Wire, results: list[Any]) -> No
     )
 
 
-@pytest.mark.parametrize("case", POISONS)
+@pytest.mark.parametrize("case", EVERY_POISON)
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_poisoned_row_never_stops_session_resume(
     journal_target: str, wire: Wire, case: str
@@ -383,7 +392,7 @@ def test_a_poisoned_row_never_stops_an_audit(journal: Path, wire: Wire, case: st
     assert_sound(journal, operations=["first", "poisoned", "last"])
 
 
-@pytest.mark.parametrize("case", POISONS)
+@pytest.mark.parametrize("case", EVERY_POISON)
 def test_a_poisoned_row_never_stops_a_concurrent_resume(
     journal: Path, wire: Wire, case: str
 ) -> None:
@@ -407,7 +416,7 @@ async def test_a_poisoned_row_never_stops_async_session_resume(
     assert_the_others_went_on(journal_target, wire, results)
 
 
-@pytest.mark.parametrize("case", POISONS)
+@pytest.mark.parametrize("case", EVERY_POISON)
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_poisoned_row_never_stops_the_resume_command(
     journal_target: str, wire: Wire, case: str
@@ -422,7 +431,7 @@ def test_a_poisoned_row_never_stops_the_resume_command(
     )
 
 
-@pytest.mark.parametrize("case", ["timeout-10**400", "url-unparseable"])
+@pytest.mark.parametrize("case", ["timeout-10**400", "url-unparseable", "request-headers-not-json"])
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_poisoned_row_never_stops_a_watch_worker(
     tmp_path: Path, journal_target: str, wire: Wire, case: str
@@ -437,7 +446,7 @@ def test_a_poisoned_row_never_stops_a_watch_worker(
             session.enqueue(
                 "POST", f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id
             )
-    poison(journal_target, "poisoned", *POISONS[case])
+    poison(journal_target, "poisoned", *EVERY_POISON[case])
     worker = WatchWorker(tmp_path, journal_target, "host-a")
     try:
         seen: dict[str, dict[str, Any]] = {}
@@ -461,3 +470,241 @@ def test_a_poisoned_row_never_stops_a_watch_worker(
         assert 0 == worker.stop(), worker.diagnosis()
     finally:
         worker.close()
+
+
+# -- rows the store itself cannot decode: listed as damaged, never a stop -------------------
+
+STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def audit_commands(target: str) -> dict[tuple[str, ...], tuple[int, str]]:
+    """Exit code and output of the read-only commands, `show` of each operation included."""
+    commands = [("list",), ("list", "--json"), ("stats",), ("stats", "--json")]
+    commands += [("show", operation_id) for operation_id in ("first", "poisoned", "last")]
+    return {args: cli_run(target, *args) for args in commands}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case", UNDECODABLE_ROWS)
+@pytest.mark.parametrize("store", STORES)
+def test_a_row_the_store_cannot_decode_never_stops_an_audit(
+    journal_target: str, wire: Wire, case: str
+) -> None:
+    """list, stats and `show` of the other operations work on a journal holding a row the
+    store cannot decode; list names that row (id, key, what is wrong) and `show` of it
+    says what is wrong, exit 1. SQLite and PostgreSQL."""
+    poisoned_journal(journal_target, wire, case)
+    with idempotently.Journal(journal_target, create=False) as opened:
+        listed = {o.operation_id: o for o in opened.operations()}
+        poisoned = listed["poisoned"]
+    column = UNDECODABLE_ROWS[case][0]
+    assert (None, None) == (listed["first"].damaged, listed["last"].damaged)
+    assert poisoned.damaged is not None and column in poisoned.damaged
+    outputs = audit_commands(journal_target)
+    expected = {args: 0 for args in outputs} | {("show", "poisoned"): 1}
+    assert expected == {args: code for args, (code, _) in outputs.items()}
+    for args in (("list",), ("list", "--json"), ("show", "poisoned")):
+        assert column in outputs[args][1], (args, outputs[args][1])
+    assert f"'poisoned' (key {poisoned.key!r}) cannot be read" in outputs[("list",)][1]
+    listed_json = outputs[("list", "--json")][1]  # stdout, then the note on stderr
+    assert {"first", "poisoned", "last"} == {
+        row["operation_id"] for row in json.loads(listed_json[: listed_json.index("\n]") + 2])
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", ["request-headers-not-json", "secret-params-not-a-list"])
+@pytest.mark.parametrize("store", STORES)
+async def test_a_row_the_store_cannot_decode_never_stops_async_session_resume(
+    journal_target: str, wire: Wire, case: str, anyio_backend: str
+) -> None:
+    """AsyncSession.resume, on asyncio and trio, SQLite and PostgreSQL: the row the store
+    cannot decode is reported (not sent, pending, its key), the others are sent."""
+    poisoned_journal(journal_target, wire, case)
+    async with idempotently.AsyncSession(journal_target) as session:
+        results = await session.resume()
+    assert_the_others_went_on(journal_target, wire, results)
+    by_id = {result.operation_id: result for result in results}
+    assert "idempotently show poisoned" in by_id["poisoned"].detail
+
+
+@pytest.mark.parametrize("case", ["request-headers-not-json", "secret-params-not-a-list"])
+@pytest.mark.parametrize("store", STORES)
+def test_a_row_the_store_cannot_decode_is_reported_by_a_dry_run(
+    journal_target: str, wire: Wire, case: str
+) -> None:
+    """`resume --dry-run` plans the others and reports the damaged row; nothing is sent."""
+    poisoned_journal(journal_target, wire, case)
+    code, output = cli_run(journal_target, "resume", "--dry-run", "--json")  # type: ignore[arg-type]
+    planned = {row["operation_id"]: row for row in json.loads(output[: output.rindex("]") + 1])}
+    assert "not_sent" == planned["poisoned"]["action"], code
+    assert ("would_send", "would_send") == (planned["first"]["action"], planned["last"]["action"])
+    assert 3 == len(wire.arrivals)
+
+
+@pytest.mark.parametrize("case", ["request-headers-not-json", "secret-params-not-a-list"])
+@pytest.mark.parametrize("store", STORES)
+def test_a_row_the_store_cannot_decode_can_be_settled_or_abandoned(
+    journal_target: str, wire: Wire, case: str
+) -> None:
+    """What a resume's report says to do works on the damaged row: `idempotently abandon`
+    (or settle) records it, and the next resume no longer reports it; a fork or retry of
+    it is refused, nothing written (its request cannot be read)."""
+    poisoned_journal(journal_target, wire, case)
+    with idempotently.Journal(journal_target, create=False) as opened:
+        with pytest.raises(idempotently.OperatorActionError, match="cannot be read") as refused:
+            opened.retry_now("poisoned", note="try again")
+        assert ("poisoned", "pending") == (
+            refused.value.operation_id,
+            opened.operation("poisoned", damaged=True).status,  # type: ignore[union-attr]
+        )
+    code, output = cli_run(journal_target, "abandon", "poisoned", "--note", "checked")  # type: ignore[arg-type]
+    assert (0, "poisoned: pending -> abandoned") == (code, output.strip())
+    code, output = cli_run(journal_target, "resume", "--json")  # type: ignore[arg-type]
+    printed = json.loads(output[: output.index("\n]") + 2])
+    assert (0, ["first", "last"]) == (code, sorted(row["operation_id"] for row in printed))
+    with idempotently.Journal(journal_target, create=False) as opened:
+        abandoned = opened.operation("poisoned", damaged=True)
+        assert abandoned is not None and "abandoned" == abandoned.status
+        assert "checked" == opened.audit("poisoned")[-1].note
+    assert 5 == len(wire.arrivals)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_watch_worker_reports_a_row_it_cannot_decode_once(
+    tmp_path: Path, journal_target: str, wire: Wire
+) -> None:
+    """`resume --watch`, a real process: a row the store cannot decode is reported once,
+    not each time the worker claims it again (its lease ran out); an operation enqueued
+    after that is sent, and SIGTERM stops the worker with exit 0."""
+    from tests.test_fleet import WatchWorker
+
+    with idempotently.Session(journal_target) as session:
+        session.enqueue("POST", f"{wire.url}/v1/charges", json=CHARGE, operation_id="poisoned")
+    poison(journal_target, "poisoned", *UNDECODABLE_ROWS["request-headers-not-json"])
+    worker = WatchWorker(tmp_path, journal_target, "host-a", lease="1s")
+    try:
+        reports: list[dict[str, Any]] = []
+
+        def reported(operation_id: str) -> Callable[[dict[str, Any]], bool]:
+            def test(event: dict[str, Any]) -> bool:
+                if event.get("event") == "operation":
+                    reports.append(event)
+                return any(report["operation_id"] == operation_id for report in reports)
+
+            return test
+
+        worker.wait_for(reported("poisoned"))
+        first_lease = lease_of(journal_target, "poisoned")
+        claimed_again = wait_until(lambda: lease_of(journal_target, "poisoned") > first_lease)
+        assert claimed_again, worker.diagnosis()
+        with idempotently.Session(journal_target) as session:
+            session.enqueue("POST", f"{wire.url}/v1/charges", json=CHARGE, operation_id="later")
+        worker.wait_for(reported("later"))
+        assert None is worker.proc.poll(), worker.diagnosis()
+        assert ["poisoned", "later"] == [report["operation_id"] for report in reports]
+        assert "succeeded" == reports[1]["status"]
+        assert 0 == worker.stop(), worker.diagnosis()
+    finally:
+        worker.close()
+
+
+def lease_of(target: str, operation_id: str) -> float:
+    """The lease on an operation as a listing reads it (a damaged row's too)."""
+    with idempotently.Journal(target, create=False) as opened:
+        (operation,) = [o for o in opened.operations() if o.operation_id == operation_id]
+    return operation.lease_until
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# -- a codec failing on one server's answer during a resume: that operation only ----------
+
+
+class FailsOnMarkedAnswers:
+    """Encodes every body but an answer holding ``unencodable`` (a codec bug on one answer)."""
+
+    name = "fails-on-marked-answers"
+
+    def encode(self, data: bytes) -> bytes:
+        if b"unencodable" in data:
+            raise RuntimeError("cannot encode this answer")
+        return data[::-1]
+
+    def decode(self, data: bytes) -> bytes:
+        return data[::-1]
+
+
+CODEC = FailsOnMarkedAnswers()
+UNENCODABLE = reply(body=b'{"id": "ch_2", "unencodable": true}')
+
+
+def pending_through_the_codec(target: str, wire: Wire) -> None:
+    """first, middle and last pending (answers lost), journaled through `CODEC`; the resume
+    that follows gets OK, an answer the codec fails on, OK."""
+    wire.answer(RESET, RESET, RESET)
+    with idempotently.Session(idempotently.Journal(target, codec=CODEC), policy=ONE_TRY) as session:
+        for operation_id in ("first", "middle", "last"):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post(f"{wire.url}/v1/charges", json=CHARGE, operation_id=operation_id)
+    wire.answer(OK, UNENCODABLE, OK)
+
+
+def assert_only_the_middle_one_stays(target: str, wire: Wire, results: list[Any]) -> None:
+    """first and last succeeded; middle was sent with its key and stays pending, its
+    attempt maybe delivered, reported as such with its key: never a stopped resume."""
+    by_id = {result.operation_id: result for result in results}
+    assert ["first", "middle", "last"] == [result.operation_id for result in results]
+    assert ("succeeded", "succeeded") == (by_id["first"].status, by_id["last"].status)
+    middle = by_id["middle"]
+    assert ("pending", "still_pending") == (middle.status, middle.action)
+    assert "may have been delivered" in middle.detail and "CodecError" in middle.detail
+    with idempotently.Journal(target, create=False, codec=CODEC) as opened:
+        stored = opened.operation("middle")
+    assert stored is not None and middle.key == stored.key
+    assert "pending" == stored.status
+    assert "maybe_delivered" == stored.attempts[-1].outcome
+    assert 2 == wire.keys().count(stored.key.encode())
+    assert 6 == len(wire.arrivals)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_codec_failing_on_one_answer_never_stops_session_resume(
+    journal_target: str, wire: Wire
+) -> None:
+    """Session.resume reports the operation whose answer the codec failed on (sent, may
+    have been delivered, pending with its key) and resumes the others. SQLite and
+    PostgreSQL."""
+    pending_through_the_codec(journal_target, wire)
+    with idempotently.Session(idempotently.Journal(journal_target, codec=CODEC)) as session:
+        results = session.resume()
+    assert_only_the_middle_one_stays(journal_target, wire, results)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_codec_failing_on_one_answer_never_stops_the_resume_command(
+    journal_target: str, wire: Wire
+) -> None:
+    """`idempotently resume --codec`: the same, and exit 1."""
+    pending_through_the_codec(journal_target, wire)
+    code, output = cli_run(
+        journal_target,  # type: ignore[arg-type]
+        "resume",
+        "--json",
+        "--codec",
+        "tests.adversarial.test_unreadable:CODEC",
+    )
+    assert 1 == code, output
+    printed = json.loads(output[: output.index("\n]") + 2])
+    assert_only_the_middle_one_stays(
+        journal_target, wire, [idempotently.ResumeResult(**row) for row in printed]
+    )

@@ -34,6 +34,7 @@ from idempotently._commands import (
     Enqueue,
     ExtendLeases,
     Find,
+    ForksTaken,
     Insert,
     JournalCommand,
     Pauses,
@@ -268,10 +269,14 @@ class Journal:
 
     # -- reading ------------------------------------------------------------------
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
-        """One operation with all its attempts, by operation id or by key."""
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key.
+
+        A row this version cannot decode raises `JournalCorruptError` naming it; with
+        ``damaged=True`` it is returned as `operations` lists it: what could be read,
+        ``damaged`` saying what is wrong (what settle and abandon act on)."""
         self._check_usable()
-        return self._opened(self._store.operation(operation_id_or_key))
+        return self._opened(self._store.operation(operation_id_or_key, damaged=damaged))
 
     def operations(
         self,
@@ -450,12 +455,21 @@ class Journal:
         # A compare-and-swap on the row read: if it changed meanwhile, plan again from
         # the new row (the second operator is told what the first one did).
         for _ in range(_ACT_ROUNDS):
-            operation = self._store.operation(operation_id)
+            # A row this version cannot decode can still be settled or abandoned: what
+            # happened is the operator's word, and nothing of the row is sent or copied.
+            operation = self._store.operation(operation_id, damaged=True)
             if operation is None or operation.operation_id != operation_id:
                 raise OperatorActionError(
                     f"no operation {operation_id!r} in {self.path}; nothing was written "
                     "(`idempotently list` shows the operations)",
                     operation_id=operation_id,
+                )
+            if operation.damaged is not None and action not in ("settle", "abandon"):
+                raise OperatorActionError(
+                    f"cannot {action}: its journaled row cannot be read ({operation.damaged}); "
+                    "nothing was written. Repair that row, or settle or abandon it",
+                    operation_id=operation_id,
+                    key=operation.key,
                 )
             now = time.time()
             owner = operation.lease_owner
@@ -480,7 +494,7 @@ class Journal:
             if dry_run:
                 return cast(Operation, self._opened(planned.after))
             if self._execute(planned.write):
-                done = self._store.operation(planned.after.operation_id)
+                done = self._store.operation(planned.after.operation_id, damaged=True)
                 return cast(Operation, self._opened(done if done is not None else planned.after))
         raise OperatorActionError(
             f"cannot {action}: the operation kept changing while this action was being "
@@ -582,6 +596,11 @@ class Journal:
                 return self._store.origin_pauses(now=command.now)
             if isinstance(command, AuditTrail):
                 return self._store.audit(command.operation_id)
+            if isinstance(command, ForksTaken):
+                try:
+                    return self._free_forks(command.operation, self._forks_taken(command.operation))
+                except OperatorActionError as refused:
+                    return refused
             return self._writer.write(command)
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
@@ -623,7 +642,7 @@ class Journal:
         outcomes: list[Any] = [None] * len(commands)
         writes: list[int] = []
         for index, command in enumerate(commands):
-            if isinstance(command, (Find, Queue, Pauses, AuditTrail)):
+            if isinstance(command, (Find, Queue, Pauses, AuditTrail, ForksTaken)):
                 try:
                     outcomes[index] = self._execute(command)
                 except Exception as error:
@@ -828,7 +847,7 @@ def _closed_message(path: str, command: Any) -> str:
         return f"{closed}: the lease was left to expire; nothing else changed"
     if isinstance(
         command,
-        (Insert, Find, TakeLease, BindCredentials, Queue, ClaimDue, Pauses, AuditTrail),
+        (Insert, Find, TakeLease, BindCredentials, Queue, ClaimDue, Pauses, AuditTrail, ForksTaken),
     ):
         return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
     return f"{closed}; this write was not journaled. Open the journal again to retry it"

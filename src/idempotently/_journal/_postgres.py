@@ -88,6 +88,7 @@ from idempotently._rows import (
     check_number,
     column_problem,
     headers_json,
+    row_problem,
     short,
 )
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
@@ -894,11 +895,18 @@ class PostgresStore:
             yield conn
 
     def _rows(
-        self, conn: psycopg.Connection[dict[str, Any]], sql: str, params: Any = ()
+        self,
+        conn: psycopg.Connection[dict[str, Any]],
+        sql: str,
+        params: Any = (),
+        *,
+        checked: bool = True,
     ) -> list[dict[str, Any]]:
+        """Rows as dicts, each checked (unless a listing checks them, `_listed`)."""
         rows = conn.execute(sql, params).fetchall()
-        for row in rows:
-            self._check_row(row)
+        if checked:
+            for row in rows:
+                self._check_row(row)
         return rows
 
     def _check_row(self, row: dict[str, Any], operation: dict[str, Any] | None = None) -> None:
@@ -914,8 +922,8 @@ class PostgresStore:
                 raise JournalCorruptError(
                     f"{self.path} holds a damaged operation: {problem}; repair that row "
                     f"(psql, table {SCHEMA}.operations or {SCHEMA}.attempts) or restore a "
-                    "backup; the other operations can still be read one by one with "
-                    "`idempotently show`",
+                    "backup, or record what happened to it with `idempotently settle` or "
+                    "`abandon`; the other operations are still listed, shown and resumed",
                     operation_id=operation_id if isinstance(operation_id, str) else None,
                     key=key if isinstance(key, str) else None,
                 )
@@ -1226,7 +1234,7 @@ class PostgresStore:
             row = None if cursor is None else cursor.fetchone()
             return None if row is None else OriginPause(**row)
         if isinstance(write, ClaimDue):
-            return [] if cursor is None else self._with_attempts(cursor.fetchall())
+            return [] if cursor is None else self._with_attempts(cursor.fetchall(), listed=True)
         assert cursor is not None
         if isinstance(write, (Act, LookUpLater)):
             row = cursor.fetchone()
@@ -1493,35 +1501,63 @@ class PostgresStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def _with_attempts(self, rows: Sequence[dict[str, Any]]) -> list[Operation]:
+    def _with_attempts(
+        self, rows: Sequence[dict[str, Any]], *, listed: bool = False
+    ) -> list[Operation]:
         """Operations from rows of an operation joined with its attempts (_WITH_ATTEMPTS).
 
         Each operation's columns are checked once, each attempt's as it comes; an
-        operation without attempts is one row whose attempt columns are NULL.
+        operation without attempts is one row whose attempt columns are NULL. ``listed``
+        (a worker's claim): a damaged operation is its stand-in (`_listed`), not an error.
         """
         found: dict[str, tuple[dict[str, Any], list[Attempt]]] = {}
+        damaged: dict[str, str] = {}
         for row in rows:
             entry = found.get(row["operation_id"])
             if entry is None:
                 operation = {column: row[column] for column in _OPERATION_COLUMNS}
-                self._check_row(operation)
+                if listed:
+                    damaged[row["operation_id"]] = row_problem(operation) or ""
+                else:
+                    self._check_row(operation)
                 entry = found[row["operation_id"]] = (operation, [])
-            if row["number"] is None:
+            if row["number"] is None or damaged.get(row["operation_id"]):
                 continue
             attempt = {column: row[column] for column in _ATTEMPT_COLUMNS}
+            if listed and row_problem(attempt) is not None:
+                damaged[row["operation_id"]] = cast(str, row_problem(attempt))
+                continue
             self._check_row(attempt, entry[0])
             attempt["replayed"] = bool(attempt["replayed"])
             entry[1].append(Attempt(**attempt))
         return [
-            Operation._from_row(operation, tuple(attempts))
+            self._listed(operation, damaged.get(operation["operation_id"]), tuple(attempts))
             for operation, attempts in found.values()
         ]
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
-        """One operation with all its attempts, by operation id or by key."""
-        return self.find(operation_id_or_key, operation_id_or_key)
+    def _listed(
+        self,
+        row: dict[str, Any],
+        problem: str | None = None,
+        attempts: tuple[Attempt, ...] = (),
+    ) -> Operation:
+        """A row of a listing (`operations`: list, the resume queue; a worker's claim):
+        one this version cannot decode is its damaged stand-in, reported by whoever reads
+        it, never an error that stops the listing. (A read of one operation by its id
+        stays strict: `_check_row`.)"""
+        problem = problem or row_problem(row)
+        if problem:
+            return Operation._damaged_row(row, problem)
+        return Operation._from_row(row, attempts)
 
-    def find(self, operation_id: str | None, key: str | None) -> Operation | None:
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key; with
+        ``damaged``, a row that cannot be decoded as its stand-in (`_listed`)."""
+        return self.find(operation_id_or_key, operation_id_or_key, damaged=damaged)
+
+    def find(
+        self, operation_id: str | None, key: str | None, *, damaged: bool = False
+    ) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts.
 
         One statement, one round trip: the operation and its attempts, joined.
@@ -1533,7 +1569,7 @@ class PostgresStore:
                 (_FIND_V1, _FIND_V2, _FIND)[min(self._version, SCHEMA_VERSION) - 1],
                 {"operation_id": operation_id, "key": key},
             ).fetchall()
-        found = self._with_attempts(rows)
+        found = self._with_attempts(rows, listed=damaged)
         return found[0] if found else None
 
     def operations(
@@ -1566,7 +1602,7 @@ class PostgresStore:
             ]
         rows = merge(*listings, key=lambda row: row["_seq"], reverse=newest_first)
         return [
-            Operation._from_row({name: value for name, value in row.items() if name != "_seq"})
+            self._listed({name: value for name, value in row.items() if name != "_seq"})
             for row in islice(rows, limit)
         ]
 
@@ -1596,7 +1632,7 @@ class PostgresStore:
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
-        return self._rows(conn, sql, params)
+        return self._rows(conn, sql, params, checked=False)
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""

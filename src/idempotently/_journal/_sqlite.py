@@ -76,6 +76,7 @@ from idempotently._rows import (
     check_number,
     column_problem,
     headers_json,
+    row_problem,
     short,
 )
 from idempotently._special_files import refuse_special_file
@@ -1378,8 +1379,10 @@ class SqliteStore:
         )
         claimed = []
         for operation_id in ids:
-            rows = self._query("SELECT * FROM operations WHERE operation_id = ?", (operation_id,))
-            claimed.append(self._with_attempts(rows[0]))
+            rows = self._query(
+                "SELECT * FROM operations WHERE operation_id = ?", (operation_id,), checked=False
+            )
+            claimed.append(self._listed(rows[0], attempts=True))
         return claimed
 
     # -- the operator's journal: actions, lookup verdicts, audit entries --------------
@@ -1623,8 +1626,11 @@ class SqliteStore:
         sql: str,
         params: Sequence[Any] | dict[str, Any] = (),
         conn: sqlite3.Connection | None = None,
+        *,
+        checked: bool = True,
     ) -> list[dict[str, Any]]:
-        """Rows as dicts, each checked; on ``conn`` (an application's connection) if given."""
+        """Rows as dicts, each checked (unless a listing checks them, `_listed`); on
+        ``conn`` (an application's connection) if given."""
         with self._lock:
             cursor = None
             try:
@@ -1650,9 +1656,29 @@ class SqliteStore:
                 # transaction open (until garbage collection) under later writes.
                 if cursor is not None:
                     cursor.close()
-        for row in rows:
-            self._check_row(row)
+        if checked:
+            for row in rows:
+                self._check_row(row)
         return rows
+
+    def _listed(self, row: dict[str, Any], *, attempts: bool = False) -> Operation:
+        """A row of a listing (`operations`: list, the resume queue; a worker's claim):
+        one this version cannot decode is its damaged stand-in, reported by whoever reads
+        it, never an error that stops the listing. (A read of one operation by its id
+        stays strict: `_check_row`.)"""
+        problem = row_problem(row)
+        if problem is None and attempts:
+            for attempt in self._query(
+                "SELECT * FROM attempts WHERE operation_id = ?",
+                (row["operation_id"],),
+                checked=False,
+            ):
+                problem = problem or row_problem(attempt)
+            if problem is None:
+                return self._with_attempts(row)
+        if problem is None:
+            return Operation._from_row(row)
+        return Operation._damaged_row(row, problem)
 
     def _check_row(self, row: dict[str, Any]) -> None:
         """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
@@ -1661,9 +1687,10 @@ class SqliteStore:
             if problem is not None:
                 operation_id, key = row.get("operation_id"), row.get("key")
                 raise JournalCorruptError(
-                    f"{self.path} holds a damaged operation: {problem}; move the journal aside "
-                    "and restore a backup (or repair that row with the sqlite3 shell); the "
-                    "other operations can still be read one by one with `idempotently show`",
+                    f"{self.path} holds a damaged operation: {problem}; repair that row with "
+                    "the sqlite3 shell (or restore a backup), or record what happened to it "
+                    "with `idempotently settle` or `abandon`; the other operations are still "
+                    "listed, shown and resumed",
                     operation_id=operation_id if isinstance(operation_id, str) else None,
                     key=key if isinstance(key, str) else None,
                 )
@@ -1674,16 +1701,18 @@ class SqliteStore:
             f"(keep it: `sqlite3 {self.path} .recover` may save its rows) and restore a backup"
         )
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
-        """One operation with all its attempts, by operation id or by key."""
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key; with
+        ``damaged``, a row that cannot be decoded as its stand-in (`_listed`)."""
         rows = self._query(
             "SELECT * FROM operations WHERE operation_id = ? "
             "UNION ALL SELECT * FROM operations WHERE key = ? AND operation_id != ? LIMIT 1",
             (operation_id_or_key, operation_id_or_key, operation_id_or_key),
+            checked=not damaged,
         )
         if not rows:
             return None
-        return self._with_attempts(rows[0])
+        return self._listed(rows[0], attempts=True) if damaged else self._with_attempts(rows[0])
 
     def _with_attempts(
         self, row: dict[str, Any], conn: sqlite3.Connection | None = None
@@ -1759,7 +1788,7 @@ class SqliteStore:
             listings = [self._listing(value, since, limit, newest_first) for value in statuses]
         rows = merge(*listings, key=lambda row: (row["_at"], row["_rowid"]), reverse=newest_first)
         return [
-            Operation._from_row(
+            self._listed(
                 {name: value for name, value in row.items() if name not in ("_rowid", "_at")}
             )
             for row in islice(rows, limit)
@@ -1798,7 +1827,7 @@ class SqliteStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return self._query(sql, params)
+        return self._query(sql, params, checked=False)
 
     def stats(
         self,

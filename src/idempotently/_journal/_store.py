@@ -75,8 +75,10 @@ class Store(Protocol):
         """The operation with this id, else the one with this key, with its attempts."""
         ...
 
-    def operation(self, operation_id_or_key: str) -> Operation | None:
-        """One operation with all its attempts, by operation id or by key."""
+    def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
+        """One operation with all its attempts, by operation id or by key. ``damaged``:
+        a row that cannot be decoded is its stand-in (`Operation.damaged`), not an error
+        (for an operator's settle or abandon)."""
         ...
 
     def operations(
