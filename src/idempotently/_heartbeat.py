@@ -110,16 +110,18 @@ class Heartbeat:
         store = self._store()
         if store is None or not due:
             return 0
-        groups: dict[float, list[tuple[str, str]]] = {}
+        groups: dict[tuple[float, float], list[tuple[str, str]]] = {}
         try:
             for entry in due:
                 lease = entry.lease
-                until = lease.clock() + lease.duration
-                groups.setdefault(until, []).append((lease.operation_id, lease.owner))
+                now = lease.clock()
+                groups.setdefault((now + lease.duration, now), []).append(
+                    (lease.operation_id, lease.owner)
+                )
             # Writes like any other: through the journal's one writer.
             return sum(
-                int(store._execute(ExtendLeases(tuple(pairs), until)))
-                for until, pairs in groups.items()
+                int(store._execute(ExtendLeases(tuple(pairs), until, now)))
+                for (until, now), pairs in groups.items()
             )
         except Exception as error:  # any failure: the lease may expire, the call goes on
             logger.warning(
