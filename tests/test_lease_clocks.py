@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 import idempotently
 from idempotently._commands import ClaimDue
@@ -100,6 +101,28 @@ def test_a_call_with_the_id_of_a_dead_hosts_lease_from_ahead_waits_its_length(
         operation = session.journal.operation("charge")
     assert operation is not None
     assert (201, 1, operation.key) == (response.status_code, len(app.arrivals), app.arrivals[0].key)
+    assert LEASE <= sum(fake_time.sleeps) <= 2 * LEASE
+
+
+@pytest.mark.anyio
+async def test_an_async_call_with_the_id_of_a_dead_hosts_lease_from_ahead_waits_its_length(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """AsyncSession (asyncio and trio) likewise: the call waits the lease's length, then
+    sends it once with the journaled key."""
+    app, url = scripted
+    fast_host_takes_the_lease_and_dies(journal_target, f"{url}/v1/charges", fake_time.now)
+    async with idempotently.AsyncSession(
+        journal_target,
+        host_id="right-host",
+        headers=TOKEN,
+        policy=POLICY,
+        lease_duration=LEASE,
+        clock=fake_time.clock,
+        sleep=fake_time.async_sleep,
+    ) as session:
+        response = await session.post(f"{url}/v1/charges", json={}, operation_id="charge")
+    assert (201, 1) == (response.status_code, len(app.arrivals))
     assert LEASE <= sum(fake_time.sleeps) <= 2 * LEASE
 
 
