@@ -6,10 +6,12 @@ another process, on this host or another, would find the lease expired and send
 the operation a second time. While a driver sends, or a resume worker holds
 operations it claimed, their leases are registered here: one daemon thread per
 store extends them every ``lease_duration / 3`` (one short transaction for all
-of them). The thread stops once nothing has been registered for ``IDLE_LINGER``
-seconds: starting a thread costs about a millisecond (the caller waits for it
-to run), as much as the rest of a call's journal work, so back-to-back calls
-reuse one thread instead of starting one each. A heartbeat that fails
+of them), each time writing the row's ``updated_at`` with the same clock: the
+lease's write time, from which a host whose clock is behind ours counts it
+(`_commands.RebaseOperation`). The thread stops once nothing has been registered
+for ``IDLE_LINGER`` seconds: starting a thread costs about a millisecond (the
+caller waits for it to run), as much as the rest of a call's journal work, so
+back-to-back calls reuse one thread instead of starting one each. A heartbeat that fails
 (the journal is locked or gone) is logged and tried again; it never breaks a call:
 at worst the lease expires, as it would have without a heartbeat.
 """
