@@ -23,7 +23,7 @@ from idempotently._commands import (
     PauseOrigin,
     Pauses,
     Queue,
-    RebaseNotBefore,
+    RebaseOperation,
     RebasePause,
     Record,
     Release,
@@ -96,21 +96,17 @@ class MemoryStore:
                     write.origin, write.credentials, write.until, write.reason, write.set_at
                 )
             return None
-        if isinstance(write, RebaseNotBefore):
+        if isinstance(write, RebaseOperation):
             row = self.rows.get(write.operation_id)
             if (
                 row is None
                 or row.status != "pending"
-                or row.not_before is None
                 or row.updated_at != write.updated_at
-                or not row.not_before > row.updated_at > write.now
+                or not row.updated_at > write.now
             ):
                 return None
-            not_before = write.now + (row.not_before - row.updated_at)
-            self.rows[write.operation_id] = attrs.evolve(
-                row, not_before=not_before, updated_at=write.now
-            )
-            return not_before
+            row = self._rebase(row, write.now)
+            return (row.not_before, row.lease_until)
         if isinstance(write, RebasePause):
             known = self.pauses.get((write.origin, write.credentials))
             if known is not None and known.set_at > write.now:
@@ -179,7 +175,7 @@ class MemoryStore:
             row = self.rows.get(write.operation_id)
             if row is None or row.status != "pending" or row.lease_owner != write.owner:
                 return False
-            self._set(row, lease_until=write.lease_until)
+            self._set(row, lease_until=write.lease_until, updated_at=write.now)
             return True
         if isinstance(write, SetStatus):
             row = self.rows.get(write.operation_id)
@@ -204,10 +200,17 @@ class MemoryStore:
             for operation_id, owner in write.leases:
                 row = self.rows.get(operation_id)
                 if row is not None and row.lease_owner == owner and row.status == "pending":
-                    self._set(row, lease_until=max(row.lease_until, write.lease_until))
+                    self._set(
+                        row,
+                        lease_until=max(row.lease_until, write.lease_until),
+                        updated_at=write.now,
+                    )
                     extended += 1
             return extended
         if isinstance(write, ClaimDue):
+            for row in list(self.rows.values()):
+                if row.status == "pending" and row.updated_at > write.now:
+                    self._rebase(row, write.now)
             due = sorted(
                 (
                     row
@@ -312,6 +315,17 @@ class MemoryStore:
     def _set(self, row: Operation, **changes: Any) -> None:
         self.rows[row.operation_id] = attrs.evolve(row, **changes)
 
+    def _rebase(self, row: Operation, now: float) -> Operation:
+        """A row written by a clock ahead of ``now``: every time moved to our clock."""
+        shift = now - row.updated_at
+        self._set(
+            row,
+            not_before=None if row.not_before is None else row.not_before + shift,
+            lease_until=row.lease_until + shift if row.lease_until > 0 else row.lease_until,
+            updated_at=now,
+        )
+        return self.rows[row.operation_id]
+
     def _record(self, write: Record) -> None:
         row = self.rows.get(write.operation_id)
         if row is None:
@@ -327,18 +341,15 @@ class MemoryStore:
             error=record.error,
             wait=record.wait,
         )
-        counted = {
-            "attempt_count": row.attempt_count + 1,
-            "attempts": (*row.attempts, attempt),
-            "updated_at": write.now,
-        }
+        counted = {"attempt_count": row.attempt_count + 1, "attempts": (*row.attempts, attempt)}
         holds = write.owner is None or (row.status == "pending" and row.lease_owner == write.owner)
         if not holds:
-            self._set(row, **counted)
+            self._set(row, **counted)  # the holder's updated_at stays: its clock's
             return
         self._set(
             row,
             **counted,
+            updated_at=write.now,
             status=record.status,
             reason=record.reason,
             not_before=record.not_before,

@@ -103,6 +103,7 @@ def test_extend_leases_pushes_back_only_leases_still_held(journal: Journal) -> N
     extended = journal._extend_leases(
         [("mine", "w1"), ("mine-later", "w1"), ("taken", "w1"), ("done", "w1"), ("gone", "w1")],
         lease_until=NOW + 40,
+        now=NOW,
     )
 
     leases = {

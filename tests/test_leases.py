@@ -160,12 +160,13 @@ def test_extend_leases_only_moves_live_leases_of_their_owner_forward(journal: Jo
             ("missing", "me:1:t"),
         ],
         lease_until=NOW + 100,
+        now=NOW,
     )
 
     assert 2 == extended  # "far" matched; its lease stays where it was
     leases = {op.operation_id: op.lease_until for op in journal.operations()}
     assert {"mine": NOW + 100, "far": NOW + 500, "theirs": NOW + 10, "done": 0.0} == leases
-    assert 0 == journal._extend_leases([], lease_until=NOW + 100)
+    assert 0 == journal._extend_leases([], lease_until=NOW + 100, now=NOW)
 
 
 # -- heartbeat ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from idempotently._commands import (
     ExtendLeases,
     Insert,
     LookUpLater,
+    RebaseOperation,
     Record,
     Release,
     RenewLease,
@@ -172,10 +173,36 @@ def test_a_lease_is_renewed_only_by_its_owner_and_only_while_pending(store: Stor
     """RenewLease succeeds for the owner (expired or not), fails for anyone else and once
     the operation is settled."""
     one(store, Insert(new("op-1"), "me", NOW - 100))
-    assert True is one(store, RenewLease("op-1", "me", NOW + 30))
-    assert False is one(store, RenewLease("op-1", "you", NOW + 60))
+    assert True is one(store, RenewLease("op-1", "me", NOW + 30, NOW))
+    assert False is one(store, RenewLease("op-1", "you", NOW + 60, NOW))
     one(store, SetStatus("op-1", "needs_reconcile", "key expired", NOW))
-    assert False is one(store, RenewLease("op-1", "me", NOW + 90))
+    assert False is one(store, RenewLease("op-1", "me", NOW + 90, NOW))
+
+
+def test_a_lease_written_by_a_clock_ahead_is_counted_from_the_readers_now_only_sooner(
+    store: Store,
+) -> None:
+    """RebaseOperation moves a row whose updated_at is in the reader's future onto the
+    reader's clock (its lease keeps its length from that write), once, by a
+    compare-and-swap on the updated_at read; heartbeats and renewals stamp their own now
+    as the lease's write time; an attempt recorded by a caller that lost the lease leaves
+    the holder's updated_at alone."""
+    ahead = NOW + 1000
+    one(store, Insert(new("op-1", created_at=ahead), "fast", ahead + 30))
+    assert None is one(store, RebaseOperation("op-1", ahead - 1, NOW))  # not the row read
+    assert (None, NOW + 30) == one(store, RebaseOperation("op-1", ahead, NOW))
+    assert None is one(store, RebaseOperation("op-1", NOW, NOW))  # once: no longer ahead
+    one(store, ExtendLeases((("op-1", "fast"),), ahead + 10 + 30, ahead + 10))
+    one(store, Record("op-1", answer(final=False), ahead + 99, "lost"))
+    read = store.find("op-1", None)
+    assert read is not None
+    assert (ahead + 40, ahead + 10, 1) == (read.lease_until, read.updated_at, read.attempt_count)
+    assert (None, NOW + 5 + 30) == one(store, RebaseOperation("op-1", ahead + 10, NOW + 5))
+    one(store, RenewLease("op-1", "fast", ahead + 20 + 30, ahead + 20))
+    assert [] == one(store, ClaimDue("worker", NOW + 34, NOW + 99, 10))  # from NOW + 34
+    assert [] == one(store, ClaimDue("worker", NOW + 63, NOW + 99, 10))
+    claimed = one(store, ClaimDue("worker", NOW + 64, NOW + 99, 10))
+    assert [("op-1", "worker")] == [(op.operation_id, op.lease_owner) for op in claimed]
 
 
 def test_credentials_are_bound_once_by_the_lease_holder_of_a_pending_operation(
@@ -222,8 +249,10 @@ def test_a_lease_is_released_and_extended_only_by_its_owner(store: Store) -> Non
         one(store, Insert(new(name), "me", NOW + 30))
     one(store, Release("op-1", "you"))
     one(store, Record("op-3", answer(), NOW, "me"))
-    extended = one(store, ExtendLeases((("op-1", "me"), ("op-2", "you"), ("op-3", "me")), NOW + 10))
-    one(store, ExtendLeases((("op-2", "me"),), NOW + 90))
+    extended = one(
+        store, ExtendLeases((("op-1", "me"), ("op-2", "you"), ("op-3", "me")), NOW + 10, NOW)
+    )
+    one(store, ExtendLeases((("op-2", "me"),), NOW + 90, NOW))
     one(store, Release("op-1", "me"))
     first, second = store.find("op-1", None), store.find("op-2", None)
     assert first is not None and second is not None

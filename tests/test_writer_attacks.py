@@ -615,11 +615,11 @@ def test_a_renewal_racing_the_heartbeat_never_shortens_nor_steals_a_lease(
     at least at the later of the two; a renewal by another owner changes nothing."""
     journal = journal_with_operations(tmp_path, 1)
     with journal:
-        extended = journal._extend_leases([("op-1", "me")], lease_until=NOW + 50)
+        extended = journal._extend_leases([("op-1", "me")], lease_until=NOW + 50, now=NOW)
         renewed = journal._execute_many(
-            [RenewLease("op-1", "me", NOW + 40), RenewLease("op-1", "thief", NOW + 99)]
+            [RenewLease("op-1", "me", NOW + 40, NOW), RenewLease("op-1", "thief", NOW + 99, NOW)]
         )
-        journal._extend_leases([("op-1", "me")], lease_until=NOW + 45)
+        journal._extend_leases([("op-1", "me")], lease_until=NOW + 45, now=NOW)
         operation = journal.operation("op-1")
     assert 1 == extended
     assert [True, False] == renewed

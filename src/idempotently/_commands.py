@@ -117,11 +117,13 @@ class RenewLease:
     """Compare-and-swap right before a send whose lease may have run out: set the
     lease to ``lease_until`` only if ``owner`` still holds it (nobody took it over,
     expired or not) and the operation is pending; False means another caller may be
-    sending it, and nothing may be sent."""
+    sending it, and nothing may be sent. ``now`` (the clock ``lease_until`` is counted
+    on) becomes the row's ``updated_at``: the lease's write time (`RebaseOperation`)."""
 
     operation_id: str
     owner: str
     lease_until: float
+    now: float
 
 
 @attrs.frozen
@@ -142,10 +144,12 @@ class BindCredentials:
 @attrs.frozen
 class ExtendLeases:
     """Heartbeat: push each (operation_id, owner) still pending and leased by that
-    owner to at least ``lease_until``; replies how many rows were extended."""
+    owner to at least ``lease_until``, stamping ``updated_at = now`` (the lease's write
+    time, `RebaseOperation`); replies how many rows were extended."""
 
     leases: tuple[tuple[str, str], ...]
     lease_until: float
+    now: float
 
 
 @attrs.frozen
@@ -269,11 +273,13 @@ class RebasePause:
 
 
 @attrs.frozen
-class RebaseNotBefore:
-    """Count a pending operation's ``not_before`` written by a clock ahead of ``now``
-    (its ``updated_at``, the write's time, is in the future) from ``now``: not_before
-    becomes now + (not_before - updated_at), only ever sooner; a compare-and-swap on the
-    ``updated_at`` read. Replies the new not_before, or None if the row changed."""
+class RebaseOperation:
+    """Count a pending operation written by a clock ahead of ``now`` (its ``updated_at``,
+    the last write's time, is in the future) from ``now``: its ``not_before`` and its
+    lease's ``lease_until`` each become now + (time - updated_at), and updated_at now,
+    so they only ever come sooner, and never sooner than their length after the write;
+    a compare-and-swap on the ``updated_at`` read. Replies the new (not_before,
+    lease_until), or None if the row changed."""
 
     operation_id: str
     updated_at: float
@@ -302,7 +308,7 @@ Write = (
     | LookUpLater
     | PauseOrigin
     | RebasePause
-    | RebaseNotBefore
+    | RebaseOperation
     | Unpause
 )
 """What the journal's one writer commits (``_journal/_writer.py``)."""
@@ -323,7 +329,7 @@ WRITES: tuple[type, ...] = (
     LookUpLater,
     PauseOrigin,
     RebasePause,
-    RebaseNotBefore,
+    RebaseOperation,
     Unpause,
 )
 

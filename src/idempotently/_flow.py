@@ -46,7 +46,7 @@ from idempotently._commands import (
     PlanReconcile,
     Queue,
     ReadAnswer,
-    RebaseNotBefore,
+    RebaseOperation,
     RebasePause,
     Reconcile,
     ReconcilePlan,
@@ -834,7 +834,7 @@ class Engine:
             if operation.status != "pending":
                 return self.stored_response(operation, build)
             self.profile_for(operation)  # one that cannot be read is an error: nothing sent
-            operation = yield from self._not_before_from_now(operation)
+            operation = yield from self._times_from_now(operation)
             blocker = self.blocker(operation)
             if blocker is not None and blocker[0] != "leased":
                 yield from self._apply_blocker(operation, blocker[0], blocker[1])
@@ -1196,7 +1196,7 @@ class Engine:
                 # another caller may have found it expired and taken it. Renew it by a
                 # compare-and-swap on its owner; if that fails, someone else is sending.
                 held.lease_until = started + self.lease_duration
-                if not (yield RenewLease(operation_id, owner, held.lease_until)):
+                if not (yield RenewLease(operation_id, owner, held.lease_until, started)):
                     held.lease = None
                     raise OperationInProgressError(
                         f"the lease of operation {operation_id!r} ran out before this call "
@@ -1720,19 +1720,25 @@ class Engine:
             profile = None
         return key_expiry_margin(operation, profile, self.key_expiry_margin)
 
-    def _not_before_from_now(self, operation: Operation) -> Flow[Operation]:
-        """The operation with its not_before counted from our now, in the journal, when
-        the clock that wrote it (its ``updated_at``) was ahead of ours: a server's "not
-        before 5 s" from a host ten years fast is 5 s from when we first see it, as an
-        origin pause is (`_origin_pause`)."""
+    def _times_from_now(self, operation: Operation) -> Flow[Operation]:
+        """The operation with its not_before and lease counted from our now, in the
+        journal, when the clock that wrote them (its ``updated_at``) was ahead of ours: a
+        server's "not before 5 s", or a 60 s lease, from a host ten years fast is 5 s (60
+        s) from when we first see it, as an origin pause is (`_origin_pause`). A live
+        owner's heartbeat writes its lease again (and its own now) every third of it, so
+        it keeps it as it would with clocks in step."""
         now = self.clock()
-        not_before = operation.not_before
-        if not_before is None or not not_before > operation.updated_at > now:
+        if not operation.updated_at > now or not (
+            (operation.not_before or 0.0) > now or operation.lease_until > now
+        ):
             return operation
-        rebased = yield RebaseNotBefore(operation.operation_id, operation.updated_at, now)
+        rebased = yield RebaseOperation(operation.operation_id, operation.updated_at, now)
         if rebased is None:
             return operation  # changed meanwhile: what was read decides, as before
-        return attrs.evolve(operation, not_before=rebased, updated_at=now)
+        not_before, lease_until = rebased
+        return attrs.evolve(
+            operation, not_before=not_before, lease_until=lease_until, updated_at=now
+        )
 
     def _apply_blocker(self, operation: Operation, kind: Blocker, reason: str) -> Flow[Status]:
         """Journal what a blocker means for the operation; return its status."""
@@ -2135,7 +2141,7 @@ class Engine:
         if claimed_by is not None and claimed:
             # Ours: whatever ends this flow early releases it (a blocker's SetStatus does too).
             held.take(operation.operation_id, claimed_by)
-        operation = yield from self._not_before_from_now(operation)
+        operation = yield from self._times_from_now(operation)
         blocked = self.blocker(operation, resuming=True, claimed_by=claimed_by)
         if blocked is not None:
             kind, reason = blocked

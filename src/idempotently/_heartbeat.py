@@ -6,10 +6,12 @@ another process, on this host or another, would find the lease expired and send
 the operation a second time. While a driver sends, or a resume worker holds
 operations it claimed, their leases are registered here: one daemon thread per
 store extends them every ``lease_duration / 3`` (one short transaction for all
-of them). The thread stops once nothing has been registered for ``IDLE_LINGER``
-seconds: starting a thread costs about a millisecond (the caller waits for it
-to run), as much as the rest of a call's journal work, so back-to-back calls
-reuse one thread instead of starting one each. A heartbeat that fails
+of them), each time writing the row's ``updated_at`` with the same clock: the
+lease's write time, from which a host whose clock is behind ours counts it
+(`_commands.RebaseOperation`). The thread stops once nothing has been registered
+for ``IDLE_LINGER`` seconds: starting a thread costs about a millisecond (the
+caller waits for it to run), as much as the rest of a call's journal work, so
+back-to-back calls reuse one thread instead of starting one each. A heartbeat that fails
 (the journal is locked or gone) is logged and tried again; it never breaks a call:
 at worst the lease expires, as it would have without a heartbeat.
 """
@@ -110,16 +112,18 @@ class Heartbeat:
         store = self._store()
         if store is None or not due:
             return 0
-        groups: dict[float, list[tuple[str, str]]] = {}
+        groups: dict[tuple[float, float], list[tuple[str, str]]] = {}
         try:
             for entry in due:
                 lease = entry.lease
-                until = lease.clock() + lease.duration
-                groups.setdefault(until, []).append((lease.operation_id, lease.owner))
+                now = lease.clock()
+                groups.setdefault((now + lease.duration, now), []).append(
+                    (lease.operation_id, lease.owner)
+                )
             # Writes like any other: through the journal's one writer.
             return sum(
-                int(store._execute(ExtendLeases(tuple(pairs), until)))
-                for until, pairs in groups.items()
+                int(store._execute(ExtendLeases(tuple(pairs), until, now)))
+                for (until, now), pairs in groups.items()
             )
         except Exception as error:  # any failure: the lease may expire, the call goes on
             logger.warning(

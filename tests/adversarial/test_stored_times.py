@@ -1,10 +1,11 @@
 """No stored time outlasts its length for a reader whose clock is behind its writer's.
 
 The class behind "a host ten years fast pauses everyone for ten years": every time the
-journal stores for others to wait on (an origin pause, an operation's not_before) is
-written with the writer's clock. Whatever the skew, a reader waits at most the length
-the server asked for, counted from when it first sees it, and never sends earlier than
-that length by its own clock when the writer's clock is behind or right.
+journal stores for others to wait on (an origin pause, an operation's not_before, a
+dead host's lease) is written with the writer's clock. Whatever the skew, a reader
+waits at most the length the server asked for (or the lease ran), counted from when it
+first sees it, and never sends earlier than that length by its own clock when the
+writer's clock is behind or right.
 """
 
 from __future__ import annotations
@@ -93,3 +94,32 @@ def test_a_not_before_lasts_at_most_its_length_for_the_reader(scratch: Path, ske
         due = [result.action for result in s.resume()]
     assert ([] if skew < 0 else ["waiting"]) == early
     assert (["succeeded"], 2) == (due, len(sent))
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_a_dead_hosts_lease_lasts_at_most_its_length_for_the_reader(
+    scratch: Path, skew: float
+) -> None:
+    """A lease of LENGTH s taken `skew` seconds ahead of the reader by another host that
+    then died is taken over by the reader's resume after at most its length, and not
+    before its length when the writer was not behind."""
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(201))
+    reader = FakeTime()
+    writer = FakeTime(now=reader.now + skew)
+    path = scratch / f"lease-{skew:g}.db"
+    with host(path, writer, transport) as s:
+        s.enqueue("POST", URL, json={}, operation_id="charge")
+        read = s.journal.operation("charge")
+        assert read is not None
+        assert s.journal._take_lease(
+            read, owner="dead-host:1:t", lease_until=writer.now + LENGTH, now=writer.now
+        )
+    actions = []
+    start = reader.now
+    with host(path, reader, transport) as s:
+        for after in (0.0, LENGTH - 1, LENGTH):
+            reader.now = start + after
+            actions += [result.action for result in s.resume()]
+    expected = ["leased", "leased"] if skew >= 0 else ["leased"]
+    assert ([*expected, "succeeded"], 1) == (actions, len(sent))

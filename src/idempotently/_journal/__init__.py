@@ -738,10 +738,12 @@ class Journal:
     ) -> list[Operation]:
         return cast(list[Operation], self._execute(ClaimDue(owner, now, lease_until, limit)))
 
-    def _extend_leases(self, leases: Sequence[tuple[str, str]], *, lease_until: float) -> int:
+    def _extend_leases(
+        self, leases: Sequence[tuple[str, str]], *, lease_until: float, now: float
+    ) -> int:
         if not leases:
             return 0
-        return int(self._execute(ExtendLeases(tuple(leases), lease_until)))
+        return int(self._execute(ExtendLeases(tuple(leases), lease_until, now)))
 
     def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
         return cast(Operation | None, self._execute(Find(operation_id, key)))

@@ -53,7 +53,7 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
-    RebaseNotBefore,
+    RebaseOperation,
     RebasePause,
     Record,
     Release,
@@ -367,7 +367,7 @@ _RECORD_ATTEMPT: Final = f"""
 WITH op AS (
     UPDATE {SCHEMA}.operations SET
         attempt_count = attempt_count + 1,
-        updated_at = %(now)s,
+        {_if_holds("updated_at", "%(now)s::double precision")},
         {_if_holds("status", "%(status)s::text")},
         {_if_holds("reason", "%(reason)s::text")},
         {_if_holds("not_before", "%(not_before)s::double precision")},
@@ -414,6 +414,17 @@ _FIND_V1: Final = _ATTEMPTS_JOINED.format(
 _FIND_V2: Final = _ATTEMPTS_JOINED.format(
     operations=_FIND_ROW.format(columns=_SELECT_OPERATION_V2), order=""
 )
+
+# Every time a pending row holds is written with its updated_at, by one clock: moved by
+# the same amount, they all keep their length from that write. An unleased row's
+# lease_until stays 0.
+_REBASE_TIMES: Final = f"""
+UPDATE {SCHEMA}.operations SET not_before = %(now)s + (not_before - updated_at),
+    lease_until = CASE WHEN lease_until > 0 THEN %(now)s + (lease_until - updated_at)
+                       ELSE lease_until END,
+    updated_at = %(now)s
+WHERE status = 'pending' AND updated_at > %(now)s"""
+"""Every pending row written by a clock ahead of ours, counted from our now."""
 
 _CLAIM_DUE: Final = f"""
 WITH due AS (
@@ -1083,22 +1094,13 @@ class PostgresStore:
                 """,
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
-        if isinstance(write, RebaseNotBefore):
+        if isinstance(write, RebaseOperation):
             # A clock ahead of ours wrote it: counted from our now, never later.
             return conn.execute(
-                f"""
-                UPDATE {SCHEMA}.operations
-                SET not_before = %(now)s + (not_before - updated_at), updated_at = %(now)s
-                WHERE operation_id = %(operation_id)s AND status = 'pending'
-                  AND updated_at = %(updated_at)s AND updated_at > %(now)s
-                  AND not_before > updated_at
-                RETURNING not_before
-                """,
-                {
-                    "now": write.now,
-                    "operation_id": write.operation_id,
-                    "updated_at": write.updated_at,
-                },
+                _REBASE_TIMES
+                + " AND operation_id = %(operation_id)s AND updated_at = %(read)s"
+                + " RETURNING not_before, lease_until",
+                {"now": write.now, "operation_id": write.operation_id, "read": write.updated_at},
             )
         if isinstance(write, RebasePause):
             # A clock ahead of ours wrote it: count it from our now, never longer. The
@@ -1156,9 +1158,9 @@ class PostgresStore:
             )
         if isinstance(write, RenewLease):
             return conn.execute(
-                f"UPDATE {SCHEMA}.operations SET lease_until = %s WHERE operation_id = %s "
-                "AND lease_owner = %s AND status = 'pending'",
-                (write.lease_until, write.operation_id, write.owner),
+                f"UPDATE {SCHEMA}.operations SET lease_until = %s, updated_at = %s "
+                "WHERE operation_id = %s AND lease_owner = %s AND status = 'pending'",
+                (write.lease_until, write.now, write.operation_id, write.owner),
             )
         if isinstance(write, Release):
             return conn.execute(
@@ -1171,13 +1173,9 @@ class PostgresStore:
             # operation twice, and never wait for each other.
             if write.limit <= 0:
                 return None
-            # A not_before written by a clock ahead of ours: counted from our now first.
-            conn.execute(
-                f"UPDATE {SCHEMA}.operations SET not_before = %(now)s + (not_before - "
-                "updated_at), updated_at = %(now)s WHERE status = 'pending' "
-                "AND updated_at > %(now)s AND not_before > updated_at",
-                {"now": write.now},
-            )
+            # A row written by a clock ahead of ours (a not_before, a dead host's lease):
+            # counted from our now first.
+            conn.execute(_REBASE_TIMES, {"now": write.now})
             return conn.execute(
                 _CLAIM_DUE,
                 {
@@ -1208,13 +1206,14 @@ class PostgresStore:
             return conn.execute(
                 f"""
                 UPDATE {SCHEMA}.operations AS o
-                SET lease_until = greatest(o.lease_until, %s)
+                SET lease_until = greatest(o.lease_until, %s), updated_at = %s
                 FROM unnest(%s::text[], %s::text[]) AS held(operation_id, owner)
                 WHERE o.operation_id = held.operation_id AND o.lease_owner = held.owner
                   AND o.status = 'pending'
                 """,
                 (
                     write.lease_until,
+                    write.now,
                     [operation_id for operation_id, _ in write.leases],
                     [owner for _, owner in write.leases],
                 ),
@@ -1227,9 +1226,12 @@ class PostgresStore:
             return None
         if isinstance(write, Unpause):
             return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
-        if isinstance(write, RebaseNotBefore):
+        if isinstance(write, RebaseOperation):
             row = None if cursor is None else cursor.fetchone()
-            return None if row is None else float(row["not_before"])
+            if row is None:
+                return None
+            not_before = row["not_before"]
+            return (None if not_before is None else float(not_before), float(row["lease_until"]))
         if isinstance(write, RebasePause):
             row = None if cursor is None else cursor.fetchone()
             return None if row is None else OriginPause(**row)

@@ -40,7 +40,7 @@ from idempotently._commands import (
     Insert,
     LookUpLater,
     PauseOrigin,
-    RebaseNotBefore,
+    RebaseOperation,
     RebasePause,
     Record,
     Release,
@@ -400,11 +400,16 @@ _RANDOM_UUID_SQL: Final = (
 )
 
 
-_REBASE_NOT_BEFORES: Final = (
-    "UPDATE operations SET not_before = ? + (not_before - updated_at), updated_at = ? "
-    "WHERE status = 'pending' AND updated_at > ? AND not_before > updated_at"
+# Every time a pending row holds is written with its updated_at, by one clock: moved by
+# the same amount, they all keep their length from that write. An unleased row's
+# lease_until stays 0.
+_REBASE_TIMES: Final = (
+    "UPDATE operations SET not_before = :now + (not_before - updated_at), "
+    "lease_until = CASE WHEN lease_until > 0 THEN :now + (lease_until - updated_at) "
+    "ELSE lease_until END, updated_at = :now "
+    "WHERE status = 'pending' AND updated_at > :now"
 )
-"""Every pending not_before written by a clock ahead of ours, counted from our now."""
+"""Every pending row written by a clock ahead of ours, counted from our now."""
 
 
 def upgrade_statements(version: int, *, adopted: bool = False) -> list[str]:
@@ -1203,9 +1208,9 @@ class SqliteStore:
             return cursor.rowcount == 1
         if isinstance(write, RenewLease):
             cursor = conn.execute(
-                "UPDATE operations SET lease_until = ? WHERE operation_id = ? "
+                "UPDATE operations SET lease_until = ?, updated_at = ? WHERE operation_id = ? "
                 "AND lease_owner = ? AND status = 'pending'",
-                (write.lease_until, write.operation_id, write.owner),
+                (write.lease_until, write.now, write.operation_id, write.owner),
             )
             return cursor.rowcount == 1
         if isinstance(write, PauseOrigin):
@@ -1221,20 +1226,19 @@ class SqliteStore:
                 (write.origin, write.credentials, write.until, write.reason, write.set_at),
             )
             return None
-        if isinstance(write, RebaseNotBefore):
+        if isinstance(write, RebaseOperation):
             # A clock ahead of ours wrote it: counted from our now, never later.
             cursor = conn.execute(
-                "UPDATE operations SET not_before = ? + (not_before - updated_at), "
-                "updated_at = ? WHERE operation_id = ? AND status = 'pending' "
-                "AND updated_at = ? AND updated_at > ? AND not_before > updated_at",
-                (write.now, write.now, write.operation_id, write.updated_at, write.now),
+                _REBASE_TIMES + " AND operation_id = :operation_id AND updated_at = :read",
+                {"now": write.now, "operation_id": write.operation_id, "read": write.updated_at},
             )
             if cursor.rowcount != 1:
                 return None
             row = conn.execute(
-                "SELECT not_before FROM operations WHERE operation_id = ?", (write.operation_id,)
+                "SELECT not_before, lease_until FROM operations WHERE operation_id = ?",
+                (write.operation_id,),
             ).fetchone()
-            return float(row[0])
+            return (None if row[0] is None else float(row[0]), float(row[1]))
         if isinstance(write, RebasePause):
             # A clock ahead of ours wrote it: count it from our now, never longer.
             conn.execute(
@@ -1280,9 +1284,9 @@ class SqliteStore:
             extended = 0
             for operation_id, owner in write.leases:
                 cursor = conn.execute(
-                    "UPDATE operations SET lease_until = max(lease_until, ?) "
+                    "UPDATE operations SET lease_until = max(lease_until, ?), updated_at = ? "
                     "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
-                    (write.lease_until, operation_id, owner),
+                    (write.lease_until, write.now, operation_id, owner),
                 )
                 extended += cursor.rowcount
             return extended
@@ -1346,20 +1350,22 @@ class SqliteStore:
             ),
         )
         if cursor.rowcount == 0 and owner is not None:
-            # Not ours any more: count the attempt, keep whoever holds it now.
+            # Not ours any more: count the attempt, keep whoever holds it now. Its
+            # updated_at stays the holder's, the write time of the holder's lease and
+            # not_before (`RebaseOperation`): our clock may not be theirs.
             conn.execute(
-                "UPDATE operations SET attempt_count = attempt_count + 1, updated_at = ? "
-                "WHERE operation_id = ?",
-                (write.now, operation_id),
+                "UPDATE operations SET attempt_count = attempt_count + 1 WHERE operation_id = ?",
+                (operation_id,),
             )
 
     def _claim(self, conn: sqlite3.Connection, write: ClaimDue) -> list[Operation]:
         """Lease up to ``limit`` due pending operations, oldest first: inside the
         writer's ``BEGIN IMMEDIATE`` transaction, so two workers (threads or
-        processes) never claim one operation. A not_before written by a clock ahead of
-        ``now`` is first counted from ``now`` (`RebaseNotBefore`), so it is due after
-        its length, not when this host's clock catches up with the writer's."""
-        conn.execute(_REBASE_NOT_BEFORES, (write.now, write.now, write.now))
+        processes) never claim one operation. A row written by a clock ahead of ``now``
+        (a not_before, a dead host's lease) is first counted from ``now``
+        (`RebaseOperation`), so it is due after its length, not when this host's clock
+        catches up with the writer's."""
+        conn.execute(_REBASE_TIMES, {"now": write.now})
         ids = [
             row[0]
             for row in conn.execute(
