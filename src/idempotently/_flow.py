@@ -1147,7 +1147,9 @@ class Engine:
             operation_id=operation_id,
             key=key,
             key_header=profile.key_header,
-            bind=profile.key_bound_to_credentials,
+            # A key the journal holds as bound stays bound, whatever profile resends it:
+            # its digest is checked (an unreadable one sends nothing), never ignored.
+            bind=profile.key_bound_to_credentials or binding is not None,
             binding=binding,
             owner=owner,
             salt=self._salt(),
