@@ -576,7 +576,8 @@ UNREADABLE_ROW = (Exception,)
 """What a journaled value that cannot be used raises while its operation is resumed (an
 OverflowError, a URL httpx cannot parse, a JSON or Unicode error...): that operation is
 reported, the resume goes on. An `IdempotentlyError` is a verdict (the journal's own
-failure included), never a damaged row: it is raised as before."""
+failure included), never a damaged row: it is raised as before, except a `CodecError`
+(the codec failing on this operation's bodies, its answer's too)."""
 
 _SHORTEST_TIMEOUT = 0.001
 """An attempt started at (or past) the deadline still gets this long: its connect
@@ -1812,7 +1813,9 @@ class Engine:
             else:
                 result = yield from self._resume_one(operation, build, held, base_url, claimed_by)
         except UNREADABLE_ROW as error:
-            if isinstance(error, IdempotentlyError):
+            # A codec failing on this operation's bodies (its answer, say) is about this
+            # row, not the journal: reported like any other, the others go on.
+            if isinstance(error, IdempotentlyError) and not isinstance(error, CodecError):
                 raise
             result = yield from self._unresumable(operation, held, error)
         else:
