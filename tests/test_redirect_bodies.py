@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import attrs
 import httpx
 import pytest
 
 import idempotently
-from idempotently import Journal, Lookup
+from idempotently import Journal, Lookup, profiles
 from idempotently._answers import DECODE_STEP
 from idempotently._redirects import REDIRECT_BODY_BYTES
 from idempotently._rows import AttemptRecord
@@ -296,6 +297,43 @@ def test_authorization_is_dropped_on_a_redirect_to_another_origin(
     ) as session:
         session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op")
     assert [sent, sent, None] == [arrival.authorization for arrival in app.arrivals]
+
+
+def test_a_redirect_never_carries_a_bound_key_on_without_its_credentials_nor_says_nothing_was_sent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Under a profile that binds keys to credentials, a 307 to another origin (where httpx
+    drops Authorization) is not followed with the key: the first request was answered, so
+    the attempt is journaled maybe delivered, and neither the error nor the journal says
+    that nothing was sent; the error says resume finishes it and names the operation."""
+    app, url = scripted
+    elsewhere = url.replace("127.0.0.1", "localhost")
+    app.answer(
+        Answer(status=307, headers=(("location", f"{elsewhere}{NEXT}"),), body=b""),
+        Answer(status=201),
+    )
+    bound = attrs.evolve(profiles.GENERIC, name="bound", key_bound_to_credentials=True)
+    with (
+        idempotently.Session(
+            tmp_path / "journal.db",
+            policy=idempotently.RetryPolicy(max_attempts=1),
+            profile=bound,
+            follow_redirects=True,
+            timeout=TIMEOUT,
+            headers={"Authorization": "Bearer sk_live_1"},
+        ) as session,
+        pytest.raises(idempotently.CredentialsMismatchError) as caught,
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op")
+    (arrival,) = app.arrivals
+    message = str(caught.value)
+    assert ("op", arrival.key) == (caught.value.operation_id, caught.value.key)
+    assert "may have been delivered" in message and "resume" in message
+    assert "nothing was sent" not in message.lower()
+    journaled = operation(tmp_path / "journal.db", "op")
+    (attempt,) = journaled.attempts
+    assert ("pending", "maybe_delivered") == (journaled.status, attempt.outcome)
+    assert "nothing was sent" not in (attempt.error or "").lower()
 
 
 def test_max_redirects_ends_the_chain_as_a_journaled_attempt(

@@ -1384,11 +1384,10 @@ class Engine:
         except GateRefusal as refusal:
             if isinstance(reply, httpx.Response):
                 yield Discard(reply, reading.body)
-            refusal.outcome = "maybe_delivered"
-            refusal.reason = (
+            refusal.delivered(
                 "the client sent this request without running its request hooks (a Client "
                 "whose send skips them?), so it could be checked only after it left, and it "
-                f"may have been delivered: {refusal.reason}"
+                "may have been delivered"
             )
             return refusal
         return reply

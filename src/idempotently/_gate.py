@@ -49,6 +49,8 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
     RequestNotSentError,
+    after_send_began,
+    without_nothing_sent,
 )
 from idempotently._secret_params import redacted_url
 from idempotently._vocabulary import Outcome
@@ -74,14 +76,25 @@ class GateRefusal(Exception):
         self.kind = kind
 
     def error(self, ids: ErrorContext) -> IdempotentlyError:
-        """What the caller gets: the operation stays pending with its key."""
+        """What the caller gets: the operation stays pending with its key; when an earlier
+        request of the attempt may have been delivered, the one rule says so."""
         if self.kind is not None:
             kind = self.kind
         elif self.outcome == "not_sent":
             kind = RequestNotSentError
         else:
             kind = OperationPendingError
-        return kind(self.reason, **ids)
+        error = kind(self.reason, **ids)
+        if self.outcome == "not_sent":
+            return error
+        return after_send_began(error, ids.get("operation_id") or "", ids.get("key") or "", "")
+
+    def delivered(self, why: str) -> None:
+        """Make this refusal the attempt's after ``why`` (an earlier request of it, or this
+        one, may have reached the server): journaled ``maybe_delivered``, and its reason no
+        longer says nothing was sent."""
+        self.outcome = "maybe_delivered"
+        self.reason = f"{why}: {without_nothing_sent(self.reason)}"
 
 
 def binding_differs(
@@ -193,12 +206,14 @@ class Gate:
             else:
                 differ = yield from binding_differs(self.binding, request, self.salt)
                 if differ is not None:
+                    refusal = GateRefusal(differ, outcome=outcome, kind=CredentialsMismatchError)
                     if follow_up:
-                        differ += (
-                            "; an earlier request of this attempt (before its auth flow or a "
-                            "redirect sent this one) may have been delivered"
+                        refusal.delivered(
+                            "a follow-up request of this attempt (its auth flow's, or a "
+                            "redirect's: httpx drops Authorization on a redirect to another "
+                            "origin) was not sent, an earlier one may have been delivered"
                         )
-                    raise GateRefusal(differ, outcome=outcome, kind=CredentialsMismatchError)
+                    raise refusal
         self.passes += 1
 
     def _bind(self, request: httpx.Request) -> Generator[Command, Any, None]:
@@ -276,8 +291,7 @@ class Gate:
             else "a request hook or auth flow changed"
         )
         after = (
-            "an earlier request of this attempt may have been delivered; it stays pending with "
-            "its key"
+            "this one was not sent, an earlier request of this attempt may have been delivered"
             if follow_up
             else "nothing was sent and it stays pending with its key"
         )
