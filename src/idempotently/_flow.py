@@ -1213,12 +1213,11 @@ class Engine:
             reading.body = None
             gate.passes = 0
             reply = yield Send(request, lease, reading, gate)
-            if (
-                gate.bind
-                and gate.passes == 0
-                and isinstance(reply, (httpx.Response, httpx.TransportError))
-            ):
-                reply = yield from self._checked_late(gate, reply, request, reading)
+            if isinstance(reply, (httpx.Response, httpx.TransportError)):
+                if gate.bind and gate.passes == 0:
+                    reply = yield from self._checked_late(gate, reply, request, reading)
+                elif gate.passes and gate.changed_since(_sent(reply, request)):
+                    reply = yield from self._checked_late(gate, reply, request, reading, again=True)
             body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
             if body is not None and not reading.excerpt and not body.complete:
@@ -1374,20 +1373,29 @@ class Engine:
         reply: httpx.Response | httpx.TransportError,
         request: httpx.Request,
         reading: _Reading,
+        *,
+        again: bool = False,
     ) -> Flow[httpx.Response | BaseException]:
         """A bound request that reached the transport without passing its gate (a client
-        whose ``send`` runs no request hooks, so not the Session's last one): what it left
-        with is checked, and bound if it was bound to none, after the fact; the attempt
-        is ``maybe_delivered`` and the operation stays pending if it differs."""
+        whose ``send`` runs no request hooks, so not the Session's last one), or one a
+        request hook changed after it passed (``again``: a hook appended while the send
+        ran, so after the Session's last one): what it left with is checked, and bound if
+        it was bound to none, after the fact; the attempt is ``maybe_delivered`` and the
+        operation stays pending if it differs."""
+        sent = _sent(reply, request)
         try:
-            yield from gate.leaving(_sent(reply, request))
+            yield from (gate.again(sent) if again else gate.leaving(sent))
         except GateRefusal as refusal:
             if isinstance(reply, httpx.Response):
                 yield Discard(reply, reading.body)
             refusal.delivered(
-                "the client sent this request without running its request hooks (a Client "
-                "whose send skips them?), so it could be checked only after it left, and it "
-                "may have been delivered"
+                "a request hook that ran after the library's check (one added while the "
+                "request was being sent) changed it, so it could be checked only after it "
+                "left, and it may have been delivered"
+                if again
+                else "the client sent this request without running its request hooks (a "
+                "Client whose send skips them?), so it could be checked only after it left, "
+                "and it may have been delivered"
             )
             return refusal
         return reply

@@ -140,6 +140,7 @@ class Gate:
         "_fingerprinted",
         "_key_name",
         "_key_values",
+        "_left",
         "_method",
         "_stream",
         "_url",
@@ -183,6 +184,9 @@ class Gate:
         self.fingerprint_headers = fingerprint_headers
         self.passes = 0
         """Requests let out during the current send (the flow resets it before each)."""
+        self._left: tuple[Any, ...] = ()
+        """The last request let out, as it was then: whether it was the attempt's first,
+        the request, its method, URL, body stream and raw headers."""
         self._method = request.method
         self._url = request.url
         self._body = request.content
@@ -214,7 +218,35 @@ class Gate:
                             "origin) was not sent, an earlier one may have been delivered"
                         )
                     raise refusal
+        self._left = (
+            not follow_up,
+            request,
+            request.method,
+            request.url,
+            request.stream,
+            request.headers.raw,
+        )
         self.passes += 1
+
+    def changed_since(self, request: httpx.Request) -> bool:
+        """Whether ``request``, the one that left, is the last one let out with something
+        changed after its check (a request hook that ran after the Session's last one:
+        appended while the send was running), so it must be checked again."""
+        if not self._left or request is not self._left[1]:
+            return False
+        _first, _request, method, url, stream, raw = self._left
+        return (
+            request.method != method
+            or request.url is not url
+            or request.stream is not stream
+            or request.headers.raw != raw
+        )
+
+    def again(self, request: httpx.Request) -> Generator[Command, Any, None]:
+        """`leaving` for the last request let out, once more, as it left."""
+        if self._left[0]:
+            self.passes = 0
+        yield from self.leaving(request)
 
     def _bind(self, request: httpx.Request) -> Generator[Command, Any, None]:
         """Journal, durably and before any byte of it leaves, the credentials this key is
