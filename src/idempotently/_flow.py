@@ -101,7 +101,6 @@ from idempotently._keys import (
     header_value,
     is_journaled,
     journaled_request_headers,
-    journaled_response_headers,
     new_key,
     new_operation_id,
     read_request_headers,
@@ -156,6 +155,7 @@ from idempotently._rows import AttemptRecord, NewOperation, Operation, OriginPau
 from idempotently._secret_params import (
     LiveValues,
     MissingParams,
+    journaled_answer_headers,
     reapplied_url,
     redacted_url,
     secret_param_names,
@@ -1279,7 +1279,9 @@ class Engine:
                 not_before=decision.not_before,
                 lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
                 response_status=response.status_code if keep and response else None,
-                response_headers=journaled_response_headers(response.headers, self.redact_headers)
+                response_headers=journaled_answer_headers(
+                    response.headers, self.redact_headers, self.secret_params
+                )
                 if keep and response
                 else None,
                 response_body=(
@@ -2269,7 +2271,9 @@ class Engine:
             response_status=None if response is None else response.status_code,
             response_headers=None
             if response is None
-            else journaled_response_headers(response.headers, self.redact_headers),
+            else journaled_answer_headers(
+                response.headers, self.redact_headers, self.secret_params
+            ),
             response_body=None
             if response is None
             else (response.content if codec is None else encoded(codec, response.content)),
