@@ -336,6 +336,55 @@ def test_a_redirect_never_carries_a_bound_key_on_without_its_credentials_nor_say
     assert "nothing was sent" not in (attempt.error or "").lower()
 
 
+@pytest.mark.parametrize("location", ["http://127.0.0.1:1/v1/orders/1", "ftp://127.0.0.1/x"])
+def test_a_redirect_that_cannot_be_followed_never_resends_an_at_most_once_write(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], location: str
+) -> None:
+    """A POST answered 303 (it acted: post/redirect/get) whose Location cannot be reached
+    (nothing listens there, or a scheme httpx cannot send): the POST reached the server,
+    so the attempt is journaled maybe delivered and an at-most-once write is never sent
+    again, however many attempts the policy allows."""
+    app, url = scripted
+    app.answer(Answer(status=303, headers=(("location", location),), body=b""))
+    with (
+        idempotently.Session(
+            tmp_path / "journal.db",
+            policy=idempotently.RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0),
+            follow_redirects=True,
+            timeout=TIMEOUT,
+        ) as session,
+        pytest.raises(idempotently.IdempotentlyError) as caught,
+    ):
+        session.post(f"{url}/v1/orders", json=CHARGE, operation_id="op", delivery="at_most_once")
+    assert [("POST", "/v1/orders")] == [(a.method, a.path) for a in app.arrivals]
+    journaled = operation(tmp_path / "journal.db", "op")
+    assert ["maybe_delivered"] == [attempt.outcome for attempt in journaled.attempts]
+    assert "may have been delivered" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_async_a_redirect_that_cannot_be_followed_never_resends_an_at_most_once_write(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], anyio_backend: str
+) -> None:
+    """AsyncSession, on asyncio and trio: the same."""
+    app, url = scripted
+    location = "http://127.0.0.1:1/v1/orders/1"
+    app.answer(Answer(status=303, headers=(("location", location),), body=b""))
+    async with idempotently.AsyncSession(
+        tmp_path / "journal.db",
+        policy=idempotently.RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0),
+        follow_redirects=True,
+        timeout=TIMEOUT,
+    ) as session:
+        with pytest.raises(idempotently.IdempotentlyError):
+            await session.post(
+                f"{url}/v1/orders", json=CHARGE, operation_id="op", delivery="at_most_once"
+            )
+    assert [("POST", "/v1/orders")] == [(a.method, a.path) for a in app.arrivals]
+    journaled = operation(tmp_path / "journal.db", "op")
+    assert ["maybe_delivered"] == [attempt.outcome for attempt in journaled.attempts]
+
+
 def test_max_redirects_ends_the_chain_as_a_journaled_attempt(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
