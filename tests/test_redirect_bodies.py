@@ -385,6 +385,30 @@ async def test_async_a_redirect_that_cannot_be_followed_never_resends_an_at_most
     assert ["maybe_delivered"] == [attempt.outcome for attempt in journaled.attempts]
 
 
+def test_a_write_redirected_to_a_get_that_fails_is_never_journaled_failed(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A POST answered 303 (it acted: post/redirect/get) whose GET is answered 404: that
+    404 is not the server's first word on the write, so the operation is not journaled
+    failed (which says nothing happened and a new operation is safe); it stays pending
+    with its key."""
+    app, url = scripted
+    app.answer(
+        Answer(status=303, headers=(("location", NEXT),), body=b""),
+        Answer(status=404, body=b'{"error": "not yet visible"}'),
+    )
+    with (
+        idempotently.Session(
+            tmp_path / "journal.db", policy=FAST, follow_redirects=True, timeout=TIMEOUT
+        ) as session,
+        pytest.raises(idempotently.IdempotentlyError) as caught,
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op")
+    assert [("POST", "/v1/charges"), ("GET", NEXT)] == [(a.method, a.path) for a in app.arrivals]
+    assert "pending" == operation(tmp_path / "journal.db", "op").status
+    assert ("op", app.arrivals[0].key) == (caught.value.operation_id, caught.value.key)
+
+
 def test_max_redirects_ends_the_chain_as_a_journaled_attempt(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:

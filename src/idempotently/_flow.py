@@ -1233,6 +1233,15 @@ class Engine:
                 if isinstance(reply, GateRefusal)
                 else classify_error(reply, secrets=secrets)
             )
+            if (
+                response is not None
+                and response.history
+                and not state.acted
+                and _sent(response, request).method != request.method
+            ):
+                # A redirect made the write a GET (a 303 after a POST: it acted there); what
+                # the GET is answered is not the server's first word on the write.
+                state = attrs.evolve(state, acted=True)
             decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
             if (
                 decision.action == "retry"
