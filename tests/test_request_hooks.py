@@ -276,3 +276,39 @@ def test_a_harmless_hook_added_while_the_request_is_sent_is_let_through(
         response = session.post("/v1/charges", json=CHARGE, operation_id="op")
     client.close()
     assert (201, 1) == (response.status_code, len(app.arrivals))
+
+
+def token_service_down(request: httpx.Request) -> None:
+    raise RuntimeError("the token service did not answer")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a request hook's own error (raised before the request reached the transport) "
+    "is classified like an error after the answer (maybe_delivered): the flow cannot tell "
+    "it from a client that skips hooks and whose transport raised after sending; telling "
+    "them apart needs a mark set where the request reaches the transport",
+)
+def test_a_request_hook_that_raises_before_anything_left_never_abandons_the_operation(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A token-refresh hook that raises (its token service is down): nothing reached the
+    server, so an at-most-once operation is journaled not_sent and stays pending, not
+    abandoned as possibly delivered."""
+    app, url = scripted
+    target = str(tmp_path / "j.db")
+    with (
+        idempotently.Session(
+            target, base_url=url, event_hooks={"request": [token_service_down]}
+        ) as session,
+        pytest.raises(idempotently.IdempotentlyError),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op", delivery="at_most_once")
+    assert [] == app.arrivals
+    with idempotently.Journal(target, create=False) as journal:
+        operation = journal.operation("op")
+    assert operation is not None
+    assert ("pending", ["not_sent"]) == (
+        operation.status,
+        [attempt.outcome for attempt in operation.attempts],
+    )
