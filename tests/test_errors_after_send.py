@@ -17,7 +17,7 @@ import idempotently
 from idempotently._commands import Record
 from idempotently._exceptions import JournalWriteError
 from idempotently._rows import Failed
-from tests.scripted_server import Answer, ScriptedApp
+from tests.scripted_server import RESET, Answer, ScriptedApp
 
 ANSWER = b'{"id": "ch_1", "secret_answer": true}'
 ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
@@ -283,3 +283,35 @@ def test_the_rule_drops_any_claim_that_nothing_was_sent_and_never_quotes_a_forei
     assert isinstance(wrapped, idempotently.OperationPendingError)
     assert (foreign, "4242" in str(wrapped)) == (wrapped.__cause__, False)
     assert "never resent" in str(wrapped)
+
+
+def test_a_codec_failing_on_one_answer_does_not_stop_the_resume_of_the_others(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Resume meets an answer the codec cannot encode: that operation is reported as maybe
+    delivered (journaled so, still pending with its key), and the operations after it are
+    resumed, as for any other row that cannot be resumed (DESIGN §7)."""
+    app, url = scripted
+    path = tmp_path / "journal.db"
+    app.answer(RESET, RESET)
+    with idempotently.Session(
+        idempotently.Journal(path, codec=FailsOnAnswers()), base_url=url, policy=ONE_TRY
+    ) as session:
+        for operation_id in ("op", "op-2"):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post("/v1/charges", json={"amount": 1}, operation_id=operation_id)
+        app.answer(Answer(201, body=ANSWER), Answer(201))
+        results = {result.operation_id: result for result in session.resume()}
+    assert ["op", "op-2"] == sorted(results)
+    assert ("pending", "still_pending") == (results["op"].status, results["op"].action)
+    assert "may have been delivered" in results["op"].detail
+    assert "secret_answer" not in results["op"].detail
+    assert "succeeded" == results["op-2"].status
+    with idempotently.Journal(path, readonly=True) as journal:
+        first, second = journal.operation("op"), journal.operation("op-2")
+    assert first is not None and second is not None
+    assert (("pending", 2), ("succeeded", 2)) == (
+        (first.status, first.attempt_count),
+        (second.status, second.attempt_count),
+    )
+    assert 4 == len(app.arrivals)

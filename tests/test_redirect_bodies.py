@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import attrs
 import httpx
 import pytest
 
 import idempotently
-from idempotently import Journal, Lookup
+from idempotently import Journal, Lookup, profiles
 from idempotently._answers import DECODE_STEP
 from idempotently._redirects import REDIRECT_BODY_BYTES
 from idempotently._rows import AttemptRecord
@@ -296,6 +297,116 @@ def test_authorization_is_dropped_on_a_redirect_to_another_origin(
     ) as session:
         session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op")
     assert [sent, sent, None] == [arrival.authorization for arrival in app.arrivals]
+
+
+def test_a_redirect_never_carries_a_bound_key_on_without_its_credentials_nor_says_nothing_was_sent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Under a profile that binds keys to credentials, a 307 to another origin (where httpx
+    drops Authorization) is not followed with the key: the first request was answered, so
+    the attempt is journaled maybe delivered, and neither the error nor the journal says
+    that nothing was sent; the error says resume finishes it and names the operation."""
+    app, url = scripted
+    elsewhere = url.replace("127.0.0.1", "localhost")
+    app.answer(
+        Answer(status=307, headers=(("location", f"{elsewhere}{NEXT}"),), body=b""),
+        Answer(status=201),
+    )
+    bound = attrs.evolve(profiles.GENERIC, name="bound", key_bound_to_credentials=True)
+    with (
+        idempotently.Session(
+            tmp_path / "journal.db",
+            policy=idempotently.RetryPolicy(max_attempts=1),
+            profile=bound,
+            follow_redirects=True,
+            timeout=TIMEOUT,
+            headers={"Authorization": "Bearer sk_live_1"},
+        ) as session,
+        pytest.raises(idempotently.CredentialsMismatchError) as caught,
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op")
+    (arrival,) = app.arrivals
+    message = str(caught.value)
+    assert ("op", arrival.key) == (caught.value.operation_id, caught.value.key)
+    assert "may have been delivered" in message and "resume" in message
+    assert "nothing was sent" not in message.lower()
+    journaled = operation(tmp_path / "journal.db", "op")
+    (attempt,) = journaled.attempts
+    assert ("pending", "maybe_delivered") == (journaled.status, attempt.outcome)
+    assert "nothing was sent" not in (attempt.error or "").lower()
+
+
+@pytest.mark.parametrize("location", ["http://127.0.0.1:1/v1/orders/1", "ftp://127.0.0.1/x"])
+def test_a_redirect_that_cannot_be_followed_never_resends_an_at_most_once_write(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], location: str
+) -> None:
+    """A POST answered 303 (it acted: post/redirect/get) whose Location cannot be reached
+    (nothing listens there, or a scheme httpx cannot send): the POST reached the server,
+    so the attempt is journaled maybe delivered and an at-most-once write is never sent
+    again, however many attempts the policy allows."""
+    app, url = scripted
+    app.answer(Answer(status=303, headers=(("location", location),), body=b""))
+    with (
+        idempotently.Session(
+            tmp_path / "journal.db",
+            policy=idempotently.RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0),
+            follow_redirects=True,
+            timeout=TIMEOUT,
+        ) as session,
+        pytest.raises(idempotently.IdempotentlyError) as caught,
+    ):
+        session.post(f"{url}/v1/orders", json=CHARGE, operation_id="op", delivery="at_most_once")
+    assert [("POST", "/v1/orders")] == [(a.method, a.path) for a in app.arrivals]
+    journaled = operation(tmp_path / "journal.db", "op")
+    assert ["maybe_delivered"] == [attempt.outcome for attempt in journaled.attempts]
+    assert "may have been delivered" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_async_a_redirect_that_cannot_be_followed_never_resends_an_at_most_once_write(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], anyio_backend: str
+) -> None:
+    """AsyncSession, on asyncio and trio: the same."""
+    app, url = scripted
+    location = "http://127.0.0.1:1/v1/orders/1"
+    app.answer(Answer(status=303, headers=(("location", location),), body=b""))
+    async with idempotently.AsyncSession(
+        tmp_path / "journal.db",
+        policy=idempotently.RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0),
+        follow_redirects=True,
+        timeout=TIMEOUT,
+    ) as session:
+        with pytest.raises(idempotently.IdempotentlyError):
+            await session.post(
+                f"{url}/v1/orders", json=CHARGE, operation_id="op", delivery="at_most_once"
+            )
+    assert [("POST", "/v1/orders")] == [(a.method, a.path) for a in app.arrivals]
+    journaled = operation(tmp_path / "journal.db", "op")
+    assert ["maybe_delivered"] == [attempt.outcome for attempt in journaled.attempts]
+
+
+def test_a_write_redirected_to_a_get_that_fails_is_never_journaled_failed(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A POST answered 303 (it acted: post/redirect/get) whose GET is answered 404: that
+    404 is not the server's first word on the write, so the operation is not journaled
+    failed (which says nothing happened and a new operation is safe); it stays pending
+    with its key."""
+    app, url = scripted
+    app.answer(
+        Answer(status=303, headers=(("location", NEXT),), body=b""),
+        Answer(status=404, body=b'{"error": "not yet visible"}'),
+    )
+    with (
+        idempotently.Session(
+            tmp_path / "journal.db", policy=FAST, follow_redirects=True, timeout=TIMEOUT
+        ) as session,
+        pytest.raises(idempotently.IdempotentlyError) as caught,
+    ):
+        session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op")
+    assert [("POST", "/v1/charges"), ("GET", NEXT)] == [(a.method, a.path) for a in app.arrivals]
+    assert "pending" == operation(tmp_path / "journal.db", "op").status
+    assert ("op", app.arrivals[0].key) == (caught.value.operation_id, caught.value.key)
 
 
 def test_max_redirects_ends_the_chain_as_a_journaled_attempt(

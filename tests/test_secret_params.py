@@ -75,6 +75,32 @@ def test_a_secret_query_parameter_is_sent_but_journaled_redacted(
     assert SECRET.encode() not in stored_bytes(journal_target)
 
 
+def test_a_secret_the_server_echoes_in_a_location_is_journaled_redacted(
+    tmp_path: Any, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A 303 whose Location repeats the request's secret query value (and carries
+    userinfo): the caller gets the header as sent, the journal keeps the Location with
+    the value redacted and without the userinfo, and neither secret is in the store."""
+    app, url = scripted
+    location = f"http://user:pw_4242@127.0.0.1/v1/charges/ch_1?api_key={SECRET}&expand=customer"
+    app.answer(Answer(status=303, headers=(("location", location),)))
+    target = str(tmp_path / "j.db")
+    with idempotently.Session(target, base_url=url) as session:
+        response = session.post(
+            "/v1/charges", json=CHARGE, params={"api_key": SECRET}, operation_id="op"
+        )
+    assert (303, location) == (response.status_code, response.headers["location"])
+    assert [
+        ("location", "http://127.0.0.1/v1/charges/ch_1?api_key=[redacted]&expand=customer")
+    ] == [
+        (name.lower(), value)
+        for name, value in operation(target).response_headers or []
+        if name.lower() == "location"
+    ]
+    assert SECRET.encode() not in stored_bytes(target)
+    assert b"pw_4242" not in stored_bytes(target)
+
+
 def test_a_url_without_secret_parameters_is_journaled_as_it_is(
     journal_target: str, scripted: tuple[ScriptedApp, str]
 ) -> None:

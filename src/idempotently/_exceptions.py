@@ -265,6 +265,12 @@ _NOTHING_SENT = re.compile(
 """A claim that nothing was sent, which an error raised after a send began must not make."""
 
 
+def without_nothing_sent(text: str) -> str:
+    """``text`` without any claim that nothing was sent (for an error or a journaled reason
+    after a send may have begun), its trailing punctuation trimmed."""
+    return _NOTHING_SENT.sub("", text).rstrip(" ;,.")
+
+
 def after_send_began(
     error: Exception, operation_id: str, key: str, delivery: str
 ) -> IdempotentlyError:
@@ -289,7 +295,7 @@ def after_send_began(
             "delivered: " + RESUME_HINT + " (the same key makes the resend safe)"
         )
     if isinstance(error, IdempotentlyError):
-        said = _NOTHING_SENT.sub("", error.message).rstrip(" ;,.")
+        said = without_nothing_sent(error.message)
         error.message = f"{said}; {after}"
         error.args = (error.message,)
         error.operation_id = error.operation_id or operation_id

@@ -103,7 +103,6 @@ from idempotently._keys import (
     header_value,
     is_journaled,
     journaled_request_headers,
-    journaled_response_headers,
     new_key,
     new_operation_id,
     read_request_headers,
@@ -158,6 +157,7 @@ from idempotently._rows import AttemptRecord, NewOperation, Operation, OriginPau
 from idempotently._secret_params import (
     LiveValues,
     MissingParams,
+    journaled_answer_headers,
     reapplied_url,
     redacted_url,
     secret_param_names,
@@ -1217,12 +1217,11 @@ class Engine:
             reading.body = None
             gate.passes = 0
             reply = yield Send(request, lease, reading, gate)
-            if (
-                gate.bind
-                and gate.passes == 0
-                and isinstance(reply, (httpx.Response, httpx.TransportError))
-            ):
-                reply = yield from self._checked_late(gate, reply, request, reading)
+            if isinstance(reply, (httpx.Response, httpx.TransportError)):
+                if gate.bind and gate.passes == 0:
+                    reply = yield from self._checked_late(gate, reply, request, reading)
+                elif gate.passes and gate.changed_since(_sent(reply, request)):
+                    reply = yield from self._checked_late(gate, reply, request, reading, again=True)
             body = reading.body if isinstance(reply, httpx.Response) else None
             unkept: str | None = None
             if body is not None and not reading.excerpt and not body.complete:
@@ -1238,6 +1237,15 @@ class Engine:
                 if isinstance(reply, GateRefusal)
                 else classify_error(reply, secrets=secrets)
             )
+            if (
+                response is not None
+                and response.history
+                and not state.acted
+                and _sent(response, request).method != request.method
+            ):
+                # A redirect made the write a GET (a 303 after a POST: it acted there); what
+                # the GET is answered is not the server's first word on the write.
+                state = attrs.evolve(state, acted=True)
             decision = decide(self.policy, profile, state, signal, now=now, rand=self.rand)
             if (
                 decision.action == "retry"
@@ -1284,7 +1292,9 @@ class Engine:
                 not_before=decision.not_before,
                 lease_until=now + decision.wait + self.lease_duration if retrying else 0.0,
                 response_status=response.status_code if keep and response else None,
-                response_headers=journaled_response_headers(response.headers, self.redact_headers)
+                response_headers=journaled_answer_headers(
+                    response.headers, self.redact_headers, self.secret_params
+                )
                 if keep and response
                 else None,
                 response_body=(
@@ -1378,21 +1388,29 @@ class Engine:
         reply: httpx.Response | httpx.TransportError,
         request: httpx.Request,
         reading: _Reading,
+        *,
+        again: bool = False,
     ) -> Flow[httpx.Response | BaseException]:
         """A bound request that reached the transport without passing its gate (a client
-        whose ``send`` runs no request hooks, so not the Session's last one): what it left
-        with is checked, and bound if it was bound to none, after the fact; the attempt
-        is ``maybe_delivered`` and the operation stays pending if it differs."""
+        whose ``send`` runs no request hooks, so not the Session's last one), or one a
+        request hook changed after it passed (``again``: a hook appended while the send
+        ran, so after the Session's last one): what it left with is checked, and bound if
+        it was bound to none, after the fact; the attempt is ``maybe_delivered`` and the
+        operation stays pending if it differs."""
+        sent = _sent(reply, request)
         try:
-            yield from gate.leaving(_sent(reply, request))
+            yield from (gate.again(sent) if again else gate.leaving(sent))
         except GateRefusal as refusal:
             if isinstance(reply, httpx.Response):
                 yield Discard(reply, reading.body)
-            refusal.outcome = "maybe_delivered"
-            refusal.reason = (
-                "the client sent this request without running its request hooks (a Client "
-                "whose send skips them?), so it could be checked only after it left, and it "
-                f"may have been delivered: {refusal.reason}"
+            refusal.delivered(
+                "a request hook that ran after the library's check (one added while the "
+                "request was being sent) changed it, so it could be checked only after it "
+                "left, and it may have been delivered"
+                if again
+                else "the client sent this request without running its request hooks (a "
+                "Client whose send skips them?), so it could be checked only after it left, "
+                "and it may have been delivered"
             )
             return refusal
         return reply
@@ -2299,7 +2317,9 @@ class Engine:
             response_status=None if response is None else response.status_code,
             response_headers=None
             if response is None
-            else journaled_response_headers(response.headers, self.redact_headers),
+            else journaled_answer_headers(
+                response.headers, self.redact_headers, self.secret_params
+            ),
             response_body=None
             if response is None
             else (response.content if codec is None else encoded(codec, response.content)),

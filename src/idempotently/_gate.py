@@ -49,6 +49,8 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
     RequestNotSentError,
+    after_send_began,
+    without_nothing_sent,
 )
 from idempotently._secret_params import redacted_url
 from idempotently._vocabulary import Outcome
@@ -74,14 +76,25 @@ class GateRefusal(Exception):
         self.kind = kind
 
     def error(self, ids: ErrorContext) -> IdempotentlyError:
-        """What the caller gets: the operation stays pending with its key."""
+        """What the caller gets: the operation stays pending with its key; when an earlier
+        request of the attempt may have been delivered, the one rule says so."""
         if self.kind is not None:
             kind = self.kind
         elif self.outcome == "not_sent":
             kind = RequestNotSentError
         else:
             kind = OperationPendingError
-        return kind(self.reason, **ids)
+        error = kind(self.reason, **ids)
+        if self.outcome == "not_sent":
+            return error
+        return after_send_began(error, ids.get("operation_id") or "", ids.get("key") or "", "")
+
+    def delivered(self, why: str) -> None:
+        """Make this refusal the attempt's after ``why`` (an earlier request of it, or this
+        one, may have reached the server): journaled ``maybe_delivered``, and its reason no
+        longer says nothing was sent."""
+        self.outcome = "maybe_delivered"
+        self.reason = f"{why}: {without_nothing_sent(self.reason)}"
 
 
 def binding_differs(
@@ -127,6 +140,7 @@ class Gate:
         "_fingerprinted",
         "_key_name",
         "_key_values",
+        "_left",
         "_method",
         "_stream",
         "_url",
@@ -170,6 +184,9 @@ class Gate:
         self.fingerprint_headers = fingerprint_headers
         self.passes = 0
         """Requests let out during the current send (the flow resets it before each)."""
+        self._left: tuple[Any, ...] = ()
+        """The last request let out, as it was then: whether it was the attempt's first,
+        the request, its method, URL, body stream and raw headers."""
         self._method = request.method
         self._url = request.url
         self._body = request.content
@@ -193,13 +210,43 @@ class Gate:
             else:
                 differ = yield from binding_differs(self.binding, request, self.salt)
                 if differ is not None:
+                    refusal = GateRefusal(differ, outcome=outcome, kind=CredentialsMismatchError)
                     if follow_up:
-                        differ += (
-                            "; an earlier request of this attempt (before its auth flow or a "
-                            "redirect sent this one) may have been delivered"
+                        refusal.delivered(
+                            "a follow-up request of this attempt (its auth flow's, or a "
+                            "redirect's: httpx drops Authorization on a redirect to another "
+                            "origin) was not sent, an earlier one may have been delivered"
                         )
-                    raise GateRefusal(differ, outcome=outcome, kind=CredentialsMismatchError)
+                    raise refusal
+        self._left = (
+            not follow_up,
+            request,
+            request.method,
+            request.url,
+            request.stream,
+            request.headers.raw,
+        )
         self.passes += 1
+
+    def changed_since(self, request: httpx.Request) -> bool:
+        """Whether ``request``, the one that left, is the last one let out with something
+        changed after its check (a request hook that ran after the Session's last one:
+        appended while the send was running), so it must be checked again."""
+        if not self._left or request is not self._left[1]:
+            return False
+        _first, _request, method, url, stream, raw = self._left
+        return (
+            request.method != method
+            or request.url is not url
+            or request.stream is not stream
+            or request.headers.raw != raw
+        )
+
+    def again(self, request: httpx.Request) -> Generator[Command, Any, None]:
+        """`leaving` for the last request let out, once more, as it left."""
+        if self._left[0]:
+            self.passes = 0
+        yield from self.leaving(request)
 
     def _bind(self, request: httpx.Request) -> Generator[Command, Any, None]:
         """Journal, durably and before any byte of it leaves, the credentials this key is
@@ -276,8 +323,7 @@ class Gate:
             else "a request hook or auth flow changed"
         )
         after = (
-            "an earlier request of this attempt may have been delivered; it stays pending with "
-            "its key"
+            "this one was not sent, an earlier request of this attempt may have been delivered"
             if follow_up
             else "nothing was sent and it stays pending with its key"
         )

@@ -94,6 +94,31 @@ def _next(client: Any, request: Any, response: Any, history: list[Any]) -> Any:
     return following
 
 
+def _hop_failed(client: Any, error: Exception, response: Any) -> Exception:
+    """An error sending a later hop of a chain, as the attempt's: the request that was
+    redirected reached the server (a 303 after a POST says it acted), so a transport error
+    that would read as "nothing was sent" (a refused connection, a scheme httpx cannot
+    send) must not read so; it becomes one that may have been delivered. The Location is
+    not quoted (it may carry userinfo or a secret)."""
+    library = _library(client)
+    if not isinstance(error, library.TransportError):
+        return error  # a hook's own error, or the gate refusing the hop: as they are
+    followed: Exception = library.RemoteProtocolError(
+        f"following the server's {response.status_code} redirect failed "
+        f"({type(error).__name__}: {error}); the request it redirected reached the server",
+        request=error.request if _has_request(error) else None,
+    )
+    return followed
+
+
+def _has_request(error: Any) -> bool:
+    try:
+        error.request  # noqa: B018 (httpx raises when it was never set)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _no_auth(client: Any) -> Any:
     """An auth that adds nothing: the client's auth applies to the first request only,
     as in httpx's loop; a later hop carries what its redirect rules kept of the headers
@@ -124,7 +149,15 @@ def send(
             response.close()
             raise
         request = following
-        response = client.send(request, stream=True, follow_redirects=False, auth=_no_auth(client))
+        try:
+            response = client.send(
+                request, stream=True, follow_redirects=False, auth=_no_auth(client)
+            )
+        except Exception as error:
+            failed = _hop_failed(client, error, history[-1])
+            if failed is error:
+                raise
+            raise failed from error
         response.history = list(history)
     return response
 
@@ -150,8 +183,14 @@ async def asend(
                 await response.aclose()
             raise
         request = following
-        response = await client.send(
-            request, stream=True, follow_redirects=False, auth=_no_auth(client)
-        )
+        try:
+            response = await client.send(
+                request, stream=True, follow_redirects=False, auth=_no_auth(client)
+            )
+        except Exception as error:
+            failed = _hop_failed(client, error, history[-1])
+            if failed is error:
+                raise
+            raise failed from error
         response.history = list(history)
     return response

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from idempotently._keys import journaled_url
+from idempotently._keys import journaled_response_headers, journaled_url
 
 DEFAULT_SECRET_PARAMS = frozenset(
     {
@@ -99,6 +99,34 @@ def redacted_url(url: httpx.URL, secret: frozenset[str]) -> tuple[str, tuple[str
         return journaled_url(url), ()
     query = "&".join(pairs).encode("ascii")
     return journaled_url(url.copy_with(query=query)), tuple(names)
+
+
+_URL_HEADERS = frozenset({"location", "content-location"})
+"""Answer headers whose value is a URL: a server may echo the request's secrets there."""
+
+
+def journaled_answer_headers(
+    headers: httpx.Headers, redacted: frozenset[str], secret: frozenset[str]
+) -> list[tuple[str, str]]:
+    """An answer's headers as journaled (`journaled_response_headers`), a URL one of them
+    carries (a 303's Location echoing ``?api_key=...``) journaled as a request URL is:
+    without its userinfo, the values of ``secret`` parameters redacted."""
+    stored = journaled_response_headers(headers, redacted)
+    if not any(name.lower() in _URL_HEADERS for name, _ in stored):
+        return stored
+    return [
+        (name, _journaled_location(value, secret) if name.lower() in _URL_HEADERS else value)
+        for name, value in stored
+    ]
+
+
+def _journaled_location(value: str, secret: frozenset[str]) -> str:
+    try:
+        url = httpx.URL(value)
+        journaled, names = redacted_url(url, secret)
+    except (httpx.InvalidURL, UnicodeError, ValueError):
+        return value  # not a URL httpx reads: nothing in it is a parameter or userinfo
+    return journaled if names or url.userinfo else value
 
 
 class MissingParams(ValueError):
