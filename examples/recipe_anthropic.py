@@ -53,17 +53,19 @@ def charge(client: anthropic.Anthropic, order: str, **headers: str) -> object:
 with serve(port=8408, db="recipe_anthropic-api.db") as api:
     one_try = idempotently.RetryPolicy(max_attempts=1)  # the transport gives up at once
 
-    # The trap: the SDK's own retry after a lost answer is a new operation.
+    # The trap: the SDK's own retry after a lost answer is a new operation. (In a
+    # journal of its own: the operation whose answer was lost stays pending there,
+    # and no resume of your journal should send it again.)
     before = len(api.charges(order_id="trap"))
     api.faults.for_order("trap", Fault.lose_response())
-    trapped = sdk(api.url, idempotently.Transport("idempotently.db", policy=one_try), retries=1)
+    trapped = sdk(api.url, idempotently.Transport("trap.db", policy=one_try), retries=1)
     charge(trapped, "trap")  # the SDK retried, with no key: the server charged again
     assert 2 == len(api.charges(order_id="trap")) - before, "two charges for one order"
 
     # The recipe: SDK retries off, the operation named; the transport retries.
-    api.faults.for_order("42", Fault.lose_response())
+    api.faults.for_order("51", Fault.lose_response())
     client = sdk(api.url, idempotently.Transport("idempotently.db"), retries=0)
-    first = charge(client, "42", **{"Idempotency-Operation-Id": "order-42"})
-    again = charge(client, "42", **{"Idempotency-Operation-Id": "order-42"})  # from the journal
-    assert first == again and 1 == len(api.charges(order_id="42")), "one charge"
-    print("order-42 charged once:", len(api.charges(order_id="42")))
+    first = charge(client, "51", **{"Idempotency-Operation-Id": "order-51"})
+    again = charge(client, "51", **{"Idempotency-Operation-Id": "order-51"})  # from the journal
+    assert first == again and 1 == len(api.charges(order_id="51")), "one charge"
+    print("order-51 charged once:", len(api.charges(order_id="51")))
