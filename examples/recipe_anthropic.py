@@ -53,14 +53,18 @@ def charge(client: anthropic.Anthropic, order: str, **headers: str) -> object:
 with serve(port=8408, db="recipe_anthropic-api.db") as api:
     one_try = idempotently.RetryPolicy(max_attempts=1)  # the transport gives up at once
 
-    # The trap: the SDK's own retry after a lost answer is a new operation. (In a
-    # journal of its own: the operation whose answer was lost stays pending there,
-    # and no resume of your journal should send it again.)
+    # The trap: the SDK's own retry after a lost answer is a new operation.
     before = len(api.charges(order_id="trap"))
     api.faults.for_order("trap", Fault.lose_response())
-    trapped = sdk(api.url, idempotently.Transport("trap.db", policy=one_try), retries=1)
+    trapped = sdk(api.url, idempotently.Transport("idempotently.db", policy=one_try), retries=1)
     charge(trapped, "trap")  # the SDK retried, with no key: the server charged again
     assert 2 == len(api.charges(order_id="trap")) - before, "two charges for one order"
+    # The first operation, its answer lost, is still pending in the journal: resume
+    # settles it with its own key (the server replays; no third charge).
+    auth = {"Authorization": "Bearer sk-ant-recipe"}
+    with idempotently.Session("idempotently.db", headers=auth) as session:
+        session.resume()
+    assert 2 == len(api.charges(order_id="trap")) - before
 
     # The recipe: SDK retries off, the operation named; the transport retries.
     api.faults.for_order("51", Fault.lose_response())
