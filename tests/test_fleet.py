@@ -236,7 +236,9 @@ def test_sigterm_finishes_operations_in_flight_and_releases_every_lease(
     """SIGTERM mid-batch: exit 0 after the operations in flight end; no lease is left;
     a second worker finishes the rest; each order charged once."""
     orders = 24
-    with serve(MockServerConfig(provider_latency=0.05)) as server:
+    # 0.25 s a charge, two at a time: the worker is far from done with its claims (3 s
+    # of charges) when the test, told of its first result, stops it.
+    with serve(MockServerConfig(provider_latency=0.25)) as server:
         seed(journal_location, server.url, orders)
         with fleet(tmp_path, journal_location, ["host-a"], "--concurrency", "2") as [worker]:
             worker.wait_for(lambda event: event["event"] == "operation")
