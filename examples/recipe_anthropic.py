@@ -59,11 +59,17 @@ with serve(port=8408, db="recipe_anthropic-api.db") as api:
     trapped = sdk(api.url, idempotently.Transport("idempotently.db", policy=one_try), retries=1)
     charge(trapped, "trap")  # the SDK retried, with no key: the server charged again
     assert 2 == len(api.charges(order_id="trap")) - before, "two charges for one order"
+    # The first operation, its answer lost, is still pending in the journal: resume
+    # settles it with its own key (the server replays; no third charge).
+    auth = {"Authorization": "Bearer sk-ant-recipe"}
+    with idempotently.Session("idempotently.db", headers=auth) as session:
+        session.resume()
+    assert 2 == len(api.charges(order_id="trap")) - before
 
     # The recipe: SDK retries off, the operation named; the transport retries.
-    api.faults.for_order("42", Fault.lose_response())
+    api.faults.for_order("51", Fault.lose_response())
     client = sdk(api.url, idempotently.Transport("idempotently.db"), retries=0)
-    first = charge(client, "42", **{"Idempotency-Operation-Id": "order-42"})
-    again = charge(client, "42", **{"Idempotency-Operation-Id": "order-42"})  # from the journal
-    assert first == again and 1 == len(api.charges(order_id="42")), "one charge"
-    print("order-42 charged once:", len(api.charges(order_id="42")))
+    first = charge(client, "51", **{"Idempotency-Operation-Id": "order-51"})
+    again = charge(client, "51", **{"Idempotency-Operation-Id": "order-51"})  # from the journal
+    assert first == again and 1 == len(api.charges(order_id="51")), "one charge"
+    print("order-51 charged once:", len(api.charges(order_id="51")))

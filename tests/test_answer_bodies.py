@@ -382,7 +382,9 @@ def test_a_trickled_final_answer_ends_with_the_calls_deadline(
         pytest.raises(idempotently.AnswerNotReadError, match="deadline"),
     ):
         session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-t")
-    assert time.monotonic() - started < 3.0
+    # The endless body would be read forever: this bound only catches a hang, with
+    # room for a loaded machine.
+    assert time.monotonic() - started < 20.0
     journaled = operation(tmp_path / "journal.db", "op-t")
     assert ("succeeded", 201, None) == (
         journaled.status,
@@ -436,7 +438,7 @@ def test_a_trickled_503_is_given_up_within_one_read_timeout(
     ) as session:
         response = session.post(f"{url}/v1/charges", json=CHARGE, operation_id="op-t")
     assert 201 == response.status_code
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 30.0  # half the 60 s deadline: load cannot reach it
 
 
 # -- the flow's limits (no I/O) ------------------------------------------------------------

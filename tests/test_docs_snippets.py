@@ -8,7 +8,8 @@ How a page is run (new pages are picked up without an edit here):
 - ``https://api.example.com``, the docs' stand-in for your API, is replaced
   by the URL of a companion mock server started for the page
   (``idempotently.testing.serve()``): every request a block sends gets a real
-  answer over loopback.
+  answer over loopback. So is ``http://127.0.0.1:8400``, where the tutorial
+  has the reader start ``idempotently mock-server --port 8400``.
 - A block titled as a file (``title="checkout.py"``) is not run: it is saved
   in that directory under its name, as a reader would save it, and later
   blocks import it (all such files are saved before the first block runs).
@@ -39,6 +40,8 @@ from .support import fixed_port_lock
 
 ROOT = Path(__file__).parent.parent
 API_PLACEHOLDER = "https://api.example.com"
+MOCK_SERVER_ADDRESS = "http://127.0.0.1:8400"
+"""Where the tutorial's reader starts `idempotently mock-server`: the page's server too."""
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 # A block titled as a file (```python title="checkout.py") is a file the reader
 # saves: it is written to the page's directory, where later blocks import it.
@@ -58,28 +61,39 @@ def python_blocks(text: str) -> Iterator[tuple[int, str]]:
         yield text.count("\n", 0, match.start(1)) + 1, match.group(1)
 
 
+def on_the_page_server(code: str, api_url: str) -> str:
+    """The code, its API addresses the page's mock server."""
+    return code.replace(API_PLACEHOLDER, api_url).replace(MOCK_SERVER_ADDRESS, api_url)
+
+
 def run_page(path: Path, name: str, api_url: str) -> None:
     """Run the page's blocks in order in one namespace; fail naming the block that broke."""
     namespace: dict[str, object] = {"__name__": "__main__"}
     text = path.read_text(encoding="utf-8")
     for match in FILE_FENCE.finditer(text):
-        Path(match.group(1)).write_text(match.group(2).replace(API_PLACEHOLDER, api_url))
+        Path(match.group(1)).write_text(on_the_page_server(match.group(2), api_url))
     for line, code in python_blocks(text):
-        # Blank lines first, so that a traceback's line numbers are the page's.
-        source = "\n" * (line - 1) + code.replace(API_PLACEHOLDER, api_url)
-        failure = None
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", DeprecationWarning)
-                compiled = compile(source, name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-                if compiled.co_flags & inspect.CO_COROUTINE:
-                    asyncio.run(eval(compiled, namespace))
-                else:
-                    exec(compiled, namespace)
-        except Exception:
-            failure = traceback.format_exc()
-        if failure is not None:
-            pytest.fail(f"the ```python block at {name}:{line} failed:\n{failure}", pytrace=False)
+        run_block(namespace, name, line, code, api_url)
+
+
+def run_block(namespace: dict[str, object], name: str, line: int, code: str, api_url: str) -> None:
+    """Run one block (starting at ``line`` of page ``name``) in ``namespace``; fail naming
+    the block if it raises."""
+    # Blank lines first, so that a traceback's line numbers are the page's.
+    source = "\n" * (line - 1) + on_the_page_server(code, api_url)
+    failure = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            compiled = compile(source, name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            if compiled.co_flags & inspect.CO_COROUTINE:
+                asyncio.run(eval(compiled, namespace))
+            else:
+                exec(compiled, namespace)
+    except Exception:
+        failure = traceback.format_exc()
+    if failure is not None:
+        pytest.fail(f"the ```python block at {name}:{line} failed:\n{failure}", pytrace=False)
 
 
 PAGES = [path for path in pages() if any(python_blocks(path.read_text(encoding="utf-8")))]

@@ -103,7 +103,7 @@ def test_huge_retry_after_raises_retry_later_at_once(tmp_path: Path, scripted: S
     started = time.monotonic()
     with session(tmp_path, url) as s, pytest.raises(idempotently.RetryLaterError) as caught:
         s.post("/v1/charges", json={"amount": 5}, operation_id="slow-down")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # far from 86400, however loaded the machine
     assert 1 == len(app.arrivals)
     with idempotently.Journal(tmp_path / "journal.db") as journal:
         operation = journal.operation("slow-down")

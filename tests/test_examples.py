@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -17,30 +18,52 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
-def test_example_runs_twice_in_the_same_folder(example: Path, tmp_path: Path) -> None:
-    """Each script in examples/ exits 0, and again when re-run beside the journal it left.
-
-    A re-run sends the same requests (each example's server has a fixed port,
-    so its URLs do not change), so the journal answers them: no KeyReuseError,
-    and no advice to throw the journal away.
-    """
-    # The recipes need their SDK (the tests extra has them; openai/httpx2 need Python 3.11+).
+def runnable(example: Path) -> bool:
+    """Whether the SDK a recipe needs is installed (the tests extra has them; openai,
+    anthropic and httpx2 need Python 3.11+)."""
     for sdk in ("stripe", "openai", "anthropic", "httpx2"):
         imported = re.search(rf"^import {sdk}$", example.read_text(), re.MULTILINE)
         if imported and importlib.util.find_spec(sdk) is None:
-            pytest.skip(f"{example.name} needs {sdk}, which is not installed")
-    with fixed_port_lock(example.read_text()):
-        for run in ("first", "second"):
-            result = subprocess.run(
-                [sys.executable, str(example)],
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert 0 == result.returncode, f"{run} run:\n{result.stdout}{result.stderr}"
-    assert (tmp_path / "idempotently.db").exists() or "idempotently.db" not in example.read_text()
+            return False
+    return True
+
+
+def test_every_example_runs_twice_in_one_shared_folder(tmp_path: Path) -> None:
+    """All the scripts in examples/ run in one folder, one after another, then again in
+    the reverse order: each exits 0 every time.
+
+    A developer copies them into one project and runs them in any order, beside the
+    journal (./idempotently.db) they all share: no two may name the same operation or
+    port (the second would get KeyReuseError), and a re-run sends the same requests
+    (fixed ports keep its URLs), so the journal answers them.
+    """
+    examples = [example for example in EXAMPLES if runnable(example)]
+    sources = "\n".join(example.read_text() for example in examples)
+    with fixed_port_lock(sources):
+        for run, order in (("first", examples), ("second", examples[::-1])):
+            for example in order:
+                result = subprocess.run(
+                    [sys.executable, str(example)],
+                    cwd=tmp_path,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                )
+                assert 0 == result.returncode, (
+                    f"{example.name}, {run} run:\n{result.stdout}{result.stderr}"
+                )
+    assert (tmp_path / "idempotently.db").exists()
+
+
+def test_no_two_examples_share_a_port() -> None:
+    """Each example's server has a port of its own, so they run side by side too."""
+    ports = [
+        int(port)
+        for example in EXAMPLES
+        for port in set(re.findall(r"serve\([^)]*port=(\d+)", example.read_text()))
+    ]
+    assert sorted(set(ports)) == sorted(ports)
 
 
 def test_every_example_with_a_journal_has_a_fixed_port() -> None:

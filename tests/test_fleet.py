@@ -6,7 +6,12 @@ never send one operation twice; a worker SIGKILLed mid-batch loses nothing (the
 others finish its operations once its leases expire); SIGTERM finishes what is in
 flight, releases every lease and exits 0. The store is a parameter
 (``journal_location``): each test runs against SQLite and PostgreSQL.
-Tests wait on the JSON lines the workers print, never on sleeps.
+Tests wait on the JSON lines the workers print, never on sleeps, and assert what the
+server and the journal show (one charge per order, every operation succeeded, no lease
+left), never which worker sent what or how fast: on a loaded machine a starved worker
+may lose a lease and another resend its key, which the contract allows. So workers
+hold leases far longer than any stall (``LEASE``), except a worker a test kills, whose
+leases must run out for the others to take over.
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ from tests.support import JsonLinesProcess
 REPO = Path(__file__).parent.parent
 USER = "shop_1"
 TOKEN_ENV = "FLEET_TEST_TOKEN"
-WAIT = 30.0
-"""Longest any one wait may take: past this something hangs, and the test fails."""
+WAIT = 60.0
+"""Longest any one wait may take: past this something hangs, and the test fails (a worker
+starting on a machine at load average 14 took over 30 s to print its first claim)."""
+LEASE = "120s"
+"""A worker's lease: no stall on a loaded machine outlasts it, so no live worker loses one."""
+DYING_LEASE = "10s"
+"""The lease of a worker a test kills: the others take its operations over once it ends."""
 
 
 @pytest.fixture
@@ -90,7 +100,7 @@ class WatchWorker(JsonLinesProcess):
     wait = WAIT
 
     def __init__(
-        self, tmp_path: Path, location: str, host_id: str, *options: str, lease: str = "2s"
+        self, tmp_path: Path, location: str, host_id: str, *options: str, lease: str = LEASE
     ) -> None:
         self.host_id = host_id
         self.stderr_path = tmp_path / f"{host_id}.stderr"
@@ -138,12 +148,6 @@ class WatchWorker(JsonLinesProcess):
             if test(event):
                 return
 
-    def drain(self) -> None:
-        """Read whatever it has printed so far."""
-        while not self._lines.empty():
-            if self.next_event(0) is None:
-                return
-
     def stop(self, signum: int = signal.SIGTERM, timeout: float = WAIT) -> int:
         """Send ``signum`` and read to the end; the exit code."""
         self.proc.send_signal(signum)
@@ -177,12 +181,12 @@ class WatchWorker(JsonLinesProcess):
 
 @contextmanager
 def fleet(
-    tmp_path: Path, location: str, host_ids: list[str], *options: str
+    tmp_path: Path, location: str, host_ids: list[str], *options: str, lease: str = LEASE
 ) -> Iterator[list[WatchWorker]]:
     with ExitStack() as stack:
         workers = []
         for host_id in host_ids:
-            worker = WatchWorker(tmp_path, location, host_id, *options)
+            worker = WatchWorker(tmp_path, location, host_id, *options, lease=lease)
             stack.callback(worker.close)
             workers.append(worker)
         yield workers
@@ -210,6 +214,14 @@ def wait_until_drained(workers: list[WatchWorker], timeout: float = WAIT) -> Non
     raise AssertionError(f"nothing drained the journal within {timeout} s")
 
 
+def wait_until_at_the_server(server: MockServer, worker: WatchWorker) -> None:
+    """Until a request is in flight at the server (its key in progress), not merely claimed."""
+    deadline = time.monotonic() + WAIT
+    while not server.app.keys.count_by_status().get("in_progress"):
+        assert time.monotonic() < deadline, f"nothing reached the server: {worker.diagnosis()}"
+        time.sleep(0.01)
+
+
 def assert_each_order_charged_once(server: MockServer, location: str, orders: int) -> None:
     """One charge per order, all succeeded in the journal, no lease left behind."""
     assert {} == server.ledger.duplicates()
@@ -225,13 +237,13 @@ def test_sigterm_finishes_operations_in_flight_and_releases_every_lease(
     """SIGTERM mid-batch: exit 0 after the operations in flight end; no lease is left;
     a second worker finishes the rest; each order charged once."""
     orders = 24
-    with serve(MockServerConfig(provider_latency=0.05)) as server:
+    # 0.25 s a charge, two at a time: the worker is far from done with its claims (3 s
+    # of charges) when the test, told of its first result, stops it.
+    with serve(MockServerConfig(provider_latency=0.25)) as server:
         seed(journal_location, server.url, orders)
         with fleet(tmp_path, journal_location, ["host-a"], "--concurrency", "2") as [worker]:
             worker.wait_for(lambda event: event["event"] == "operation")
-            started = time.monotonic()
             assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
-            assert time.monotonic() - started < 10
         names = [event["event"] for event in worker.events]
         assert "watch_stopping" in names and "watch_stopped" == names[-1]
         stopped = worker.events[-1]
@@ -258,18 +270,11 @@ def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_locatio
             worker.wait_for(lambda event: event["event"] == "claimed")
             # The attempt is in flight (the server has it: 20 s to answer), not merely
             # claimed: a worker stopped before sending ends cleanly at once.
-            deadline = time.monotonic() + 30
-            while (
-                not server.app.keys.count_by_status().get("in_progress")
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.01)
-            assert server.app.keys.count_by_status().get("in_progress"), worker.diagnosis()
+            wait_until_at_the_server(server, worker)
             worker.proc.send_signal(signal.SIGTERM)
             worker.wait_for(lambda event: event["event"] == "watch_stopping")
-            started = time.monotonic()
+            # A worker that waited for the attempt would end it and exit 0 after 20 s.
             assert 128 + signal.SIGTERM == worker.stop(signal.SIGTERM), worker.diagnosis()
-            assert time.monotonic() - started < 10  # not the provider's 20 s
         assert "watch_stopped" not in [event["event"] for event in worker.events]
 
 
@@ -277,8 +282,8 @@ def test_a_second_signal_ends_the_worker_at_once(tmp_path: Path, journal_locatio
 def test_three_workers_drain_a_thousand_operations_sending_each_once(
     tmp_path: Path, journal_location: str
 ) -> None:
-    """Three workers on three host ids drain 1,000 pending operations: each is resumed by
-    exactly one worker and reaches the server exactly once."""
+    """Three workers on three host ids drain 1,000 pending operations: each reaches the
+    server exactly once, is charged once and ends succeeded in the journal."""
     orders = 1000
     with serve() as server:
         seed(journal_location, server.url, orders)
@@ -290,10 +295,11 @@ def test_three_workers_drain_a_thousand_operations_sending_each_once(
             wait_until_drained(workers, timeout=120.0)
             for worker in workers:
                 assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
-        resumed = [op for worker in workers for op in worker.resumed()]
-        assert sorted(resumed) == sorted(operation_id(i) for i in range(orders))
+        resumed = {op for worker in workers for op in worker.resumed()}
+        assert {operation_id(i) for i in range(orders)} == resumed
+        # No worker lost a lease (LEASE outlasts any stall), so no key was sent twice:
+        # the claims are disjoint.
         assert orders == server.stats().requests
-        assert all(worker.resumed() for worker in workers)  # the work was shared
         assert_each_order_charged_once(server, journal_location, orders)
 
 
@@ -301,12 +307,16 @@ def test_three_workers_drain_a_thousand_operations_sending_each_once(
 def test_a_worker_killed_mid_batch_loses_nothing(tmp_path: Path, journal_location: str) -> None:
     """SIGKILL one of three workers mid-batch: once its leases expire the others finish its
     operations; one charge per operation, nothing lost."""
-    orders = 60
-    config = MockServerConfig(provider_latency=0.05, in_progress="wait")
+    orders = 24
+    # Each charge takes 0.5 s: the victim's batch of 8, two at a time, is far from done
+    # when the test, told of its first result, kills it.
+    config = MockServerConfig(provider_latency=0.5, in_progress="wait")
     with serve(config) as server:
         seed(journal_location, server.url, orders)
         with (
-            fleet(tmp_path, journal_location, ["doomed"], "--concurrency", "2") as [victim],
+            fleet(
+                tmp_path, journal_location, ["doomed"], "--concurrency", "2", lease=DYING_LEASE
+            ) as [victim],
             ExitStack() as stack,
         ):
             victim.wait_for(lambda event: event["event"] == "claimed")
@@ -315,29 +325,26 @@ def test_a_worker_killed_mid_batch_loses_nothing(tmp_path: Path, journal_locatio
                 fleet(tmp_path, journal_location, ["host-b", "host-c"], "--concurrency", "2")
             )
             victim.wait_for(lambda event: event["event"] == "operation")
-            victim.proc.kill()  # mid-batch: it claimed 8, finished 1
+            victim.proc.kill()  # mid-batch: it claimed 8, finished about 2
             assert -signal.SIGKILL == victim.proc.wait(timeout=WAIT)
-            victim.drain()
-            orphans = set(claimed) - set(victim.resumed())
             with idempotently.Journal(journal_location, create=False) as journal:
-                # Claimed by the dead worker and unfinished (one it finished just before
-                # dying, without saying so, is succeeded): still leased by it.
+                # What the journal says it died holding: its claimed operations that are
+                # neither finished nor (after a stall) taken over already.
                 held = {
                     op.operation_id: op
-                    for op in map(journal.operation, sorted(orphans))
-                    if op is not None and op.status == "pending"
+                    for op in map(journal.operation, sorted(claimed))
+                    if op is not None
+                    and op.status == "pending"
+                    and str(op.lease_owner).startswith("doomed:")
                 }
             assert held  # it died holding leases on operations it had not finished
-            assert all(str(op.lease_owner).startswith("doomed:") for op in held.values())
-            wait_until_drained(survivors)
+            wait_until_drained(survivors, timeout=120.0)  # its leases expire first
             for worker in survivors:
                 assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
-        finished_by_survivors = {op for worker in survivors for op in worker.resumed()}
-        assert set(held) <= finished_by_survivors
-        assert not set(victim.resumed()) & finished_by_survivors
         with idempotently.Journal(journal_location, create=False) as journal:
             for orphan, at_death in held.items():
                 operation = journal.operation(orphan)
-                # Taken over only once the dead worker's lease had expired.
-                assert operation is not None and operation.updated_at >= at_death.lease_until
+                # Finished, and only once the dead worker's lease had expired.
+                assert operation is not None and "succeeded" == operation.status
+                assert operation.updated_at >= at_death.lease_until
         assert_each_order_charged_once(server, journal_location, orders)

@@ -291,7 +291,7 @@ def test_idempotently_session_never_sleeps_on_an_hour_long_retry_after(
         idempotently_session.post("/v1/charges", json=CHARGE)
     except idempotently.IdempotentlyError as error:
         assert "3600" in str(error)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # far from 3600, however loaded the machine
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -260,20 +260,25 @@ def watch_output(*, as_json: bool, terminal: bool, host_id: str) -> Iterator[Non
 def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
     """SIGTERM/SIGINT set ``stop``; a second one ends the process at once.
 
-    The handler only sets the event (no logging, no locks in a signal handler); a
-    small thread says that the worker is stopping, then sets the event it yields."""
+    The handler takes no lock: it writes a byte to a pipe. ``stop.set()`` would take
+    the event's lock, which the interrupted main thread may hold at that moment (inside
+    ``stop.wait()``): a deadlock, seen as a worker that never stopped. A small thread
+    reads the pipe, sets ``stop``, says that the worker is stopping, then sets the
+    event it yields."""
     received: list[str] = []
     announced = threading.Event()
+    wake_r, wake_w = os.pipe()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
+        if received or stop.is_set():
             # Not SIG_DFL and re-raise: as PID 1 in a container that would be ignored.
             os._exit(128 + signum)
         received.append(signal.Signals(signum).name)
-        stop.set()
+        os.write(wake_w, b"\0")
 
     def announce() -> None:
-        stop.wait()
+        os.read(wake_r, 1)  # a signal, or the end of the watch
+        stop.set()
         try:
             if received:
                 logging.getLogger("idempotently.watch").info(
@@ -290,6 +295,7 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
     if early is not None:
         received.append(signal.Signals(early).name)
         stop.set()
+        os.write(wake_w, b"\0")
     announcer = threading.Thread(target=announce, name="idempotently-watch-signals", daemon=True)
     announcer.start()
     try:
@@ -298,7 +304,10 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
         for signum, old in previous.items():
             signal.signal(signum, old)
         stop.set()
+        os.write(wake_w, b"\0")
         announcer.join()
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 def run_watch(

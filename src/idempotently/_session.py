@@ -289,6 +289,14 @@ class _SessionBase(Generic[ClientT]):
             return _httpx2.httpx2_module().USE_CLIENT_DEFAULT
         return timeout
 
+    def _read_request(self, method: str, url: httpx.URL | str, **parts: Any) -> httpx.Request:
+        """A read (GET, HEAD, OPTIONS) built as the client builds it: nothing journaled, no
+        key; sent by the engine's read flow, retried as a Transport's reads are."""
+        parts["timeout"] = self._timeout(parts["timeout"])
+        request = self.client.build_request(method, url, **parts)
+        check_timeouts(request)
+        return _httpx2.to_httpx_request(request) if self._httpx2 else request
+
     def _resume_flows(
         self, queue: list[Operation], *, dry_run: bool, base_url: str | None, reconciling: bool
     ) -> list[FlowFactory[ResumeResult]]:
@@ -730,6 +738,67 @@ class Session(_SessionBase[httpx.Client]):
             sleep=self._sleep,
         )
 
+    # -- reads: unjournaled, retried as a Transport's reads are -------------------------
+
+    def get(
+        self,
+        url: httpx.URL | str,
+        *,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """GET: a read, never journaled and sent without a key. Retried after a network
+        error, a 5xx, 408, 425 or 429 (not before its Retry-After) under the session's
+        policy and retry budget, as `Transport` retries reads; an answer it retries is
+        closed unread. Returns the last answer, read, or raises the last error."""
+        parts = {"params": params, "headers": headers, "cookies": cookies}
+        return self._read("GET", url, timeout=timeout, extensions=extensions, **parts)
+
+    def head(
+        self,
+        url: httpx.URL | str,
+        *,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """HEAD: a read, unjournaled; see `get`."""
+        parts = {"params": params, "headers": headers, "cookies": cookies}
+        return self._read("HEAD", url, timeout=timeout, extensions=extensions, **parts)
+
+    def options(
+        self,
+        url: httpx.URL | str,
+        *,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """OPTIONS: a read, unjournaled; see `get`."""
+        parts = {"params": params, "headers": headers, "cookies": cookies}
+        return self._read("OPTIONS", url, timeout=timeout, extensions=extensions, **parts)
+
+    def _read(self, method: str, url: httpx.URL | str, **parts: Any) -> httpx.Response:
+        request = self._read_request(method, url, **parts)
+        try:
+            response = run(
+                self._engine.read(request), Held(), self.journal, send=self._send, sleep=self._sleep
+            )
+            try:
+                response.read()
+            finally:
+                response.close()
+        except Exception as error:
+            raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+        return response
+
     def _send(self, request: httpx.Request) -> httpx.Response:
         """One attempt, its answer's body unread: the flow reads it within bounds (and
         the redirects it follows, `_redirects.send`). The client's
@@ -1107,6 +1176,64 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             send=self._send,
             sleep=self._sleep,
         )
+
+    # -- reads: unjournaled, retried as an AsyncTransport's reads are --------------------
+
+    async def get(
+        self,
+        url: httpx.URL | str,
+        *,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """GET: a read, never journaled and sent without a key; see `Session.get`."""
+        parts = {"params": params, "headers": headers, "cookies": cookies}
+        return await self._read("GET", url, timeout=timeout, extensions=extensions, **parts)
+
+    async def head(
+        self,
+        url: httpx.URL | str,
+        *,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """HEAD: a read, unjournaled; see `Session.get`."""
+        parts = {"params": params, "headers": headers, "cookies": cookies}
+        return await self._read("HEAD", url, timeout=timeout, extensions=extensions, **parts)
+
+    async def options(
+        self,
+        url: httpx.URL | str,
+        *,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """OPTIONS: a read, unjournaled; see `Session.get`."""
+        parts = {"params": params, "headers": headers, "cookies": cookies}
+        return await self._read("OPTIONS", url, timeout=timeout, extensions=extensions, **parts)
+
+    async def _read(self, method: str, url: httpx.URL | str, **parts: Any) -> httpx.Response:
+        request = self._read_request(method, url, **parts)
+        try:
+            response = await arun(
+                self._engine.read(request), Held(), self.journal, send=self._send, sleep=self._sleep
+            )
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+        except Exception as error:
+            raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+        return response
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         """One attempt, its answer's body unread: the flow reads it within bounds (and

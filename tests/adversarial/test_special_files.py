@@ -91,9 +91,10 @@ def invoke(journal: Path, command: str, *, after: bool = False) -> Result:
 def test_a_special_file_as_journal_fails_fast_in_one_line(
     request: pytest.FixtureRequest, kind: str, command: str
 ) -> None:
-    """A FIFO, a socket or /dev/null as --journal: exit 1 within a second, one line naming it."""
+    """A FIFO, a socket or /dev/null as --journal: exit 1 at once (never blocked on the
+    path), one line naming it."""
     path, words = _special(request, kind)
-    result, took = within_deadline(lambda: invoke(path, command))
+    result, _ = within_deadline(lambda: invoke(path, command))
     lines = result.output.strip().splitlines()
     assert (1, 1, True, True) == (
         result.exit_code,
@@ -101,7 +102,6 @@ def test_a_special_file_as_journal_fails_fast_in_one_line(
         str(path) in lines[0],
         words in lines[0],
     ), result.output
-    assert took < 1.0
 
 
 @pytest.mark.parametrize("command", ["stats", "list", "show op"])
