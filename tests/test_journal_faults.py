@@ -237,7 +237,6 @@ def three(tmp_path: Path) -> Path:
 
 
 ROW_READS: dict[str, Callable[[Journal], object]] = {
-    "operations": lambda journal: journal.operations(),
     "operation": lambda journal: journal.operation("op-001"),
     "operation by key": lambda journal: journal.operation("key-op-001"),
     "_find": lambda journal: journal._find("op-001", None),
@@ -260,6 +259,19 @@ def test_a_row_with_broken_json_is_a_corrupt_error(
     assert "'op-001'" in message
     assert "request_headers is not valid JSON" in message
     assert "restore a backup" in message
+
+
+def test_a_listing_names_a_row_with_broken_json_and_lists_the_others(three: Path) -> None:
+    """Broken JSON in one row never stops a listing (an audit, a resume's queue): every
+    operation is listed, the damaged one marked with what is wrong."""
+    sql(three, "UPDATE operations SET request_headers = '[[\"a\", ' WHERE operation_id = 'op-001'")
+
+    with Journal(three) as journal:
+        listed = {operation.operation_id: operation for operation in journal.operations()}
+
+    assert ["op-000", "op-001", "op-002"] == sorted(listed)
+    assert [None, None] == [listed["op-000"].damaged, listed["op-002"].damaged]
+    assert "request_headers is not valid JSON" in (listed["op-001"].damaged or "")
 
 
 @pytest.mark.parametrize(
@@ -626,27 +638,44 @@ def test_commands_on_damaged_pages_fail_in_one_line(damaged: Path, args: tuple[s
     assert_one_line_error(result, damaged, "damaged", "restore a backup")
 
 
-@pytest.mark.parametrize(
-    "args",
-    [("list",), ("show", "op-000"), ("resume",), ("resume", "--dry-run")],
-    ids=" ".join,
-)
-def test_commands_on_a_damaged_row_fail_in_one_line(three: Path, args: tuple[str, ...]) -> None:
-    """Every command reading a row with broken JSON: exit 1, one line naming file and operation."""
+def test_show_of_a_damaged_row_fails_in_one_line(three: Path) -> None:
+    """`show` of the row with broken JSON: exit 1, one line naming file and operation."""
     sql(three, "UPDATE operations SET response_headers = '[' WHERE operation_id = 'op-000'")
 
-    result = run("--journal", str(three), *args)
+    result = run("--journal", str(three), "show", "op-000")
 
     assert_one_line_error(result, three, "'op-000'", "restore a backup")
 
 
+@pytest.mark.parametrize(
+    ("args", "exit_code"),
+    [(("list",), 0), (("resume",), 1), (("resume", "--dry-run"), 0)],
+    ids=lambda value: " ".join(value) if isinstance(value, tuple) else str(value),
+)
+def test_commands_listing_a_damaged_row_name_it_and_go_on(
+    three: Path, args: tuple[str, ...], exit_code: int
+) -> None:
+    """list and resume over a row with broken JSON: every other operation is listed or
+    resumed, the damaged one is named with what is wrong, and no traceback."""
+    sql(three, "UPDATE operations SET request_headers = '[' WHERE operation_id = 'op-000'")
+
+    result = run("--journal", str(three), *args)
+
+    assert exit_code == result.exit_code, result.output
+    assert "Traceback" not in result.output
+    assert "op-000" in result.output
+    assert "request_headers is not valid JSON" in result.output
+    if args == ("list",):
+        assert {"op-001", "op-002"} <= set(result.output.split())
+
+
 def test_a_damaged_journal_from_a_real_process_is_one_line(three: Path) -> None:
-    """`python -m idempotently list` on a damaged row: exit 1, one stderr line, no traceback."""
+    """`python -m idempotently show` of a damaged row: exit 1, one stderr line, no traceback."""
     sql(three, "UPDATE operations SET request_headers = '[' WHERE operation_id = 'op-001'")
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
     result = subprocess.run(
-        [sys.executable, "-m", "idempotently", "--journal", str(three), "list"],
+        [sys.executable, "-m", "idempotently", "--journal", str(three), "show", "op-001"],
         capture_output=True,
         text=True,
         env=env,
