@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -1506,12 +1507,14 @@ class Engine:
         if not board.has(origin):
             return None
         pause = board.find(origin, self._pause_scope(request), now)
-        if pause is not None and pause.set_at > now:
+        if pause is not None and pause.set_at > now and math.isfinite(pause.until - pause.set_at):
             # Written by a clock ahead of ours (a host 10 years fast answering
             # `Retry-After: 5`): counted from our now, in the journal, so that no reader
             # waits longer than its length from when it first saw it. A clamp at each
             # read (min(until, now + length)) would move with every reader's now and
-            # never end for a reader whose clock stays behind.
+            # never end for a reader whose clock stays behind. A length that is no
+            # number (a damaged row) is not rebased: it is waited on as written, so the
+            # call is refused naming `unpause`, never sent nor a NaN journaled.
             rebased = yield RebasePause(pause.origin, pause.credentials, now)
             if rebased is None:
                 board.remove_pause(pause)
