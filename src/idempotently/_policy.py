@@ -588,6 +588,13 @@ def decide(
     if status < 400 and verdict is None:
         return decision("succeed", f"{status}")
     if signal.mismatch:
+        if status >= 500:
+            # As with "final": a server error may have acted, whatever it is called.
+            return decision(
+                "reconcile",
+                f"{status}: called a payload mismatch, but a server error may have acted, "
+                "so it is no proof that nothing happened; look the object up",
+            )
         if before.acted and not signal.replayed:
             return decision(
                 "reconcile",
