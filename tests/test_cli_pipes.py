@@ -267,3 +267,34 @@ def test_stats_piped_is_one_name_and_value_per_line(tmp_path: Path) -> None:
     assert {2} == {len(fields) for fields in records}
     assert ["journal", str(path)] == [records[0][0], unescaped(records[0][1])]
     assert ["pending", "1"] in records
+
+
+@pytest.mark.parametrize(
+    ("status", "args"),
+    [
+        ("needs_reconcile", ("settle", "--succeeded", "--note", "checked")),
+        ("needs_reconcile", ("settle", "--failed", "--note", "checked", "--dry-run")),
+        ("needs_reconcile", ("abandon", "--note", "gone")),
+        ("pending", ("retry",)),
+        ("failed", ("fork", "--note", "again")),
+        ("succeeded", ("settle", "--failed", "--note", "refused: it succeeded")),
+    ],
+    ids=["settle", "settle-dry-run", "abandon", "retry", "fork", "refused"],
+)
+@pytest.mark.parametrize("name", list(HOSTILE), ids=list(HOSTILE))
+def test_an_operator_actions_line_cannot_be_split_by_the_id(
+    tmp_path: Path, status: str, args: tuple[str, ...], name: str
+) -> None:
+    """settle, abandon, retry and fork say what they did (or why not) in one line, an id
+    holding a tab, a line break or a control character escaped within it, as in every
+    piped record (before: printed raw, so an id could start a line of its own)."""
+    path = tmp_path / "j.db"
+    operation_id = f"op-{HOSTILE[name]}"
+    with Journal(path) as journal:
+        make(journal, operation_id, status)
+    command, *options = args
+    result = piped(path, command, operation_id, *options)
+    said = result.stdout + result.stderr
+    assert (1, False, False) == (len(said.splitlines()), "\t" in said, "\x1b" in said), said
+    if result.returncode == 0:
+        assert one_line(operation_id) in said
