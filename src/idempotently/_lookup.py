@@ -159,8 +159,8 @@ class Lookup:
     ``answered_by="lookup"``); several: ambiguous, it stays.
 
     The default ``found`` follows the pagination it understands, on the lookup
-    URL's own origin only (a relative link is resolved against it; a link to
-    another origin is never followed, so the credentials never leave), up to
+    URL's own origin only (a relative link is resolved against it; a link or a
+    redirect to another origin is never followed, so the credentials never leave), up to
     ``max_pages`` pages: an RFC 8288 ``Link: <...>; rel="next"`` header, a
     ``next`` link in the body (top level or ``links.next``), or ``has_more:
     true`` with a cursor (``starting_after=<the last object's id>``, or
