@@ -1145,7 +1145,9 @@ class Engine:
             operation_id=operation_id,
             key=key,
             key_header=profile.key_header,
-            bind=profile.key_bound_to_credentials,
+            # A key journaled bound stays bound: read under another profile (a damaged
+            # row, `--force-profile`) its credentials are still checked.
+            bind=profile.key_bound_to_credentials or binding is not None,
             binding=binding,
             owner=owner,
             salt=self._salt(),
