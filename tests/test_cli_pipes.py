@@ -151,6 +151,26 @@ def test_show_piped_cannot_be_split_by_a_note_or_an_actor(journal_target: str) -
     )
 
 
+def test_show_piped_escapes_the_unicode_line_separators_too(tmp_path: Path) -> None:
+    """A note holding U+2028 and U+2029 (which Python's splitlines, and editors, take for
+    line breaks) stays in its one audit record for a script reading lines with
+    str.splitlines(), shown as \\u2028 and \\u2029, and reads back whole."""
+    path = tmp_path / "j.db"
+    note = "checked\u2028audit 2026-12-01T00:00:00Z mallory\u2029settle"
+    with Journal(path) as journal:
+        make(journal, "op-1")
+        journal.settle("op-1", "failed", note=note, actor="alice@ops")
+    result = piped(path, "show", "op-1")
+    assert 0 == result.returncode, result.stderr
+    lines = result.stdout.splitlines()
+    assert (len(result.stdout.split("\n")) - 1, 1) == (
+        len(lines),
+        sum(line.startswith("audit") for line in lines),
+    )
+    (audit,) = [line for line in lines if line.startswith("audit")]
+    assert note == unescaped(audit.split("\t")[-1])
+
+
 def test_resume_piped_keeps_a_hint_in_its_record(capsys: pytest.CaptureFixture[str]) -> None:
     """A server's hint holding tabs and line breaks stays one field of one record."""
     hint = "401: pass\n--header-env\tAuthorization=VAR\r\\"
