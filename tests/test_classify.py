@@ -219,6 +219,24 @@ def test_a_mismatch_on_a_first_attempt_fails(tmp_path: Path, fake_time: FakeTime
         assert "failed" == s.journal.operation("op").status
 
 
+@pytest.mark.parametrize("status", [500, 502])
+def test_a_mismatch_on_a_5xx_needs_reconciling_never_failed(
+    tmp_path: Path, fake_time: FakeTime, status: int
+) -> None:
+    """ "mismatch" on a 5xx, even the first attempt's: a server error may have acted, so a
+    classifier's word cannot make it `failed` (the promise that nothing happened); it
+    goes to needs_reconcile and is not sent again (before: failed, as "final" was)."""
+    transport = server((status, "reused"), (201, None))
+    with session(tmp_path, fake_time, transport) as s:
+        with pytest.raises(idempotently.NeedsReconcileError):
+            s.post(URL, json={}, operation_id="op")
+        operation = s.journal.operation("op")
+    assert ("needs_reconcile", [status]) == (
+        operation.status,
+        [attempt.status_code for attempt in operation.attempts],
+    )
+
+
 def test_none_leaves_the_built_in_table(tmp_path: Path, fake_time: FakeTime) -> None:
     """No verdict: a 503 is retried and a 200 succeeds, as without a classifier."""
     transport = server((503, None), (200, None))

@@ -151,6 +151,26 @@ def test_show_piped_cannot_be_split_by_a_note_or_an_actor(journal_target: str) -
     )
 
 
+def test_show_piped_escapes_the_unicode_line_separators_too(tmp_path: Path) -> None:
+    """A note holding U+2028 and U+2029 (which Python's splitlines, and editors, take for
+    line breaks) stays in its one audit record for a script reading lines with
+    str.splitlines(), shown as \\u2028 and \\u2029, and reads back whole."""
+    path = tmp_path / "j.db"
+    note = "checked\u2028audit 2026-12-01T00:00:00Z mallory\u2029settle"
+    with Journal(path) as journal:
+        make(journal, "op-1")
+        journal.settle("op-1", "failed", note=note, actor="alice@ops")
+    result = piped(path, "show", "op-1")
+    assert 0 == result.returncode, result.stderr
+    lines = result.stdout.splitlines()
+    assert (len(result.stdout.split("\n")) - 1, 1) == (
+        len(lines),
+        sum(line.startswith("audit") for line in lines),
+    )
+    (audit,) = [line for line in lines if line.startswith("audit")]
+    assert note == unescaped(audit.split("\t")[-1])
+
+
 def test_resume_piped_keeps_a_hint_in_its_record(capsys: pytest.CaptureFixture[str]) -> None:
     """A server's hint holding tabs and line breaks stays one field of one record."""
     hint = "401: pass\n--header-env\tAuthorization=VAR\r\\"
@@ -267,3 +287,51 @@ def test_stats_piped_is_one_name_and_value_per_line(tmp_path: Path) -> None:
     assert {2} == {len(fields) for fields in records}
     assert ["journal", str(path)] == [records[0][0], unescaped(records[0][1])]
     assert ["pending", "1"] in records
+
+
+@pytest.mark.parametrize(
+    ("status", "args"),
+    [
+        ("needs_reconcile", ("settle", "--succeeded", "--note", "checked")),
+        ("needs_reconcile", ("settle", "--failed", "--note", "checked", "--dry-run")),
+        ("needs_reconcile", ("abandon", "--note", "gone")),
+        ("pending", ("retry",)),
+        ("failed", ("fork", "--note", "again")),
+        ("succeeded", ("settle", "--failed", "--note", "refused: it succeeded")),
+    ],
+    ids=["settle", "settle-dry-run", "abandon", "retry", "fork", "refused"],
+)
+@pytest.mark.parametrize("name", list(HOSTILE), ids=list(HOSTILE))
+def test_an_operator_actions_line_cannot_be_split_by_the_id(
+    tmp_path: Path, status: str, args: tuple[str, ...], name: str
+) -> None:
+    """settle, abandon, retry and fork say what they did (or why not) in one line, an id
+    holding a tab, a line break or a control character escaped within it, as in every
+    piped record (before: printed raw, so an id could start a line of its own)."""
+    path = tmp_path / "j.db"
+    operation_id = f"op-{HOSTILE[name]}"
+    with Journal(path) as journal:
+        make(journal, operation_id, status)
+    command, *options = args
+    result = piped(path, command, operation_id, *options)
+    said = result.stdout + result.stderr
+    assert (1, False, False) == (len(said.splitlines()), "\t" in said, "\x1b" in said), said
+    if result.returncode == 0:
+        assert one_line(operation_id) in said
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="below about 58 columns the list table's fixed columns (status, method, tries, "
+    "last, age) no longer fit: the header and every row pass the width; a narrow layout "
+    "(one field per line, or dropping columns) is needed, not a local fix",
+)
+def test_list_on_a_20_column_terminal_passes_the_width_only_with_an_id(tmp_path: Path) -> None:
+    """At 20 columns, the only lines wider than the terminal are ids on lines of their
+    own (docs/cli.md: "That line is the only one that may be wider than the terminal")."""
+    path = tmp_path / "j.db"
+    with Journal(path) as journal:
+        for operation_id in IDS:
+            make(journal, operation_id, "needs_reconcile")
+    lines = on_a_terminal(path, "list", columns=20)
+    assert [] == [line for line in lines if len(line) > 20 and line not in IDS]

@@ -271,6 +271,31 @@ def test_cli_resume_sends_only_with_the_original_credentials(
     assert app.arrivals[0].key == app.arrivals[1].key
 
 
+def test_cli_resume_with_a_forced_profile_that_binds_nothing_still_checks_the_credentials(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """`resume --profile generic --force-profile` (a profile that binds no key) with a
+    rotated token: the key was journaled bound, so it stays bound: not_sent, exit 1,
+    nothing reaches the server (before: the forced profile's "not bound" skipped the
+    check and the key went out under the other credentials)."""
+    app, url = scripted
+    lost_answer(journal_target, url, app)
+    refused = CliRunner().invoke(
+        cli,
+        [
+            *("--journal", journal_target, "resume", "--json"),
+            *("--profile", "generic", "--force-profile"),
+            *("--header-env", "Authorization=API_TOKEN"),
+        ],
+        env={"API_TOKEN": ROTATED},
+    )
+    assert (1, 1, "pending") == (refused.exit_code, len(app.arrivals), status(journal_target)), (
+        refused.output
+    )
+    (result,) = json.loads(refused.stdout)
+    assert ("not_sent", True) == (result["action"], "credentials differ" in result["detail"])
+
+
 class Token:
     """The live token of a client that refreshes it as each request leaves."""
 

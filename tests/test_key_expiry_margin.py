@@ -373,3 +373,37 @@ def test_a_hostile_profile_margin_is_refused_naming_the_field(margin: object) ->
     key_expiry_margin, never a raw OverflowError."""
     with pytest.raises((TypeError, ValueError), match="key_expiry_margin"):
         ServerProfile(name="p", key_expiry_margin=margin)  # type: ignore[arg-type]
+
+
+def poison_key_expiry(journal: str, value: float) -> None:
+    """The operation's key_expires_at overwritten by hand (or by a damaged disk)."""
+    if journal.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute("UPDATE idempotently.operations SET key_expires_at = %s", (value,))
+        return
+    import sqlite3
+
+    conn = sqlite3.connect(journal)
+    with conn:
+        conn.execute("UPDATE operations SET key_expires_at = ?", (value,))
+    conn.close()
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_a_key_whose_expiry_is_no_number_is_never_resent(journal_target: str, value: float) -> None:
+    """A row whose key_expires_at is infinite or NaN (damaged): when the server forgets
+    its key cannot be known, so a lost answer is not resent under it (before: `now >
+    nan - margin` is false, so the key counted as alive for ever and was resent)."""
+    if value != value and not journal_target.startswith("postgresql"):
+        pytest.skip("SQLite stores a NaN as NULL: a corrupt row, reported as such")
+    profile = profiles.DJANGO_IDEMPOTENCY_KEY
+    clock = Clock()
+    with keyed(profile, clock, lose_answers=1) as (server, url):
+        lose_the_answer(journal_target, url, profile, clock.true)  # type: ignore[arg-type]
+        poison_key_expiry(journal_target, value)
+        clock.now += 1
+        with session(journal_target, url, profile, clock.true) as s:  # type: ignore[arg-type]
+            [result] = s.resume()
+    assert ("needs_reconcile", 1) == (result.action, server.arrivals)

@@ -98,6 +98,17 @@ class Listing:
             return JSONResponse(
                 {"data": page, "next": f"{self.next_origin}/v1/charges?cursor={after}"}
             )
+        if style == "redirect":
+            # Page 2 is moved to another origin (which lists nothing: "the end").
+            if start:
+                return Response(
+                    status_code=302,
+                    headers={"Location": f"{self.next_origin}/v1/charges?cursor={start}"},
+                )
+            return JSONResponse({"data": page, "next": f"/v1/charges?cursor={after}"})
+        if style == "has_more_text":
+            # A has_more this library does not understand (a string), on an empty page.
+            return JSONResponse({"data": page, "has_more": "true" if more else "false"})
         return JSONResponse({"object": "list", "data": page})  # "unmarked"
 
     def _arrived(self, request: Request) -> None:
@@ -262,6 +273,53 @@ def test_a_cursor_seen_before_proves_nothing(
     assert "cursor loop" in (entry.note or "")
 
 
+@pytest.mark.parametrize("absent", ["failed", "resend"])
+def test_a_page_redirected_to_another_origin_is_never_read_nor_taken_for_the_end(
+    journal_target: str, servers: tuple[Listing, str, Listing, str], absent: Any
+) -> None:
+    """A client that follows redirects, and page 2 answers 302 to another origin (whose
+    list is empty and says it is the last): the lookup never sends the session's
+    credentials there (that origin receives nothing), and absence proves nothing: the
+    operation stays, no fork (before: the other origin's empty page settled a charge
+    made on page 2 failed, or forked it to be charged again)."""
+    listing, url, elsewhere, _ = servers
+    listing.reset("redirect")
+    charged_unsettled(journal_target, url)
+    with idempotently.Session(
+        journal_target,
+        base_url=url,
+        headers={"Authorization": TOKEN, "X-Api-Key": "sk_test_elsewhere"},
+        profile=CARRYING,
+        clock=LATER,
+        follow_redirects=True,
+    ) as session:
+        (result,) = session.reconcile(Lookup(LOOKUP, params=PARAMS, absent=absent))
+        everything = sorted(op.operation_id for op in session.journal.operations())
+        operation = session.journal.operation("order-1")
+    assert operation is not None
+    assert ("needs_reconcile", "needs_reconcile", ["order-1"]) == (
+        result.action,
+        operation.status,
+        everything,
+    )
+    assert [] == elsewhere.arrivals
+
+
+def test_an_empty_page_whose_has_more_is_not_a_boolean_proves_nothing(
+    servers: tuple[Listing, str, Listing, str], tmp_path: Any
+) -> None:
+    """A list whose ``has_more`` is a string ("true"), its charge made but listed empty:
+    a pagination field the lookup cannot read is never taken for "no more" (before: the
+    empty answer counted as a filtered one and settled the charge failed)."""
+    listing, url, _, _ = servers
+    listing.reset("has_more_text")
+    journal = str(tmp_path / "j.db")
+    charged_unsettled(journal, url)
+    listing.charges.clear()  # the list lags: the charge is not listed yet, nor anything
+    action, status, _ = reconcile(journal, url, Lookup(LOOKUP, params=PARAMS, absent="failed"))
+    assert ("needs_reconcile", "needs_reconcile") == (action, status)
+
+
 @pytest.mark.parametrize("style", ["has_more", "next", "link"])
 def test_absence_from_the_whole_list_settles_it(
     servers: tuple[Listing, str, Listing, str], tmp_path: Any, style: str
@@ -312,6 +370,29 @@ async def test_an_async_lookup_reads_page_2_too(
     assert "ch_target" == json.loads(stored(journal_target).response_body or b"")["id"]
 
 
+@pytest.mark.anyio
+async def test_an_async_lookup_never_follows_a_redirect_to_another_origin(
+    tmp_path: Any, servers: tuple[Listing, str, Listing, str], anyio_backend: str
+) -> None:
+    """AsyncSession.reconcile with a client that follows redirects: page 2's 302 to
+    another origin is not followed (nothing arrives there) and proves nothing."""
+    listing, url, elsewhere, _ = servers
+    listing.reset("redirect")
+    journal = str(tmp_path / "j.db")
+    charged_unsettled(journal, url)
+    async with idempotently.AsyncSession(
+        journal,
+        base_url=url,
+        headers={"Authorization": TOKEN},
+        profile=CARRYING,
+        clock=LATER,
+        follow_redirects=True,
+    ) as session:
+        (result,) = await session.reconcile(Lookup(LOOKUP, params=PARAMS, absent="resend"))
+    assert ("needs_reconcile", "needs_reconcile") == (result.action, result.status)
+    assert [] == elsewhere.arrivals
+
+
 @pytest.mark.parametrize(
     ("options", "expected"), [((), "needs_reconcile"), (("--unpaged",), "failed")]
 )
@@ -355,6 +436,9 @@ HERE = "https://api.example.test/v1/charges?limit=10"
         ),
         ({}, {"data": [], "links": {"next": None}}, "last"),
         ({}, {"data": [], "next": 2}, "not understood"),
+        ({}, {"data": [], "has_more": "true"}, "not understood"),
+        ({}, {"data": [], "has_more": 1}, "not understood"),
+        ({}, {"data": [], "has_more": None}, "not understood"),
         ({"link": '<https://api.example.test/p2>; rel="next"'}, [], "https://api.example.test/p2"),
         ({"link": '<https://api.example.test/p1>; rel="first"'}, [], "last"),
         ({"link": '<https://api.example.test/d>; rel="describedby"'}, [], "unmarked"),

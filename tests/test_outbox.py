@@ -850,6 +850,43 @@ def test_migrate_sql_on_an_application_database_leaves_its_pragmas_alone(
     assert (7, 0) == pragmas(path)
 
 
+@pytest.mark.parametrize(
+    "table",
+    [
+        "CREATE TABLE journal_meta (id INTEGER PRIMARY KEY, note TEXT)",
+        "CREATE TABLE journal_meta (name TEXT PRIMARY KEY, value TEXT)",
+    ],
+    ids=["other-columns", "name-value"],
+)
+def test_an_apps_own_journal_meta_is_refused_as_named_like_the_journals(
+    tmp_path: Path, table: str
+) -> None:
+    """An application's own `journal_meta` table (any columns): `migrate`, `migrate --sql`
+    and `Session` refuse the file, naming the table and saying to give the journal a
+    file of its own; the file is left as it is (before: "no such column: name; check the
+    file and its directory are readable and writable", a false lead)."""
+    path = tmp_path / "shop.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA user_version = 7")
+    conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    conn.execute(table)
+    conn.close()
+    before = path.read_bytes()
+    for args in (["migrate"], ["migrate", "--sql"]):
+        migrated = CliRunner().invoke(cli, ["--journal", str(path), *args])
+        said = " ".join(migrated.output.split())
+        assert (1, True, True) == (
+            migrated.exit_code,
+            "named like the journal's (journal_meta)" in said,
+            "a file of its own" in said,
+        ), migrated.output
+    with pytest.raises(
+        idempotently.JournalError, match=r"named like the journal's \(journal_meta\)"
+    ):
+        idempotently.Session(path)
+    assert before == path.read_bytes()
+
+
 def test_a_file_with_a_table_named_like_the_journals_is_not_adopted(tmp_path: Path) -> None:
     """An application table called `operations` is never taken for the journal's, nor
     adopted beside: `migrate` refuses and the file is left as it is."""

@@ -286,3 +286,102 @@ def test_a_clock_that_sleeping_does_not_move_never_makes_the_wait_endless(
         assert 201 == s.post(f"{url}/v1/charges", json={}).status_code
         assert 201 == s.post(f"{url}/v1/charges", json={}).status_code
     assert (6.0, 3) == (sum(sleeps), len(app.arrivals))
+
+
+# -- a poisoned pause row ------------------------------------------------------------------
+
+
+def poison_pauses(journal: str, set_at: float, until: float) -> None:
+    """Every pause row's times overwritten by hand (or by a damaged disk)."""
+    if journal.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE idempotently.origin_pauses SET set_at = %s, until = %s", (set_at, until)
+            )
+        return
+    with sqlite3.connect(journal) as conn:
+        conn.execute("UPDATE origin_pauses SET set_at = ?, until = ?", (set_at, until))
+    conn.close()
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("set_at", "until"), [(INF, INF), (INF, 4e9)], ids=["inf-inf", "inf-finite"]
+)
+def test_a_pause_row_of_infinite_times_is_refused_naming_unpause_and_stats_reports_it(
+    journal_target: str,
+    scripted: tuple[ScriptedApp, str],
+    fake_time: FakeTime,
+    set_at: float,
+    until: float,
+) -> None:
+    """A pause whose write time is infinite (its length unknowable): a call to its origin
+    sends nothing and says the origin is paused and how to lift the pause (before: the
+    rebase wrote NaN, a "damaged operation" JournalCorruptError on SQLite, or the pause was
+    dropped and the call sent); `stats` still reports it (before: an OverflowError
+    traceback)."""
+    from click.testing import CliRunner
+
+    from idempotently.cli import cli
+
+    app, url = scripted
+    fast_host_pauses(journal_target, url, app, "5")
+    poison_pauses(journal_target, set_at, until)
+    with (
+        host(journal_target, fake_time) as reader,
+        pytest.raises(idempotently.RetryLaterError, match="unpause"),
+    ):
+        reader.post(f"{url}/v1/charges", json={}, operation_id="r")
+    assert 1 == len(app.arrivals)
+    stats = CliRunner().invoke(cli, ["--journal", journal_target, "stats"])
+    assert (0, True) == (stats.exit_code, "paused origins\t1" in stats.output), stats.output
+
+
+@pytest.mark.postgres
+def test_a_reader_that_loses_the_rebase_race_sees_the_rebased_pause(
+    postgres_url: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """Two readers behind the writer rebase one pause at once on PostgreSQL: the one
+    whose clock is ahead of the other's finds it rebased already and is replied the
+    pause as it now stands, its length from the first reader's now (before: the
+    statement's snapshot, the pause still ten years away, so its call was refused
+    with "paused until 2036")."""
+    import threading
+    import time
+
+    import psycopg
+
+    from idempotently._commands import RebasePause
+
+    app, url = scripted
+    fast_host_pauses(postgres_url, url, app, "30")
+    with idempotently.Journal(postgres_url) as journal:
+        [written] = journal.origin_pauses(now=0.0)
+        first = fake_time.now  # the first reader's now: it rebases, holding the row
+        with psycopg.connect(postgres_url) as holder:
+            holder.execute(
+                "UPDATE idempotently.origin_pauses SET set_at = %s, until = %s",
+                (first, first + 30.0),
+            )
+            replied: list[Any] = []
+            second = threading.Thread(
+                target=lambda: replied.extend(
+                    journal._store.commit(
+                        [RebasePause(written.origin, written.credentials, first + 5.0)], True
+                    )
+                )
+            )
+            second.start()
+            with psycopg.connect(postgres_url, autocommit=True) as watcher:
+                while not watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchone():
+                    time.sleep(0.01)
+            holder.commit()
+            second.join(timeout=60)
+    [pause] = replied
+    assert (first, first + 30.0) == (pause.set_at, pause.until)

@@ -43,6 +43,8 @@ def _bounded(text: str, seconds: float) -> float:
 
 def format_duration(seconds: float) -> str:
     """A compact duration for people, two units at most: ``45s``, ``3m20s``, ``1h30m``, ``2d3h``."""
+    if not math.isfinite(seconds):  # a damaged row's time: shown, never a traceback
+        return str(abs(seconds))
     whole = round(abs(seconds))
     if whole < 60:
         return f"{whole}s"

@@ -70,8 +70,9 @@ def when(timestamp: float | None, now: float) -> str:
 
 
 # C0 and C1 control characters, DEL, and the bidirectional overrides: what a server
-# (or a journal) could use to rewrite an operator's terminal or hide text.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# (or a journal) could use to rewrite an operator's terminal or hide text; and U+2028
+# and U+2029, line breaks to str.splitlines() and to editors, which could split a record.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028-\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _escape(found: re.Match[str]) -> str:

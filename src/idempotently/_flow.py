@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -1147,8 +1148,8 @@ class Engine:
             operation_id=operation_id,
             key=key,
             key_header=profile.key_header,
-            # A key the journal holds as bound stays bound, whatever profile resends it:
-            # its digest is checked (an unreadable one sends nothing), never ignored.
+            # A key the journal holds as bound stays bound, whatever profile resends it
+            # (`--force-profile`, a damaged row): its digest is checked, never ignored.
             bind=profile.key_bound_to_credentials or binding is not None,
             binding=binding,
             owner=owner,
@@ -1529,12 +1530,14 @@ class Engine:
         if not board.has(origin):
             return None
         pause = board.find(origin, self._pause_scope(request), now)
-        if pause is not None and pause.set_at > now:
+        if pause is not None and pause.set_at > now and math.isfinite(pause.until - pause.set_at):
             # Written by a clock ahead of ours (a host 10 years fast answering
             # `Retry-After: 5`): counted from our now, in the journal, so that no reader
             # waits longer than its length from when it first saw it. A clamp at each
             # read (min(until, now + length)) would move with every reader's now and
-            # never end for a reader whose clock stays behind.
+            # never end for a reader whose clock stays behind. A length that is no
+            # number (a damaged row) is not rebased: it is waited on as written, so the
+            # call is refused naming `unpause`, never sent nor a NaN journaled.
             rebased = yield RebasePause(pause.origin, pause.credentials, now)
             if rebased is None:
                 board.remove_pause(pause)

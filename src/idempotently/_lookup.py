@@ -159,8 +159,8 @@ class Lookup:
     ``answered_by="lookup"``); several: ambiguous, it stays.
 
     The default ``found`` follows the pagination it understands, on the lookup
-    URL's own origin only (a relative link is resolved against it; a link to
-    another origin is never followed, so the credentials never leave), up to
+    URL's own origin only (a relative link is resolved against it; a link or a
+    redirect to another origin is never followed, so the credentials never leave), up to
     ``max_pages`` pages: an RFC 8288 ``Link: <...>; rel="next"`` header, a
     ``next`` link in the body (top level or ``links.next``), or ``has_more:
     true`` with a cursor (``starting_after=<the last object's id>``, or
@@ -326,7 +326,7 @@ class Lookup:
                 request = self.request(operation, client)
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return self._failed(error)
-        reading = _Reading(bounds, bounds.clock() + self.time_limit(bounds))
+        reading = _Reading(bounds, bounds.clock() + self.time_limit(bounds), request)
         walk = self._walk(operation, client, request, bounds)
         page: Page | None = None
         try:
@@ -349,7 +349,7 @@ class Lookup:
                 request = self.request(operation, client)
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return self._failed(error)
-        reading = _Reading(bounds, bounds.clock() + self.time_limit(bounds))
+        reading = _Reading(bounds, bounds.clock() + self.time_limit(bounds), request)
         walk = self._walk(operation, client, request, bounds)
         page: Page | None = None
         try:
@@ -436,6 +436,11 @@ class Lookup:
                 status = response.status_code
                 waits = server_wait(response.headers, now=bounds.clock()) if status >= 400 else None
                 asked = "" if waits is None else f" with Retry-After {waits:g}s"
+                if response.has_redirect_location:
+                    asked = (
+                        " (a redirect the lookup did not follow: to another origin, or by a "
+                        "client that does not follow redirects)"
+                    )
                 return self._stay(
                     f"the lookup answered {status}{asked}{where}; nothing changed",
                     failed=True,
@@ -789,6 +794,8 @@ def next_page(response: httpx.Response, document: object, listed: list[Any] | No
             else:
                 return NextPage(why="the answer's next is neither a link nor null")
         more = document.get("has_more")
+        if "has_more" in document and not isinstance(more, bool):
+            return NextPage(why="the answer's has_more is neither true nor false")
         if more is False:
             ends = True
         elif more is True and not links:
@@ -839,12 +846,18 @@ class Page:
 class _Reading:
     """The bounds of one walk, shared by its pages: one time limit, one byte bound."""
 
-    __slots__ = ("bounds", "until", "used")
+    __slots__ = ("bounds", "origin", "until", "used")
 
-    def __init__(self, bounds: LookupBounds, until: float) -> None:
+    def __init__(self, bounds: LookupBounds, until: float, first: httpx.Request) -> None:
         self.bounds = bounds
         self.until = until
         self.used = 0
+        self.origin = _origin(first.url)
+
+    def within(self, url: httpx.URL) -> bool:
+        """Whether a redirect may be followed to ``url``: on the first GET's origin only,
+        as a next link (the session's credentials never leave it)."""
+        return _origin(url) == self.origin
 
     def clock(self) -> float:
         # A stopping worker's lookup is over: its read ends at the next chunk.
@@ -887,7 +900,11 @@ def _fetch(client: httpx.Client, request: httpx.Request, reading: _Reading) -> P
         return Page(cut=cut)
     try:
         # Redirects are followed as the client would, each one's body read within bounds.
-        body = AnswerBody(_redirects.send(client, request, reading.clock, until=reading.until))
+        body = AnswerBody(
+            _redirects.send(
+                client, request, reading.clock, until=reading.until, within=reading.within
+            )
+        )
         read_answer(body, reading.room(), reading.until, reading.clock)
     except _READ_ERRORS as error:
         return Page(error=error)
@@ -903,7 +920,9 @@ async def _afetch(client: httpx.AsyncClient, request: httpx.Request, reading: _R
         return Page(cut=cut)
     try:
         body = AnswerBody(
-            await _redirects.asend(client, request, reading.clock, until=reading.until)
+            await _redirects.asend(
+                client, request, reading.clock, until=reading.until, within=reading.within
+            )
         )
         await aread_answer(body, reading.room(), reading.until, reading.clock)
     except _READ_ERRORS as error:

@@ -321,11 +321,16 @@ def key_expiry_margin(
     return own if given is None else max(own, given)
 
 
+_INFINITY = float("inf")
+
+
 def key_past_margin(operation: Operation, now: float, margin: float) -> bool:
     """Whether the server may have forgotten the operation's key (less than ``margin``
     seconds of its lifetime left): it is never resent. An enqueued operation never sent
-    has a key no server has seen, so none can have forgotten it."""
-    return not never_sent(operation) and now > operation.key_expires_at - margin
+    has a key no server has seen, so none can have forgotten it. An expiry that is no
+    finite number (a damaged row) may have passed: the key is never resent under it."""
+    alive = now <= operation.key_expires_at - margin < _INFINITY  # false for NaN too
+    return not never_sent(operation) and not alive
 
 
 def may_be_retried(profile: ServerProfile, status: int) -> bool:
@@ -583,6 +588,13 @@ def decide(
     if status < 400 and verdict is None:
         return decision("succeed", f"{status}")
     if signal.mismatch:
+        if status >= 500:
+            # As with "final": a server error may have acted, whatever it is called.
+            return decision(
+                "reconcile",
+                f"{status}: called a payload mismatch, but a server error may have acted, "
+                "so it is no proof that nothing happened; look the object up",
+            )
         if before.acted and not signal.replayed:
             return decision(
                 "reconcile",

@@ -133,17 +133,22 @@ def send(
     *,
     until: float | None = None,
     view: View = _same,
+    within: Callable[[Any], bool] | None = None,
 ) -> Any:
     """``client.send(request, stream=True)``, its redirects followed as the client
     would follow them, each redirect's body read within bounds; the last answer's body
     is unread. ``view`` gives the httpx response reading an answer of the client's
-    library; ``until`` caps the time of every redirect's read."""
+    library; ``until`` caps the time of every redirect's read; ``within(url)`` says
+    whether a redirect may be followed there (no: the redirect is the answer)."""
     follows = bool(client.follow_redirects)
     response = client.send(request, stream=True, follow_redirects=False)
     history: list[Any] = []
     while follows and response.has_redirect_location:
         try:
             following = _next(client, request, response, history)
+            if within is not None and not within(following.url):
+                history.pop()
+                break
             read_redirect(view(response), request, clock, until)
         except BaseException:
             response.close()
@@ -169,6 +174,7 @@ async def asend(
     *,
     until: float | None = None,
     view: View = _same,
+    within: Callable[[Any], bool] | None = None,
 ) -> Any:
     """`send`, with an async client (asyncio or trio)."""
     follows = bool(client.follow_redirects)
@@ -177,6 +183,9 @@ async def asend(
     while follows and response.has_redirect_location:
         try:
             following = _next(client, request, response, history)
+            if within is not None and not within(following.url):
+                history.pop()
+                break
             await aread_redirect(view(response), request, clock, until)
         except BaseException:
             with anyio.CancelScope(shield=True):  # closed even in a cancelled call

@@ -33,6 +33,7 @@ from idempotently._cli_format import (
     csv_text,
     iso,
     nl_lines,
+    one_line,
     operation_detail_json,
     operation_json,
     operation_lines,
@@ -416,7 +417,7 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     operation = journal.operation(operation_id_or_key)
     if operation is None:
         raise click.ClickException(
-            f"no operation or key '{printable(operation_id_or_key)}' in {journal.path}"
+            f"no operation or key '{one_line(operation_id_or_key)}' in {journal.path}"
         )
     entries = journal.audit(operation.operation_id)
     if output_format == "json":
@@ -434,7 +435,7 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
         )
     if operation.unreadable is not None:
         # Printed without its bodies: a script must not take them for empty ones.
-        shown = printable(operation.operation_id)
+        shown = one_line(operation.operation_id)
         fail(f"the bodies of {shown} are not shown: {operation.unreadable}")
 
 
@@ -1413,14 +1414,16 @@ def run_action(
     except ValueError as error:  # a note that is empty or too long
         raise click.BadParameter(str(error), param_hint="'--note'") from None
     assert before is not None  # the action found it
+    # Ids are supplied text: escaped as in a piped record, so none can start a line.
+    was, now = one_line(before.operation_id), one_line(after.operation_id)
     if action == "fork":
-        done = f"forked {before.operation_id} as {after.operation_id} (key {after.key})"
+        done = f"forked {was} as {now} (key {one_line(after.key)})"
         if before.status != "failed":
-            done += f"; {before.operation_id} settled failed (it was {before.status})"
+            done += f"; {was} settled failed (it was {before.status})"
     elif action == "retry":
-        done = f"{after.operation_id} is due now: the next resume sends it with its key"
+        done = f"{now} is due now: the next resume sends it with its key"
     else:
-        done = f"{after.operation_id}: {before.status} -> {after.status}"
+        done = f"{now}: {before.status} -> {after.status}"
     if dry_run:
         done = f"dry run, nothing written: would have {done}"
     if output_format == "json":
@@ -1436,7 +1439,7 @@ def run_action(
             }
         )
         return
-    click.echo(printable(done))
+    click.echo(done)
 
 
 @cli.command("settle")

@@ -1104,21 +1104,19 @@ class PostgresStore:
             )
         if isinstance(write, RebasePause):
             # A clock ahead of ours wrote it: count it from our now, never longer. The
-            # pause as it stands after: the rebased row, else the row untouched.
+            # pause as it stands after. One UPDATE of the row whether or not it is still
+            # ahead: it waits for a reader rebasing it at the same time and then reads
+            # its committed row (a SELECT would read the statement's snapshot, the pause
+            # still ten years away); the extra row version is written only on this rare
+            # path.
             return conn.execute(
                 f"""
-                WITH rebased AS (
-                    UPDATE {SCHEMA}.origin_pauses
-                    SET until = %(now)s + (until - set_at), set_at = %(now)s
-                    WHERE origin = %(origin)s AND credentials = %(credentials)s
-                      AND set_at > %(now)s
-                    RETURNING origin, credentials, until, reason, set_at
-                )
-                SELECT * FROM rebased
-                UNION ALL
-                SELECT origin, credentials, until, reason, set_at FROM {SCHEMA}.origin_pauses
+                UPDATE {SCHEMA}.origin_pauses
+                SET until = CASE WHEN set_at > %(now)s
+                                 THEN %(now)s + (until - set_at) ELSE until END,
+                    set_at = CASE WHEN set_at > %(now)s THEN %(now)s ELSE set_at END
                 WHERE origin = %(origin)s AND credentials = %(credentials)s
-                  AND NOT EXISTS (SELECT 1 FROM rebased)
+                RETURNING origin, credentials, until, reason, set_at
                 """,
                 {"now": write.now, "origin": write.origin, "credentials": write.credentials},
             )

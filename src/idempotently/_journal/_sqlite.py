@@ -786,9 +786,17 @@ class SqliteStore:
                     self._namespace = self._read_namespace()
                     return
                 if app_id != APPLICATION_ID:
+                    named = ", ".join(sorted(names & _JOURNAL_NAMES))
                     raise JournalCorruptError(
-                        f"{self.path} is an SQLite database but not an idempotently journal; "
-                        "point --journal (or Journal(path)) at the journal file"
+                        f"{self.path} is an SQLite database but not an idempotently journal"
+                        + (
+                            f": it holds tables named like the journal's ({named}), so it is "
+                            "not adopted either and was left as it is; point --journal (or "
+                            "Journal(path)) at the journal file, or give the journal a file "
+                            "of its own"
+                            if named and app_id == 0
+                            else "; point --journal (or Journal(path)) at the journal file"
+                        )
                     )
                 if version > SCHEMA_VERSION:
                     raise JournalVersionError(
@@ -817,11 +825,17 @@ class SqliteStore:
     def _adopted_version(self) -> int | None:
         """The schema version of a journal adopted into an application's database (its
         journal_meta rows), or None: not adopted."""
-        rows = dict(
-            self._conn.execute(
-                "SELECT name, value FROM journal_meta WHERE name IN ('identity', 'schema_version')"
-            ).fetchall()
-        )
+        try:
+            rows = dict(
+                self._conn.execute(
+                    "SELECT name, value FROM journal_meta "
+                    "WHERE name IN ('identity', 'schema_version')"
+                ).fetchall()
+            )
+        except sqlite3.OperationalError as error:
+            if "no such column" not in str(error):
+                raise
+            return None  # an application's own journal_meta, with other columns
         if rows.get("identity") != ADOPTED_IDENTITY:
             return None
         try:
