@@ -10,24 +10,30 @@ has the reader type commands between them (`idempotently list` after the crash,
 - in a ```console block, each ``$ `` line is a command: ``export NAME=VALUE`` sets
   the environment of the commands after it, ``pip install`` and
   ``idempotently mock-server`` are skipped (the test's server stands in), and an
-  ``idempotently`` command runs in a fresh process and must exit 0, printing the
-  first word of each output line the page shows under it (ids, times and keys differ
-  from run to run; the rows and fields must not).
+  ``idempotently`` command runs in a fresh process on an 80-column pseudo-terminal (a
+  reader's screen: tables, not the tab-separated records of a pipe) and must exit 0,
+  printing the first word of each output line the page shows under it (ids, times and
+  keys differ from run to run; the rows and fields must not).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import re
 import shlex
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
 
 from idempotently.testing import serve
 
+from .test_cli_pipes import seen
 from .test_docs_snippets import FILE_FENCE, on_the_page_server, run_block
 
 ROOT = Path(__file__).parent.parent
@@ -55,18 +61,33 @@ def run_command(command: str, shown: list[str], env: dict[str, str], folder: Pat
     if words[:2] in (["pip", "install"], ["idempotently", "mock-server"]):
         return
     assert "idempotently" == words[0], f"the tutorial runs only idempotently commands: {command}"
-    result = subprocess.run(
-        [sys.executable, "-m", "idempotently", *words[1:]],
-        capture_output=True,
-        text=True,
-        cwd=folder,
-        env=env,
-        timeout=120,
+    returncode, screen = on_a_terminal(
+        [sys.executable, "-m", "idempotently", *words[1:]], env, folder
     )
-    assert 0 == result.returncode, f"$ {command}\n{result.stdout}{result.stderr}"
-    printed = result.stdout.split()
+    assert 0 == returncode, f"$ {command}\n{screen}"
+    printed = screen.split()
     missing = [line for line in shown if line.split()[0] not in printed]
-    assert [] == missing, f"$ {command} printed:\n{result.stdout}"
+    assert [] == missing, f"$ {command} printed:\n{screen}"
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str], folder: Path) -> tuple[int, str]:
+    """Run ``argv`` on an 80-column pseudo-terminal; its exit status and what it showed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=folder, env=env)
+    os.close(slave)
+    received = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every end of the terminal is closed
+            break
+        if not chunk:
+            break
+        received += chunk
+    returncode = process.wait(timeout=120)
+    os.close(master)
+    return returncode, "\n".join(seen(received.decode()))
 
 
 def test_the_tutorial_runs_as_a_reader_follows_it(
