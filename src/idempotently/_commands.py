@@ -21,7 +21,6 @@ from idempotently._vocabulary import Status
 if TYPE_CHECKING:
     from idempotently._answers import AnswerBody
     from idempotently._events import AsyncHook, Event
-    from idempotently._gate import Gate
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
 
@@ -362,9 +361,12 @@ class Send:
     read: (
         Callable[[httpx.Response], tuple[AnswerBody, int, float | None, Callable[[], float]]] | None
     ) = attrs.field(default=None, eq=False, repr=False)
-    gate: Gate | None = attrs.field(default=None, eq=False, repr=False)
+    # A `_gate.Gate`, typed Any: the gate yields this module's commands, so naming its
+    # class here would tie the two modules in a circle.
+    gate: Any = attrs.field(default=None, eq=False, repr=False)
     """What the request must still be as it leaves (after the client's request hooks and
-    auth flow), checked there by the driver's `_gate.Passage`; None for a read."""
+    auth flow), a `_gate.Gate` checked there by the driver's `_gate.Passage`; None for a
+    read."""
 
 
 @attrs.frozen

@@ -132,6 +132,7 @@ from idempotently._policy import (
     Decision,
     Failure,
     RetryPolicy,
+    capped_timeouts,
     classify,
     classify_error,
     classify_read,
@@ -141,6 +142,7 @@ from idempotently._policy import (
     key_born_at,
     key_expiry_margin,
     key_past_margin,
+    longest_timeout,
     may_be_retried,
     may_have_been_delivered,
     never_sent,
@@ -581,33 +583,6 @@ OverflowError, a URL httpx cannot parse, a JSON or Unicode error...): that opera
 reported, the resume goes on. So is the codec's failure on that operation's body or
 answer (a `CodecError`). Any other `IdempotentlyError` is a verdict (the journal's own
 failure included), never a damaged row: it is raised as before."""
-
-_SHORTEST_TIMEOUT = 0.001
-"""An attempt started at (or past) the deadline still gets this long: its connect
-fails fast and it is recorded, instead of a send with no timeout at all."""
-
-
-def longest_timeout(timeouts: Any) -> float:
-    """The longest of the request's timeouts (infinite if a phase has none): while more
-    time than that is left, the timeouts need no cap (the common case, not rebuilt)."""
-    if not isinstance(timeouts, dict) or len(timeouts) < 4:
-        return _INFINITY
-    values = timeouts.values()
-    return _INFINITY if None in values else float(max(values))
-
-
-def capped_timeouts(timeouts: Any, remaining: float) -> dict[str, float | None]:
-    """The request's timeouts (httpx's ``timeout`` extension), each capped by the
-    ``remaining`` seconds of the call: an attempt never waits past the deadline for any
-    phase (connect, write, read, pool). A timeout so cut after the request may have
-    been sent is ``maybe_delivered``: the operation stays pending."""
-    cap = max(remaining, _SHORTEST_TIMEOUT)
-    phases = timeouts if isinstance(timeouts, dict) else {}
-    return {
-        phase: cap if (value := phases.get(phase)) is None else min(value, cap)
-        for phase in ("connect", "read", "write", "pool")
-    }
-
 
 # A random tag of this process, at the start of every owner token it makes: another
 # process with the same host id and the same pid (pid 1 in two containers that share

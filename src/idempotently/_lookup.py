@@ -23,7 +23,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import attrs
 import httpx
@@ -35,7 +35,12 @@ from idempotently._differences import shown_url
 from idempotently._exceptions import StoredProfileError
 from idempotently._keys import stored_header
 from idempotently._operator import MAX_ACTOR_LENGTH
-from idempotently._policy import DEFAULT_DEADLINE, may_have_been_delivered, maybe_acted
+from idempotently._policy import (
+    DEFAULT_DEADLINE,
+    capped_timeouts,
+    may_have_been_delivered,
+    maybe_acted,
+)
 from idempotently._profiles import GENERIC, check_operation_id_field, stored_profile
 from idempotently._retry_after import server_wait
 from idempotently._rows import AuditEntry, Operation
@@ -43,7 +48,7 @@ from idempotently._secret_params import redacted_url, secret_param_names
 from idempotently._text import storable_text
 
 if TYPE_CHECKING:
-    from idempotently._flow import Engine
+    from idempotently._policy import RetryPolicy
 
 Absent = Literal["keep", "failed", "resend"]
 ABSENT_CHOICES: tuple[Absent, ...] = ("keep", "failed", "resend")
@@ -68,6 +73,20 @@ _ENCODING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-e
 
 Found = Callable[[httpx.Response], Any]
 """``found(response)``: the object the answer holds for the operation, or None."""
+
+
+class SessionBounds(Protocol):
+    """What a lookup takes from the engine of the session that runs it (`_flow.Engine`,
+    not imported here: the flow imports this module)."""
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def policy(self) -> RetryPolicy: ...
+    @property
+    def max_response_bytes(self) -> int: ...
+    @property
+    def secret_params(self) -> frozenset[str]: ...
 
 
 @attrs.frozen
@@ -659,7 +678,7 @@ class BoundReconciler:
         cls,
         reconciler: Callable[..., Any],
         client: httpx.Client | httpx.AsyncClient,
-        engine: Engine,
+        engine: SessionBounds,
         stopped: Callable[[], bool] | None = None,
     ) -> BoundReconciler:
         """``reconciler`` bound to ``client`` and to the bounds of ``engine`` (its clock,
@@ -874,7 +893,6 @@ class _Reading:
         left = self.until - self.clock()
         if left <= 0:
             return "the lookup ran out of time"
-        from idempotently._flow import capped_timeouts  # _flow imports this module
 
         request.extensions["timeout"] = capped_timeouts(request.extensions.get("timeout"), left)
         return None

@@ -17,7 +17,7 @@ import contextlib
 import random
 import re
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import attrs
 import httpx
@@ -768,3 +768,30 @@ def _retry_or_stop(
             return Decision("retry_later", stop, state, not_before=now + server)
         return Decision("pending", stop, state)
     return Decision("retry", what, state, wait=wait)
+
+
+_SHORTEST_TIMEOUT = 0.001
+"""An attempt started at (or past) the deadline still gets this long: its connect
+fails fast and it is recorded, instead of a send with no timeout at all."""
+
+
+def longest_timeout(timeouts: Any) -> float:
+    """The longest of the request's timeouts (infinite if a phase has none): while more
+    time than that is left, the timeouts need no cap (the common case, not rebuilt)."""
+    if not isinstance(timeouts, dict) or len(timeouts) < 4:
+        return _INFINITY
+    values = timeouts.values()
+    return _INFINITY if None in values else float(max(values))
+
+
+def capped_timeouts(timeouts: Any, remaining: float) -> dict[str, float | None]:
+    """The request's timeouts (httpx's ``timeout`` extension), each capped by the
+    ``remaining`` seconds of the call: an attempt never waits past the deadline for any
+    phase (connect, write, read, pool). A timeout so cut after the request may have
+    been sent is ``maybe_delivered``: the operation stays pending."""
+    cap = max(remaining, _SHORTEST_TIMEOUT)
+    phases = timeouts if isinstance(timeouts, dict) else {}
+    return {
+        phase: cap if (value := phases.get(phase)) is None else min(value, cap)
+        for phase in ("connect", "read", "write", "pool")
+    }
