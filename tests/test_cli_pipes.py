@@ -62,10 +62,18 @@ def piped(journal: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
 def on_a_terminal(journal: Path | str, *args: str, columns: int = 80) -> list[str]:
     """The command run on a pseudo-terminal ``columns`` wide, stdout and stderr both on
     it; the lines a person sees, after carriage returns and erase-to-end-of-line."""
+    return run_on_a_terminal(cli_process(journal, *args), env(), columns=columns)[1]
+
+
+def run_on_a_terminal(
+    argv: list[str], environment: dict[str, str], *, cwd: Path | None = None, columns: int = 80
+) -> tuple[int, list[str]]:
+    """``argv`` run on a pseudo-terminal ``columns`` wide: its exit status and the lines
+    a person sees."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     process = subprocess.Popen(
-        cli_process(journal, *args), stdin=slave, stdout=slave, stderr=slave, env=env()
+        argv, stdin=slave, stdout=slave, stderr=slave, env=environment, cwd=cwd
     )
     os.close(slave)
     received = bytearray()
@@ -77,9 +85,9 @@ def on_a_terminal(journal: Path | str, *args: str, columns: int = 80) -> list[st
         if not chunk:
             break
         received += chunk
-    process.wait(timeout=120)
+    returncode = process.wait(timeout=120)
     os.close(master)
-    return seen(received.decode())
+    return returncode, seen(received.decode())
 
 
 def seen(output: str) -> list[str]:

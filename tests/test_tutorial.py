@@ -18,22 +18,17 @@ has the reader type commands between them (`idempotently list` after the crash,
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
 import shlex
-import struct
-import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pytest
 
 from idempotently.testing import serve
 
-from .test_cli_pipes import seen
+from .test_cli_pipes import run_on_a_terminal
 from .test_docs_snippets import FILE_FENCE, on_the_page_server, run_block
 
 ROOT = Path(__file__).parent.parent
@@ -61,33 +56,14 @@ def run_command(command: str, shown: list[str], env: dict[str, str], folder: Pat
     if words[:2] in (["pip", "install"], ["idempotently", "mock-server"]):
         return
     assert "idempotently" == words[0], f"the tutorial runs only idempotently commands: {command}"
-    returncode, screen = on_a_terminal(
-        [sys.executable, "-m", "idempotently", *words[1:]], env, folder
+    returncode, lines = run_on_a_terminal(
+        [sys.executable, "-m", "idempotently", *words[1:]], env, cwd=folder
     )
+    screen = "\n".join(lines)
     assert 0 == returncode, f"$ {command}\n{screen}"
     printed = screen.split()
     missing = [line for line in shown if line.split()[0] not in printed]
     assert [] == missing, f"$ {command} printed:\n{screen}"
-
-
-def on_a_terminal(argv: list[str], env: dict[str, str], folder: Path) -> tuple[int, str]:
-    """Run ``argv`` on an 80-column pseudo-terminal; its exit status and what it showed."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=folder, env=env)
-    os.close(slave)
-    received = bytearray()
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: every end of the terminal is closed
-            break
-        if not chunk:
-            break
-        received += chunk
-    returncode = process.wait(timeout=120)
-    os.close(master)
-    return returncode, "\n".join(seen(received.decode()))
 
 
 def test_the_tutorial_runs_as_a_reader_follows_it(
