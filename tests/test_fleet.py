@@ -193,25 +193,31 @@ def fleet(
 
 
 def drained(event: dict[str, Any]) -> bool:
+    """A batch after which nothing was pending (said by the one worker running)."""
     return event["event"] == "batch" and event.get("pending_left") == 0
 
 
-def wait_until_drained(workers: list[WatchWorker], timeout: float = WAIT) -> None:
-    """Until one of the workers reports a batch after which nothing is pending."""
+def wait_until_drained(workers: list[WatchWorker], location: str, timeout: float = WAIT) -> None:
+    """Until the journal holds nothing pending, as the journal itself says (a worker's
+    "nothing left" report depends on which batch ends last: the journal does not), while
+    every worker is still running."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for worker in workers:
             try:
-                line = worker._lines.get(timeout=0.05)
+                while (line := worker._lines.get_nowait()) is not None:
+                    worker.events.append(json.loads(line))
+                raise AssertionError(f"{worker.host_id} ended early: {worker.diagnosis()}")
             except queue.Empty:
                 continue
-            if line is None:
-                raise AssertionError(f"{worker.host_id} ended early: {worker.diagnosis()}")
-            event = json.loads(line)
-            worker.events.append(event)
-            if drained(event):
+        with idempotently.Journal(location, create=False) as journal:
+            if 0 == journal.counts()["pending"]:
                 return
-    raise AssertionError(f"nothing drained the journal within {timeout} s")
+        time.sleep(0.2)
+    raise AssertionError(
+        f"the journal still held pending operations after {timeout} s: "
+        + "; ".join(worker.diagnosis() for worker in workers)
+    )
 
 
 def wait_until_at_the_server(server: MockServer, worker: WatchWorker) -> None:
@@ -292,7 +298,7 @@ def test_three_workers_drain_a_thousand_operations_sending_each_once(
         ) as workers:
             # A correctness test, not a benchmark: 1,000 sends took 24-27 s on a loaded
             # 2-core machine, so allow well beyond that before calling it stuck.
-            wait_until_drained(workers, timeout=120.0)
+            wait_until_drained(workers, journal_location, timeout=120.0)
             for worker in workers:
                 assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
         resumed = {op for worker in workers for op in worker.resumed()}
@@ -338,7 +344,9 @@ def test_a_worker_killed_mid_batch_loses_nothing(tmp_path: Path, journal_locatio
                     and str(op.lease_owner).startswith("doomed:")
                 }
             assert held  # it died holding leases on operations it had not finished
-            wait_until_drained(survivors, timeout=120.0)  # its leases expire first
+            wait_until_drained(
+                survivors, journal_location, timeout=120.0
+            )  # its leases expire first
             for worker in survivors:
                 assert 0 == worker.stop(signal.SIGTERM), worker.diagnosis()
         with idempotently.Journal(journal_location, create=False) as journal:
