@@ -209,7 +209,7 @@ class MemoryStore:
             return extended
         if isinstance(write, ClaimDue):
             for row in list(self.rows.values()):
-                if row.status == "pending" and row.updated_at > write.now:
+                if row.status == "pending" and row.updated_at > write.written_ahead():
                     self._rebase(row, write.now)
             due = sorted(
                 (

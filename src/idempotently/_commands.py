@@ -10,6 +10,7 @@ hands it over without ever running SQLite on its event loop.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +164,16 @@ class ClaimDue:
     now: float
     lease_until: float
     limit: int
+    made: float = attrs.field(factory=time.monotonic, eq=False, repr=False)
+    """When the claim was made (monotonic): a row written after ``now`` was read and
+    before the claim runs (behind another worker's write lock) is not from a clock ahead."""
+
+    def written_ahead(self) -> float:
+        """The write time past which a pending row was written by a clock ahead of ours:
+        ``now`` plus how long the claim waited to run. A row another worker claimed while
+        this one waited is its live lease, never rebased (its owner's compare-and-swap on
+        ``lease_until`` would fail, and the row stay held for a whole lease)."""
+        return self.now + max(0.0, time.monotonic() - self.made)
 
 
 # -- the operator's journal: operator actions and lookup verdicts --------------------

@@ -423,7 +423,7 @@ UPDATE {SCHEMA}.operations SET not_before = %(now)s + (not_before - updated_at),
     lease_until = CASE WHEN lease_until > 0 THEN %(now)s + (lease_until - updated_at)
                        ELSE lease_until END,
     updated_at = %(now)s
-WHERE status = 'pending' AND updated_at > %(now)s"""
+WHERE status = 'pending' AND updated_at > %(ahead)s"""
 """Every pending row written by a clock ahead of ours, counted from our now."""
 
 _CLAIM_DUE: Final = f"""
@@ -1100,7 +1100,12 @@ class PostgresStore:
                 _REBASE_TIMES
                 + " AND operation_id = %(operation_id)s AND updated_at = %(read)s"
                 + " RETURNING not_before, lease_until",
-                {"now": write.now, "operation_id": write.operation_id, "read": write.updated_at},
+                {
+                    "now": write.now,
+                    "ahead": write.now,
+                    "operation_id": write.operation_id,
+                    "read": write.updated_at,
+                },
             )
         if isinstance(write, RebasePause):
             # A clock ahead of ours wrote it: count it from our now, never longer. The
@@ -1173,7 +1178,7 @@ class PostgresStore:
                 return None
             # A row written by a clock ahead of ours (a not_before, a dead host's lease):
             # counted from our now first.
-            conn.execute(_REBASE_TIMES, {"now": write.now})
+            conn.execute(_REBASE_TIMES, {"now": write.now, "ahead": write.written_ahead()})
             return conn.execute(
                 _CLAIM_DUE,
                 {

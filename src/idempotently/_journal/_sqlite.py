@@ -407,7 +407,7 @@ _REBASE_TIMES: Final = (
     "UPDATE operations SET not_before = :now + (not_before - updated_at), "
     "lease_until = CASE WHEN lease_until > 0 THEN :now + (lease_until - updated_at) "
     "ELSE lease_until END, updated_at = :now "
-    "WHERE status = 'pending' AND updated_at > :now"
+    "WHERE status = 'pending' AND updated_at > :ahead"
 )
 """Every pending row written by a clock ahead of ours, counted from our now."""
 
@@ -1244,7 +1244,12 @@ class SqliteStore:
             # A clock ahead of ours wrote it: counted from our now, never later.
             cursor = conn.execute(
                 _REBASE_TIMES + " AND operation_id = :operation_id AND updated_at = :read",
-                {"now": write.now, "operation_id": write.operation_id, "read": write.updated_at},
+                {
+                    "now": write.now,
+                    "ahead": write.now,
+                    "operation_id": write.operation_id,
+                    "read": write.updated_at,
+                },
             )
             if cursor.rowcount != 1:
                 return None
@@ -1379,7 +1384,7 @@ class SqliteStore:
         (a not_before, a dead host's lease) is first counted from ``now``
         (`RebaseOperation`), so it is due after its length, not when this host's clock
         catches up with the writer's."""
-        conn.execute(_REBASE_TIMES, {"now": write.now})
+        conn.execute(_REBASE_TIMES, {"now": write.now, "ahead": write.written_ahead()})
         ids = [
             row[0]
             for row in conn.execute(
