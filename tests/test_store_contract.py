@@ -3,6 +3,7 @@ SQLite, PostgreSQL and the in-memory store alike (tests/memory_store.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,18 @@ def test_a_lease_is_renewed_only_by_its_owner_and_only_while_pending(store: Stor
     assert False is one(store, RenewLease("op-1", "you", NOW + 60, NOW))
     one(store, SetStatus("op-1", "needs_reconcile", "key expired", NOW))
     assert False is one(store, RenewLease("op-1", "me", NOW + 90, NOW))
+
+
+def test_a_claim_that_waited_never_rebases_a_lease_taken_while_it_waited(store: Store) -> None:
+    """A claim that read its clock (NOW), then waited 5 s behind another worker's write
+    lock, finds a row that worker leased meanwhile (written at NOW + 2): a live lease,
+    not one from a clock ahead. It is left as written, so its owner keeps it."""
+    one(store, Insert(new("op-1", created_at=NOW + 2), "other", NOW + 2 + 120))
+    waited = ClaimDue("worker", NOW, NOW + 99, 10, made=time.monotonic() - 5)
+    assert [] == one(store, waited)
+    read = store.find("op-1", None)
+    assert read is not None
+    assert (NOW + 2 + 120, NOW + 2) == (read.lease_until, read.updated_at)
 
 
 def test_a_lease_written_by_a_clock_ahead_is_counted_from_the_readers_now_only_sooner(
