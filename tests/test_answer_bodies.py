@@ -26,7 +26,8 @@ import pytest
 import idempotently
 from idempotently._answers import DECODE_STEP, DEFAULT_MAX_RESPONSE_BYTES, RETRIED_ANSWER_BYTES
 from idempotently._commands import ReadAnswer, Send
-from idempotently._flow import Call, Engine, Held
+from idempotently._flow._engine import Engine
+from idempotently._flow._operation import Call, Held
 from tests.drivers import answer
 from tests.memory_store import MemoryStore
 from tests.scripted_server import ENDLESS_BYTES, RESET, Answer, ScriptedApp

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import idempotently
 from idempotently._cli_format import field_lines, plural, shorten, wrap_words
-from idempotently._flow import DEFAULT_KEY_EXPIRY_MARGIN
+from idempotently._flow._config import DEFAULT_KEY_EXPIRY_MARGIN
 from idempotently._journal import DEFAULT_EXPIRING_WITHIN, Journal
 from idempotently.cli import cli
 from idempotently.testing import Fault, serve

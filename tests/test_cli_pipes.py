@@ -22,7 +22,7 @@ import idempotently
 from idempotently import Journal
 from idempotently._cli_format import one_line
 from idempotently._cli_watch import ResultTable
-from idempotently._flow import ResumeResult
+from idempotently._flow._operation import ResumeResult
 from idempotently.cli import cli
 from tests.scripted_server import ScriptedApp
 from tests.test_operator_actions import make

@@ -29,7 +29,9 @@ from idempotently._commands import (
     Send,
     Sleep,
 )
-from idempotently._flow import _FIRST_POLL, _MAX_POLL, Call, Engine, Flow, Held, ResumeResult
+from idempotently._flow._engine import _FIRST_POLL, _MAX_POLL, Engine
+from idempotently._flow._operation import Call, Flow, Held, ResumeResult
+from idempotently._flow._resume import resume
 from idempotently._journal import Operation
 from idempotently._vocabulary import Status
 from tests.drivers import Step, answer, fail
@@ -308,8 +310,13 @@ def test_resume_reports_each_operation_as_soon_as_it_is_known(
     run = Run(store, fake_time, [answer(201), answer(409)])
     held = Held()
     results = run(
-        engine(fake_time, policy=attrs.evolve(POLICY, in_progress_retries=0)).resume(
-            build, held, dry_run=False, base_url=None, reconciling=False
+        resume(
+            engine(fake_time, policy=attrs.evolve(POLICY, in_progress_retries=0)),
+            build,
+            held,
+            dry_run=False,
+            base_url=None,
+            reconciling=False,
         ),
         held,
     )

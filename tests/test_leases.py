@@ -15,7 +15,7 @@ import pytest
 import idempotently
 from idempotently import _heartbeat as heartbeat_module
 from idempotently._commands import ExtendLeases, Lease
-from idempotently._flow import lease_owner_alive, new_lease_owner
+from idempotently._flow._leases import lease_owner_alive, new_lease_owner
 from idempotently._heartbeat import Heartbeat, heartbeat_for
 from idempotently._journal import Journal, NewOperation
 from tests.support import URL, FakeTime

@@ -169,7 +169,7 @@ def test_a_lease_whose_process_is_gone_does_not_block_an_operator(journal: Journ
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
-    from idempotently._flow import _HOST
+    from idempotently._flow._leases import _HOST
 
     owner = f"{_HOST}:{pid}:dead00"
     make(journal, "op-1", "pending", owner=owner, lease_until=time.time() + 60)
@@ -388,12 +388,13 @@ def test_a_call_again_after_an_operator_settled_it_says_what_happened(
 
 def test_a_settled_success_without_an_answer_is_never_called_unsent(journal: Journal) -> None:
     """An operation settled succeeded with no answer stored raises NoStoredAnswerError."""
-    from idempotently._flow import Engine
+    from idempotently._flow._engine import Engine
+    from idempotently._flow._operation import stored_response
 
     make(journal, "op-1")
     settled = journal.settle("op-1", "succeeded", note="found it")
     with pytest.raises(idempotently.NoStoredAnswerError, match="never sent again"):
-        Engine().stored_response(settled, lambda *parts: None)  # type: ignore[arg-type, return-value]
+        stored_response(Engine(), settled, lambda *parts: None)  # type: ignore[arg-type, return-value]
 
 
 FORKING_CHILD = """

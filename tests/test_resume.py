@@ -146,7 +146,7 @@ def test_resume_takes_over_the_lease_of_a_dead_process(
         text=True,
         check=True,
     )
-    from idempotently._flow import _HOST
+    from idempotently._flow._leases import _HOST
 
     with make_session(tmp_path, fake_time) as s:
         s.journal._conn.execute(

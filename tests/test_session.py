@@ -13,7 +13,7 @@ import respx
 import idempotently
 from idempotently import profiles
 from idempotently._commands import Record, Send
-from idempotently._flow import Call, Held
+from idempotently._flow._operation import Call, Held
 from idempotently._keys import fingerprint
 from tests.faults import around_commit
 from tests.support import URL, FakeTime, make_session

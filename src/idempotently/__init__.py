@@ -43,7 +43,7 @@ from idempotently._exceptions import (
     RetryLaterError,
     StoredProfileError,
 )
-from idempotently._flow import Receipt, ResumeResult, Settlement
+from idempotently._flow._operation import Receipt, ResumeResult, Settlement
 from idempotently._journal import (
     Attempt,
     AuditEntry,

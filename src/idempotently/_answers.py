@@ -3,7 +3,7 @@
 A server decides how long its answer's body is and how fast it comes: a hostile or
 broken one can stream a 503's body without end, answer a POST with 10 GB, or send
 one byte a second for ever (httpx's read timeout is per chunk, so each byte resets
-it). The flow (``_flow.py``) says how much of an answer to read and until when
+it). The flow (``_flow/``) says how much of an answer to read and until when
 (`ReadAnswer`); the drivers read it here, the sync one with `read_answer`, the async
 one with `aread_answer`, and `AnswerBody` keeps what was read, so a read stopped at an
 excerpt can go on later from where it stopped.

@@ -36,7 +36,7 @@ import click
 
 from idempotently import _early_signals
 from idempotently._cli_format import columns, one_line, printable, record, wrap_words
-from idempotently._flow import ResumeResult
+from idempotently._flow._operation import ResumeResult
 from idempotently._lookup import BoundReconciler, Lookup
 from idempotently._session import Session
 from idempotently._vocabulary import RESUME_DONE, STATUSES, ResumeAction

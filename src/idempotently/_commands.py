@@ -1,6 +1,6 @@
 """The commands the operation flow yields: journal reads and writes, sends, sleeps.
 
-The flow (``_flow.py``) never touches a socket, a clock-driven sleep or the
+The flow (``_flow/``) never touches a socket, a clock-driven sleep or the
 journal: it yields one of these values and receives the result. A journal
 command is a plain value: `Journal._execute` runs a read against the
 store and hands a write to the journal's one writer (``_journal/_writer.py``),

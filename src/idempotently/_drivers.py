@@ -1,6 +1,6 @@
 """The two drivers of the operation flow: they only send, sleep and persist.
 
-Every decision is the flow's (``_flow.py``). The sync driver hands each journal
+Every decision is the flow's (``_flow/``). The sync driver hands each journal
 command to the journal (a write goes to its one writer, and commits on the
 caller's own thread when the writer is free). The async driver never runs
 SQLite or a database round trip on its event loop: the journal commands its
@@ -46,7 +46,7 @@ from idempotently._commands import (
 from idempotently._credentials import compute_digest
 from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError, after_send_began
-from idempotently._flow import Flow, Held
+from idempotently._flow._operation import Flow, Held
 from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal

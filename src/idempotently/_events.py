@@ -1,6 +1,6 @@
 """What happens to an operation, as typed events: for hooks, logs and OpenTelemetry.
 
-The flow (``_flow.py``) makes one event when it starts sending an operation,
+The flow (``_flow/``) makes one event when it starts sending an operation,
 one per attempt, one per retry decision and one when it stops; it logs each on
 the ``idempotently`` logger with the event's fields and, when the Session or
 Transport has ``hooks=``, yields an `Emit` command

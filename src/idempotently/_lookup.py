@@ -8,7 +8,7 @@ and reads the answer: one object carrying the operation's id settles it
 never guessed); none is absence, which proves the operation never happened only
 if its request carried the id where the lookup looks and the server has had
 ``absent_after`` seconds to list it. What the lookup concluded is a
-`Verdict`; the flow journals it (``_flow.Engine.apply_verdict``).
+`Verdict`; the flow journals it (``_flow._reconcile.apply_verdict``).
 
 A lookup is a request like any other to its origin: the flow asks for the GET
 first (`BoundReconciler.plan`), and sends nothing while the origin is paused;
@@ -76,7 +76,7 @@ Found = Callable[[httpx.Response], Any]
 
 
 class SessionBounds(Protocol):
-    """What a lookup takes from the engine of the session that runs it (`_flow.Engine`,
+    """What a lookup takes from the engine of the session that runs it (`_flow._engine.Engine`,
     not imported here: the flow imports this module)."""
 
     @property

@@ -201,7 +201,7 @@ class Plan:
 
 def live_lease(operation: Operation, now: float, alive: bool) -> bool:
     """Whether a caller is sending the operation now (``alive``: its owner is not
-    provably gone, see ``_flow.lease_owner_alive``)."""
+    provably gone, see ``_flow._leases.lease_owner_alive``)."""
     return operation.lease_owner is not None and operation.lease_until > now and alive
 
 

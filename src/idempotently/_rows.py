@@ -347,7 +347,7 @@ MAX_TIMESTAMP = 1e11
 MAX_WINDOW = 100 * 366 * 86400.0
 DEFAULT_EXPIRING_WITHIN = 3600.0
 """The key-expiry margin ``resume`` keeps for keys living 10 h or more
-(``_flow.DEFAULT_KEY_EXPIRY_MARGIN``)."""
+(``_flow._config.DEFAULT_KEY_EXPIRY_MARGIN``)."""
 """A century, in seconds: the longest age or window a read takes."""
 
 

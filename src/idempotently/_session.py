@@ -1,7 +1,7 @@
 """Session and AsyncSession: httpx clients whose writes run through the operation flow.
 
 They render the request, check the caller's arguments, and hand both to the
-flow (``_flow.py``) through a driver (``_drivers.py``); every decision is the
+flow (``_flow/``) through a driver (``_drivers.py``); every decision is the
 flow's.
 """
 
@@ -36,18 +36,15 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
 from idempotently._events import AsyncHook, Hook, check_hooks
-from idempotently._flow import (
-    DEFAULT_LEASE_DURATION,
-    Call,
-    Engine,
-    Held,
-    ResumeResult,
-    Settlement,
-    check_call_arguments,
-    check_host_id,
-    check_timeouts,
-    default_host_id,
-)
+from idempotently._flow._checks import check_call_arguments, check_host_id, check_timeouts
+from idempotently._flow._config import DEFAULT_LEASE_DURATION
+from idempotently._flow._engine import Engine
+from idempotently._flow._enqueue import enqueue
+from idempotently._flow._leases import default_host_id
+from idempotently._flow._operation import Call, Held, ResumeResult, Settlement
+from idempotently._flow._read import retried_read
+from idempotently._flow._reconcile import reconcile_queue
+from idempotently._flow._resume import resume_operation, resume_queue
 from idempotently._gate import alast_hook, keep_last, last_hook
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
@@ -303,7 +300,8 @@ class _SessionBase(Generic[ClientT]):
         """One flow per queued operation, for a driver to run (several at once)."""
         return [
             functools.partial(
-                self._engine.resume_operation,
+                resume_operation,
+                self._engine,
                 listed,
                 self._build,
                 dry_run=dry_run,
@@ -731,7 +729,7 @@ class Session(_SessionBase[httpx.Client]):
         call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
         held = Held()
         return run(
-            self._engine.enqueue(call, connection),
+            enqueue(self._engine, call, connection),
             held,
             self.journal,
             send=self._send,
@@ -789,7 +787,11 @@ class Session(_SessionBase[httpx.Client]):
         request = self._read_request(method, url, **parts)
         try:
             response = run(
-                self._engine.read(request), Held(), self.journal, send=self._send, sleep=self._sleep
+                retried_read(self._engine, request),
+                Held(),
+                self.journal,
+                send=self._send,
+                sleep=self._sleep,
             )
             try:
                 response.read()
@@ -846,7 +848,7 @@ class Session(_SessionBase[httpx.Client]):
         reconciling = reconciler is not None
         held = Held()
         queue = run(
-            self._engine.resume_queue(reconciling=reconciling),
+            resume_queue(self._engine, reconciling=reconciling),
             held,
             self.journal,
             send=self._send,
@@ -879,7 +881,7 @@ class Session(_SessionBase[httpx.Client]):
             base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
         queue = run(
-            self._engine.reconcile_queue(),
+            reconcile_queue(self._engine),
             Held(),
             self.journal,
             send=self._send,
@@ -1170,7 +1172,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
         held = Held()
         return await arun(
-            self._engine.enqueue(call, connection),
+            enqueue(self._engine, call, connection),
             held,
             self.journal,
             send=self._send,
@@ -1225,7 +1227,11 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         request = self._read_request(method, url, **parts)
         try:
             response = await arun(
-                self._engine.read(request), Held(), self.journal, send=self._send, sleep=self._sleep
+                retried_read(self._engine, request),
+                Held(),
+                self.journal,
+                send=self._send,
+                sleep=self._sleep,
             )
             try:
                 await response.aread()
@@ -1272,7 +1278,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         reconciling = reconciler is not None
         held = Held()
         queue = await arun(
-            self._engine.resume_queue(reconciling=reconciling),
+            resume_queue(self._engine, reconciling=reconciling),
             held,
             self.journal,
             send=self._send,
@@ -1303,7 +1309,7 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
         queue = await arun(
-            self._engine.reconcile_queue(),
+            reconcile_queue(self._engine),
             Held(),
             self.journal,
             send=self._send,

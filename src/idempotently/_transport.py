@@ -3,7 +3,7 @@
 Vendor SDKs built on httpx accept an ``http_client``; giving that client one of
 these transports journals every write the SDK sends, adopting the
 ``Idempotency-Key`` the SDK already put on the request. They run the same
-operation flow as the sessions (``_flow.py``); these drivers only read
+operation flow as the sessions (``_flow/``); these drivers only read
 bodies, send through the wrapped transport and sleep.
 """
 
@@ -20,16 +20,12 @@ from idempotently import _httpx2
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import arun, run
 from idempotently._events import AsyncHook, Hook, check_hooks
-from idempotently._flow import (
-    DEFAULT_LEASE_DURATION,
-    Call,
-    Engine,
-    Held,
-    check_call_arguments,
-    check_host_id,
-    check_timeouts,
-    default_host_id,
-)
+from idempotently._flow._checks import check_call_arguments, check_host_id, check_timeouts
+from idempotently._flow._config import DEFAULT_LEASE_DURATION
+from idempotently._flow._engine import Engine
+from idempotently._flow._leases import default_host_id
+from idempotently._flow._operation import Call, Held
+from idempotently._flow._read import retried_read
 from idempotently._gate import alast_hook, last_hook
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
@@ -319,7 +315,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             check_timeouts(live)
             try:
                 response = run(
-                    self._engine.read(live),
+                    retried_read(self._engine, live),
                     Held(),
                     self.journal,
                     send=lambda sent: self._send(inner, sent),
@@ -493,7 +489,11 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
 
             try:
                 response = await arun(
-                    self._engine.read(live), Held(), self.journal, send=send_read, sleep=self._sleep
+                    retried_read(self._engine, live),
+                    Held(),
+                    self.journal,
+                    send=send_read,
+                    sleep=self._sleep,
                 )
             except Exception as error:
                 raise _httpx2.in_library_of(request, error)  # noqa: B904 (its cause is kept)

@@ -37,14 +37,11 @@ import attrs
 import httpx
 
 from idempotently._drivers import run
-from idempotently._flow import (
-    BuildRequest,
-    Engine,
-    Held,
-    ResumeResult,
-    mark_in_flight,
-    unmark_in_flight,
-)
+from idempotently._flow._engine import Engine
+from idempotently._flow._leases import mark_in_flight, unmark_in_flight
+from idempotently._flow._operation import BuildRequest, Held, ResumeResult
+from idempotently._flow._reconcile import reconcile_one
+from idempotently._flow._resume import resume_operation
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
 from idempotently._lookup import BoundReconciler
@@ -312,7 +309,8 @@ def _run_batch(
             held = Held()
             try:
                 result = run(
-                    engine.resume_operation(
+                    resume_operation(
+                        engine,
                         operation,
                         build,
                         held,
@@ -466,7 +464,8 @@ def _reconcile_due(
         if stop.is_set():
             break
         result = run(
-            engine.reconcile_one(
+            reconcile_one(
+                engine,
                 operation,
                 ResumeResult.of(operation, operation.status, "needs_reconcile", operation.reason),
             ),

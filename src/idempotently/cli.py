@@ -54,13 +54,10 @@ from idempotently._cli_format import (
 from idempotently._cli_watch import ResultTable, run_watch, summary_lines
 from idempotently._codec import check_codec
 from idempotently._exceptions import JournalError, JournalMissingError, StoredProfileError
-from idempotently._flow import (
-    DEFAULT_KEY_EXPIRY_MARGIN,
-    DEFAULT_LEASE_DURATION,
-    HOST_ID_ENVVAR,
-    ResumeResult,
-    check_host_id,
-)
+from idempotently._flow._checks import check_host_id
+from idempotently._flow._config import DEFAULT_KEY_EXPIRY_MARGIN, DEFAULT_LEASE_DURATION
+from idempotently._flow._leases import HOST_ID_ENVVAR
+from idempotently._flow._operation import ResumeResult, profile_for
 from idempotently._journal import MAX_LIMIT, Journal, migration_sql
 from idempotently._lookup import (
     ABSENT_CHOICES,
@@ -1090,7 +1087,7 @@ def refuse_disagreeing_profiles(session: Session, journal: Journal) -> None:
     refusal: that operation is reported not_sent and stays pending; the others go on."""
     for operation in journal.operations(status="pending", newest_first=False):
         try:
-            session._engine.profile_for(operation)
+            profile_for(session._engine, operation)
         except StoredProfileError as error:
             if error.kind != "unavailable":
                 click.echo(f"idempotently: {printable(str(error))}", err=True)

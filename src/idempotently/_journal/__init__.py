@@ -445,7 +445,7 @@ class Journal:
         status: Status | None = None,
         required: bool = True,
     ) -> Operation:
-        from idempotently._flow import lease_owner_alive
+        from idempotently._flow._leases import lease_owner_alive
 
         self._check_usable()
         if not isinstance(operation_id, str) or not operation_id:

@@ -1,0 +1,297 @@
+"""Resume: send the journal's pending operations again with their stored keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import httpx
+
+from idempotently._budget import origin_of
+from idempotently._commands import (
+    Find,
+    Queue,
+    Report,
+    TakeLease,
+)
+from idempotently._exceptions import (
+    CodecError,
+    IdempotentlyError,
+    JournalCorruptError,
+    StoredProfileError,
+)
+from idempotently._flow._engine import Engine
+from idempotently._flow._operation import (
+    EXTENSION,
+    UNREADABLE_ROW,
+    BuildRequest,
+    Flow,
+    Held,
+    ResumeResult,
+    _iso,
+    apply_blocker,
+    blocker_of,
+    codec_of,
+    missing_params,
+    profile_for,
+    rebuild,
+    state_of,
+    times_from_now,
+    unresumable,
+)
+from idempotently._flow._reconcile import reconcile_one
+from idempotently._keys import secret_values
+from idempotently._overrides import read_overrides
+from idempotently._rows import Operation
+from idempotently._secret_params import MissingParams
+from idempotently._vocabulary import (
+    RESUME_ACTION_OF,
+    RESUME_ACTION_OF_BLOCKER,
+    STATUS_AFTER,
+    Status,
+)
+
+
+def _missing_params_reason(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(name) for name in names)
+    return (
+        f"the secret query parameter{'s' if len(names) > 1 else ''} {listed} "
+        f"{'were' if len(names) > 1 else 'was'} journaled redacted and this resume has no "
+        "value for it: give the session's client params={...} with it, or "
+        "`idempotently resume --param-env NAME=ENVVAR` (or call again with the same "
+        "operation_id and the full URL); nothing was sent and it stays pending"
+    )
+
+
+def resume(
+    engine: Engine,
+    build: BuildRequest,
+    held: Held,
+    *,
+    dry_run: bool,
+    base_url: str | None,
+    reconciling: bool,
+) -> Flow[list[ResumeResult]]:
+    """Every pending operation (and needs_reconcile ones for a reconciler), oldest
+    first, one after the other: each reported as soon as it is known, all returned
+    at the end. (With concurrency, a driver runs `resume_queue` and then
+    `resume_operation` for each operation in its own flow.)"""
+    results: list[ResumeResult] = []
+    for listed in (yield from resume_queue(engine, reconciling=reconciling)):
+        result = yield from resume_operation(
+            engine, listed, build, held, dry_run=dry_run, base_url=base_url, reconciling=reconciling
+        )
+        results.append(result)
+    return results
+
+
+def resume_queue(engine: Engine, *, reconciling: bool) -> Flow[list[Operation]]:
+    """What resume works through: pending operations (and needs_reconcile ones for a
+    reconciler), oldest first."""
+    statuses: tuple[Status, ...] = ("pending",)
+    if reconciling:
+        statuses += ("needs_reconcile",)
+    queue: list[Operation] = yield Queue(statuses)
+    return queue
+
+
+def resume_operation(
+    engine: Engine,
+    listed: Operation,
+    build: BuildRequest,
+    held: Held,
+    *,
+    dry_run: bool,
+    base_url: str | None,
+    reconciling: bool,
+    claimed_by: str | None = None,
+) -> Flow[ResumeResult]:
+    """Resume one operation of the queue (read again first): send, wait, settle or
+    plan it, report the result and return it.
+
+    ``claimed_by``: the owner that leased it for this resume (a resume worker's
+    claim); that lease is its own, renewed by compare-and-swap, not raced for."""
+    if listed.damaged is not None:
+        # Read again, it would raise what the listing turned into this stand-in.
+        result = yield from unresumable(engine, listed, held, JournalCorruptError(listed.damaged))
+        yield Report(result)
+        return result
+    operation = (yield Find(listed.operation_id, None)) or listed
+    try:
+        if dry_run:
+            result = plan(engine, operation)
+        else:
+            result = yield from _resume_one(engine, operation, build, held, base_url, claimed_by)
+    except UNREADABLE_ROW as error:
+        if isinstance(error, IdempotentlyError) and not isinstance(error, CodecError):
+            raise
+        result = yield from unresumable(engine, operation, held, error)
+    else:
+        if reconciling and not dry_run and result.status == "needs_reconcile":
+            result = yield from reconcile_one(engine, operation, result)
+    yield Report(result)
+    return result
+
+
+def plan(engine: Engine, operation: Operation) -> ResumeResult:
+    """What resume would do with this operation, without doing it (dry run)."""
+    if operation.status != "pending":
+        return ResumeResult.of(operation, operation.status, "would_reconcile", operation.reason)
+    blocked = blocker_of(engine, operation, resuming=True)
+    if blocked is None:
+        try:
+            profile_for(engine, operation)
+        except StoredProfileError as error:
+            return ResumeResult.of(operation, "pending", "not_sent", error.message)
+        if operation.unreadable is not None:
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "not_sent",
+                f"{operation.unreadable}; nothing would be sent",
+            )
+        missing = missing_params(engine, operation)
+        if missing:
+            return ResumeResult.of(
+                operation, "pending", "not_sent", _missing_params_reason(missing)
+            )
+        return ResumeResult.of(operation, "pending", "would_send", "would resend its key")
+    kind, reason = blocked
+    return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
+
+
+def _resume_one(
+    engine: Engine,
+    operation: Operation,
+    build: BuildRequest,
+    held: Held,
+    base_url: str | None,
+    claimed_by: str | None = None,
+) -> Flow[ResumeResult]:
+    if operation.status != "pending":
+        return ResumeResult.of(operation, operation.status, "skipped", operation.reason)
+    claimed = claimed_by is not None and operation.lease_owner == claimed_by
+    if claimed_by is not None and claimed:
+        # Ours: whatever ends this flow early releases it (a blocker's SetStatus does too).
+        held.take(operation.operation_id, claimed_by)
+    operation = yield from times_from_now(engine, operation)
+    blocked = blocker_of(engine, operation, resuming=True, claimed_by=claimed_by)
+    if blocked is not None:
+        kind, reason = blocked
+        status = yield from apply_blocker(engine, operation, kind, reason)
+        return ResumeResult.of(operation, status, RESUME_ACTION_OF_BLOCKER[kind][0], reason)
+    try:
+        profile = profile_for(engine, operation)
+    except StoredProfileError as error:
+        return ResumeResult.of(operation, "pending", "not_sent", error.message)
+    if operation.unreadable is not None:
+        return ResumeResult.of(
+            operation,
+            "pending",
+            "not_sent",
+            f"{operation.unreadable}; nothing was sent and it stays pending",
+        )
+    try:
+        request = rebuild(engine, operation, build, base_url=base_url)
+    except MissingParams as missing:
+        return ResumeResult.of(
+            operation, "pending", "not_sent", _missing_params_reason(missing.names)
+        )
+    except (httpx.HTTPError, ValueError, TypeError) as error:
+        return ResumeResult.of(
+            operation,
+            "pending",
+            "not_sent",
+            f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
+            f"its state; see `idempotently show {operation.operation_id}`",
+        )
+    budget = engine.policy.budget
+    if budget is not None:
+        # What the origin's retries have met so far in this process: nothing but
+        # failures (the budget spent). A resume then leaves the rest of that origin's
+        # operations pending instead of trying every one in turn.
+        origin = origin_of(request.url)
+        if engine.budgets.spent(budget, origin, engine.clock()):
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "still_pending",
+                f"not sent: the retry budget of {origin} is spent (its recent retries "
+                "met only failures); it stays pending with its key for a later resume",
+            )
+    secrets = secret_values(request.headers, engine.redact_headers, request.url)
+    pause = yield from engine.origin_pause(profile, request, engine.clock(), operation.operation_id)
+    if pause is not None:
+        # still_pending, not waiting (a not_before of its own): a watch worker parks
+        # it with its backoff instead of claiming it again at once.
+        return ResumeResult.of(
+            operation,
+            "pending",
+            "still_pending",
+            f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
+            f"({pause.reason}); it stays pending with its key",
+        )
+    sending = engine
+    if operation.overrides is not None:
+        # The caller's own policy and timeouts, as journaled with the operation.
+        try:
+            policy, timeouts = read_overrides(operation.overrides)
+        except ValueError as error:
+            return ResumeResult.of(
+                operation,
+                "pending",
+                "not_sent",
+                f"{error}; nothing was sent and it stays pending (see "
+                f"`idempotently show {operation.operation_id}`)",
+            )
+        # Within this run's bounds (a resume's --max-attempts and --deadline bound
+        # each operation, so a dead host costs what the run allows): the stricter of
+        # the two. The journaled timeouts stay: the deadline caps every attempt's.
+        if policy is not None:
+            policy = attrs.evolve(
+                policy,
+                max_attempts=min(policy.max_attempts, engine.policy.max_attempts),
+                deadline=min(policy.deadline, engine.policy.deadline),
+            )
+        sending = engine.overridden(policy, None)
+        if timeouts is not None:
+            request.extensions = {**request.extensions, "timeout": timeouts}
+    # A claimed lease is renewed by the same compare-and-swap on the row just read:
+    # it fails only if the claim expired and another caller took the operation.
+    owner = claimed_by if claimed_by is not None and claimed else engine.new_owner()
+    now = engine.clock()
+    held.take(operation.operation_id, owner)
+    held.lease_until = now + engine.lease_duration
+    if not (yield TakeLease(operation, owner, held.lease_until, now)):
+        held.lease = None
+        return ResumeResult.of(
+            operation, "pending", "leased", "another caller took its lease first"
+        )
+    end = yield from sending.attempts(
+        operation.operation_id,
+        operation.key,
+        request,
+        state_of(engine, operation, now, resuming=True),
+        profile,
+        operation.attempt_count,
+        held,
+        secrets,
+        codec_of(engine, operation),
+        binding=operation.credentials_digest,
+    )
+    decision = end.decision
+    code = None if end.response is None else end.response.status_code
+    replayed = bool(end.response is not None and end.response.extensions[EXTENSION].replayed)
+    detail = decision.reason
+    if decision.action == "succeed" and replayed:
+        detail += " (replayed by the server)"
+    if end.unkept is not None:
+        detail += f"; {end.unkept}"
+    return ResumeResult.of(
+        operation,
+        STATUS_AFTER[decision.action],
+        RESUME_ACTION_OF[decision.action],  # never "retry": the attempts end otherwise
+        detail,
+        code,
+        replayed,
+    )
