@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlite_utils
 
 from idempotently import (
     IdempotentlyError,
@@ -26,7 +25,7 @@ from idempotently import (
     Operation,
 )
 from idempotently._journal import AttemptRecord, NewOperation
-from idempotently._journal._sqlite import SCHEMA_VERSION
+from idempotently._journal._sqlite import SCHEMA_VERSION, SqliteStore
 from idempotently._rows import headers_json as _headers_json
 from idempotently._vocabulary import STATUSES
 
@@ -628,18 +627,18 @@ def test_an_opener_racing_the_creator_opens_the_journal(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two processes opening one new journal at once both get it, neither calls it corrupt."""
-    real_table_names = sqlite_utils.Database.table_names
+    real_table_names = SqliteStore._table_names
     raced: list[bool] = []
 
-    def table_names(db: sqlite_utils.Database, *args: object, **kwargs: object) -> list[str]:
+    def table_names(store: SqliteStore) -> set[str]:
         if not raced:
             raced.append(True)
             # The other process creates the journal between our first reads and this one.
             with contextlib.suppress(JournalError):  # it may wait for us; then we create it
                 Journal(path, busy_timeout=0.5).close()
-        return real_table_names(db, *args, **kwargs)
+        return real_table_names(store)
 
-    monkeypatch.setattr(sqlite_utils.Database, "table_names", table_names)
+    monkeypatch.setattr(SqliteStore, "_table_names", table_names)
 
     with Journal(path) as journal:
         assert dict.fromkeys(STATUSES, 0) == journal.counts()

@@ -6,6 +6,8 @@ before the first byte is sent, reused on every attempt and after a crash.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 # _early_signals first, before the slow imports: a `resume --watch` worker notes an
 # early SIGTERM instead of dying of it (nothing happens in any other process).
 from idempotently import _early_signals, profiles  # noqa: F401
@@ -52,13 +54,39 @@ from idempotently._journal import (
     Operation,
     OriginPause,
 )
-from idempotently._lookup import Lookup
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
-from idempotently._transport import AsyncTransport, Transport
+
+if TYPE_CHECKING:
+    from idempotently._lookup import Lookup
+    from idempotently._transport import AsyncTransport, Transport
 
 __version__ = "0.1.0.dev0"
+
+# Loaded on first use, so that `import idempotently` costs what a Session needs: the
+# transports bring httpx2's classes (when installed), the lookup its reconciler.
+_LAZY = {
+    "AsyncTransport": "idempotently._transport",
+    "Transport": "idempotently._transport",
+    "Lookup": "idempotently._lookup",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'idempotently' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AnswerNotReadError",

@@ -22,10 +22,10 @@ from idempotently._cli_durations import format_age, format_duration
 from idempotently._credentials import described, read_record
 from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
-from idempotently._lookup import answered_by
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
 from idempotently._rows import Attempt, AuditEntry, JournalStats, Operation, OriginPause
+from idempotently._vocabulary import answered_by
 
 # The journal never stores these; a CLI that prints headers still refuses to,
 # in case a journal was written by something else or a newer redaction list.

@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -50,9 +50,11 @@ from idempotently._flow._operation import Flow, Held
 from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
 from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
-from idempotently._lookup import BoundReconciler
 from idempotently._rows import Failed
 from idempotently._vocabulary import Status
+
+if TYPE_CHECKING:
+    from idempotently._lookup import BoundReconciler
 
 T = TypeVar("T")
 

@@ -46,6 +46,7 @@ from idempotently._retry_after import server_wait
 from idempotently._rows import AuditEntry, Operation
 from idempotently._secret_params import redacted_url, secret_param_names
 from idempotently._text import storable_text
+from idempotently._vocabulary import LOOKUP_ACTOR
 
 if TYPE_CHECKING:
     from idempotently._policy import RetryPolicy
@@ -57,8 +58,6 @@ DEFAULT_ABSENT_AFTER = 300.0
 DEFAULT_BACKOFF = 60.0
 DEFAULT_MAX_BACKOFF = 3600.0
 """The cap of the lookup backoff (an hour), unless ``backoff`` itself is longer."""
-LOOKUP_ACTOR = "lookup"
-"""The actor of the lookup reconciler's audit entries."""
 LOOKUP_VERDICT = "lookup"
 """The action of the audit entry a lookup that settled nothing writes."""
 LOOKUP_DEFERRED = "lookup_deferred"
@@ -140,24 +139,6 @@ class Verdict:
         if self.answer_from is not None:
             stored.append(("content-location", self.answer_from))
         return tuple(stored)
-
-
-AnsweredBy = Literal["server", "lookup", "reconciler"]
-"""Whose answer a stored response is (`idempotently.Receipt.answered_by`)."""
-
-
-def answered_by(operation: Operation) -> AnsweredBy:
-    """Whose answer ``operation``'s stored response is: the server's to its request, or
-    the object a lookup found (its reason, written when it settled, says so), or the
-    response a reconciler of your own settled it with."""
-    reason = operation.reason or ""
-    if operation.response_status is None:
-        return "server"
-    if reason.startswith(f"settled succeeded by {LOOKUP_ACTOR}: "):
-        return "lookup"
-    if reason.startswith("reconciled: "):
-        return "reconciler"
-    return "server"
 
 
 @attrs.frozen

@@ -33,22 +33,20 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
         TimeoutTypes,
     )
 
+    from idempotently._lookup import Verdict
+
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
 from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow._checks import check_call_arguments, check_host_id, check_timeouts
 from idempotently._flow._config import DEFAULT_LEASE_DURATION
 from idempotently._flow._engine import Engine
-from idempotently._flow._enqueue import enqueue
 from idempotently._flow._leases import default_host_id
 from idempotently._flow._operation import Call, Held, ResumeResult, Settlement
 from idempotently._flow._read import retried_read
-from idempotently._flow._reconcile import reconcile_queue
-from idempotently._flow._resume import resume_operation, resume_queue
 from idempotently._gate import alast_hook, keep_last, last_hook
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
-from idempotently._lookup import BoundReconciler, Verdict
 from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import (
@@ -298,6 +296,8 @@ class _SessionBase(Generic[ClientT]):
         self, queue: list[Operation], *, dry_run: bool, base_url: str | None, reconciling: bool
     ) -> list[FlowFactory[ResumeResult]]:
         """One flow per queued operation, for a driver to run (several at once)."""
+        from idempotently._flow._resume import resume_operation
+
         return [
             functools.partial(
                 resume_operation,
@@ -710,6 +710,8 @@ class Session(_SessionBase[httpx.Client]):
         transaction of yours that is still open makes every other write to the journal
         wait for it: commit before this Session sends anything.
         """
+        from idempotently._flow._enqueue import enqueue
+
         request = self._enqueue_request(
             method,
             url,
@@ -842,6 +844,9 @@ class Session(_SessionBase[httpx.Client]):
         ``concurrency`` operations are resumed at once (in threads), each under
         its own lease; results keep the queue's order.
         """
+        from idempotently._flow._resume import resume_queue
+        from idempotently._lookup import BoundReconciler
+
         check_resume_arguments(
             base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
@@ -877,6 +882,9 @@ class Session(_SessionBase[httpx.Client]):
         """Hand every needs_reconcile operation to ``reconciler`` (a
         `idempotently.Lookup`, or your own), oldest first; nothing pending is
         resent. One result per operation, each also passed to ``on_result``."""
+        from idempotently._flow._reconcile import reconcile_queue
+        from idempotently._lookup import BoundReconciler
+
         check_resume_arguments(
             base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
@@ -1153,6 +1161,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         statements on it are (it commits nothing, so it never waits for an fsync).
         Without ``connection`` the write runs off the loop, as every journal write does.
         """
+        from idempotently._flow._enqueue import enqueue
+
         request = self._enqueue_request(
             method,
             url,
@@ -1272,6 +1282,9 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
     ) -> list[ResumeResult]:
         """Re-drive every pending operation; see `Session.resume` (``concurrency``
         operations at once, as tasks)."""
+        from idempotently._flow._resume import resume_queue
+        from idempotently._lookup import BoundReconciler
+
         check_resume_arguments(
             base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )
@@ -1305,6 +1318,9 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
     ) -> list[ResumeResult]:
         """Hand every needs_reconcile operation to ``reconciler``; see
         `Session.reconcile`."""
+        from idempotently._flow._reconcile import reconcile_queue
+        from idempotently._lookup import BoundReconciler
+
         check_resume_arguments(
             base_url=None, reconciler=reconciler, on_result=on_result, concurrency=concurrency
         )

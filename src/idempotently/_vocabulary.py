@@ -7,7 +7,10 @@ never disagree about what happened.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from idempotently._rows import Operation
 
 Delivery = Literal["exactly_once", "at_most_once"]
 """``exactly_once`` (the key makes resending safe) or ``at_most_once`` (never resent)."""
@@ -119,3 +122,24 @@ RESUME_DONE: Final[frozenset[ResumeAction]] = frozenset({"succeeded", "skipped"}
 """Resume results that leave nothing for anyone to do; every other one makes
 ``idempotently resume`` exit 1 (a reconciled operation counts as done when the
 reconciler settled it as succeeded)."""
+
+
+LOOKUP_ACTOR = "lookup"
+"""The actor of the lookup reconciler's audit entries."""
+
+AnsweredBy = Literal["server", "lookup", "reconciler"]
+"""Whose answer a stored response is (`idempotently.Receipt.answered_by`)."""
+
+
+def answered_by(operation: Operation) -> AnsweredBy:
+    """Whose answer ``operation``'s stored response is: the server's to its request, or
+    the object a lookup found (its reason, written when it settled, says so), or the
+    response a reconciler of your own settled it with."""
+    reason = operation.reason or ""
+    if operation.response_status is None:
+        return "server"
+    if reason.startswith(f"settled succeeded by {LOOKUP_ACTOR}: "):
+        return "lookup"
+    if reason.startswith("reconciled: "):
+        return "reconciler"
+    return "server"

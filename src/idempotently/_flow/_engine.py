@@ -34,7 +34,6 @@ from idempotently._credentials import (
     credential_names,
     credential_values,
 )
-from idempotently._differences import first_difference, shown_url
 from idempotently._events import (
     AttemptFinished,
     Event,
@@ -459,6 +458,8 @@ class Engine(Config):
             )
         if not self._same_request(operation, call.request, print_):
             # Off the hot path: worked out only once the requests disagree.
+            from idempotently._differences import first_difference, shown_url
+
             difference = first_difference(
                 method=operation.method,
                 url=operation.url,

@@ -40,10 +40,6 @@ from idempotently._flow._leases import (
     mark_in_flight,
     unmark_in_flight,
 )
-from idempotently._lookup import (
-    AnsweredBy,
-    answered_by,
-)
 from idempotently._policy import (
     CallState,
     Decision,
@@ -65,10 +61,12 @@ from idempotently._secret_params import (
 )
 from idempotently._text import storable_text
 from idempotently._vocabulary import (
+    AnsweredBy,
     Blocker,
     Delivery,
     ResumeAction,
     Status,
+    answered_by,
 )
 
 T = TypeVar("T")

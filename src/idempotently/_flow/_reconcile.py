@@ -38,7 +38,6 @@ from idempotently._flow._operation import (
     unresumable,
 )
 from idempotently._lookup import (
-    LOOKUP_ACTOR,
     LOOKUP_DEFERRED,
     LOOKUP_VERDICT,
     Verdict,
@@ -54,7 +53,7 @@ from idempotently._profiles import ServerProfile
 from idempotently._rows import Operation
 from idempotently._secret_params import journaled_answer_headers
 from idempotently._text import storable_text
-from idempotently._vocabulary import Status
+from idempotently._vocabulary import LOOKUP_ACTOR, Status
 
 
 def reconcile_one(engine: Engine, operation: Operation, result: ResumeResult) -> Flow[ResumeResult]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import getpass
 import logging
 import os
 import socket
@@ -20,7 +19,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import attrs
 import httpx
@@ -56,16 +55,6 @@ from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._journal._writer import Writer
 from idempotently._keys import derived_key
-from idempotently._operator import (
-    FORKABLE,
-    ActionName,
-    check_actor,
-    check_note,
-    fork_id_of,
-    fork_root,
-    plan,
-    recorded_forks,
-)
 from idempotently._pauses import PauseBoard
 from idempotently._rows import (
     DEFAULT_EXPIRING_WITHIN,
@@ -85,6 +74,9 @@ from idempotently._rows import (
 )
 from idempotently._secret_params import check_param_names, secret_param_names
 from idempotently._vocabulary import Status
+
+if TYPE_CHECKING:
+    from idempotently._operator import ActionName
 
 __all__ = [
     "DEFAULT_EXPIRING_WITHIN",
@@ -445,7 +437,9 @@ class Journal:
         status: Status | None = None,
         required: bool = True,
     ) -> Operation:
+        # Operator actions load on first use: `import idempotently` stays light.
         from idempotently._flow._leases import lease_owner_alive
+        from idempotently._operator import FORKABLE, check_actor, check_note, plan
 
         self._check_usable()
         if not isinstance(operation_id, str) or not operation_id:
@@ -510,6 +504,8 @@ class Journal:
         An unrelated operation may already be called ``<id>~fork1`` (an application
         naming its own retries so): that id is passed over, never reported as this
         operation's fork. Only a row this operation really forked is refused."""
+        from idempotently._operator import fork_id_of
+
         namespace = self._namespace
         while namespace is not None:  # without one, the plan refuses to fork
             candidate = fork_id_of(operation, taken)
@@ -533,6 +529,8 @@ class Journal:
 
         Refused (`OperatorActionError`) while a fork it made is still in the journal:
         fork that one instead."""
+        from idempotently._operator import fork_root, recorded_forks
+
         own = recorded_forks(self._store.audit(operation.operation_id))
         for fork_id in reversed(own):
             made = self._store.operation(fork_id)
@@ -771,6 +769,8 @@ _logger = logging.getLogger("idempotently")
 
 def default_actor() -> str:
     """``user@host``: who an operator action is recorded as, unless told."""
+    import getpass
+
     try:
         user = getpass.getuser()
     except Exception:  # no user name in this environment (a container without one)

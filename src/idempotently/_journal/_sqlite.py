@@ -19,6 +19,7 @@ import os
 import random
 import re
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -28,8 +29,6 @@ from heapq import merge
 from itertools import islice
 from pathlib import Path
 from typing import Any, Final, NoReturn, cast, get_args
-
-import sqlite_utils
 
 from idempotently._commands import (
     Act,
@@ -692,7 +691,7 @@ class SqliteStore:
         self._lock = threading.RLock()
         self._synchronous = "NORMAL"  # the connection's setting now: changed only when needed
         self._conn = self._connect(busy_timeout)
-        self.db = sqlite_utils.Database(self._conn)
+        self._db: Any = None
         try:
             self._check_schema()
             if not self.readonly:
@@ -704,6 +703,22 @@ class SqliteStore:
             raise
 
     # -- opening -------------------------------------------------------------
+
+    @property
+    def db(self) -> Any:
+        """This journal's connection as a sqlite_utils Database (imported only when asked:
+        `import idempotently` does not load sqlite-utils)."""
+        if self._db is None:
+            import sqlite_utils
+
+            self._db = sqlite_utils.Database(self._conn)
+        return self._db
+
+    def _table_names(self) -> set[str]:
+        return {
+            row[0]
+            for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
 
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         if self.path != ":memory:" and not os.path.exists(self.path):
@@ -718,6 +733,9 @@ class SqliteStore:
                 uri=readonly,
             )
             conn.execute("PRAGMA synchronous = NORMAL")
+            # As sqlite-utils' Database set it when it wrapped this connection: a REPLACE
+            # fires the delete triggers that keep the counts.
+            conn.execute("PRAGMA recursive_triggers = on")
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
         return conn
@@ -756,7 +774,7 @@ class SqliteStore:
                 # another process is creating the schema.
                 self._conn.execute("BEGIN")
                 try:
-                    tables = set(self.db.table_names())
+                    tables = self._table_names()
                     names = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
                     adopted = self._adopted_version() if "journal_meta" in tables else None
                     # An adopted file's pragmas are the application's: not even read.
@@ -873,7 +891,7 @@ class SqliteStore:
         self._ensure_wal()
         with self._write(durable=True):
             # Another process may have adopted it while we waited for the lock.
-            if "journal_meta" in self.db.table_names():
+            if "journal_meta" in self._table_names():
                 version = self._adopted_version()
                 if version is None:
                     raise JournalCorruptError(
@@ -971,7 +989,7 @@ class SqliteStore:
         with self._write(durable=True):
             # Another process may have created it while we waited for the lock
             # (an older idempotently: version 1).
-            if "operations" in self.db.table_names():
+            if "operations" in self._table_names():
                 version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
                 if version < SCHEMA_VERSION:
                     self._upgrade(version)
@@ -984,7 +1002,8 @@ class SqliteStore:
             self._conn.close()
             # Not sqlite3's "Cannot operate on a closed database": say which journal.
             self._conn = cast(sqlite3.Connection, _ClosedConnection(self.path))
-            self.db.conn = self._conn
+            if self._db is not None:
+                self._db.conn = self._conn
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
@@ -1572,7 +1591,8 @@ class SqliteStore:
         ids: ErrorContext = (
             {} if new is None else {"operation_id": new.operation_id, "key": new.key}
         )
-        if isinstance(connection, sqlite_utils.Database):
+        utils = sys.modules.get("sqlite_utils")  # a Database given means it is imported
+        if utils is not None and isinstance(connection, utils.Database):
             connection = connection.conn  # sqlite-utils wrapping the application's connection
         if not isinstance(connection, sqlite3.Connection):
             raise TypeError(
