@@ -24,8 +24,14 @@ from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
-from idempotently._rows import Attempt, AuditEntry, JournalStats, Operation, OriginPause
-from idempotently._vocabulary import answered_by
+from idempotently._rows import (
+    Attempt,
+    AuditEntry,
+    JournalStats,
+    Operation,
+    OriginPause,
+    answered_by,
+)
 
 # The journal never stores these; a CLI that prints headers still refuses to,
 # in case a journal was written by something else or a newer redaction list.

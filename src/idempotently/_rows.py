@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from idempotently._vocabulary import STATUSES, Delivery, Outcome, Status
+from idempotently._vocabulary import LOOKUP_ACTOR, STATUSES, AnsweredBy, Delivery, Outcome, Status
 
 MAX_LIMIT = 2**63 - 1
 """SQLite's largest integer: the largest ``limit`` a listing takes."""
@@ -608,3 +608,17 @@ class Failed:
 
     def __init__(self, error: Exception) -> None:
         self.error = error
+
+
+def answered_by(operation: Operation) -> AnsweredBy:
+    """Whose answer ``operation``'s stored response is: the server's to its request, or
+    the object a lookup found (its reason, written when it settled, says so), or the
+    response a reconciler of your own settled it with."""
+    reason = operation.reason or ""
+    if operation.response_status is None:
+        return "server"
+    if reason.startswith(f"settled succeeded by {LOOKUP_ACTOR}: "):
+        return "lookup"
+    if reason.startswith("reconciled: "):
+        return "reconciler"
+    return "server"

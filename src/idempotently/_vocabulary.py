@@ -7,10 +7,7 @@ never disagree about what happened.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Literal
-
-if TYPE_CHECKING:
-    from idempotently._rows import Operation
+from typing import Final, Literal
 
 Delivery = Literal["exactly_once", "at_most_once"]
 """``exactly_once`` (the key makes resending safe) or ``at_most_once`` (never resent)."""
@@ -129,17 +126,3 @@ LOOKUP_ACTOR = "lookup"
 
 AnsweredBy = Literal["server", "lookup", "reconciler"]
 """Whose answer a stored response is (`idempotently.Receipt.answered_by`)."""
-
-
-def answered_by(operation: Operation) -> AnsweredBy:
-    """Whose answer ``operation``'s stored response is: the server's to its request, or
-    the object a lookup found (its reason, written when it settled, says so), or the
-    response a reconciler of your own settled it with."""
-    reason = operation.reason or ""
-    if operation.response_status is None:
-        return "server"
-    if reason.startswith(f"settled succeeded by {LOOKUP_ACTOR}: "):
-        return "lookup"
-    if reason.startswith("reconciled: "):
-        return "reconciler"
-    return "server"

@@ -53,7 +53,7 @@ from idempotently._profiles import (
     ServerProfile,
     stored_profile,
 )
-from idempotently._rows import AttemptRecord, Operation
+from idempotently._rows import AttemptRecord, Operation, answered_by
 from idempotently._secret_params import (
     MissingParams,
     reapplied_url,
@@ -66,7 +66,6 @@ from idempotently._vocabulary import (
     Delivery,
     ResumeAction,
     Status,
-    answered_by,
 )
 
 T = TypeVar("T")
