@@ -6,6 +6,11 @@ command is a plain value: `Journal._execute` runs a read against the
 store and hands a write to the journal's one writer (``_journal/_writer.py``),
 which commits it with whatever other writes are waiting; the async driver
 hands it over without ever running SQLite on its event loop.
+
+A new command joins its union (`Write`, `Read`, `Command`); every place that decides by
+a command's type is a ``match`` over that union ending in ``case _: assert_never(...)``,
+so mypy names each one that does not handle it yet. A write's traits (`JournalWrite`)
+are set by its own class, never kept in a tuple of types elsewhere.
 """
 
 from __future__ import annotations
