@@ -6,13 +6,19 @@ command is a plain value: `Journal._execute` runs a read against the
 store and hands a write to the journal's one writer (``_journal/_writer.py``),
 which commits it with whatever other writes are waiting; the async driver
 hands it over without ever running SQLite on its event loop.
+
+A new command joins its union (`Write`, `Read`, `Command`); every place that decides by
+a command's type is a ``match`` over that union ending in ``case _: assert_never(...)``,
+so mypy names each one that does not handle it yet. A write's traits (`JournalWrite`)
+are set by its own class, never kept in a tuple of types elsewhere.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import attrs
 import httpx
@@ -24,12 +30,49 @@ if TYPE_CHECKING:
     from idempotently._events import AsyncHook, Event
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
+if sys.version_info >= (3, 11):
+    from typing import assert_never
+else:
+
+    def assert_never(value: NoReturn, /) -> NoReturn:
+        """`typing.assert_never` (3.11+): mypy proves the line unreachable, so a `match`
+        that ends in it handles every member of the union it matches."""
+        raise AssertionError(f"Expected code to be unreachable, but got: {value!r}")
+
 
 # -- journal commands ---------------------------------------------------------------------
 
 
+class Journaled:
+    """A command the journal runs (a `Read` or a `Write`): a driver hands every one of
+    them to the journal with one class pattern, ``case Journaled():``."""
+
+    __slots__ = ()
+
+
+class JournalWrite(Journaled):
+    """A command the journal's one writer commits (a `Write`), and its traits: each write
+    class sets every one of them itself (tests/test_commands_dispatch.py checks it)."""
+
+    __slots__ = ()
+
+    durable: ClassVar[bool]
+    """Flushed before its caller goes on when the journal's durability is "fsync": a new
+    key, or the credentials it is bound to, must outlive a crash of the send it precedes."""
+    starts_send: ClassVar[bool]
+    """Its caller may send after it (or a relay will): refused on a journal whose file
+    moved, for nobody would resume what it wrote there (`SqliteStore.commit`)."""
+    one_statement: ClassVar[bool]
+    """One SQLite statement: alone in a batch it commits by itself, with no ``BEGIN``."""
+    synchronous: ClassVar[bool]
+    """On PostgreSQL, committed with ``synchronous_commit = on`` whatever the journal's
+    durability: a lease, a status or a pause another host acts on must not be lost by a
+    server that restarts. False for a new key and an attempt, whose flush the journal's
+    durability decides."""
+
+
 @attrs.frozen
-class Find:
+class Find(Journaled):
     """The operation with this id (else this key), with its attempts; or None."""
 
     operation_id: str | None
@@ -40,8 +83,13 @@ class Find:
 
 
 @attrs.frozen
-class Insert:
+class Insert(JournalWrite):
     """Make the new operation's key durable (before its first byte is sent); False if taken."""
+
+    durable: ClassVar[bool] = True
+    starts_send: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = False
 
     new: NewOperation
     owner: str
@@ -49,7 +97,7 @@ class Insert:
 
 
 @attrs.frozen
-class Enqueue:
+class Enqueue(JournalWrite):
     """Journal a new operation as pending, not yet sent and unleased; False if its id or
     key is taken.
 
@@ -58,13 +106,23 @@ class Enqueue:
     write that does not pass through the journal's writer. Without, it is a write like
     an `Insert`, durable before it returns."""
 
+    durable: ClassVar[bool] = True
+    starts_send: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = False
+
     new: NewOperation
     connection: object | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
-class TakeLease:
+class TakeLease(JournalWrite):
     """Compare-and-swap the lease read in ``operation``; True for the one winner."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = True
 
     operation: Operation
     owner: str
@@ -73,8 +131,13 @@ class TakeLease:
 
 
 @attrs.frozen
-class Record:
+class Record(JournalWrite):
     """One attempt and the operation's state after it, in one transaction."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = False
 
     operation_id: str
     record: AttemptRecord
@@ -86,8 +149,13 @@ class Record:
 
 
 @attrs.frozen
-class SetStatus:
+class SetStatus(JournalWrite):
     """Move a pending operation to ``status`` without an attempt (releases any lease)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = True
 
     operation_id: str
     status: Status
@@ -98,27 +166,37 @@ class SetStatus:
 
 
 @attrs.frozen
-class Release:
+class Release(JournalWrite):
     """Give up a lease this caller holds (a call cancelled or crashed mid-flight)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = True
 
     operation_id: str
     owner: str
 
 
 @attrs.frozen
-class Queue:
+class Queue(Journaled):
     """Operations with these statuses, oldest first (what resume works through)."""
 
     statuses: tuple[Status, ...]
 
 
 @attrs.frozen
-class RenewLease:
+class RenewLease(JournalWrite):
     """Compare-and-swap right before a send whose lease may have run out: set the
     lease to ``lease_until`` only if ``owner`` still holds it (nobody took it over,
     expired or not) and the operation is pending; False means another caller may be
     sending it, and nothing may be sent. ``now`` (the clock ``lease_until`` is counted
     on) becomes the row's ``updated_at``: the lease's write time (`RebaseOperation`)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = True
 
     operation_id: str
     owner: str
@@ -127,12 +205,17 @@ class RenewLease:
 
 
 @attrs.frozen
-class BindCredentials:
+class BindCredentials(JournalWrite):
     """Journal the credentials a key is bound to (a `credentials_record`), right before
     the first request of the operation leaves with them: only while ``owner`` holds the
     lease of the pending operation and it is bound to none yet; False otherwise (nothing
     may be sent). Durable like an `Insert`: the binding must outlive a crash of the send
     it precedes."""
+
+    durable: ClassVar[bool] = True
+    starts_send: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = True
+    synchronous: ClassVar[bool] = True
 
     operation_id: str
     owner: str
@@ -142,10 +225,15 @@ class BindCredentials:
 
 
 @attrs.frozen
-class ExtendLeases:
+class ExtendLeases(JournalWrite):
     """Heartbeat: push each (operation_id, owner) still pending and leased by that
     owner to at least ``lease_until``, stamping ``updated_at = now`` (the lease's write
     time, `RebaseOperation`); replies how many rows were extended."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     leases: tuple[tuple[str, str], ...]
     lease_until: float
@@ -153,12 +241,17 @@ class ExtendLeases:
 
 
 @attrs.frozen
-class ClaimDue:
+class ClaimDue(JournalWrite):
     """Lease up to ``limit`` due pending operations to ``owner``, oldest first.
 
     Due: status 'pending', lease expired (``lease_until <= now``) and its
     ``not_before`` passed; replies them with their attempts. N workers never
     claim one operation twice."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     owner: str
     now: float
@@ -191,7 +284,7 @@ class AuditNote:
 
 
 @attrs.frozen
-class Act:
+class Act(JournalWrite):
     """An operator's action (or a lookup's verdict) on one operation, with its audit
     entries and, for a fork, the new operation, all in one transaction.
 
@@ -199,6 +292,11 @@ class Act:
     only if nobody changed the operation since, so two operators, or an operator and a
     live call taking the lease, never both win. Replies True if applied; False, with
     nothing written, if the operation changed or the fork's id or key is taken."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     operation_id: str
     expect_status: Status
@@ -223,9 +321,14 @@ class Act:
 
 
 @attrs.frozen
-class LookUpLater:
+class LookUpLater(JournalWrite):
     """A lookup that settled nothing: its note in the audit trail, and no lookup of the
     operation before ``lookup_after``; only while it is needs_reconcile."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     operation_id: str
     lookup_after: float
@@ -234,7 +337,7 @@ class LookUpLater:
 
 
 @attrs.frozen
-class AuditTrail:
+class AuditTrail(Journaled):
     """The operation's audit entries, oldest first (a list of ``AuditEntry``): what a
     lookup's backoff counts its unsettled lookups in a row from."""
 
@@ -242,7 +345,7 @@ class AuditTrail:
 
 
 @attrs.frozen
-class ForksTaken:
+class ForksTaken(Journaled):
     """The fork ids a new fork of ``operation`` must pass over (a tuple of str): its
     chain's earlier forks and any row already holding the next one
     (`Journal._free_forks`); or the `OperatorActionError` refusing a fork while one it
@@ -252,7 +355,7 @@ class ForksTaken:
 
 
 @attrs.frozen
-class Pauses:
+class Pauses(Journaled):
     """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
 
     now: float
@@ -261,8 +364,13 @@ class Pauses:
 
 
 @attrs.frozen
-class PauseOrigin:
+class PauseOrigin(JournalWrite):
     """Pause an origin for some credentials until ``until`` (a later pause wins)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     origin: str
     credentials: str
@@ -272,10 +380,15 @@ class PauseOrigin:
 
 
 @attrs.frozen
-class RebasePause:
+class RebasePause(JournalWrite):
     """Count a pause written by a clock ahead of ``now`` from ``now``: if its ``set_at``
     is in the future, (set_at, until) become (now, now + its length), so it only ever
     gets shorter. Replies the pause as it stands after (None: it was lifted)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     origin: str
     credentials: str
@@ -283,7 +396,7 @@ class RebasePause:
 
 
 @attrs.frozen
-class RebaseOperation:
+class RebaseOperation(JournalWrite):
     """Count a pending operation written by a clock ahead of ``now`` (its ``updated_at``,
     the last write's time, is in the future) from ``now``: its ``not_before`` and its
     lease's ``lease_until`` each become now + (time - updated_at), and updated_at now,
@@ -291,14 +404,24 @@ class RebaseOperation:
     a compare-and-swap on the ``updated_at`` read. Replies the new (not_before,
     lease_until), or None if the row changed."""
 
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
+
     operation_id: str
     updated_at: float
     now: float
 
 
 @attrs.frozen
-class Unpause:
+class Unpause(JournalWrite):
     """Lift every pause of ``origin``; replies the pauses it lifted."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
 
     origin: str
 
@@ -321,27 +444,12 @@ Write = (
     | RebaseOperation
     | Unpause
 )
-"""What the journal's one writer commits (``_journal/_writer.py``)."""
+"""What the journal's one writer commits (``_journal/_writer.py``): every `JournalWrite`
+class, each once. A dispatch over it ends in ``case _: assert_never(write)``, so mypy
+fails where a new write is not handled."""
 Read = Find | Queue | Pauses | AuditTrail | ForksTaken
+"""What the journal reads without its writer."""
 JournalCommand = Read | Write
-WRITES: tuple[type, ...] = (
-    Insert,
-    Enqueue,
-    TakeLease,
-    Record,
-    SetStatus,
-    Release,
-    RenewLease,
-    BindCredentials,
-    ExtendLeases,
-    ClaimDue,
-    Act,
-    LookUpLater,
-    PauseOrigin,
-    RebasePause,
-    RebaseOperation,
-    Unpause,
-)
 
 # -- commands for the driver ------------------------------------------------------------------
 
@@ -482,3 +590,6 @@ Command = (
     | Emit
     | DigestCredentials
 )
+"""Everything a flow yields; a driver's dispatch over it ends in ``assert_never``."""
+GateCommand = DigestCredentials | BindCredentials
+"""What a request's gate (`_gate.Gate`) yields as the request leaves."""

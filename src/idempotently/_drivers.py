@@ -29,11 +29,16 @@ import sniffio
 
 from idempotently._answers import aread_answer, read_answer
 from idempotently._commands import (
+    BindCredentials,
     Command,
     DigestCredentials,
     Discard,
     Emit,
+    Enqueue,
+    Find,
+    GateCommand,
     JournalCommand,
+    Journaled,
     PlanReconcile,
     ReadAnswer,
     Reconcile,
@@ -42,6 +47,7 @@ from idempotently._commands import (
     Report,
     Send,
     Sleep,
+    assert_never,
 )
 from idempotently._credentials import compute_digest
 from idempotently._events import Unfinished, adeliver, deliver
@@ -78,11 +84,15 @@ def run(
     reply: Any = None
     unfinished = Unfinished()
 
-    def perform(command: Command) -> Any:
+    def perform(command: GateCommand) -> Any:
         """What a request's gate asks for as it leaves (inside ``send``)."""
-        if isinstance(command, DigestCredentials):
-            return compute_digest(command.key)
-        return store._execute(command)  # type: ignore[arg-type]
+        match command:
+            case DigestCredentials():
+                return compute_digest(command.key)
+            case BindCredentials():
+                return store._execute(command)
+            case _:
+                assert_never(command)
 
     try:
         while True:
@@ -90,49 +100,57 @@ def run(
                 command: Command = flow.send(reply)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            if isinstance(command, Send):
-                try:
-                    with heartbeat_for(store).holding(command.lease), _Gated(command, perform):
-                        reply = send(command.request)
-                        # An answer already read (an in-process transport's) is whole.
-                        if command.read is not None and not reply.is_stream_consumed:
-                            read_answer(*command.read(reply))
-                except SEND_ERRORS as error:
-                    reply = error
-            elif isinstance(command, ReadAnswer):
-                try:
-                    with heartbeat_for(store).holding(command.lease):
-                        read_answer(command.body, command.limit, command.until, command.clock)
-                    reply = None
-                except SEND_ERRORS as error:
-                    reply = error
-            elif isinstance(command, Sleep):
-                reply = sleep(command.seconds)
-            elif isinstance(command, Discard):
-                # An answer thrown away: failing to close it ends its connection, not the call.
-                if command.body is not None:
-                    command.body.close()
-                with suppress(Exception):
-                    command.response.close()
-                reply = None
-            elif isinstance(command, PlanReconcile):
-                reply = reconcile.plan(command.operation) if reconcile is not None else None
-            elif isinstance(command, Reconcile):
-                reply = (
-                    reconcile(command.operation, command.request) if reconcile is not None else None
-                )
-            elif isinstance(command, Report):
-                reply = report(command.result) if report is not None else None
-            elif isinstance(command, Emit):
-                unfinished.saw(command.event, command.hooks)
-                deliver(command.event, command.hooks)
-                reply = None
-            elif isinstance(command, DigestCredentials):
-                reply = compute_digest(command.key)
-            else:
-                reply = store._execute(command)
-                if isinstance(command, Record):
+            # The journal's commands first: a call yields several for each send.
+            match command:
+                case Record():
+                    reply = store._execute(command)
                     held.recorded(command)
+                case Journaled():
+                    reply = store._execute(command)
+                case Send():
+                    try:
+                        with heartbeat_for(store).holding(command.lease), _Gated(command, perform):
+                            reply = send(command.request)
+                            # An answer already read (an in-process transport's) is whole.
+                            if command.read is not None and not reply.is_stream_consumed:
+                                read_answer(*command.read(reply))
+                    except SEND_ERRORS as error:
+                        reply = error
+                case ReadAnswer():
+                    try:
+                        with heartbeat_for(store).holding(command.lease):
+                            read_answer(command.body, command.limit, command.until, command.clock)
+                        reply = None
+                    except SEND_ERRORS as error:
+                        reply = error
+                case Sleep():
+                    reply = sleep(command.seconds)
+                case Discard():
+                    # An answer thrown away: failing to close it ends its connection, not
+                    # the call.
+                    if command.body is not None:
+                        command.body.close()
+                    with suppress(Exception):
+                        command.response.close()
+                    reply = None
+                case PlanReconcile():
+                    reply = reconcile.plan(command.operation) if reconcile is not None else None
+                case Reconcile():
+                    reply = (
+                        reconcile(command.operation, command.request)
+                        if reconcile is not None
+                        else None
+                    )
+                case Report():
+                    reply = report(command.result) if report is not None else None
+                case Emit():
+                    unfinished.saw(command.event, command.hooks)
+                    deliver(command.event, command.hooks)
+                    reply = None
+                case DigestCredentials():
+                    reply = compute_digest(command.key)
+                case _:
+                    assert_never(command)
     except Exception as error:
         told = _told(error, held)
         if told is error:
@@ -167,11 +185,15 @@ async def arun(
     reply: Any = None
     unfinished = Unfinished()
 
-    async def aperform(command: Command) -> Any:
+    async def aperform(command: GateCommand) -> Any:
         """What a request's gate asks for as it leaves, off the event loop as ever."""
-        if isinstance(command, DigestCredentials):
-            return await anyio.to_thread.run_sync(compute_digest, command.key)
-        return await _journal(store, command)  # type: ignore[arg-type]
+        match command:
+            case DigestCredentials():
+                return await anyio.to_thread.run_sync(compute_digest, command.key)
+            case BindCredentials():
+                return await _journal(store, command)
+            case _:
+                assert_never(command)
 
     try:
         while True:
@@ -179,65 +201,76 @@ async def arun(
                 command: Command = flow.send(reply)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            if isinstance(command, Send):
-                try:
-                    with heartbeat_for(store).holding(command.lease), _Gated(command, aperform):
-                        reply = await send(command.request)
-                        if command.read is not None and not reply.is_stream_consumed:
-                            await aread_answer(*command.read(reply))
-                except SEND_ERRORS as error:
-                    reply = error
-            elif isinstance(command, ReadAnswer):
-                try:
-                    with heartbeat_for(store).holding(command.lease):
-                        await aread_answer(
-                            command.body, command.limit, command.until, command.clock
-                        )
-                    reply = None
-                except SEND_ERRORS as error:
-                    reply = error
-            elif isinstance(command, Sleep):
-                waited = sleep(command.seconds)
-                if not inspect.isawaitable(waited):
-                    raise TypeError(
-                        "an async session's sleep must be an async function (e.g. anyio.sleep), "
-                        f"not {sleep!r}"
-                    )
-                reply = await waited
-            elif isinstance(command, Discard):
-                if command.body is not None:
-                    await command.body.aclose()
-                with suppress(Exception):
-                    await command.response.aclose()
-                reply = None
-            elif isinstance(command, PlanReconcile):
-                reply = reconcile.plan(command.operation) if reconcile is not None else None
-            elif isinstance(command, Reconcile):
-                reply = (
-                    await reconcile(command.operation, command.request)
-                    if reconcile is not None
-                    else None
-                )
-            elif isinstance(command, Report):
-                reply = report(command.result) if report is not None else None
-            elif isinstance(command, Emit):
-                unfinished.saw(command.event, command.hooks)
-                await adeliver(command.event, command.hooks)
-                reply = None
-            elif isinstance(command, DigestCredentials):
-                # scrypt takes tens of milliseconds: never on the event loop.
-                reply = await anyio.to_thread.run_sync(compute_digest, command.key)
-            else:
-                # Not abandoned on cancellation: the write completes, then the
-                # cancellation is delivered here, before anything is sent.
-                if getattr(command, "connection", None) is not None:
+            # The journal's commands first: a call yields several for each send. None is
+            # abandoned on cancellation: the write completes, then the cancellation is
+            # delivered at the checkpoint after it, before anything is sent.
+            match command:
+                case Record():
+                    reply = await _journal(store, command)
+                    held.recorded(command)
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                case Find(connection=connection) | Enqueue(connection=connection) if (
+                    connection is not None
+                ):
                     # The application's own connection (the outbox): on its loop.
                     reply = await store._aexecute(command)
-                else:
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                case Journaled():
                     reply = await _journal(store, command)
-                if isinstance(command, Record):
-                    held.recorded(command)
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                case Send():
+                    try:
+                        with (
+                            heartbeat_for(store).holding(command.lease),
+                            _Gated(command, aperform),
+                        ):
+                            reply = await send(command.request)
+                            if command.read is not None and not reply.is_stream_consumed:
+                                await aread_answer(*command.read(reply))
+                    except SEND_ERRORS as error:
+                        reply = error
+                case ReadAnswer():
+                    try:
+                        with heartbeat_for(store).holding(command.lease):
+                            await aread_answer(
+                                command.body, command.limit, command.until, command.clock
+                            )
+                        reply = None
+                    except SEND_ERRORS as error:
+                        reply = error
+                case Sleep():
+                    waited = sleep(command.seconds)
+                    if not inspect.isawaitable(waited):
+                        raise TypeError(
+                            "an async session's sleep must be an async function (e.g. "
+                            f"anyio.sleep), not {sleep!r}"
+                        )
+                    reply = await waited
+                case Discard():
+                    if command.body is not None:
+                        await command.body.aclose()
+                    with suppress(Exception):
+                        await command.response.aclose()
+                    reply = None
+                case PlanReconcile():
+                    reply = reconcile.plan(command.operation) if reconcile is not None else None
+                case Reconcile():
+                    reply = (
+                        await reconcile(command.operation, command.request)
+                        if reconcile is not None
+                        else None
+                    )
+                case Report():
+                    reply = report(command.result) if report is not None else None
+                case Emit():
+                    unfinished.saw(command.event, command.hooks)
+                    await adeliver(command.event, command.hooks)
+                    reply = None
+                case DigestCredentials():
+                    # scrypt takes tens of milliseconds: never on the event loop.
+                    reply = await anyio.to_thread.run_sync(compute_digest, command.key)
+                case _:
+                    assert_never(command)
     except Exception as error:
         told = _told(error, held)
         if told is error:
@@ -476,7 +509,7 @@ class _Gated:
 
     __slots__ = ("request", "token")
 
-    def __init__(self, command: Send, perform: Callable[[Command], Any]) -> None:
+    def __init__(self, command: Send, perform: Callable[[GateCommand], Any]) -> None:
         gate = command.gate
         self.request = None if gate is None else command.request
         self.token: Any = None
@@ -500,7 +533,13 @@ class _Gated:
 def _status_after(cleanup: Record | Release | None) -> Status:
     """What the journal says of an operation its call left early: pending, unless the
     cleanup's record of the interrupted attempt says otherwise."""
-    return cleanup.record.status if isinstance(cleanup, Record) else "pending"
+    match cleanup:
+        case Record():
+            return cleanup.record.status
+        case Release() | None:
+            return "pending"
+        case _:
+            assert_never(cleanup)
 
 
 FlowFactory = Callable[[Held], Flow[T]]

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from idempotently import _httpx2
-from idempotently._commands import BindCredentials, Command, DigestCredentials
+from idempotently._commands import BindCredentials, DigestCredentials, GateCommand
 from idempotently._credentials import (
     cached_digest,
     credential_names,
@@ -99,7 +99,7 @@ class GateRefusal(Exception):
 
 def binding_differs(
     record: str, request: httpx.Request, salt: bytes
-) -> Generator[Command, Any, str | None]:
+) -> Generator[GateCommand, Any, str | None]:
     """None when ``request`` carries the credentials of ``record`` (its digest agrees),
     else why it must not be sent. The one comparison: a gate's, and a lookup's."""
     try:
@@ -195,7 +195,7 @@ class Gate:
         self._key_values = _values(request.headers, self._key_name)
         self._fingerprinted = [request.headers.get_list(name) for name in fingerprint_headers]
 
-    def leaving(self, request: httpx.Request) -> Generator[Command, Any, None]:
+    def leaving(self, request: httpx.Request) -> Generator[GateCommand, Any, None]:
         """Let ``request`` out (the attempt's first, or a follow-up within the same send),
         binding the key to its credentials first if it is bound to none; raise
         `GateRefusal` if it must not leave."""
@@ -242,13 +242,13 @@ class Gate:
             or request.headers.raw != raw
         )
 
-    def again(self, request: httpx.Request) -> Generator[Command, Any, None]:
+    def again(self, request: httpx.Request) -> Generator[GateCommand, Any, None]:
         """`leaving` for the last request let out, once more, as it left."""
         if self._left[0]:
             self.passes = 0
         yield from self.leaving(request)
 
-    def _bind(self, request: httpx.Request) -> Generator[Command, Any, None]:
+    def _bind(self, request: httpx.Request) -> Generator[GateCommand, Any, None]:
         """Journal, durably and before any byte of it leaves, the credentials this key is
         sent with: the first request of the operation to leave."""
         names = credential_names(request, self.redact_headers, self.secret_params)
@@ -341,7 +341,7 @@ class Passage:
 
     __slots__ = ("gate", "perform")
 
-    def __init__(self, gate: Gate, perform: Callable[[Command], Any]) -> None:
+    def __init__(self, gate: Gate, perform: Callable[[GateCommand], Any]) -> None:
         self.gate = gate
         self.perform = perform
 

@@ -27,6 +27,7 @@ import httpx
 from idempotently._budget import origin_of
 from idempotently._codec import Codec, check_codec, decoded, unverified
 from idempotently._commands import (
+    Act,
     AuditTrail,
     BindCredentials,
     ClaimDue,
@@ -36,14 +37,19 @@ from idempotently._commands import (
     ForksTaken,
     Insert,
     JournalCommand,
+    LookUpLater,
+    PauseOrigin,
     Pauses,
     Queue,
+    RebaseOperation,
+    RebasePause,
     Record,
     Release,
     RenewLease,
     SetStatus,
     TakeLease,
     Unpause,
+    assert_never,
 )
 from idempotently._exceptions import (
     IdempotentlyError,
@@ -551,7 +557,7 @@ class Journal:
     def _durable(self, write: Any) -> bool:
         """Whether a write must be flushed before its caller goes on: a new key, with
         durability "fsync"."""
-        return self._fsync_keys and isinstance(write, (Insert, Enqueue, BindCredentials))
+        return self._fsync_keys and write.durable
 
     def _check_usable(self, command: Any = None) -> None:
         refusal = self._refusal(command)
@@ -833,26 +839,47 @@ def _with_ids(error: IdempotentlyError, command: Any) -> IdempotentlyError:
     return error
 
 
-def _closed_message(path: str, command: Any) -> str:
+def _closed_message(path: str, command: JournalCommand | None) -> str:
     """What a closed journal means for the command that found it closed."""
     closed = (
         f"the journal {path} was closed (Journal.close(), or the end of the Session's `with` block)"
     )
-    if isinstance(command, Record):
-        # What this means for the operation is the drivers' one rule for an error
-        # raised after a send began (`after_send_began`): it may have been delivered.
-        return (
-            f"{closed} while this operation was in flight, so its answer was not journaled; "
-            "open the journal again to finish it"
-        )
-    if isinstance(command, (Release, ExtendLeases, RenewLease)):
-        return f"{closed}: the lease was left to expire; nothing else changed"
-    if isinstance(
-        command,
-        (Insert, Find, TakeLease, BindCredentials, Queue, ClaimDue, Pauses, AuditTrail, ForksTaken),
-    ):
-        return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
-    return f"{closed}; this write was not journaled. Open the journal again to retry it"
+    match command:
+        case Record():
+            # What this means for the operation is the drivers' one rule for an error
+            # raised after a send began (`after_send_began`): it may have been delivered.
+            return (
+                f"{closed} while this operation was in flight, so its answer was not journaled; "
+                "open the journal again to finish it"
+            )
+        case Release() | ExtendLeases() | RenewLease():
+            return f"{closed}: the lease was left to expire; nothing else changed"
+        case (
+            Insert()
+            | Find()
+            | TakeLease()
+            | BindCredentials()
+            | Queue()
+            | ClaimDue()
+            | Pauses()
+            | AuditTrail()
+            | ForksTaken()
+        ):
+            return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
+        case (
+            Enqueue()
+            | SetStatus()
+            | Act()
+            | LookUpLater()
+            | PauseOrigin()
+            | RebasePause()
+            | RebaseOperation()
+            | Unpause()
+            | None
+        ):
+            return f"{closed}; this write was not journaled. Open the journal again to retry it"
+        case _:
+            assert_never(command)
 
 
 def _after_fork_in_child() -> None:

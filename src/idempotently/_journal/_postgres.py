@@ -62,6 +62,7 @@ from idempotently._commands import (
     TakeLease,
     Unpause,
     Write,
+    assert_never,
 )
 from idempotently._exceptions import (
     ErrorContext,
@@ -955,9 +956,7 @@ class PostgresStore:
             return []
         # A fleet's leases and statuses wait for the flush too (a database server that
         # restarts must not hand a live lease to another host); attempts need not.
-        synchronous = durable or not all(
-            isinstance(write, (Insert, Enqueue, Record)) for write in writes
-        )
+        synchronous = durable or any(write.synchronous for write in writes)
         with (
             self._errors("cannot write the journal", JournalWriteError),
             self._pool_for(synchronous).connection() as conn,
@@ -1051,202 +1050,220 @@ class PostgresStore:
 
         In a pipeline the cursor's results arrive later: `_result` reads them.
         """
-        if isinstance(write, Insert):
-            return conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
-        if isinstance(write, Enqueue):
-            return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0))
-        if isinstance(write, Record):
-            record = write.record
-            response_headers = (
-                None if record.response_headers is None else headers_json(record.response_headers)
-            )
-            return conn.execute(
-                _RECORD_ATTEMPT,
-                {
-                    "operation_id": write.operation_id,
-                    "owner": write.owner,
-                    "now": write.now,
-                    "status": record.status,
-                    "reason": record.reason,
-                    "not_before": record.not_before,
-                    "status_code": record.status_code,
-                    "response_status": record.response_status,
-                    "response_headers": response_headers,
-                    "response_body": record.response_body,
-                    "lease_until": record.lease_until,
-                    "started_at": record.started_at,
-                    "elapsed": record.elapsed,
-                    "outcome": record.outcome,
-                    "replayed": int(record.replayed),
-                    "error": record.error,
-                    "wait": record.wait,
-                },
-            )
-        if isinstance(write, PauseOrigin):
-            # Retry control: the longer of two pauses wins, whoever wrote first.
-            return conn.execute(
-                f"""
-                INSERT INTO {SCHEMA}.origin_pauses (origin, credentials, until, reason, set_at)
-                VALUES (%s, %s, %s, %s, %s)
-                ON CONFLICT (origin, credentials) DO UPDATE SET
-                    until = excluded.until, reason = excluded.reason, set_at = excluded.set_at
-                WHERE excluded.until > {SCHEMA}.origin_pauses.until
-                """,
-                (write.origin, write.credentials, write.until, write.reason, write.set_at),
-            )
-        if isinstance(write, RebaseOperation):
-            # A clock ahead of ours wrote it: counted from our now, never later.
-            return conn.execute(
-                _REBASE_TIMES
-                + " AND operation_id = %(operation_id)s AND updated_at = %(read)s"
-                + " RETURNING not_before, lease_until",
-                {
-                    "now": write.now,
-                    "ahead": write.now,
-                    "operation_id": write.operation_id,
-                    "read": write.updated_at,
-                },
-            )
-        if isinstance(write, RebasePause):
-            # A clock ahead of ours wrote it: count it from our now, never longer. The
-            # pause as it stands after. One UPDATE of the row whether or not it is still
-            # ahead: it waits for a reader rebasing it at the same time and then reads
-            # its committed row (a SELECT would read the statement's snapshot, the pause
-            # still ten years away); the extra row version is written only on this rare
-            # path.
-            return conn.execute(
-                f"""
-                UPDATE {SCHEMA}.origin_pauses
-                SET until = CASE WHEN set_at > %(now)s
-                                 THEN %(now)s + (until - set_at) ELSE until END,
-                    set_at = CASE WHEN set_at > %(now)s THEN %(now)s ELSE set_at END
-                WHERE origin = %(origin)s AND credentials = %(credentials)s
-                RETURNING origin, credentials, until, reason, set_at
-                """,
-                {"now": write.now, "origin": write.origin, "credentials": write.credentials},
-            )
-        if isinstance(write, Unpause):
-            return conn.execute(
-                f"DELETE FROM {SCHEMA}.origin_pauses WHERE origin = %s "
-                "RETURNING origin, credentials, until, reason, set_at",
-                (write.origin,),
-            )
-        if isinstance(write, SetStatus):
-            return conn.execute(
-                f"""
-                UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
-                    lease_owner = NULL, lease_until = 0
-                WHERE operation_id = %s AND status = %s
-                """,
-                (write.status, write.reason, write.now, write.operation_id, write.expect),
-            )
-        if isinstance(write, TakeLease):
-            operation = write.operation
-            return conn.execute(
-                _TAKE_LEASE,
-                {
-                    "owner": write.owner,
-                    "lease_until": write.lease_until,
-                    "now": write.now,
-                    "operation_id": operation.operation_id,
-                    "read_until": operation.lease_until,
-                    "read_owner": operation.lease_owner,
-                },
-            )
-        if isinstance(write, BindCredentials):
-            return conn.execute(
-                f"UPDATE {SCHEMA}.operations SET credentials_digest = %s WHERE operation_id = %s "
-                "AND lease_owner = %s AND status = 'pending' AND credentials_digest IS NULL",
-                (write.record, write.operation_id, write.owner),
-            )
-        if isinstance(write, RenewLease):
-            return conn.execute(
-                f"UPDATE {SCHEMA}.operations SET lease_until = %s, updated_at = %s "
-                "WHERE operation_id = %s AND lease_owner = %s AND status = 'pending'",
-                (write.lease_until, write.now, write.operation_id, write.owner),
-            )
-        if isinstance(write, Release):
-            return conn.execute(
-                f"UPDATE {SCHEMA}.operations SET lease_owner = NULL, lease_until = 0 "
-                "WHERE operation_id = %s AND lease_owner = %s",
-                (write.operation_id, write.owner),
-            )
-        if isinstance(write, ClaimDue):
-            # FOR NO KEY UPDATE SKIP LOCKED: workers claiming at once never get one
-            # operation twice, and never wait for each other.
-            if write.limit <= 0:
-                return None
-            # A row written by a clock ahead of ours (a not_before, a dead host's lease):
-            # counted from our now first.
-            conn.execute(_REBASE_TIMES, {"now": write.now, "ahead": write.written_ahead()})
-            return conn.execute(
-                _CLAIM_DUE,
-                {
-                    "owner": write.owner,
-                    "now": write.now,
-                    "lease_until": write.lease_until,
-                    "limit": write.limit,
-                },
-            )
-        if isinstance(write, Act):
-            return conn.execute(_ACT, self._act_parameters(write))
-        if isinstance(write, LookUpLater):
-            self._require_v2("a lookup's backoff")
-            note = write.audit
-            return conn.execute(
-                _LOOK_UP_LATER,
-                {
-                    "operation_id": write.operation_id,
-                    "lookup_after": write.lookup_after,
-                    "now": write.now,
-                    "actor": note.actor,
-                    "action": note.action,
-                    "note": note.note,
-                    "detail": note.detail,
-                },
-            )
-        if isinstance(write, ExtendLeases):
-            return conn.execute(
-                f"""
-                UPDATE {SCHEMA}.operations AS o
-                SET lease_until = greatest(o.lease_until, %s), updated_at = %s
-                FROM unnest(%s::text[], %s::text[]) AS held(operation_id, owner)
-                WHERE o.operation_id = held.operation_id AND o.lease_owner = held.owner
-                  AND o.status = 'pending'
-                """,
-                (
-                    write.lease_until,
-                    write.now,
-                    [operation_id for operation_id, _ in write.leases],
-                    [owner for _, owner in write.leases],
-                ),
-            )
-        raise TypeError(f"not a journal write: {write!r}")
+        match write:
+            case Insert():
+                return conn.execute(
+                    _INSERT_OPERATION, write.new.row(write.owner, write.lease_until)
+                )
+            case Enqueue():
+                return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0))
+            case Record():
+                record = write.record
+                response_headers = (
+                    None
+                    if record.response_headers is None
+                    else headers_json(record.response_headers)
+                )
+                return conn.execute(
+                    _RECORD_ATTEMPT,
+                    {
+                        "operation_id": write.operation_id,
+                        "owner": write.owner,
+                        "now": write.now,
+                        "status": record.status,
+                        "reason": record.reason,
+                        "not_before": record.not_before,
+                        "status_code": record.status_code,
+                        "response_status": record.response_status,
+                        "response_headers": response_headers,
+                        "response_body": record.response_body,
+                        "lease_until": record.lease_until,
+                        "started_at": record.started_at,
+                        "elapsed": record.elapsed,
+                        "outcome": record.outcome,
+                        "replayed": int(record.replayed),
+                        "error": record.error,
+                        "wait": record.wait,
+                    },
+                )
+            case PauseOrigin():
+                # Retry control: the longer of two pauses wins, whoever wrote first.
+                return conn.execute(
+                    f"""
+                    INSERT INTO {SCHEMA}.origin_pauses (origin, credentials, until, reason, set_at)
+                    VALUES (%s, %s, %s, %s, %s)
+                    ON CONFLICT (origin, credentials) DO UPDATE SET
+                        until = excluded.until, reason = excluded.reason, set_at = excluded.set_at
+                    WHERE excluded.until > {SCHEMA}.origin_pauses.until
+                    """,
+                    (write.origin, write.credentials, write.until, write.reason, write.set_at),
+                )
+            case RebaseOperation():
+                # A clock ahead of ours wrote it: counted from our now, never later.
+                return conn.execute(
+                    _REBASE_TIMES
+                    + " AND operation_id = %(operation_id)s AND updated_at = %(read)s"
+                    + " RETURNING not_before, lease_until",
+                    {
+                        "now": write.now,
+                        "ahead": write.now,
+                        "operation_id": write.operation_id,
+                        "read": write.updated_at,
+                    },
+                )
+            case RebasePause():
+                # A clock ahead of ours wrote it: count it from our now, never longer. The
+                # pause as it stands after. One UPDATE of the row whether or not it is still
+                # ahead: it waits for a reader rebasing it at the same time and then reads
+                # its committed row (a SELECT would read the statement's snapshot, the pause
+                # still ten years away); the extra row version is written only on this rare
+                # path.
+                return conn.execute(
+                    f"""
+                    UPDATE {SCHEMA}.origin_pauses
+                    SET until = CASE WHEN set_at > %(now)s
+                                     THEN %(now)s + (until - set_at) ELSE until END,
+                        set_at = CASE WHEN set_at > %(now)s THEN %(now)s ELSE set_at END
+                    WHERE origin = %(origin)s AND credentials = %(credentials)s
+                    RETURNING origin, credentials, until, reason, set_at
+                    """,
+                    {"now": write.now, "origin": write.origin, "credentials": write.credentials},
+                )
+            case Unpause():
+                return conn.execute(
+                    f"DELETE FROM {SCHEMA}.origin_pauses WHERE origin = %s "
+                    "RETURNING origin, credentials, until, reason, set_at",
+                    (write.origin,),
+                )
+            case SetStatus():
+                return conn.execute(
+                    f"""
+                    UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
+                        lease_owner = NULL, lease_until = 0
+                    WHERE operation_id = %s AND status = %s
+                    """,
+                    (write.status, write.reason, write.now, write.operation_id, write.expect),
+                )
+            case TakeLease():
+                operation = write.operation
+                return conn.execute(
+                    _TAKE_LEASE,
+                    {
+                        "owner": write.owner,
+                        "lease_until": write.lease_until,
+                        "now": write.now,
+                        "operation_id": operation.operation_id,
+                        "read_until": operation.lease_until,
+                        "read_owner": operation.lease_owner,
+                    },
+                )
+            case BindCredentials():
+                return conn.execute(
+                    f"UPDATE {SCHEMA}.operations SET credentials_digest = %s "
+                    "WHERE operation_id = %s AND lease_owner = %s AND status = 'pending' "
+                    "AND credentials_digest IS NULL",
+                    (write.record, write.operation_id, write.owner),
+                )
+            case RenewLease():
+                return conn.execute(
+                    f"UPDATE {SCHEMA}.operations SET lease_until = %s, updated_at = %s "
+                    "WHERE operation_id = %s AND lease_owner = %s AND status = 'pending'",
+                    (write.lease_until, write.now, write.operation_id, write.owner),
+                )
+            case Release():
+                return conn.execute(
+                    f"UPDATE {SCHEMA}.operations SET lease_owner = NULL, lease_until = 0 "
+                    "WHERE operation_id = %s AND lease_owner = %s",
+                    (write.operation_id, write.owner),
+                )
+            case ClaimDue():
+                # FOR NO KEY UPDATE SKIP LOCKED: workers claiming at once never get one
+                # operation twice, and never wait for each other.
+                if write.limit <= 0:
+                    return None
+                # A row written by a clock ahead of ours (a not_before, a dead host's lease):
+                # counted from our now first.
+                conn.execute(_REBASE_TIMES, {"now": write.now, "ahead": write.written_ahead()})
+                return conn.execute(
+                    _CLAIM_DUE,
+                    {
+                        "owner": write.owner,
+                        "now": write.now,
+                        "lease_until": write.lease_until,
+                        "limit": write.limit,
+                    },
+                )
+            case Act():
+                return conn.execute(_ACT, self._act_parameters(write))
+            case LookUpLater():
+                self._require_v2("a lookup's backoff")
+                note = write.audit
+                return conn.execute(
+                    _LOOK_UP_LATER,
+                    {
+                        "operation_id": write.operation_id,
+                        "lookup_after": write.lookup_after,
+                        "now": write.now,
+                        "actor": note.actor,
+                        "action": note.action,
+                        "note": note.note,
+                        "detail": note.detail,
+                    },
+                )
+            case ExtendLeases():
+                return conn.execute(
+                    f"""
+                    UPDATE {SCHEMA}.operations AS o
+                    SET lease_until = greatest(o.lease_until, %s), updated_at = %s
+                    FROM unnest(%s::text[], %s::text[]) AS held(operation_id, owner)
+                    WHERE o.operation_id = held.operation_id AND o.lease_owner = held.owner
+                      AND o.status = 'pending'
+                    """,
+                    (
+                        write.lease_until,
+                        write.now,
+                        [operation_id for operation_id, _ in write.leases],
+                        [owner for _, owner in write.leases],
+                    ),
+                )
+            case _:
+                assert_never(write)
 
     def _result(self, write: Write, cursor: psycopg.Cursor[dict[str, Any]] | None) -> Any:
         """What ``write`` returns, read from the cursor `_send` gave."""
-        if isinstance(write, (Record, Release, PauseOrigin)):
-            return None
-        if isinstance(write, Unpause):
-            return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
-        if isinstance(write, RebaseOperation):
-            row = None if cursor is None else cursor.fetchone()
-            if row is None:
+        match write:
+            case Record() | Release() | PauseOrigin():
                 return None
-            not_before = row["not_before"]
-            return (None if not_before is None else float(not_before), float(row["lease_until"]))
-        if isinstance(write, RebasePause):
-            row = None if cursor is None else cursor.fetchone()
-            return None if row is None else OriginPause(**row)
-        if isinstance(write, ClaimDue):
-            return [] if cursor is None else self._with_attempts(cursor.fetchall(), listed=True)
-        assert cursor is not None
-        if isinstance(write, (Act, LookUpLater)):
-            row = cursor.fetchone()
-            return row is not None and int(row["applied"]) == 1
-        if isinstance(write, ExtendLeases):
-            return cursor.rowcount
-        return cursor.rowcount == 1
+            case (
+                Insert() | Enqueue() | TakeLease() | SetStatus() | BindCredentials() | RenewLease()
+            ):
+                assert cursor is not None
+                return cursor.rowcount == 1
+            case Unpause():
+                return [] if cursor is None else [OriginPause(**row) for row in cursor.fetchall()]
+            case RebaseOperation():
+                row = None if cursor is None else cursor.fetchone()
+                if row is None:
+                    return None
+                not_before = row["not_before"]
+                return (
+                    None if not_before is None else float(not_before),
+                    float(row["lease_until"]),
+                )
+            case RebasePause():
+                row = None if cursor is None else cursor.fetchone()
+                return None if row is None else OriginPause(**row)
+            case ClaimDue():
+                return [] if cursor is None else self._with_attempts(cursor.fetchall(), listed=True)
+            case Act() | LookUpLater():
+                assert cursor is not None
+                row = cursor.fetchone()
+                return row is not None and int(row["applied"]) == 1
+            case ExtendLeases():
+                assert cursor is not None
+                return cursor.rowcount
+            case _:
+                assert_never(write)
 
     # -- the operator's journal ----------------------------------------------------------
 

@@ -48,6 +48,7 @@ from idempotently._commands import (
     TakeLease,
     Unpause,
     Write,
+    assert_never,
 )
 from idempotently._exceptions import (
     ErrorContext,
@@ -522,19 +523,6 @@ WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'
   AND credentials_digest IS NULL
 """
 
-_STARTS_SENDS: Final = (Insert, Enqueue, TakeLease, RenewLease, BindCredentials, ClaimDue)
-"""Writes after which the caller may send (or a relay will): refused if the journal's
-file moved."""
-_ONE_STATEMENT: Final = (
-    Insert,
-    Enqueue,
-    TakeLease,
-    RenewLease,
-    BindCredentials,
-    SetStatus,
-    Release,
-)
-"""Writes of a single statement: alone in a batch, SQLite commits them by itself."""
 
 _WRITE_ADVICE = {
     "locked": "another process held the journal's write lock past the busy timeout; "
@@ -1156,21 +1144,21 @@ class SqliteStore:
         fails alone and the others commit. Raises if the transaction itself cannot
         begin or commit: then none was written.
         """
-        sends = any(isinstance(write, _STARTS_SENDS) for write in writes)
+        sends = any(write.starts_send for write in writes)
         if sends:
             try:
                 self.check_identity()
             except JournalMovedError as moved:
                 # Nothing of what may start a send goes into a file nobody would resume.
-                rest = [write for write in writes if not isinstance(write, _STARTS_SENDS)]
+                rest = [write for write in writes if not write.starts_send]
                 kept = iter(self.commit(rest, durable) if rest else [])
                 return [
-                    Failed(copy.copy(moved)) if isinstance(write, _STARTS_SENDS) else next(kept)
+                    Failed(copy.copy(moved)) if write.starts_send else next(kept)
                     for write in writes
                 ]
         if len(writes) == 1:
             (write,) = writes
-            with self._write(durable=durable, begin=not isinstance(write, _ONE_STATEMENT)):
+            with self._write(durable=durable, begin=not write.one_statement):
                 results: list[Any] = [self._apply(write)]
             return self._unless_moved(writes, results) if sends else results
         results = []
@@ -1203,7 +1191,7 @@ class SqliteStore:
             self.check_identity()
         except JournalMovedError as moved:
             return [
-                Failed(copy.copy(moved)) if isinstance(write, _STARTS_SENDS) else result
+                Failed(copy.copy(moved)) if write.starts_send else result
                 for write, result in zip(writes, results, strict=True)
             ]
         return results
@@ -1211,130 +1199,134 @@ class SqliteStore:
     def _apply(self, write: Write) -> Any:
         """One write, on the connection (the caller holds the lock and the transaction)."""
         conn = self._conn
-        if isinstance(write, Insert):
-            cursor = conn.execute(_INSERT_OPERATION, write.new.row(write.owner, write.lease_until))
-            return cursor.rowcount == 1
-        if isinstance(write, Enqueue):
-            return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0)).rowcount == 1
-        if isinstance(write, Record):
-            return self._record(conn, write)
-        if isinstance(write, TakeLease):
-            operation = write.operation
-            cursor = conn.execute(
-                _TAKE_LEASE,
-                (
-                    write.owner,
-                    write.lease_until,
-                    write.now,
-                    write.now,
-                    write.now,
-                    operation.operation_id,
-                    operation.lease_until,
-                    operation.lease_owner,
-                ),
-            )
-            return cursor.rowcount == 1
-        if isinstance(write, BindCredentials):
-            cursor = conn.execute(
-                _BIND_CREDENTIALS, (write.record, write.operation_id, write.owner)
-            )
-            return cursor.rowcount == 1
-        if isinstance(write, RenewLease):
-            cursor = conn.execute(
-                "UPDATE operations SET lease_until = ?, updated_at = ? WHERE operation_id = ? "
-                "AND lease_owner = ? AND status = 'pending'",
-                (write.lease_until, write.now, write.operation_id, write.owner),
-            )
-            return cursor.rowcount == 1
-        if isinstance(write, PauseOrigin):
-            # Retry control: the longer of two pauses wins, whoever wrote first.
-            conn.execute(
-                """
-                INSERT INTO origin_pauses (origin, credentials, until, reason, set_at)
-                VALUES (?, ?, ?, ?, ?)
-                ON CONFLICT (origin, credentials) DO UPDATE SET
-                    until = excluded.until, reason = excluded.reason, set_at = excluded.set_at
-                WHERE excluded.until > origin_pauses.until
-                """,
-                (write.origin, write.credentials, write.until, write.reason, write.set_at),
-            )
-            return None
-        if isinstance(write, RebaseOperation):
-            # A clock ahead of ours wrote it: counted from our now, never later.
-            cursor = conn.execute(
-                _REBASE_TIMES + " AND operation_id = :operation_id AND updated_at = :read",
-                {
-                    "now": write.now,
-                    "ahead": write.now,
-                    "operation_id": write.operation_id,
-                    "read": write.updated_at,
-                },
-            )
-            if cursor.rowcount != 1:
-                return None
-            row = conn.execute(
-                "SELECT not_before, lease_until FROM operations WHERE operation_id = ?",
-                (write.operation_id,),
-            ).fetchone()
-            return (None if row[0] is None else float(row[0]), float(row[1]))
-        if isinstance(write, RebasePause):
-            # A clock ahead of ours wrote it: count it from our now, never longer.
-            conn.execute(
-                "UPDATE origin_pauses SET until = ? + (until - set_at), set_at = ? "
-                "WHERE origin = ? AND credentials = ? AND set_at > ?",
-                (write.now, write.now, write.origin, write.credentials, write.now),
-            )
-            row = conn.execute(
-                "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
-                "WHERE origin = ? AND credentials = ?",
-                (write.origin, write.credentials),
-            ).fetchone()
-            return None if row is None else OriginPause(*tuple(row))
-        if isinstance(write, Unpause):
-            lifted = [
-                OriginPause(*tuple(row))
-                for row in conn.execute(
-                    "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
-                    "WHERE origin = ?",
-                    (write.origin,),
-                )
-            ]
-            conn.execute("DELETE FROM origin_pauses WHERE origin = ?", (write.origin,))
-            return lifted
-        if isinstance(write, SetStatus):
-            cursor = conn.execute(
-                """
-                UPDATE operations SET status = ?, reason = ?, updated_at = ?,
-                    lease_owner = NULL, lease_until = 0
-                WHERE operation_id = ? AND status = ?
-                """,
-                (write.status, write.reason, write.now, write.operation_id, write.expect),
-            )
-            return cursor.rowcount == 1
-        if isinstance(write, Release):
-            conn.execute(
-                "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
-                "WHERE operation_id = ? AND lease_owner = ?",
-                (write.operation_id, write.owner),
-            )
-            return None
-        if isinstance(write, ExtendLeases):
-            extended = 0
-            for operation_id, owner in write.leases:
+        match write:
+            case Insert():
                 cursor = conn.execute(
-                    "UPDATE operations SET lease_until = max(lease_until, ?), updated_at = ? "
-                    "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
-                    (write.lease_until, write.now, operation_id, owner),
+                    _INSERT_OPERATION, write.new.row(write.owner, write.lease_until)
                 )
-                extended += cursor.rowcount
-            return extended
-        if isinstance(write, ClaimDue):
-            return self._claim(conn, write)
-        if isinstance(write, Act):
-            return self._act(conn, write)
-        if isinstance(write, LookUpLater):
-            return self._look_up_later(conn, write)
-        raise TypeError(f"not a journal write: {write!r}")
+                return cursor.rowcount == 1
+            case Enqueue():
+                return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0)).rowcount == 1
+            case Record():
+                return self._record(conn, write)
+            case TakeLease():
+                operation = write.operation
+                cursor = conn.execute(
+                    _TAKE_LEASE,
+                    (
+                        write.owner,
+                        write.lease_until,
+                        write.now,
+                        write.now,
+                        write.now,
+                        operation.operation_id,
+                        operation.lease_until,
+                        operation.lease_owner,
+                    ),
+                )
+                return cursor.rowcount == 1
+            case BindCredentials():
+                cursor = conn.execute(
+                    _BIND_CREDENTIALS, (write.record, write.operation_id, write.owner)
+                )
+                return cursor.rowcount == 1
+            case RenewLease():
+                cursor = conn.execute(
+                    "UPDATE operations SET lease_until = ?, updated_at = ? WHERE operation_id = ? "
+                    "AND lease_owner = ? AND status = 'pending'",
+                    (write.lease_until, write.now, write.operation_id, write.owner),
+                )
+                return cursor.rowcount == 1
+            case PauseOrigin():
+                # Retry control: the longer of two pauses wins, whoever wrote first.
+                conn.execute(
+                    """
+                    INSERT INTO origin_pauses (origin, credentials, until, reason, set_at)
+                    VALUES (?, ?, ?, ?, ?)
+                    ON CONFLICT (origin, credentials) DO UPDATE SET
+                        until = excluded.until, reason = excluded.reason, set_at = excluded.set_at
+                    WHERE excluded.until > origin_pauses.until
+                    """,
+                    (write.origin, write.credentials, write.until, write.reason, write.set_at),
+                )
+                return None
+            case RebaseOperation():
+                # A clock ahead of ours wrote it: counted from our now, never later.
+                cursor = conn.execute(
+                    _REBASE_TIMES + " AND operation_id = :operation_id AND updated_at = :read",
+                    {
+                        "now": write.now,
+                        "ahead": write.now,
+                        "operation_id": write.operation_id,
+                        "read": write.updated_at,
+                    },
+                )
+                if cursor.rowcount != 1:
+                    return None
+                row = conn.execute(
+                    "SELECT not_before, lease_until FROM operations WHERE operation_id = ?",
+                    (write.operation_id,),
+                ).fetchone()
+                return (None if row[0] is None else float(row[0]), float(row[1]))
+            case RebasePause():
+                # A clock ahead of ours wrote it: count it from our now, never longer.
+                conn.execute(
+                    "UPDATE origin_pauses SET until = ? + (until - set_at), set_at = ? "
+                    "WHERE origin = ? AND credentials = ? AND set_at > ?",
+                    (write.now, write.now, write.origin, write.credentials, write.now),
+                )
+                row = conn.execute(
+                    "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                    "WHERE origin = ? AND credentials = ?",
+                    (write.origin, write.credentials),
+                ).fetchone()
+                return None if row is None else OriginPause(*tuple(row))
+            case Unpause():
+                lifted = [
+                    OriginPause(*tuple(row))
+                    for row in conn.execute(
+                        "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                        "WHERE origin = ?",
+                        (write.origin,),
+                    )
+                ]
+                conn.execute("DELETE FROM origin_pauses WHERE origin = ?", (write.origin,))
+                return lifted
+            case SetStatus():
+                cursor = conn.execute(
+                    """
+                    UPDATE operations SET status = ?, reason = ?, updated_at = ?,
+                        lease_owner = NULL, lease_until = 0
+                    WHERE operation_id = ? AND status = ?
+                    """,
+                    (write.status, write.reason, write.now, write.operation_id, write.expect),
+                )
+                return cursor.rowcount == 1
+            case Release():
+                conn.execute(
+                    "UPDATE operations SET lease_owner = NULL, lease_until = 0 "
+                    "WHERE operation_id = ? AND lease_owner = ?",
+                    (write.operation_id, write.owner),
+                )
+                return None
+            case ExtendLeases():
+                extended = 0
+                for operation_id, owner in write.leases:
+                    cursor = conn.execute(
+                        "UPDATE operations SET lease_until = max(lease_until, ?), updated_at = ? "
+                        "WHERE operation_id = ? AND lease_owner = ? AND status = 'pending'",
+                        (write.lease_until, write.now, operation_id, owner),
+                    )
+                    extended += cursor.rowcount
+                return extended
+            case ClaimDue():
+                return self._claim(conn, write)
+            case Act():
+                return self._act(conn, write)
+            case LookUpLater():
+                return self._look_up_later(conn, write)
+            case _:
+                assert_never(write)
 
     def _record(self, conn: sqlite3.Connection, write: Record) -> None:
         """The attempt row and the operation's new state.
