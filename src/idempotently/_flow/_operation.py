@@ -19,6 +19,7 @@ from idempotently._commands import (
     Record,
     Release,
     SetStatus,
+    assert_never,
 )
 from idempotently._exceptions import (
     RESUME_HINT,
@@ -489,28 +490,32 @@ def unresumable(
     if cleanup is not None:
         yield cleanup
     what = storable_text(f"{type(error).__name__}: {error}"[:300])
-    if isinstance(cleanup, Record):
-        return ResumeResult.of(
-            operation,
-            cleanup.record.status,
-            "still_pending",
-            f"its resume stopped while sending ({what}): the request may have been "
-            + (
-                "delivered; as an at-most-once operation it is never resent (look it "
-                "up on the server and settle it: `idempotently settle`)"
-                if cleanup.record.status == "abandoned"
-                else "delivered; the next resume finishes it with its key"
-            ),
-        )
-    return ResumeResult.of(
-        operation,
-        operation.status,
-        "not_sent",
-        f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
-        f"{operation.status}: `idempotently show {operation.operation_id}` says what is "
-        "wrong; repair that row and resume sends it, or record what happened with "
-        "`idempotently settle` or `abandon`",
-    )
+    match cleanup:
+        case Record(record=record):
+            return ResumeResult.of(
+                operation,
+                record.status,
+                "still_pending",
+                f"its resume stopped while sending ({what}): the request may have been "
+                + (
+                    "delivered; as an at-most-once operation it is never resent (look it "
+                    "up on the server and settle it: `idempotently settle`)"
+                    if record.status == "abandoned"
+                    else "delivered; the next resume finishes it with its key"
+                ),
+            )
+        case Release() | None:
+            return ResumeResult.of(
+                operation,
+                operation.status,
+                "not_sent",
+                f"its journaled row cannot be resumed ({what}); nothing was sent and it stays "
+                f"{operation.status}: `idempotently show {operation.operation_id}` says what "
+                "is wrong; repair that row and resume sends it, or record what happened with "
+                "`idempotently settle` or `abandon`",
+            )
+        case _:
+            assert_never(cleanup)
 
 
 def rebuild(
