@@ -113,3 +113,39 @@ def fixed_port_lock(source: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_EX)
             stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
         yield
+
+
+def recount(conn: Any, *, now: float, stuck_after: float = 60.0) -> Any:
+    """Every figure of a SQLite journal's stats(), by scanning its tables: the truth its
+    counts row must equal (a first attempt is in its operation's row, later ones in
+    attempts)."""
+    from idempotently._rows import JournalStats
+    from idempotently._vocabulary import STATUSES
+
+    counts = dict.fromkeys(STATUSES, 0)
+    for status, count in conn.execute("SELECT status, count(*) FROM operations GROUP BY status"):
+        counts[status] = count
+    figures = [0, 0, 0, 0]
+    for prefix, table in (("attempt1_", "operations"), ("", "attempts")):
+        found = conn.execute(
+            f"SELECT count({prefix}outcome), count({prefix}status_code),"
+            f" coalesce(sum({prefix}replayed), 0),"
+            f" coalesce(sum({prefix}status_code IN (409, 423)), 0) FROM {table}"
+        ).fetchone()
+        figures = [total + int(value) for total, value in zip(figures, found, strict=True)]
+    oldest, stuck = conn.execute(
+        "SELECT min(created_at), coalesce(sum(lease_until < :now AND updated_at < :idle"
+        " AND coalesce(not_before, 0) <= :now), 0) FROM operations WHERE status = 'pending'",
+        {"now": now, "idle": now - stuck_after},
+    ).fetchone()
+    return JournalStats(
+        counts=counts,
+        operations=sum(counts.values()),
+        attempts=figures[0],
+        answered_attempts=figures[1],
+        replayed_attempts=figures[2],
+        in_progress_attempts=figures[3],
+        oldest_pending_created_at=oldest,
+        stuck=stuck,
+        now=now,
+    )

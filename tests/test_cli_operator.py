@@ -5,7 +5,6 @@ PostgreSQL."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -122,38 +121,6 @@ def test_usage_errors_exit_2(journal_target: str, args: tuple[str, ...], words: 
     assert words in result.output
     with Journal(journal_target) as journal:
         assert [] == journal.audit("op-1")
-
-
-def test_an_older_journal_opened_read_only_shows_an_empty_audit_trail(tmp_path: Path) -> None:
-    """A version-3 SQLite journal (no audit table) is shown read-only with no audit entry,
-    and a dry run of an action works on it, leaving the file as it was."""
-    from tests.test_journal_v4 import v3_journal
-
-    path = tmp_path / "ops.db"
-    v3_journal(path)
-    before = path.read_bytes()
-    shown = run(str(path), "show", "op-0")
-    exported = json.loads(run(str(path), "show", "op-0", "--json").output)
-    with Journal(path, readonly=True) as journal:
-        assert [] == journal.audit("op-0")
-    assert 0 == shown.exit_code
-    assert "(no operator action or lookup recorded)" in shown.output
-    assert ([], None) == (exported["audit"], exported["forked_from"])
-    assert before == path.read_bytes()
-
-
-def test_a_postgres_version_1_journal_read_only_has_an_empty_audit_trail(
-    postgres_url: str,
-) -> None:
-    """A PostgreSQL journal from before audit trails, opened read-only, reads as empty."""
-    from tests.test_journal_v4 import _as_version_1
-
-    with Journal(postgres_url) as journal:
-        make(journal, "op-1")
-        journal.settle("op-1", "failed", note="n")
-    _as_version_1(postgres_url)
-    with Journal(postgres_url, readonly=True) as backup:
-        assert [] == backup.audit("op-1")
 
 
 def test_fork_after_prune_takes_a_new_number_and_its_dry_run_says_which(

@@ -9,9 +9,11 @@ through a codec that says it authenticates (FernetCodec does)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
+import sqlite3
 import threading
 import zlib
 from pathlib import Path
@@ -24,7 +26,6 @@ from click.testing import CliRunner
 import idempotently
 from idempotently.cli import cli
 from tests.scripted_server import RESET, Answer, ScriptedApp
-from tests.test_journal_v5 import as_version_4
 
 ONE_TRY = idempotently.RetryPolicy(max_attempts=1)
 CHARGE = {"amount": 1000, "currency": "usd", "card": "4242424242424242", "order": "o-1"}
@@ -265,17 +266,31 @@ def test_a_watch_worker_with_the_wrong_key_sends_nothing(tmp_path: Path) -> None
     assert ["pending", "pending"] == statuses
 
 
-# -- rows journaled through a codec before the digest existed -----------------------------
+# -- rows journaled through a codec without the digest -------------------------------------
+
+
+def without_digest(target: str) -> None:
+    """Take the digest off every row, as development journals before schema version 5
+    wrote them (a journal of this version has one on every encoded row: only an edit by
+    hand takes it off)."""
+    if target.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute("UPDATE idempotently.operations SET body_digest = NULL")
+        return
+    with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as conn:
+        conn.execute("UPDATE operations SET body_digest = NULL")
 
 
 def test_a_row_from_before_the_digest_is_resent_only_through_a_codec_that_authenticates(
     journal_target: str, scripted: tuple[ScriptedApp, str]
 ) -> None:
-    """A version-4 row has no digest: XOR (which says nothing) resends nothing and says
+    """A row without a digest: XOR (which says nothing) resends nothing and says
     why and what to do; a codec with ``authenticates = True`` resends it as before."""
     app, url = scripted
     lost_answer(journal_target, url, app, RIGHT_XOR)
-    as_version_4(journal_target)
+    without_digest(journal_target)
     with idempotently.Session(
         idempotently.Journal(journal_target, codec=RIGHT_XOR), base_url=url
     ) as session:
@@ -299,7 +314,7 @@ def test_a_fernet_row_from_before_the_digest_is_resent_as_before(
 
     app, url = scripted
     lost_answer(journal_target, url, app, CODEC)
-    as_version_4(journal_target)
+    without_digest(journal_target)
     with idempotently.Session(
         idempotently.Journal(journal_target, codec=CODEC), base_url=url
     ) as session:

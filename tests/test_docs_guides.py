@@ -79,11 +79,11 @@ def test_the_home_page_links_every_guide() -> None:
 
 def test_the_journal_guide_names_only_indexes_the_journal_has() -> None:
     """journal.md's account of how audits stay fast names indexes a current journal has
-    (schema v3 dropped operations_by_status and operations_finished)."""
+    (operations_by_status and operations_finished went with the development schemas)."""
     page = (DOCS / "journal.md").read_text(encoding="utf-8")
     section = page[page.index("## How audits stay fast") :]
     section = section[: section.index("\n## ", 1)]
     every_index = set(re.findall(r"CREATE INDEX (\w+)", inspect.getsource(_sqlite)))
-    current = every_index & _sqlite._SCHEMA_V4_NAMES
+    current = every_index & _sqlite._SCHEMA_NAMES
     named = set(re.findall(r"`(\w+)`", section)) & every_index
     assert named and set() == named - current

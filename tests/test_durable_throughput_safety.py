@@ -3,6 +3,7 @@ throughput must never cost an operation, a count, or a clear error."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -18,10 +19,10 @@ import pytest
 
 import idempotently
 from idempotently._commands import Insert
-from idempotently._journal import Durability, NewOperation
+from idempotently._journal import Durability, NewOperation, _sqlite
 from idempotently._rows import Failed
-from idempotently._vocabulary import STATUSES
 from idempotently.testing import serve
+from tests.support import recount as support_recount
 
 BASE = "https://api.example.test"
 CHARGE = {"amount": 1000, "currency": "usd", "customer": "cus_1"}
@@ -87,7 +88,7 @@ def test_one_refused_row_in_a_shared_commit_fails_only_its_own_caller(
         assert ["small-2", "small-1"] == [op.operation_id for op in journal.operations()]
 
 
-# -- the counts the triggers keep ---------------------------------------------------------
+# -- the counts each batch keeps -----------------------------------------------------------
 
 
 def fill_finished(path: Path, count: int) -> None:
@@ -98,27 +99,25 @@ def fill_finished(path: Path, count: int) -> None:
             ("old-pending", "key-p", "pending", 1.0),
             ("old-reconcile", "key-r", "needs_reconcile", 1.0),
         ]
+        # Each with its first attempt, which lives in its row.
         conn.executemany(
             "INSERT INTO operations (operation_id, key, status, delivery, method, url,"
             " request_headers, request_body, fingerprint, profile, key_header, created_at,"
-            " updated_at, key_expires_at, attempt_count) VALUES (?, ?, ?, 'exactly_once',"
-            " 'POST', 'http://127.0.0.1/v1/charges', '[]', x'7b7d', 'f', 'generic',"
-            " 'Idempotency-Key', ?4, ?4, ?4, 1)",
+            " updated_at, key_expires_at, attempt_count, attempt1_started_at,"
+            " attempt1_elapsed, attempt1_outcome, attempt1_status_code, attempt1_replayed)"
+            " VALUES (?, ?, ?, 'exactly_once', 'POST', 'http://127.0.0.1/v1/charges', '[]',"
+            " x'7b7d', 'f', 'generic', 'Idempotency-Key', ?4, ?4, ?4, 1, 1000.0, 0.001,"
+            " 'answered', 201, 0)",
             rows,
         )
-        conn.executemany(
-            "INSERT INTO attempts (operation_id, number, started_at, elapsed, outcome,"
-            " status_code, replayed) VALUES (?, 1, 1000.0, 0.001, 'answered', 201, 0)",
-            [(row[0],) for row in rows],
-        )
+        conn.execute(_sqlite._RECOUNT)  # rows written by hand: counted from the rows
 
 
 def recount(path: Path) -> tuple[dict[str, int], int]:
     """Operations per status and attempts, counted from the rows."""
-    with sqlite3.connect(path) as raw:
-        statuses = dict(raw.execute("SELECT status, count(*) FROM operations GROUP BY status"))
-        attempts = raw.execute("SELECT count(*) FROM attempts").fetchone()[0]
-    return {status: statuses.get(status, 0) for status in STATUSES}, attempts
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        truth = support_recount(raw, now=2e9)
+    return truth.counts, truth.attempts
 
 
 @pytest.mark.slow
@@ -167,19 +166,17 @@ def test_a_prune_killed_midway_while_a_session_writes_leaves_exact_counts(
     assert 0 < written <= counts["succeeded"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SQLite fires no DELETE trigger for a row REPLACE removes (unless the editing "
-    "connection turned recursive_triggers on): see the report of review 9",
-)
-def test_counts_stay_exact_after_a_replace_from_the_sqlite3_shell(tmp_path: Path) -> None:
-    """INSERT OR REPLACE from the sqlite3 shell (sqlite-utils upsert does the same) keeps
-    counts() equal to the rows."""
+def test_counts_follow_the_journals_writes_and_a_recount_follows_a_replace_by_hand(
+    tmp_path: Path,
+) -> None:
+    """INSERT OR REPLACE from the sqlite3 shell (sqlite-utils upsert does the same) is not
+    the journal's write: recount() (`migrate --recount`) makes counts() equal the rows."""
     path = tmp_path / "journal.db"
     fill_finished(path, 3)
     with sqlite3.connect(path) as raw:
         raw.execute("INSERT OR REPLACE INTO operations SELECT * FROM operations WHERE rowid = 1")
     with idempotently.Journal(path) as journal:
+        journal._store.recount()
         assert recount(path)[0] == journal.counts()
 
 

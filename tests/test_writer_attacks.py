@@ -22,15 +22,13 @@ import pytest
 import idempotently
 from idempotently import Journal, JournalCorruptError, JournalMovedError
 from idempotently._commands import ClaimDue, Find, Insert, Record, Release, RenewLease, TakeLease
-from idempotently._journal._sqlite import _INSERT_OPERATION, SCHEMA_VERSION
+from idempotently._journal._sqlite import _INSERT_OPERATION
 from idempotently._journal._writer import _Job
 from idempotently._rows import AttemptRecord, Failed
 from tests.faults import around_commit
-from tests.support import URL
+from tests.support import URL, recount
 from tests.test_fork import in_child
 from tests.test_journal import NOW, new_operation
-from tests.test_journal_v2 import recount
-from tests.test_journal_v3 import v2_journal
 from tests.test_writer import attempt, journal_with_operations
 
 # -- helpers -------------------------------------------------------------------------------
@@ -158,7 +156,7 @@ def test_a_failing_write_rolls_back_only_its_own_savepoint_and_the_counts_stay_e
     tmp_path: Path,
 ) -> None:
     """One write over SQLite's size limit among status changes: its savepoint alone is rolled
-    back (triggers included), and every count still equals a recount of the rows."""
+    back (its count changes included), and every count still equals a recount of the rows."""
     journal = journal_with_operations(tmp_path, 4)
     with journal:
         journal._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 4096)
@@ -687,13 +685,13 @@ def test_a_read_that_fails_in_a_batch_fails_alone(tmp_path: Path) -> None:
 @pytest.mark.parametrize("readonly", [False, True])
 @pytest.mark.parametrize(
     "damage",
-    ["DROP INDEX operations_settled", "DROP TRIGGER count_status_change"],
+    ["DROP INDEX operations_settled", "DROP INDEX operations_pending", "DROP TABLE journal_counts"],
 )
-def test_a_version_3_journal_missing_a_part_is_a_corrupt_error(
+def test_a_journal_missing_a_part_is_a_corrupt_error(
     tmp_path: Path, damage: str, readonly: bool
 ) -> None:
-    """A version-3 file without operations_settled (or a counting trigger): opening it is
-    a JournalCorruptError, read-only or not, and the file is not repaired behind our back."""
+    """A journal without one of its indexes or its counts: opening it is a
+    JournalCorruptError, read-only or not, and the file is not repaired behind our back."""
     path = tmp_path / "journal.db"
     Journal(path).close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -702,9 +700,12 @@ def test_a_version_3_journal_missing_a_part_is_a_corrupt_error(
         Journal(path, readonly=readonly)
 
 
-def test_counts_follow_hand_edits_in_the_sqlite3_shell(tmp_path: Path) -> None:
-    """An operator settles, reopens, inserts and deletes rows by hand: counts() still
-    equals a recount (pending from its index, the others from the triggers)."""
+def test_after_hand_edits_in_the_sqlite3_shell_a_recount_makes_the_counts_exact(
+    tmp_path: Path,
+) -> None:
+    """The counts follow the journal's own writes, not a trigger: an operator who settles,
+    reopens, inserts and deletes rows by hand runs recount() (`migrate --recount`), and
+    counts() equals a scan of the rows again, and keeps following the journal's writes."""
     journal = journal_with_operations(tmp_path, 4)
     conn = journal._conn
     with journal:
@@ -712,15 +713,16 @@ def test_counts_follow_hand_edits_in_the_sqlite3_shell(tmp_path: Path) -> None:
         conn.execute("UPDATE operations SET status = 'needs_reconcile' WHERE operation_id = 'op-2'")
         conn.execute("UPDATE operations SET status = 'pending' WHERE operation_id = 'op-1'")
         conn.execute("DELETE FROM operations WHERE operation_id = 'op-3'")
+        columns = (
+            "delivery, method, url, request_headers, request_body, fingerprint, profile, "
+            "key_header, created_at, updated_at, key_expires_at"
+        )
         conn.execute(
-            "INSERT INTO operations SELECT 'copy', 'key-copy', 'failed', delivery, method, url, "
-            "request_headers, request_body, fingerprint, profile, key_header, created_at, "
-            "updated_at, key_expires_at, deadline_at, not_before, lease_owner, lease_until, "
-            "attempt_count, last_status_code, response_status, response_headers, "
-            "response_body, reason, codec, secret_params, credentials_digest, overrides, "
-            "forked_from, lookup_after, enqueued_at, first_send_at, body_digest "
+            f"INSERT INTO operations (operation_id, key, status, {columns}) "
+            f"SELECT 'copy', 'key-copy', 'failed', {columns} "
             "FROM operations WHERE operation_id = 'op-4'"
         )
+        journal._store.recount()
         settled = journal._set_status(
             "op-2", "abandoned", reason="by hand", now=NOW, expect="needs_reconcile"
         )
@@ -731,43 +733,3 @@ def test_counts_follow_hand_edits_in_the_sqlite3_shell(tmp_path: Path) -> None:
     assert {"pending": 2, "abandoned": 1, "failed": 1} == {
         status: n for status, n in figures.counts.items() if n
     }
-
-
-def test_two_processes_opening_a_version_2_journal_at_once_upgrade_it_once(
-    tmp_path: Path,
-) -> None:
-    """Two processes open one version-2 file at the same moment: both open it, it is
-    current once, with its namespace and exact counts."""
-    path = tmp_path / "ops.db"
-    v2_journal(path)
-    go_read, go_write = os.pipe()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(read)
-        os.read(go_read, 1)  # both open at the same moment
-        try:
-            with Journal(path) as opened:
-                report = repr(sum(opened.counts().values()))
-        except BaseException as error:
-            report = repr(error)
-        os.write(write, report.encode())
-        os._exit(0)
-    os.close(write)
-    os.write(go_write, b"!")
-    with Journal(path) as journal:
-        counts = journal.counts()
-        namespace = str(journal.namespace)
-        version = journal._version
-    os.waitpid(pid, 0)
-    with os.fdopen(read, "rb") as pipe:
-        child = pipe.read().decode()
-    for fd in (go_read, go_write):
-        os.close(fd)
-    with Journal(path, readonly=True) as again:
-        assert counts == again.counts()
-        truth = recount(again._conn, now=NOW)
-    assert str(sum(counts.values())) == child
-    assert SCHEMA_VERSION == version
-    assert truth.counts == counts
-    assert "8d6e3a56-2a1c-4a0f-9a57-6a3f1f9b0c11" == namespace

@@ -154,7 +154,7 @@ class SetStatus(JournalWrite):
 
     durable: ClassVar[bool] = False
     starts_send: ClassVar[bool] = False
-    one_statement: ClassVar[bool] = True
+    one_statement: ClassVar[bool] = False  # and the counts' change, in one transaction
     synchronous: ClassVar[bool] = True
 
     operation_id: str

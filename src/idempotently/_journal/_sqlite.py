@@ -7,9 +7,10 @@ every other batch (attempt rows, completions, leases) commits with
 replay from the server, which the key makes harmless. With ``durability="os"``
 no batch is fsync'd. See the journal page of the docs.
 
-Audits stay fast on large journals without scanning them: triggers keep the
-counts per status and per kind of attempt in one row, a partial index holds
-the pending operations and another the finished ones by idle time.
+Audits stay fast on large journals without scanning them: each batch of writes
+adds its changes to the counts per status and per kind of attempt in one row (no
+trigger), a partial index holds the pending operations and another the others by
+status and idle time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from heapq import merge
 from itertools import islice
 from pathlib import Path
 from typing import Any, Final, NoReturn, cast, get_args
+
+import attrs
 
 from idempotently._commands import (
     Act,
@@ -101,7 +104,11 @@ def _refuse_url(path: str) -> None:
         )
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 10
+"""The one schema (issue 29): development builds wrote versions 1 to 5, which this build
+refuses (`development_journal_error`); from here on every change bumps it with a step."""
+DEVELOPMENT_TAG: Final = "v0.1.0.dev-journal5"
+"""The git tag of the last build that reads (and so can drain) a development journal."""
 # "IDMP": marks the file as ours, so a stray database is never taken for a journal.
 APPLICATION_ID = 0x49444D50
 # In a file adopted by `idempotently migrate` (an application's database) the
@@ -110,24 +117,48 @@ APPLICATION_ID = 0x49444D50
 ADOPTED_IDENTITY: Final = "idempotently"
 
 
+def development_journal_error(path: str, store: str, version: int) -> JournalVersionError:
+    """The refusal of a journal a development build wrote (schema version 1 to 9): it is
+    left as it is, and it names the build that can finish its operations."""
+    return JournalVersionError(
+        f"{path} is a development journal ({store} schema version {version}) that this "
+        "idempotently does not read; it was left as it is. Do not delete it while it holds "
+        "pending, needs_reconcile or recently succeeded operations: their keys derive from "
+        f"its namespace. To finish them, install the idempotently build at git tag "
+        f'{DEVELOPMENT_TAG} (pip install "git+<repository>@{DEVELOPMENT_TAG}"), run '
+        "`idempotently resume` and `idempotently reconcile` until `idempotently stats` shows "
+        "none pending or needs_reconcile, then give this version a new journal"
+    )
+
+
 def _one_of(column: str, values: Sequence[str]) -> str:
     """``(column = 'a' OR column = 'b' ...)``.
 
     Not ``IN (...)``: SQLite builds a temporary b-tree for an IN list of more
-    than two values each time a CHECK, a trigger or a partial index's WHERE
-    evaluates it, on every write (with the triggers, it tripled an insert's cost).
+    than two values each time a CHECK or a partial index's WHERE evaluates it,
+    on every write.
     """
     return "(" + " OR ".join(f"{column} = '{value}'" for value in values) + ")"
 
 
-# Written with OR, not IN: see _one_of. (Journals made by version 1 keep their
-# IN lists; only a rebuild of the table could change them.)
+_SETTLED_STATUSES: Final = tuple(status for status in STATUSES if status != "pending")
+_SETTLED = _one_of("status", _SETTLED_STATUSES)
+"""operations_settled's WHERE: a query must say it the same way to use the index."""
+_OUTCOMES = _one_of("attempt1_outcome", get_args(Outcome))
+
+# Designed for the common call (issue 29): a key is one INSERT, its answer one UPDATE of
+# the same row (the first attempt's columns are in it) plus one of the counts row. Every
+# index entry is a WAL page on the hot path, so there are few: listings order by rowid
+# (insertion order, which is creation order), pending operations are in their own
+# partial index (claims, stats, listings), every other in operations_settled by status
+# and last change (listings, prune). The partial indexes carry `status`: SQLite reads the
+# column to check the WHERE again, and without it every entry would cost a lookup.
 _SCHEMA = f"""
 CREATE TABLE operations (
     operation_id     TEXT PRIMARY KEY,
     key              TEXT NOT NULL UNIQUE,
     status           TEXT NOT NULL CHECK {_one_of("status", STATUSES)},
-    delivery         TEXT NOT NULL CHECK (delivery IN ('exactly_once', 'at_most_once')),
+    delivery         TEXT NOT NULL CHECK {_one_of("delivery", ("exactly_once", "at_most_once"))},
     method           TEXT NOT NULL,
     url              TEXT NOT NULL,
     request_headers  TEXT NOT NULL,
@@ -147,12 +178,37 @@ CREATE TABLE operations (
     response_status  INTEGER,
     response_headers TEXT,
     response_body    BLOB,
-    reason           TEXT
+    reason           TEXT,
+    codec              TEXT,
+    secret_params      TEXT,
+    credentials_digest TEXT,
+    body_digest        BLOB,
+    overrides          TEXT,
+    forked_from        TEXT,
+    lookup_after       REAL,
+    enqueued_at        REAL,
+    first_send_at      REAL,
+    attempt1_started_at  REAL,
+    attempt1_elapsed     REAL,
+    attempt1_outcome     TEXT CHECK (attempt1_outcome IS NULL OR {_OUTCOMES}),
+    attempt1_status_code INTEGER,
+    attempt1_replayed    INTEGER,
+    attempt1_error       TEXT,
+    attempt1_wait        REAL,
+    group_id   TEXT,
+    step       INTEGER,
+    successor  TEXT,
+    cap_reason TEXT
 );
-CREATE INDEX operations_by_status ON operations (status);
+CREATE INDEX operations_pending
+    ON operations (created_at, lease_until, updated_at, not_before, status)
+    WHERE status = 'pending';
+CREATE INDEX operations_settled ON operations (status, updated_at) WHERE {_SETTLED};
+CREATE INDEX operations_forks ON operations (forked_from) WHERE forked_from IS NOT NULL;
+CREATE INDEX operations_by_group ON operations (group_id, step) WHERE group_id IS NOT NULL;
 CREATE TABLE attempts (
     operation_id TEXT NOT NULL,
-    number      INTEGER NOT NULL,
+    number      INTEGER NOT NULL CHECK (number >= 2),
     started_at  REAL NOT NULL,
     elapsed     REAL NOT NULL,
     outcome     TEXT NOT NULL CHECK {_one_of("outcome", get_args(Outcome))},
@@ -162,60 +218,6 @@ CREATE TABLE attempts (
     wait        REAL,
     PRIMARY KEY (operation_id, number)
 ) WITHOUT ROWID;
-"""
-# Every index is paid for by an fsync on the hot path, so there are few:
-# listings order by rowid (insertion order, which is creation order) instead
-# of an index on created_at, and attempts live in their primary key's b-tree.
-
-
-_FINISHED = _one_of("status", FINISHED_STATUSES)
-"""operations_finished's WHERE: a query must say it the same way to use the index."""
-_STATUSES_SQL = ", ".join(f"'{status}'" for status in STATUSES)
-
-
-def _status_deltas(*changes: str, statuses: Sequence[str] = STATUSES) -> str:
-    """``pending = pending + (NEW.status = 'pending'), ...``: a trigger's SET list.
-
-    Each change is ``"+NEW"`` or ``"-OLD"``: a row that came or went.
-    """
-
-    def delta(column: str, test: str) -> str:
-        return f"{column} = {column}" + "".join(
-            f" {change[0]} {test.format(row=change[1:])}" for change in changes
-        )
-
-    terms = [delta(status, f"({{row}}.status = '{status}')") for status in statuses]
-    terms.append(delta("unknown_status", f"(NOT {_one_of('{row}.status', STATUSES)})"))
-    return ",\n        ".join(terms)
-
-
-def _attempt_deltas(*changes: str) -> str:
-    """The attempt counters' SET list for attempt rows that came (``+NEW``) or went (``-OLD``)."""
-
-    def delta(column: str, value: str) -> str:
-        return f"{column} = {column}" + "".join(
-            f" {change[0]} {value.format(row=change[1:])}" for change in changes
-        )
-
-    return ",\n        ".join(
-        [
-            delta("attempts", "1"),
-            delta("answered_attempts", "({row}.status_code IS NOT NULL)"),
-            delta("replayed_attempts", "{row}.replayed"),
-            delta("in_progress_attempts", "coalesce({row}.status_code IN (409, 423), 0)"),
-        ]
-    )
-
-
-# Version 2: what makes a journal of a million operations as quick to audit
-# as an empty one, and the namespace its derived keys are made in. A version-1
-# journal gets all of it, in one transaction, the first time it is opened to
-# write. The triggers run on every write, whoever makes it (even the sqlite3
-# shell), so the counts cannot drift from the rows; but SQLite fires no DELETE
-# trigger for a row a REPLACE removes (docs/journal.md). The partial indexes carry
-# `status` too: SQLite reads the column to check the WHERE again, and without
-# it every entry would cost a lookup in the table.
-_SCHEMA_V2 = f"""
 CREATE TABLE journal_meta (
     name  TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -233,94 +235,7 @@ CREATE TABLE journal_counts (
     replayed_attempts    INTEGER NOT NULL,
     in_progress_attempts INTEGER NOT NULL
 );
-CREATE INDEX operations_pending
-    ON operations (created_at, lease_until, updated_at, not_before, status)
-    WHERE status = 'pending';
-CREATE INDEX operations_finished
-    ON operations (updated_at, status)
-    WHERE {_FINISHED};
-CREATE TRIGGER count_new_operation AFTER INSERT ON operations BEGIN
-    UPDATE journal_counts SET
-        {_status_deltas("+NEW")};
-END;
-CREATE TRIGGER count_deleted_operation AFTER DELETE ON operations BEGIN
-    UPDATE journal_counts SET
-        {_status_deltas("-OLD")};
-END;
-CREATE TRIGGER count_status_change AFTER UPDATE OF status ON operations
-WHEN OLD.status IS NOT NEW.status BEGIN
-    UPDATE journal_counts SET
-        {_status_deltas("-OLD", "+NEW")};
-END;
-CREATE TRIGGER count_new_attempt AFTER INSERT ON attempts BEGIN
-    UPDATE journal_counts SET
-        {_attempt_deltas("+NEW")};
-END;
-CREATE TRIGGER count_deleted_attempt AFTER DELETE ON attempts BEGIN
-    UPDATE journal_counts SET
-        {_attempt_deltas("-OLD")};
-END;
-CREATE TRIGGER count_changed_attempt AFTER UPDATE OF status_code, replayed ON attempts BEGIN
-    UPDATE journal_counts SET
-        {_attempt_deltas("-OLD", "+NEW")};
-END;
-"""
-
-_SCHEMA_V2_NAMES: Final = frozenset(re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V2))
-"""Every table, index and trigger version 2 added: the audits rely on each."""
-
-_SETTLED_STATUSES: Final = tuple(status for status in STATUSES if status != "pending")
-_SETTLED = _one_of("status", _SETTLED_STATUSES)
-"""operations_settled's WHERE: a query must say it the same way to use the index."""
-_COUNTED = _SETTLED_STATUSES
-"""The statuses the triggers count in version 3; pending ones are counted from their index."""
-
-# Version 3: fewer pages per operation. Every index entry and counter written is
-# a WAL page on the hot path: operations_by_status (an entry at insert, another
-# at completion) goes, its listings now read operations_pending and
-# operations_settled (which replaces operations_finished and also serves prune);
-# and the counts no longer track pending operations (their partial index counts
-# them), so journaling a key writes no counter page at all.
-_SCHEMA_V3 = f"""
-DROP INDEX operations_by_status;
-DROP INDEX operations_finished;
-CREATE INDEX operations_settled ON operations (status, updated_at) WHERE {_SETTLED};
-DROP TRIGGER count_new_operation;
-CREATE TRIGGER count_new_operation AFTER INSERT ON operations
-WHEN NEW.status IS NOT 'pending' BEGIN
-    UPDATE journal_counts SET
-        {_status_deltas("+NEW", statuses=_COUNTED)};
-END;
-DROP TRIGGER count_deleted_operation;
-CREATE TRIGGER count_deleted_operation AFTER DELETE ON operations
-WHEN OLD.status IS NOT 'pending' BEGIN
-    UPDATE journal_counts SET
-        {_status_deltas("-OLD", statuses=_COUNTED)};
-END;
-DROP TRIGGER count_status_change;
-CREATE TRIGGER count_status_change AFTER UPDATE OF status ON operations
-WHEN OLD.status IS NOT NEW.status BEGIN
-    UPDATE journal_counts SET
-        {_status_deltas("-OLD", "+NEW", statuses=_COUNTED)};
-END;
-UPDATE journal_counts SET pending = 0;
-"""
-_SCHEMA_V3_NAMES: Final = (_SCHEMA_V2_NAMES - {"operations_finished"}) | frozenset(
-    re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V3)
-)
-"""Every table, index and trigger a version-3 journal has (beyond version 1's tables)."""
-
-# Version 4: what the operator's journal, data at rest and retry control need.
-# Every new column is nullable with no default, so adding it rewrites no row and
-# a row from before reads as NULL; each block belongs to one feature.
-_SCHEMA_V4 = """
--- Data at rest: the codec bodies were encoded with, redacted query parameters,
--- the digest of the credentials a key is bound to.
-ALTER TABLE operations ADD COLUMN codec TEXT;
-ALTER TABLE operations ADD COLUMN secret_params TEXT;
-ALTER TABLE operations ADD COLUMN credentials_digest TEXT;
--- Retry control: a call's own overrides, which a resume applies.
-ALTER TABLE operations ADD COLUMN overrides TEXT;
+INSERT INTO journal_counts VALUES (1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 CREATE TABLE origin_pauses (
     origin      TEXT NOT NULL,
     credentials TEXT NOT NULL DEFAULT '',
@@ -329,10 +244,6 @@ CREATE TABLE origin_pauses (
     set_at      REAL NOT NULL,
     PRIMARY KEY (origin, credentials)
 ) WITHOUT ROWID;
--- The operator's journal: forks, the lookup reconciler's backoff, audit entries.
-ALTER TABLE operations ADD COLUMN forked_from TEXT;
-ALTER TABLE operations ADD COLUMN lookup_after REAL;
-CREATE INDEX operations_forks ON operations (forked_from) WHERE forked_from IS NOT NULL;
 CREATE TABLE operation_audit (
     seq          INTEGER PRIMARY KEY,
     operation_id TEXT NOT NULL,
@@ -343,51 +254,55 @@ CREATE TABLE operation_audit (
     detail       TEXT
 );
 CREATE INDEX operation_audit_by_operation ON operation_audit (operation_id, seq);
--- The outbox: enqueued operations, not "maybe delivered" until a send begins.
-ALTER TABLE operations ADD COLUMN enqueued_at REAL;
-ALTER TABLE operations ADD COLUMN first_send_at REAL;
 """
-_SCHEMA_V4_NAMES: Final = _SCHEMA_V3_NAMES | frozenset(
-    re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA_V4)
-)
-"""Every table, index and trigger a version-4 journal has (beyond version 1's tables)."""
 
-# Version 5: what lets a resume prove it sends the bytes of the first attempt through
-# a codec that does not authenticate (a wrong key decodes to other bytes): the SHA-256
-# of the clear request body, encoded by the row's codec (never in clear). NULL for a
-# row in clear, and for a row written before.
-_SCHEMA_V5 = """
-ALTER TABLE operations ADD COLUMN body_digest BLOB;
-"""
-_SCHEMA_V5_NAMES: Final = _SCHEMA_V4_NAMES
-"""Version 5 adds a column, no table, index or trigger."""
-
-
-_JOURNAL_NAMES: Final = (
-    frozenset(re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) (\w+)", _SCHEMA)) | _SCHEMA_V4_NAMES
-)
+_SCHEMA_NAMES: Final = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) (\w+)", _SCHEMA))
+"""Every table and index the journal has: a journal missing one is damaged."""
+_JOURNAL_NAMES: Final = _SCHEMA_NAMES
 """Every name a journal's schema uses: a file holding any of them is not adopted."""
 
+_ATTEMPT1: Final = tuple(
+    f"attempt1_{name}"
+    for name in ("started_at", "elapsed", "outcome", "status_code", "replayed", "error", "wait")
+)
+"""The columns holding an operation's first attempt (its later ones are rows of attempts)."""
+_OPERATION_COLUMNS: Final = ", ".join(
+    field.name
+    for field in attrs.fields(Operation)
+    if field.name != "attempts" and field.metadata.get("column", True)
+)
+"""What a listing selects: `Operation`'s columns (never ``*``: the columns carried for
+the next issues are not read, and change no output)."""
+_ROW_COLUMNS: Final = ", ".join([_OPERATION_COLUMNS, *_ATTEMPT1])
+"""What a read of one operation selects: `Operation`'s columns and its first attempt."""
 
-def _schema_names(version: int) -> frozenset[str]:
-    """The tables, indexes and triggers a journal of ``version`` (2 or later) must have."""
-    if version >= 5:
-        return _SCHEMA_V5_NAMES
-    if version >= 4:
-        return _SCHEMA_V4_NAMES
-    return _SCHEMA_V3_NAMES if version >= 3 else _SCHEMA_V2_NAMES
+
+def _first_attempt(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The first attempt held in ``row``'s columns (taken out of it) as a row of attempts,
+    or None: no attempt yet, or a row read without them (a listing)."""
+    if "attempt1_outcome" not in row:
+        return None
+    values = {column.removeprefix("attempt1_"): row.pop(column) for column in _ATTEMPT1}
+    if values["outcome"] is None:
+        return None
+    return {"number": 1, **values}
 
 
-# The counts, from the rows: for a new journal (all zero) and a migrated one.
+# The counts, from the rows (`idempotently migrate --recount`, after an edit by hand).
 _RECOUNT = f"""
 INSERT OR REPLACE INTO journal_counts SELECT 1,
     {", ".join(f"(SELECT count(*) FROM operations WHERE status = '{s}')" for s in STATUSES)},
-    (SELECT count(*) FROM operations WHERE status NOT IN ({_STATUSES_SQL})),
-    count(*),
-    count(status_code),
-    coalesce(sum(replayed), 0),
-    coalesce(sum(status_code IN (409, 423)), 0)
-FROM attempts
+    (SELECT count(*) FROM operations WHERE NOT {_one_of("status", STATUSES)}),
+    o.attempts + a.attempts, o.answered + a.answered, o.replayed + a.replayed,
+    o.in_progress + a.in_progress
+FROM (SELECT count(attempt1_outcome) AS attempts, count(attempt1_status_code) AS answered,
+             coalesce(sum(attempt1_replayed), 0) AS replayed,
+             coalesce(sum(attempt1_status_code IN (409, 423)), 0) AS in_progress
+      FROM operations) AS o,
+     (SELECT count(*) AS attempts, count(status_code) AS answered,
+             coalesce(sum(replayed), 0) AS replayed,
+             coalesce(sum(status_code IN (409, 423)), 0) AS in_progress
+      FROM attempts) AS a
 """
 
 _NAMESPACE_INSERT: Final = "INSERT INTO journal_meta (name, value) VALUES ('namespace', ?)"
@@ -416,21 +331,14 @@ def upgrade_statements(version: int, *, adopted: bool = False) -> list[str]:
     """Every statement from schema ``version`` (0: an empty file) to SCHEMA_VERSION, in
     order: what opening the journal to write runs in one transaction. ``adopted``: in an
     application's database, where the version and identity are journal_meta rows and the
-    file's PRAGMA user_version and application_id are the application's."""
+    file's PRAGMA user_version and application_id are the application's. A development
+    journal (1 to 9) has no step to this version: `development_journal_error`."""
     statements: list[str] = []
     if version < 1:
         statements += _split_statements(_SCHEMA)
+        statements.append(_NAMESPACE_INSERT)
         if not adopted:
             statements.append(f"PRAGMA application_id = {APPLICATION_ID}")
-    if version < 2:
-        statements += _split_statements(_SCHEMA_V2)
-        statements += [_RECOUNT.strip(), _NAMESPACE_INSERT]
-    if version < 3:
-        statements += _split_statements(_SCHEMA_V3)
-    if version < 4:
-        statements += _split_statements(_SCHEMA_V4)
-    if version < 5:
-        statements += _split_statements(_SCHEMA_V5)
     statements.append(
         "INSERT OR REPLACE INTO journal_meta (name, value) VALUES "
         f"('identity', '{ADOPTED_IDENTITY}'), ('schema_version', '{SCHEMA_VERSION}')"
@@ -440,13 +348,15 @@ def upgrade_statements(version: int, *, adopted: bool = False) -> list[str]:
     return statements
 
 
-def migration_sql(version: int, *, adopted: bool = False) -> str:
+def migration_sql(version: int, *, adopted: bool = False, path: str = "the journal") -> str:
     """The script that brings a SQLite journal from ``version`` (0: a new file) to this
     version, for applications that run their own migrations: the statements opening it
     runs, in one transaction, after the switch to WAL mode. ``adopted``: into an
     application's database (`upgrade_statements`)."""
     if version >= SCHEMA_VERSION:
         return f"-- The journal is at schema version {version}: nothing to do.\n"
+    if version > 0:
+        raise development_journal_error(path, "SQLite", version)
     lines = [
         f"-- idempotently journal (SQLite): schema version {version} to {SCHEMA_VERSION}.",
         "PRAGMA journal_mode = WAL;",
@@ -468,6 +378,15 @@ _COUNTERS: Final = (
     "replayed_attempts",
     "in_progress_attempts",
 )
+_COUNTED: Final = frozenset(_SETTLED_STATUSES)
+"""The statuses journal_counts keeps; pending operations are counted from their index."""
+_ADD_COUNTS: Final = (
+    "UPDATE journal_counts SET "
+    + ", ".join(f"{name} = {name} + :{name}" for name in _COUNTERS)
+    + " WHERE id = 1"
+)
+"""A batch's count changes, written once at its end (no trigger writes on every row)."""
+
 
 _PRUNE_BATCH_SECONDS = 0.025
 """How long one prune transaction aims to hold the write lock."""
@@ -491,14 +410,79 @@ INSERT INTO operations (
 ON CONFLICT DO NOTHING
 """
 
-# The attempt's number is the operation's next one, read in the same
+_STATE: Final = """
+    status = ?, reason = ?, not_before = ?, updated_at = ?,
+    attempt_count = attempt_count + 1,
+    last_status_code = coalesce(?, last_status_code),
+    response_status = ?, response_headers = ?, response_body = ?,
+    lease_until = ?, lease_owner = CASE WHEN ? > 0 THEN lease_owner END"""
+_FIRST: Final = ", ".join(f"{column} = ?" for column in _ATTEMPT1)
+_RECORD_FIRST: Final = (
+    f"UPDATE operations SET {_STATE}, {_FIRST} "
+    "WHERE operation_id = ? AND attempt_count = 0 AND attempt1_outcome IS NULL"
+)
+"""A first attempt and the state after it: the one statement a common call's answer is
+(the caller appends its lease condition)."""
+_RECORD_FIRST_ONLY: Final = (
+    f"UPDATE operations SET attempt_count = 1, {_FIRST} "
+    "WHERE operation_id = ? AND attempt_count = 0 AND attempt1_outcome IS NULL"
+)
+"""A first attempt whose caller no longer holds the lease: kept, nothing else changed."""
+_RECORD_STATE: Final = f"UPDATE operations SET {_STATE} WHERE operation_id = ?"
+"""The state after a later attempt (the caller appends its lease condition)."""
+
+# A later attempt's number is the operation's next one, read in the same
 # transaction: two writers can never both claim number n.
 _INSERT_ATTEMPT = """
 INSERT INTO attempts (
     operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
 ) SELECT operation_id, attempt_count + 1, ?, ?, ?, ?, ?, ?, ?
-FROM operations WHERE operation_id = ?
+FROM operations WHERE operation_id = ? AND attempt_count > 0
 """
+
+
+def _moved(counts: dict[str, int], before: str, after: str) -> None:
+    """An operation moved from status ``before`` to ``after``, in ``counts``."""
+    if before == after:
+        return
+    for status, change in ((before, -1), (after, 1)):
+        name = status if status in STATUSES else "unknown_status"
+        if name == "pending":
+            continue  # counted from operations_pending
+        counts[name] = counts.get(name, 0) + change
+
+
+def _uncount(
+    conn: sqlite3.Connection,
+    counts: dict[str, int],
+    table: str,
+    prefix: str,
+    where: str,
+    params: Sequence[Any],
+) -> None:
+    """Take what the rows of ``table`` matching ``where`` count off ``counts``, before
+    they are deleted: their statuses (``prefix`` "status"), or their attempts (columns
+    ``prefix + "status_code"`` etc.: "attempt1_" for first attempts, "" for later ones)."""
+    if prefix == "status":
+        for status, number in conn.execute(
+            f"SELECT status, count(*) FROM {table} WHERE {where} GROUP BY status", params
+        ):
+            name = status if status in STATUSES else "unknown_status"
+            if name != "pending":  # counted from operations_pending
+                counts[name] = counts.get(name, 0) - int(number)
+        return
+    found = conn.execute(
+        f"SELECT count({prefix}outcome), count({prefix}status_code), "
+        f"coalesce(sum({prefix}replayed), 0), "
+        f"coalesce(sum({prefix}status_code IN (409, 423)), 0) FROM {table} WHERE {where}",
+        params,
+    ).fetchone()
+    for name, number in zip(
+        ("attempts", "answered_attempts", "replayed_attempts", "in_progress_attempts"),
+        found,
+        strict=True,
+    ):
+        counts[name] = counts.get(name, 0) - int(number)
 
 
 _INHERITED: Final = "codec, secret_params, credentials_digest, overrides, body_digest"
@@ -810,21 +794,18 @@ class SqliteStore:
                         f"idempotently reads up to version {SCHEMA_VERSION}; upgrade "
                         "idempotently (pip install -U idempotently). The file was not modified."
                     )
-                if not {"operations", "attempts"} <= tables or (
-                    not _schema_names(version) <= names and version >= 2
-                ):
+                if version < SCHEMA_VERSION:
+                    # A development build's journal (or one whose creation never
+                    # finished): never read, never upgraded, never touched.
+                    raise development_journal_error(self.path, "SQLite", version)
+                if not _SCHEMA_NAMES <= names:
                     raise JournalCorruptError(
                         f"{self.path} is missing journal tables; restore it from a backup"
                     )
                 if not self.readonly:
-                    # A journal an older idempotently left in rollback mode.
+                    # A journal left in rollback mode (a copy made by a tool).
                     self._ensure_wal()
-                    if version < SCHEMA_VERSION:
-                        self._migrate()
-                        version = SCHEMA_VERSION
-                self._version = version
-                if version >= 2:
-                    self._namespace = self._read_namespace()
+                self._namespace = self._read_namespace()
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
 
@@ -886,29 +867,12 @@ class SqliteStore:
                         f"{self.path} gained tables named like the journal's meanwhile; "
                         "it was not adopted"
                     )
-                if version < SCHEMA_VERSION:
-                    self._upgrade(version)
+                if version != SCHEMA_VERSION:
+                    raise development_journal_error(self.path, "SQLite", version)
             else:
                 self._upgrade(0)
         self._version = SCHEMA_VERSION
         self._namespace = self._read_namespace()
-
-    def _stored_version(self) -> int:
-        """The journal's schema version as stored, inside the caller's transaction."""
-        if self._adopted:
-            return self._adopted_version() or 0
-        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-
-    def _migrate(self) -> None:
-        """Bring an older journal to this version, in one durable transaction.
-
-        From version 1: builds the counts from the rows and the partial indexes
-        from the table (a few seconds for a million operations, once); from
-        version 2: swaps two indexes and the counting triggers. Another process may
-        have migrated the file since we read its version: then there is nothing to do.
-        """
-        with self._write(durable=True):
-            self._upgrade(self._stored_version())
 
     def _upgrade(self, version: int) -> None:
         """Every step from ``version`` (0: an empty file) to SCHEMA_VERSION, inside the
@@ -975,12 +939,11 @@ class SqliteStore:
     def _create_schema(self) -> None:
         self._ensure_wal()
         with self._write(durable=True):
-            # Another process may have created it while we waited for the lock
-            # (an older idempotently: version 1).
+            # Another process may have created it while we waited for the lock.
             if "operations" in self._table_names():
                 version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-                if version < SCHEMA_VERSION:
-                    self._upgrade(version)
+                if version != SCHEMA_VERSION:
+                    raise development_journal_error(self.path, "SQLite", version)
                 return
             self._upgrade(0)
 
@@ -1156,17 +1119,20 @@ class SqliteStore:
                     Failed(copy.copy(moved)) if write.starts_send else next(kept)
                     for write in writes
                 ]
+        counts: dict[str, int] = {}
         if len(writes) == 1:
             (write,) = writes
             with self._write(durable=durable, begin=not write.one_statement):
-                results: list[Any] = [self._apply(write)]
+                results: list[Any] = [self._apply(write, counts)]
+                self._add_counts(counts)
             return self._unless_moved(writes, results) if sends else results
         results = []
         with self._write(durable=durable) as conn:
             for write in writes:
                 conn.execute("SAVEPOINT write")
+                changes: dict[str, int] = {}
                 try:
-                    results.append(self._apply(write))
+                    results.append(self._apply(write, changes))
                 except sqlite3.OperationalError:
                     raise  # the transaction's own problem (disk full, locked): everyone's
                 except (sqlite3.DatabaseError, JournalError) as error:
@@ -1177,8 +1143,15 @@ class SqliteStore:
                         else error
                     )
                     results.append(Failed(failure))
+                else:
+                    for name, change in changes.items():
+                        counts[name] = counts.get(name, 0) + change
                 finally:
-                    conn.execute("RELEASE write")
+                    # SQLITE_FULL may have rolled the whole transaction back: a RELEASE
+                    # would then hide the real error behind "no such savepoint".
+                    if conn.in_transaction:
+                        conn.execute("RELEASE write")
+            self._add_counts(counts)
         return self._unless_moved(writes, results) if sends else results
 
     def _unless_moved(self, writes: Sequence[Write], results: list[Any]) -> list[Any]:
@@ -1196,8 +1169,15 @@ class SqliteStore:
             ]
         return results
 
-    def _apply(self, write: Write) -> Any:
-        """One write, on the connection (the caller holds the lock and the transaction)."""
+    def _add_counts(self, counts: dict[str, int]) -> None:
+        """A batch's changes to the counts, in one statement at its end (none if nothing
+        counted changed: journaling a key changes nothing counted)."""
+        if any(counts.values()):
+            self._conn.execute(_ADD_COUNTS, {name: counts.get(name, 0) for name in _COUNTERS})
+
+    def _apply(self, write: Write, counts: dict[str, int]) -> Any:
+        """One write, on the connection (the caller holds the lock and the transaction);
+        what it changes in the counts is added to ``counts``."""
         conn = self._conn
         match write:
             case Insert():
@@ -1208,7 +1188,7 @@ class SqliteStore:
             case Enqueue():
                 return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0)).rowcount == 1
             case Record():
-                return self._record(conn, write)
+                return self._record(conn, write, counts)
             case TakeLease():
                 operation = write.operation
                 cursor = conn.execute(
@@ -1301,6 +1281,8 @@ class SqliteStore:
                     """,
                     (write.status, write.reason, write.now, write.operation_id, write.expect),
                 )
+                if cursor.rowcount == 1:
+                    _moved(counts, write.expect, write.status)
                 return cursor.rowcount == 1
             case Release():
                 conn.execute(
@@ -1322,71 +1304,85 @@ class SqliteStore:
             case ClaimDue():
                 return self._claim(conn, write)
             case Act():
-                return self._act(conn, write)
+                return self._act(conn, write, counts)
             case LookUpLater():
                 return self._look_up_later(conn, write)
             case _:
                 assert_never(write)
 
-    def _record(self, conn: sqlite3.Connection, write: Record) -> None:
-        """The attempt row and the operation's new state.
+    def _record(self, conn: sqlite3.Connection, write: Record, counts: dict[str, int]) -> None:
+        """The attempt and the operation's new state.
 
-        With an owner, the new state applies only while that caller still holds the
-        operation's lease and the operation is pending: an attempt that outlived its
-        lease (another caller took over, or settled it) is kept in the history but
-        changes nothing else.
+        A first attempt is journaled in the operation's own row, by the one UPDATE that
+        also sets its new state (the common call: one statement); a later one is a row
+        of attempts. With an owner, the new state applies only while that caller still
+        holds the operation's lease and the operation is pending: an attempt that
+        outlived its lease (another caller took over, or settled it) is kept in the
+        history but changes nothing else.
         """
         record, owner, operation_id = write.record, write.owner, write.operation_id
-        conn.execute(
-            _INSERT_ATTEMPT,
-            (
-                record.started_at,
-                record.elapsed,
-                record.outcome,
-                record.status_code,
-                int(record.replayed),
-                record.error,
-                record.wait,
-                operation_id,
-            ),
+        before: Any = "pending"
+        if owner is None:
+            # No lease to hold: the status moved from is whatever the row has.
+            found = conn.execute(
+                "SELECT status FROM operations WHERE operation_id = ?", (operation_id,)
+            ).fetchone()
+            if found is None:
+                return
+            before = found[0]
+        attempt = (
+            record.started_at,
+            record.elapsed,
+            record.outcome,
+            record.status_code,
+            int(record.replayed),
+            record.error,
+            record.wait,
         )
-        response_headers = (
-            None if record.response_headers is None else headers_json(record.response_headers)
+        state = (
+            record.status,
+            record.reason,
+            record.not_before,
+            write.now,
+            record.status_code,
+            record.response_status,
+            None if record.response_headers is None else headers_json(record.response_headers),
+            record.response_body,
+            record.lease_until,
+            record.lease_until,
         )
         holds = "" if owner is None else " AND status = 'pending' AND lease_owner IS ?"
-        cursor = conn.execute(
-            f"""
-            UPDATE operations SET
-                status = ?, reason = ?, not_before = ?, updated_at = ?,
-                attempt_count = attempt_count + 1,
-                last_status_code = coalesce(?, last_status_code),
-                response_status = ?, response_headers = ?, response_body = ?,
-                lease_until = ?, lease_owner = CASE WHEN ? > 0 THEN lease_owner END
-            WHERE operation_id = ?{holds}
-            """,
-            (
-                record.status,
-                record.reason,
-                record.not_before,
-                write.now,
-                record.status_code,
-                record.response_status,
-                response_headers,
-                record.response_body,
-                record.lease_until,
-                record.lease_until,
-                operation_id,
-                *(() if owner is None else (owner,)),
-            ),
-        )
-        if cursor.rowcount == 0 and owner is not None:
-            # Not ours any more: count the attempt, keep whoever holds it now. Its
-            # updated_at stays the holder's, the write time of the holder's lease and
-            # not_before (`RebaseOperation`): our clock may not be theirs.
-            conn.execute(
-                "UPDATE operations SET attempt_count = attempt_count + 1 WHERE operation_id = ?",
-                (operation_id,),
-            )
+        held = () if owner is None else (owner,)
+        if conn.execute(_RECORD_FIRST + holds, (*state, *attempt, operation_id, *held)).rowcount:
+            _moved(counts, before, record.status)
+        elif conn.execute(_RECORD_FIRST_ONLY, (*attempt, operation_id)).rowcount:
+            pass  # a first attempt that outlived its lease: in the row, nothing else changed
+        elif conn.execute(_INSERT_ATTEMPT, (*attempt, operation_id)).rowcount == 0:
+            if conn.execute(
+                "SELECT 1 FROM operations WHERE operation_id = ?", (operation_id,)
+            ).fetchone():
+                # attempt_count 0 with a first attempt journaled: a row edited by hand.
+                raise sqlite3.IntegrityError("attempt_count is 0 but attempt 1 is journaled")
+            return  # no such operation: nothing journaled, nothing counted
+        else:
+            if conn.execute(_RECORD_STATE + holds, (*state, operation_id, *held)).rowcount:
+                _moved(counts, before, record.status)
+            else:
+                # Not ours any more: count the attempt, keep whoever holds it now. Its
+                # updated_at stays the holder's, the write time of the holder's lease and
+                # not_before (`RebaseOperation`): our clock may not be theirs.
+                conn.execute(
+                    "UPDATE operations SET attempt_count = attempt_count + 1 "
+                    "WHERE operation_id = ?",
+                    (operation_id,),
+                )
+        counts["attempts"] = counts.get("attempts", 0) + 1
+        if record.status_code is not None:
+            counts["answered_attempts"] = counts.get("answered_attempts", 0) + 1
+            if record.status_code in (409, 423):
+                counts["in_progress_attempts"] = counts.get("in_progress_attempts", 0) + 1
+        if record.replayed:
+            counts["replayed_attempts"] = counts.get("replayed_attempts", 0) + 1
 
     def _claim(self, conn: sqlite3.Connection, write: ClaimDue) -> list[Operation]:
         """Lease up to ``limit`` due pending operations, oldest first: inside the
@@ -1416,17 +1412,18 @@ class SqliteStore:
         claimed = []
         for operation_id in ids:
             rows = self._query(
-                "SELECT * FROM operations WHERE operation_id = ?", (operation_id,), checked=False
+                f"SELECT {_ROW_COLUMNS} FROM operations WHERE operation_id = ?",
+                (operation_id,),
+                checked=False,
             )
             claimed.append(self._listed(rows[0], attempts=True))
         return claimed
 
     # -- the operator's journal: actions, lookup verdicts, audit entries --------------
 
-    def _act(self, conn: sqlite3.Connection, write: Act) -> bool:
+    def _act(self, conn: sqlite3.Connection, write: Act, counts: dict[str, int]) -> bool:
         """An operator's action: a compare-and-swap on the row as read, the fork (if any)
         and the audit entries, inside the writer's ``BEGIN IMMEDIATE`` transaction."""
-        self._require_v4("an operator action")
         fork = write.fork
         if (
             fork is not None
@@ -1470,6 +1467,7 @@ class SqliteStore:
         )
         if cursor.rowcount != 1:
             return False
+        _moved(counts, write.expect_status, write.status)
         if fork is not None:
             conn.execute(_INSERT_OPERATION, fork.row(None, 0.0))
             # The same bytes mean the same encoding: the parent's codec, redacted
@@ -1491,7 +1489,6 @@ class SqliteStore:
         return True
 
     def _look_up_later(self, conn: sqlite3.Connection, write: LookUpLater) -> bool:
-        self._require_v4("a lookup's backoff")
         cursor = conn.execute(
             "UPDATE operations SET lookup_after = ? "
             "WHERE operation_id = ? AND status = 'needs_reconcile'",
@@ -1507,17 +1504,8 @@ class SqliteStore:
         )
         return True
 
-    def _require_v4(self, what: str) -> None:
-        if self._version < 4:
-            raise JournalVersionError(
-                f"{what} needs journal schema version 4, and {self.path} has version "
-                f"{self._version}; open it once without readonly=True to upgrade it"
-            )
-
     def audit(self, operation_id: str) -> list[AuditEntry]:
-        """The operation's audit entries, oldest first (none before version 4)."""
-        if self._version < 4:
-            return []
+        """The operation's audit entries, oldest first."""
         entries = []
         with self._lock:
             try:
@@ -1703,19 +1691,50 @@ class SqliteStore:
         one this version cannot decode is its damaged stand-in, reported by whoever reads
         it, never an error that stops the listing. (A read of one operation by its id
         stays strict: `_check_row`.)"""
+        first = _first_attempt(row)
         problem = row_problem(row)
         if problem is None and attempts:
-            for attempt in self._query(
-                "SELECT * FROM attempts WHERE operation_id = ?",
-                (row["operation_id"],),
-                checked=False,
-            ):
+            later = self._later_attempts(row, None, checked=False)
+            for attempt in ([] if first is None else [first]) + later:
                 problem = problem or row_problem(attempt)
             if problem is None:
-                return self._with_attempts(row)
+                return self._operation(row, first, later)
         if problem is None:
             return Operation._from_row(row)
         return Operation._damaged_row(row, problem)
+
+    def _later_attempts(
+        self, row: dict[str, Any], conn: sqlite3.Connection | None, *, checked: bool = True
+    ) -> list[dict[str, Any]]:
+        """The rows of attempts 2..n: read only when the operation counts more than one."""
+        count = row["attempt_count"]
+        if type(count) is int and count <= 1:
+            return []
+        return self._query(
+            "SELECT number, started_at, elapsed, outcome, status_code, replayed, error, wait "
+            "FROM attempts WHERE operation_id = ? ORDER BY number",
+            (row["operation_id"],),
+            conn,
+            checked=checked,
+        )
+
+    def _operation(
+        self, row: dict[str, Any], first: dict[str, Any] | None, later: list[dict[str, Any]]
+    ) -> Operation:
+        attempts = tuple(
+            Attempt(
+                number=attempt["number"],
+                started_at=attempt["started_at"],
+                elapsed=attempt["elapsed"],
+                outcome=attempt["outcome"],
+                status_code=attempt["status_code"],
+                replayed=bool(attempt["replayed"]),
+                error=attempt["error"],
+                wait=attempt["wait"],
+            )
+            for attempt in ([] if first is None else [first]) + later
+        )
+        return Operation._from_row(row, attempts)
 
     def _check_row(self, row: dict[str, Any]) -> None:
         """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
@@ -1742,8 +1761,9 @@ class SqliteStore:
         """One operation with all its attempts, by operation id or by key; with
         ``damaged``, a row that cannot be decoded as its stand-in (`_listed`)."""
         rows = self._query(
-            "SELECT * FROM operations WHERE operation_id = ? "
-            "UNION ALL SELECT * FROM operations WHERE key = ? AND operation_id != ? LIMIT 1",
+            f"SELECT {_ROW_COLUMNS} FROM operations WHERE operation_id = ? "
+            f"UNION ALL SELECT {_ROW_COLUMNS} FROM operations WHERE key = ? "
+            "AND operation_id != ? LIMIT 1",
             (operation_id_or_key, operation_id_or_key, operation_id_or_key),
             checked=not damaged,
         )
@@ -1754,24 +1774,11 @@ class SqliteStore:
     def _with_attempts(
         self, row: dict[str, Any], conn: sqlite3.Connection | None = None
     ) -> Operation:
-        attempts = tuple(
-            Attempt(
-                number=attempt["number"],
-                started_at=attempt["started_at"],
-                elapsed=attempt["elapsed"],
-                outcome=attempt["outcome"],
-                status_code=attempt["status_code"],
-                replayed=bool(attempt["replayed"]),
-                error=attempt["error"],
-                wait=attempt["wait"],
-            )
-            for attempt in self._query(
-                "SELECT * FROM attempts WHERE operation_id = ? ORDER BY number",
-                (row["operation_id"],),
-                conn,
-            )
-        )
-        return Operation._from_row(row, attempts)
+        """The operation of a checked row, with its attempts (checked too)."""
+        first = _first_attempt(row)
+        if first is not None:
+            self._check_row(first | {"operation_id": row["operation_id"], "key": row["key"]})
+        return self._operation(row, first, self._later_attempts(row, conn))
 
     def find(
         self, operation_id: str | None, key: str | None, conn: sqlite3.Connection | None = None
@@ -1781,7 +1788,9 @@ class SqliteStore:
             for column, value in (("operation_id", operation_id), ("key", key)):
                 if value is None:
                     continue
-                rows = self._query(f"SELECT * FROM operations WHERE {column} = ?", (value,), conn)
+                rows = self._query(
+                    f"SELECT {_ROW_COLUMNS} FROM operations WHERE {column} = ?", (value,), conn
+                )
                 if rows:
                     return self._with_attempts(rows[0], conn)
         except JournalError:
@@ -1838,7 +1847,7 @@ class SqliteStore:
         params: list[Any] = []
         direction = "DESC" if newest_first else "ASC"
         at, source, order = "rowid", "operations", f"rowid {direction}"
-        if status is not None and self._version >= 3:
+        if status is not None:
             # A literal, not a parameter: SQLite must see that it implies the partial
             # index's WHERE (status was checked against STATUSES).
             where.append(f"status = '{status}'")
@@ -1851,13 +1860,10 @@ class SqliteStore:
                 order = f"updated_at {direction}, rowid {direction}"
                 where.insert(0, _SETTLED)
             source += f" INDEXED BY {index}"
-        elif status is not None:
-            where.append("status = ?")
-            params.append(status)
         if since is not None:
             where.append("created_at >= ?")
             params.append(since)
-        sql = f"SELECT rowid AS _rowid, {at} AS _at, * FROM {source}"
+        sql = f"SELECT rowid AS _rowid, {at} AS _at, {_OPERATION_COLUMNS} FROM {source}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {order}"
@@ -1889,40 +1895,26 @@ class SqliteStore:
             return self._stats(now, stuck_after, expiring_within)
 
     def _stats(self, now: float, stuck_after: float, expiring_within: float | None) -> JournalStats:
-        if self._version >= 2:
-            counters = self._counters()
-            counts: dict[str, int] = {status: counters[status] for status in STATUSES}
-            attempts = counters
-        else:
-            counts = self.counts()
-            attempts = self._query(
-                """
-                SELECT count(*) AS attempts,
-                       count(status_code) AS answered_attempts,
-                       coalesce(sum(replayed), 0) AS replayed_attempts,
-                       coalesce(sum(status_code IN (409, 423)), 0) AS in_progress_attempts
-                FROM attempts
-                """
-            )[0]
-        # In version 2 this reads operations_pending alone (it covers these columns)
-        # unless the expiring keys are asked for: key_expires_at is not in that index,
-        # so each pending row costs one lookup (about 20 ms per 10,000 pending).
+        counters = self._counters()
+        counts: dict[str, int] = {status: counters[status] for status in STATUSES}
+        attempts = counters
+        # This reads operations_pending alone (it covers these columns) unless the
+        # expiring keys are asked for: key_expires_at is not in that index, so each
+        # pending row costs one lookup (about 20 ms per 10,000 pending). An enqueued
+        # operation not sent yet is not expiring: its key's lifetime has not started.
         expiring = (
-            "NULL" if expiring_within is None else "coalesce(sum(key_expires_at <= :soon), 0)"
+            "NULL"
+            if expiring_within is None
+            else "coalesce(sum(key_expires_at <= :soon "
+            "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)), 0)"
         )
-        if expiring_within is not None and self._version >= 4:
-            # An enqueued operation not sent yet: its key's lifetime has not started.
-            expiring = (
-                "coalesce(sum(key_expires_at <= :soon "
-                "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)), 0)"
-            )
         pending = self._query(
             f"""
             SELECT min(created_at) AS oldest,
                    coalesce(sum(lease_until < :now AND updated_at < :idle
                                 AND coalesce(not_before, 0) <= :now), 0) AS stuck,
                    {expiring} AS expiring
-            FROM operations{self._indexed_by("operations_pending")} WHERE status = 'pending'
+            FROM operations INDEXED BY operations_pending WHERE status = 'pending'
             """,
             {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},
         )[0]
@@ -1963,23 +1955,28 @@ class SqliteStore:
                 with self._write() as conn:
                     started = time.perf_counter()
                     rows = self._longest_idle(conn, cutoff, batch)
+                    counts: dict[str, int] = {}
                     for start in range(0, len(rows), _SQL_VARIABLES):
                         chunk = rows[start : start + _SQL_VARIABLES]
                         marks = ", ".join("?" for _ in chunk)
+                        ids = [operation_id for _, operation_id in chunk]
+                        rowids = [rowid for rowid, _ in chunk]
+                        # What the deleted rows counted, taken off the counts with them.
+                        for source, column, where, params in (
+                            ("operations", "status", f"rowid IN ({marks})", rowids),
+                            ("operations", "attempt1_", f"rowid IN ({marks})", rowids),
+                            ("attempts", "", f"operation_id IN ({marks})", ids),
+                        ):
+                            _uncount(conn, counts, source, column, where, params)
+                        conn.execute(f"DELETE FROM attempts WHERE operation_id IN ({marks})", ids)
+                        # Audit entries go with their operation, never before it.
                         conn.execute(
-                            f"DELETE FROM attempts WHERE operation_id IN ({marks})",
-                            [operation_id for _, operation_id in chunk],
+                            f"DELETE FROM operation_audit WHERE operation_id IN ({marks})", ids
                         )
-                        if self._version >= 4:
-                            # Audit entries go with their operation, never before it.
-                            conn.execute(
-                                f"DELETE FROM operation_audit WHERE operation_id IN ({marks})",
-                                [operation_id for _, operation_id in chunk],
-                            )
                         deleted += conn.execute(
-                            f"DELETE FROM operations WHERE rowid IN ({marks})",
-                            [rowid for rowid, _ in chunk],
+                            f"DELETE FROM operations WHERE rowid IN ({marks})", rowids
                         ).rowcount
+                    self._add_counts(counts)
                 elapsed = max(time.perf_counter() - started, 1e-6)
                 if len(rows) < batch:
                     return deleted
@@ -1992,17 +1989,6 @@ class SqliteStore:
     ) -> list[tuple[int, str]]:
         """(rowid, operation_id) of up to ``batch`` finished operations idle since before
         ``cutoff``, longest idle first."""
-        if self._version < 3:
-            # Written exactly as operations_finished's WHERE, so SQLite uses that index.
-            finished = "operations" + self._indexed_by("operations_finished")
-            return [
-                (row[0], row[1])
-                for row in conn.execute(
-                    f"SELECT rowid, operation_id FROM {finished} WHERE {_FINISHED} "
-                    "AND updated_at < ? ORDER BY updated_at LIMIT ?",
-                    (cutoff, batch),
-                )
-            ]
         # One walk of operations_settled per finished status, merged: its entries are
         # in (status, updated_at) order.
         found = merge(
@@ -2021,8 +2007,6 @@ class SqliteStore:
     def _unforked(self, table: str = "operations") -> str:
         """The WHERE clause that keeps prune off an operation a fork still links to (the
         fork goes first; its parent, no longer linked, in a later batch or prune)."""
-        if self._version < 4:
-            return ""
         return (
             " AND NOT EXISTS (SELECT 1 FROM operations AS fork "
             f"WHERE fork.forked_from = {table}.operation_id)"
@@ -2030,8 +2014,6 @@ class SqliteStore:
 
     def _linked_prunable(self, cutoff: float) -> int:
         """How many finished operations idle since before ``cutoff`` a fork links to."""
-        if self._version < 4:
-            return 0
         # From the forks (few, in their partial index) to their parents. An operation has
         # at most one fork (its fork's id is fixed, `<id>~fork<n>`): no DISTINCT, no sort.
         return int(
@@ -2053,30 +2035,21 @@ class SqliteStore:
     def _count_idle(self, cutoff: float) -> int:
         """How many finished operations were idle since before ``cutoff``.
 
-        Versions 2 and 3 count whichever side of the cutoff looks smaller in the
-        index of finished operations (judged from its oldest and newest entries;
-        in version 3, status by status) and, for the newer side, subtract from the
-        finished count the triggers keep: a usual window (keep the last week of
-        months) counts a few entries.
+        Counts whichever side of the cutoff looks smaller in operations_settled (judged
+        from its oldest and newest entries, status by status) and, for the newer side,
+        subtracts from the counts: a usual window (keep the last week of months) counts
+        a few entries.
         """
-        if self._version >= 3:
-            counters = self._counters()
-            return sum(
-                self._count_older(
-                    "operations INDEXED BY operations_settled",
-                    f"{_SETTLED} AND status = '{status}'",
-                    counters[status],
-                    cutoff,
-                )
-                for status in FINISHED_STATUSES
-            )
-        finished = "operations" + self._indexed_by("operations_finished")
-        if self._version < 2:
-            older = f"SELECT count(*) AS n FROM {finished} WHERE {_FINISHED} AND "
-            return int(self._query(older + "updated_at < ?", (cutoff,))[0]["n"])
         counters = self._counters()
-        total = sum(counters[status] for status in FINISHED_STATUSES)
-        return self._count_older(finished, _FINISHED, total, cutoff)
+        return sum(
+            self._count_older(
+                "operations INDEXED BY operations_settled",
+                f"{_SETTLED} AND status = '{status}'",
+                counters[status],
+                cutoff,
+            )
+            for status in FINISHED_STATUSES
+        )
 
     def _count_older(self, finished: str, where: str, total: int, cutoff: float) -> int:
         """How many of the ``total`` entries of ``finished`` matching ``where`` have
@@ -2124,23 +2097,23 @@ class SqliteStore:
                     raise self._damaged(error) from error
                 raise self._open_error(error) from error
 
+    def recount(self) -> None:
+        """Count the operations and attempts again from the rows, in one transaction: the
+        counts follow the journal's own writes only, so after an edit by hand (the sqlite3
+        shell) they may differ from the rows until this runs."""
+        with self._write(durable=True) as conn:
+            conn.execute(_RECOUNT)
+
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
-        if self._version >= 2:
-            counters = self._counters()
-            return {status: counters[status] for status in STATUSES}
-        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
-        for row in self._query("SELECT status, count(*) AS n FROM operations GROUP BY status"):
-            counts[row["status"]] = row["n"]
-        return counts
+        counters = self._counters()
+        return {status: counters[status] for status in STATUSES}
 
     # -- origin pauses (retry control, version 4) --------------------------------------
 
     def origin_pauses(self, *, now: float) -> list[OriginPause]:
         """The origin pauses still running at ``now``, soonest over first."""
         check_number("now", now, integer=False, low=0, high=MAX_TIMESTAMP)
-        if self._version < 4:
-            return []  # an older journal opened read-only keeps none
         with self._snapshot():
             rows = self._query(
                 "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
@@ -2149,12 +2122,8 @@ class SqliteStore:
             )
         return [OriginPause(**dict(row)) for row in rows]
 
-    def _indexed_by(self, index: str) -> str:
-        """Name the version-2 index: without statistics SQLite would pick operations_by_status."""
-        return f" INDEXED BY {index}" if self._version >= 2 else ""
-
     def _counters(self) -> dict[str, int]:
-        """The counts the triggers keep: one row, whatever the journal's size."""
+        """The counts each batch of writes keeps: one row, whatever the journal's size."""
         rows = self._query(f"SELECT {', '.join(_COUNTERS)} FROM journal_counts WHERE id = 1")
         values = rows[0] if rows else {}
         if len(values) != len(_COUNTERS) or not all(
@@ -2164,18 +2133,21 @@ class SqliteStore:
                 f"{self.path} holds damaged counts ({short(values)}); move the journal aside "
                 "and restore a backup"
             )
-        if self._version >= 3:
-            # Pending operations are counted from their own index, not by triggers:
-            # a key's commit then writes no counter page.
-            values["pending"] = int(
-                self._query(
-                    "SELECT count(*) AS n FROM operations INDEXED BY operations_pending "
-                    "WHERE status = 'pending'"
-                )[0]["n"]
-            )
+        # Pending operations are counted from their own index: a key's commit then
+        # writes no counter page.
+        values["pending"] = int(
+            self._query(
+                "SELECT count(*) AS n FROM operations INDEXED BY operations_pending "
+                "WHERE status = 'pending'"
+            )[0]["n"]
+        )
         if values["unknown_status"]:
             # Name the damaged row, as a scan would have.
-            self._query(f"SELECT * FROM operations WHERE status NOT IN ({_STATUSES_SQL}) LIMIT 1")
+            self._query(
+                f"SELECT {_OPERATION_COLUMNS} FROM operations "
+                f"WHERE NOT {_one_of('status', STATUSES)} "
+                "LIMIT 1"
+            )
             raise JournalCorruptError(
                 f"{self.path} counts {values['unknown_status']} operations with an unknown "
                 "status but holds none; move the journal aside and restore a backup"

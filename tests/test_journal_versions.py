@@ -1,0 +1,145 @@
+"""One schema per store (version 10): a development journal (SQLite 1-5, PostgreSQL 1-3) is
+refused, unmodified, with the build that drains it; a version-10 file is one no older
+build reads."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import idempotently
+from idempotently import JournalVersionError
+from idempotently._journal import _sqlite, migration_sql
+from idempotently.cli import cli
+
+DEVELOPMENT = Path(__file__).parent / "data" / "development_journals"
+SQLITE_VERSIONS = (1, 2, 3, 4, 5)
+
+
+def development_sqlite_journal(path: Path, version: int, *, adopted: bool = False) -> None:
+    """A SQLite journal as the development build of ``version`` left it, holding one
+    pending operation; ``adopted``: inside an application's database (its own table,
+    user_version 7), the journal's version a journal_meta row."""
+    script = (DEVELOPMENT / f"sqlite_v{version}.sql").read_text()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        if adopted:
+            conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+            conn.execute("PRAGMA user_version = 7")
+            script = script.replace(f"PRAGMA application_id = {_sqlite.APPLICATION_ID};", "")
+            script = script.replace(f"PRAGMA user_version = {version};", "")
+        conn.executescript(script)
+        if adopted:
+            conn.execute(
+                "INSERT OR REPLACE INTO journal_meta (name, value) VALUES "
+                f"('identity', 'idempotently'), ('schema_version', '{version}')"
+            )
+        conn.execute(
+            "INSERT INTO operations (operation_id, key, status, delivery, method, url, "
+            "request_headers, request_body, fingerprint, profile, key_header, created_at, "
+            "updated_at, key_expires_at) VALUES ('charge-1', 'k-1', 'pending', "
+            "'exactly_once', 'POST', 'https://api.example/charges', '[]', x'7b7d', 'f', "
+            "'stripe', 'Idempotency-Key', 1, 1, 86401)"
+        )
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def digest(path: Path) -> str:
+    """The file's bytes (and its -wal's, if any): what "left as it is" compares."""
+    parts = [path, path.with_name(path.name + "-wal")]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in parts if p.exists())).hexdigest()
+
+
+def assert_refusal(message: str, path: Path, version: int, store: str = "SQLite") -> None:
+    assert f"{path} is a development journal ({store} schema version {version})" in message
+    assert "left as it is" in message
+    assert (
+        "Do not delete it while it holds pending, needs_reconcile or recently succeeded "
+        "operations" in message
+    )
+    assert "git tag v0.1.0.dev-journal5" in message
+
+
+OPENERS: dict[str, Callable[[Path], object]] = {
+    "write": lambda path: idempotently.Journal(path),
+    "readonly": lambda path: idempotently.Journal(path, readonly=True),
+    "create=False": lambda path: idempotently.Journal(path, create=False),
+    "adopt": lambda path: idempotently.Journal(path, adopt=True),
+    "migrate --sql": lambda path: migration_sql(path),
+}
+
+
+@pytest.mark.parametrize(
+    ("version", "adopted"),
+    # Builds adopted an application's database from version 4 (the outbox) on.
+    [(version, False) for version in SQLITE_VERSIONS] + [(4, True), (5, True)],
+    ids=lambda value: {False: "own file", True: "adopted"}.get(value, str(value)),
+)
+@pytest.mark.parametrize("opener", list(OPENERS))
+def test_a_development_sqlite_journal_is_refused_unmodified(
+    tmp_path: Path, version: int, opener: str, adopted: bool
+) -> None:
+    """Every way of opening a SQLite journal of a development version refuses it in one
+    line that names the version, says not to delete it and names the tag; the file is
+    left byte for byte as it was."""
+    path = tmp_path / "journal.db"
+    development_sqlite_journal(path, version, adopted=adopted)
+    before = digest(path)
+    with pytest.raises(JournalVersionError) as refused:
+        OPENERS[opener](path)
+    assert_refusal(refused.value.message, path, version)
+    assert "\n" not in refused.value.message
+    assert before == digest(path)
+
+
+@pytest.mark.parametrize("command", [["stats"], ["list"], ["resume"], ["migrate"]])
+def test_the_cli_refuses_a_development_sqlite_journal(tmp_path: Path, command: list[str]) -> None:
+    """The CLI says the same (exit 1, an error naming the file, never a traceback), and
+    the file is left as it was."""
+    path = tmp_path / "journal.db"
+    development_sqlite_journal(path, 5)
+    before = digest(path)
+    result = CliRunner().invoke(cli, ["--journal", str(path), *command])
+    assert 1 == result.exit_code
+    assert isinstance(result.exception, SystemExit)
+    assert_refusal(" ".join(result.output.split()), path, 5)
+    assert before == digest(path)
+
+
+def test_a_new_sqlite_journal_is_at_version_10_and_newer_than_every_development_build(
+    tmp_path: Path,
+) -> None:
+    """A new journal file says version 10 where every development build reads its version
+    (user_version; in an adopted database, journal_meta), so each refuses it as newer
+    (they refuse any version above their own 1 to 5)."""
+    own, adopted = tmp_path / "journal.db", tmp_path / "shop.db"
+    idempotently.Journal(own).close()
+    with contextlib.closing(sqlite3.connect(adopted)) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    idempotently.Journal(adopted, adopt=True).close()
+    with contextlib.closing(sqlite3.connect(own)) as conn:
+        assert 10 == conn.execute("PRAGMA user_version").fetchone()[0]
+    with contextlib.closing(sqlite3.connect(adopted)) as conn:
+        assert (
+            "10"
+            == conn.execute(
+                "SELECT value FROM journal_meta WHERE name = 'schema_version'"
+            ).fetchone()[0]
+        )
+        assert 0 == conn.execute("PRAGMA user_version").fetchone()[0]
+    assert 10 > max(SQLITE_VERSIONS)
+
+
+def test_migrate_sql_from_a_development_version_is_refused() -> None:
+    """There is no step from a development version: --from-version 5 is refused with the
+    same words; from 0 the script creates version 10."""
+    with pytest.raises(JournalVersionError) as refused:
+        _sqlite.migration_sql(5, path="journal.db")
+    assert_refusal(refused.value.message, Path("journal.db"), 5)
+    assert "PRAGMA user_version = 10;" in _sqlite.migration_sql(0)
