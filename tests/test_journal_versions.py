@@ -143,3 +143,81 @@ def test_migrate_sql_from_a_development_version_is_refused() -> None:
         _sqlite.migration_sql(5, path="journal.db")
     assert_refusal(refused.value.message, Path("journal.db"), 5)
     assert "PRAGMA user_version = 10;" in _sqlite.migration_sql(0)
+
+
+# -- PostgreSQL --------------------------------------------------------------------------
+
+POSTGRES_VERSIONS = (1, 2, 3)
+
+
+def development_postgres_journal(url: str, version: int) -> None:
+    """A PostgreSQL journal as the development build of ``version`` left it, holding one
+    pending operation."""
+    import psycopg
+
+    script = (DEVELOPMENT / f"postgres_v{version}.sql").read_text()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(script)  # type: ignore[arg-type]
+        conn.execute(
+            "INSERT INTO idempotently.operations (operation_id, key, status, delivery, "
+            "method, url, request_headers, request_body, fingerprint, profile, key_header, "
+            "created_at, updated_at, key_expires_at) VALUES ('charge-1', 'k-1', 'pending', "
+            "'exactly_once', 'POST', 'https://api.example/charges', '[]', '\\x7b7d', 'f', "
+            "'stripe', 'Idempotency-Key', 1, 1, 86401)"
+        )
+
+
+def postgres_state(url: str) -> list[object]:
+    """The journal's tables, columns and rows: what "left as it is" compares."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [
+            conn.execute(
+                "SELECT table_name, column_name FROM information_schema.columns "
+                "WHERE table_schema = 'idempotently' ORDER BY 1, 2"
+            ).fetchall(),
+            conn.execute("SELECT * FROM idempotently.journal_meta ORDER BY name").fetchall(),
+            conn.execute("SELECT * FROM idempotently.operations").fetchall(),
+        ]
+
+
+POSTGRES_OPENERS: dict[str, Callable[[str], object]] = {
+    "write": lambda url: idempotently.Journal(url),
+    "readonly": lambda url: idempotently.Journal(url, readonly=True),
+    "create=False": lambda url: idempotently.Journal(url, create=False),
+    "migrate --sql": lambda url: migration_sql(url),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("opener", list(POSTGRES_OPENERS))
+@pytest.mark.parametrize("version", POSTGRES_VERSIONS)
+def test_a_development_postgres_journal_is_refused_unmodified(
+    postgres_url: str, version: int, opener: str
+) -> None:
+    """Every way of opening a PostgreSQL journal of a development version refuses it in
+    one line naming the version, the tag and not to delete it; nothing in it changes."""
+    development_postgres_journal(postgres_url, version)
+    before = postgres_state(postgres_url)
+    with pytest.raises(JournalVersionError) as refused:
+        POSTGRES_OPENERS[opener](postgres_url)
+    message = refused.value.message
+    assert f"is a development journal (PostgreSQL schema version {version})" in message
+    assert "Do not delete it while it holds pending" in message
+    assert "git tag v0.1.0.dev-journal5" in message
+    assert before == postgres_state(postgres_url)
+
+
+@pytest.mark.postgres
+def test_a_new_postgres_journal_is_at_version_10(postgres_url: str) -> None:
+    """journal_meta says 10, which every development build (1 to 3) refuses as newer."""
+    import psycopg
+
+    idempotently.Journal(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT value FROM idempotently.journal_meta WHERE name = 'schema_version'"
+        ).fetchone()
+    assert row is not None
+    assert "10" == row[0]

@@ -40,7 +40,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from heapq import merge
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast, get_args
 
 import attrs
 
@@ -92,7 +92,7 @@ from idempotently._rows import (
     row_problem,
     short,
 )
-from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Status
+from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Outcome, Status
 
 if TYPE_CHECKING:
     import psycopg
@@ -103,8 +103,9 @@ INSTALL_HINT: Final = "pip install 'idempotently[postgres]'"
 
 SCHEMA: Final = "idempotently"
 """The PostgreSQL schema holding the journal's tables."""
-SCHEMA_VERSION: Final = 3
-"""The PostgreSQL journal's own schema version (SQLite journals count theirs apart)."""
+SCHEMA_VERSION: Final = 10
+"""The one schema (issue 29), as the SQLite journal's 10: development builds wrote 1 to 3,
+which this build refuses (`development_journal_error`)."""
 _ADVISORY_LOCK: Final = 0x49444D50  # "IDMP", as the SQLite application_id
 """pg_advisory_xact_lock key held while the schema is created or migrated."""
 
@@ -163,107 +164,103 @@ def _ddl(statuses: Sequence[str]) -> str:
 
 # Columns as in the SQLite journal (timestamps in seconds since the epoch,
 # bodies as bytea, headers as JSON text), so rows decode the same way. `seq`
-# orders listings by creation, as SQLite's rowid does.
-_MIGRATIONS: Final[tuple[str, ...]] = (
-    # To version 1.
-    f"""
-    CREATE SCHEMA IF NOT EXISTS {SCHEMA};
-    CREATE TABLE {SCHEMA}.journal_meta (
-        name  text PRIMARY KEY,
-        value text NOT NULL
-    );
-    CREATE TABLE {SCHEMA}.operations (
-        seq              bigint GENERATED ALWAYS AS IDENTITY,
-        operation_id     text PRIMARY KEY,
-        key              text NOT NULL UNIQUE,
-        status           text NOT NULL CHECK (status IN ({_ddl(STATUSES)})),
-        delivery         text NOT NULL CHECK (delivery IN ('exactly_once', 'at_most_once')),
-        method           text NOT NULL,
-        url              text NOT NULL,
-        request_headers  text NOT NULL,
-        request_body     bytea NOT NULL,
-        fingerprint      text NOT NULL,
-        profile          text NOT NULL,
-        key_header       text NOT NULL,
-        created_at       double precision NOT NULL,
-        updated_at       double precision NOT NULL,
-        key_expires_at   double precision NOT NULL,
-        deadline_at      double precision,
-        not_before       double precision,
-        lease_owner      text,
-        lease_until      double precision NOT NULL DEFAULT 0,
-        attempt_count    integer NOT NULL DEFAULT 0,
-        last_status_code integer,
-        response_status  integer,
-        response_headers text,
-        response_body    bytea,
-        reason           text
-    );
-    CREATE INDEX operations_by_seq ON {SCHEMA}.operations (seq);
-    CREATE INDEX operations_by_status ON {SCHEMA}.operations (status, seq);
-    CREATE INDEX operations_pending ON {SCHEMA}.operations (created_at)
-        INCLUDE (lease_until, updated_at, not_before) WHERE status = 'pending';
-    CREATE INDEX operations_finished ON {SCHEMA}.operations (updated_at)
-        WHERE status IN ({_ddl(FINISHED_STATUSES)});
-    CREATE TABLE {SCHEMA}.attempts (
-        operation_id text NOT NULL,
-        number       integer NOT NULL,
-        started_at   double precision NOT NULL,
-        elapsed      double precision NOT NULL,
-        outcome      text NOT NULL CHECK (outcome IN ('not_sent', 'maybe_delivered', 'answered')),
-        status_code  integer,
-        replayed     integer NOT NULL DEFAULT 0,
-        error        text,
-        wait         double precision,
-        PRIMARY KEY (operation_id, number)
-    );
-    """,
-    # To version 2: what the operator's journal, data at rest and retry control
-    # need, as in the SQLite journal's version 4. Nullable columns without a
-    # default: adding them rewrites no row.
-    f"""
-    ALTER TABLE {SCHEMA}.operations
-        -- Data at rest.
-        ADD COLUMN codec text,
-        ADD COLUMN secret_params text,
-        ADD COLUMN credentials_digest text,
-        -- Retry control.
-        ADD COLUMN overrides text,
-        -- The operator's journal.
-        ADD COLUMN forked_from text,
-        ADD COLUMN lookup_after double precision,
-        -- The outbox.
-        ADD COLUMN enqueued_at double precision,
-        ADD COLUMN first_send_at double precision;
-    CREATE TABLE {SCHEMA}.origin_pauses (
-        origin      text NOT NULL,
-        credentials text NOT NULL DEFAULT '',
-        until       double precision NOT NULL,
-        reason      text,
-        set_at      double precision NOT NULL,
-        PRIMARY KEY (origin, credentials)
-    );
-    CREATE INDEX operations_forks ON {SCHEMA}.operations (forked_from)
-        WHERE forked_from IS NOT NULL;
-    CREATE TABLE {SCHEMA}.operation_audit (
-        seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        operation_id text NOT NULL,
-        at           double precision NOT NULL,
-        actor        text NOT NULL,
-        action       text NOT NULL,
-        note         text,
-        detail       text
-    );
-    CREATE INDEX operation_audit_by_operation ON {SCHEMA}.operation_audit (operation_id, seq);
-    """,
-    # To version 3, as the SQLite journal's version 5: the SHA-256 of the clear request
-    # body, encoded by the row's codec (never in clear), which a resend checks the
-    # decoded body against. NULL for a row in clear and for one written before.
-    f"""
-    ALTER TABLE {SCHEMA}.operations ADD COLUMN body_digest bytea;
-    """,
-)
-assert len(_MIGRATIONS) == SCHEMA_VERSION
+# orders listings by creation, as SQLite's rowid does. A first attempt lives in its
+# operation's row (attempt1_*), later ones in attempts; group_id, step, successor and
+# cap_reason are carried NULL for the issues that come next.
+_SCHEMA_DDL: Final = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE {SCHEMA}.journal_meta (
+    name  text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE {SCHEMA}.operations (
+    seq              bigint GENERATED ALWAYS AS IDENTITY,
+    operation_id     text PRIMARY KEY,
+    key              text NOT NULL UNIQUE,
+    status           text NOT NULL CHECK (status IN ({_ddl(STATUSES)})),
+    delivery         text NOT NULL CHECK (delivery IN ('exactly_once', 'at_most_once')),
+    method           text NOT NULL,
+    url              text NOT NULL,
+    request_headers  text NOT NULL,
+    request_body     bytea NOT NULL,
+    fingerprint      text NOT NULL,
+    profile          text NOT NULL,
+    key_header       text NOT NULL,
+    created_at       double precision NOT NULL,
+    updated_at       double precision NOT NULL,
+    key_expires_at   double precision NOT NULL,
+    deadline_at      double precision,
+    not_before       double precision,
+    lease_owner      text,
+    lease_until      double precision NOT NULL DEFAULT 0,
+    attempt_count    integer NOT NULL DEFAULT 0,
+    last_status_code integer,
+    response_status  integer,
+    response_headers text,
+    response_body    bytea,
+    reason           text,
+    codec              text,
+    secret_params      text,
+    credentials_digest text,
+    body_digest        bytea,
+    overrides          text,
+    forked_from        text,
+    lookup_after       double precision,
+    enqueued_at        double precision,
+    first_send_at      double precision,
+    attempt1_started_at  double precision,
+    attempt1_elapsed     double precision,
+    attempt1_outcome     text CHECK (attempt1_outcome IN ({_ddl(get_args(Outcome))})),
+    attempt1_status_code integer,
+    attempt1_replayed    integer,
+    attempt1_error       text,
+    attempt1_wait        double precision,
+    group_id   text,
+    step       integer,
+    successor  text,
+    cap_reason text
+);
+CREATE INDEX operations_by_seq ON {SCHEMA}.operations (seq);
+CREATE INDEX operations_by_status ON {SCHEMA}.operations (status, seq);
+CREATE INDEX operations_pending ON {SCHEMA}.operations (created_at)
+    INCLUDE (lease_until, updated_at, not_before) WHERE status = 'pending';
+CREATE INDEX operations_finished ON {SCHEMA}.operations (updated_at)
+    WHERE status IN ({_ddl(FINISHED_STATUSES)});
+CREATE INDEX operations_forks ON {SCHEMA}.operations (forked_from)
+    WHERE forked_from IS NOT NULL;
+CREATE INDEX operations_by_group ON {SCHEMA}.operations (group_id, step)
+    WHERE group_id IS NOT NULL;
+CREATE TABLE {SCHEMA}.attempts (
+    operation_id text NOT NULL,
+    number       integer NOT NULL CHECK (number >= 2),
+    started_at   double precision NOT NULL,
+    elapsed      double precision NOT NULL,
+    outcome      text NOT NULL CHECK (outcome IN ({_ddl(get_args(Outcome))})),
+    status_code  integer,
+    replayed     integer NOT NULL DEFAULT 0,
+    error        text,
+    wait         double precision,
+    PRIMARY KEY (operation_id, number)
+);
+CREATE TABLE {SCHEMA}.origin_pauses (
+    origin      text NOT NULL,
+    credentials text NOT NULL DEFAULT '',
+    until       double precision NOT NULL,
+    reason      text,
+    set_at      double precision NOT NULL,
+    PRIMARY KEY (origin, credentials)
+);
+CREATE TABLE {SCHEMA}.operation_audit (
+    seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    operation_id text NOT NULL,
+    at           double precision NOT NULL,
+    actor        text NOT NULL,
+    action       text NOT NULL,
+    note         text,
+    detail       text
+);
+CREATE INDEX operation_audit_by_operation ON {SCHEMA}.operation_audit (operation_id, seq);
+"""
 
 _NAMESPACE_INSERT: Final = (
     f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)"
@@ -272,12 +269,19 @@ _NAMESPACE_INSERT: Final = (
 (gen_random_uuid) in the script ``migrate --sql`` prints."""
 
 
+def development_journal_error(path: str, store: str, version: int) -> JournalVersionError:
+    """The SQLite journal's refusal of a development journal, worded once."""
+    from idempotently._journal._sqlite import development_journal_error as refusal
+
+    return refusal(path, store, version)
+
+
 def upgrade_statements(version: int) -> list[str]:
     """Every statement from schema ``version`` (0: no journal) to SCHEMA_VERSION, in order:
     what opening the journal to write runs, in one transaction under the advisory lock."""
-    statements = list(_MIGRATIONS[version:])
+    statements = []
     if version == 0:
-        statements.append(_NAMESPACE_INSERT)
+        statements += [_SCHEMA_DDL, _NAMESPACE_INSERT]
     statements.append(
         f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
         f"VALUES ('schema_version', '{SCHEMA_VERSION}') "
@@ -286,12 +290,14 @@ def upgrade_statements(version: int) -> list[str]:
     return statements
 
 
-def migration_sql(version: int) -> str:
+def migration_sql(version: int, path: str = "the journal") -> str:
     """The script that brings a PostgreSQL journal from ``version`` (0: a database without
     one) to this version, for applications that run their own migrations: one
     transaction, under the advisory lock every opener takes."""
     if version >= SCHEMA_VERSION:
         return f"-- The journal is at schema version {version}: nothing to do.\n"
+    if version > 0:
+        raise development_journal_error(path, "PostgreSQL", version)
     lines = [
         f"-- idempotently journal (PostgreSQL, schema {SCHEMA}): version {version} to "
         f"{SCHEMA_VERSION}.",
@@ -312,22 +318,11 @@ _OPERATION_COLUMNS: Final = tuple(
     if field.name != "attempts" and field.metadata.get("column", True)
 )
 _SELECT_OPERATION: Final = ", ".join(_OPERATION_COLUMNS)
-_ADDED_IN_V2: Final = frozenset(
-    {
-        *("codec", "secret_params", "credentials_digest", "overrides"),
-        *("forked_from", "lookup_after", "enqueued_at", "first_send_at"),
-    }
+_ATTEMPT1: Final = tuple(
+    f"attempt1_{name}"
+    for name in ("started_at", "elapsed", "outcome", "status_code", "replayed", "error", "wait")
 )
-_ADDED_IN_V3: Final = frozenset({"body_digest"})
-_SELECT_OPERATION_V1: Final = ", ".join(
-    f"NULL AS {column}" if column in _ADDED_IN_V2 | _ADDED_IN_V3 else column
-    for column in _OPERATION_COLUMNS
-)
-"""The same columns from a version-1 journal opened read-only (it is not upgraded)."""
-_SELECT_OPERATION_V2: Final = ", ".join(
-    f"NULL AS {column}" if column in _ADDED_IN_V3 else column for column in _OPERATION_COLUMNS
-)
-"""The same columns from a version-2 journal opened read-only."""
+"""The columns holding an operation's first attempt (its later ones are rows of attempts)."""
 _FINISHED_SQL: Final = f"status IN ({_ddl(FINISHED_STATUSES)})"
 
 _INSERT_OPERATION: Final = f"""
@@ -364,6 +359,21 @@ def _if_holds(column: str, value: str) -> str:
     return f"{column} = CASE WHEN {_HOLDS} THEN {value} ELSE {column} END"
 
 
+def _if_first(column: str, value: str) -> str:
+    """``column`` set to ``value`` by an operation's first attempt (attempt_count is the
+    value before this UPDATE), else as it was."""
+    return (
+        f"{column} = CASE WHEN attempt_count = 0 AND attempt1_outcome IS NULL "
+        f"THEN {value} ELSE {column} END"
+    )
+
+
+# A first attempt is journaled in its operation's row by the UPDATE that sets the state
+# after it (the common call: one row written); a later one is a row of attempts, whose
+# number is the attempt_count the UPDATE returns (the row is locked first: two writers
+# can never both claim number n). A row whose attempt_count was lowered by hand to 0
+# while its first attempt is journaled keeps that attempt and inserts number 1, which
+# attempts' CHECK refuses: a corrupt row, never an attempt silently overwritten.
 _RECORD_ATTEMPT: Final = f"""
 WITH op AS (
     UPDATE {SCHEMA}.operations SET
@@ -378,20 +388,29 @@ WITH op AS (
         {_if_holds("response_body", "%(response_body)s::bytea")},
         {_if_holds("lease_until", "%(lease_until)s::double precision")},
         lease_owner = CASE WHEN {_HOLDS} AND %(lease_until)s::double precision <= 0 THEN NULL
-                           ELSE lease_owner END
+                           ELSE lease_owner END,
+        {_if_first("attempt1_started_at", "%(started_at)s::double precision")},
+        {_if_first("attempt1_elapsed", "%(elapsed)s::double precision")},
+        {_if_first("attempt1_outcome", "%(outcome)s::text")},
+        {_if_first("attempt1_status_code", "%(status_code)s::integer")},
+        {_if_first("attempt1_replayed", "%(replayed)s::integer")},
+        {_if_first("attempt1_error", "%(error)s::text")},
+        {_if_first("attempt1_wait", "%(wait)s::double precision")}
     WHERE operation_id = %(operation_id)s
-    RETURNING operation_id, attempt_count
+    RETURNING operation_id, attempt_count, attempt1_started_at
 )
 INSERT INTO {SCHEMA}.attempts (
     operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
 ) SELECT operation_id, attempt_count, %(started_at)s, %(elapsed)s, %(outcome)s,
          %(status_code)s::integer, %(replayed)s, %(error)s::text, %(wait)s::double precision
 FROM op
+WHERE attempt_count > 1
+   OR attempt1_started_at IS DISTINCT FROM %(started_at)s::double precision
 """
 
 _ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
 _ATTEMPTS_JOINED: Final = f"""
-SELECT {", ".join(f"o.{column}" for column in _OPERATION_COLUMNS)},
+SELECT {", ".join(f"o.{column}" for column in (*_OPERATION_COLUMNS, *_ATTEMPT1))},
        {", ".join(f"a.{column}" for column in _ATTEMPT_COLUMNS)}
 FROM {{operations}} AS o LEFT JOIN {SCHEMA}.attempts AS a ON a.operation_id = o.operation_id
 ORDER BY {{order}}a.number
@@ -407,13 +426,8 @@ _FIND_ROW: Final = f"""(
     LIMIT 1
 )"""
 _FIND: Final = _ATTEMPTS_JOINED.format(
-    operations=_FIND_ROW.format(columns=_SELECT_OPERATION), order=""
-)
-_FIND_V1: Final = _ATTEMPTS_JOINED.format(
-    operations=_FIND_ROW.format(columns=_SELECT_OPERATION_V1), order=""
-)
-_FIND_V2: Final = _ATTEMPTS_JOINED.format(
-    operations=_FIND_ROW.format(columns=_SELECT_OPERATION_V2), order=""
+    operations=_FIND_ROW.format(columns=", ".join((*_OPERATION_COLUMNS, *_ATTEMPT1))),
+    order="",
 )
 
 # Every time a pending row holds is written with its updated_at, by one clock: moved by
@@ -438,7 +452,7 @@ WITH due AS (
     UPDATE {SCHEMA}.operations AS o
     SET lease_owner = %(owner)s, lease_until = %(lease_until)s, updated_at = %(now)s
     FROM due WHERE o.operation_id = due.operation_id
-    RETURNING {", ".join(f"o.{column}" for column in _OPERATION_COLUMNS)}, o.seq
+    RETURNING {", ".join(f"o.{column}" for column in (*_OPERATION_COLUMNS, *_ATTEMPT1))}, o.seq
 )
 """ + _ATTEMPTS_JOINED.format(operations="claimed", order="o.created_at, o.seq, ")
 
@@ -747,6 +761,9 @@ class PostgresStore:
             )
         if version is not None and version > SCHEMA_VERSION:
             raise self._newer(version)
+        if version and version < SCHEMA_VERSION:
+            # A development build's journal: never read, never upgraded, never touched.
+            raise development_journal_error(self.path, "PostgreSQL", version)
         if version != SCHEMA_VERSION and not self.readonly:
             # Every opener of a fresh database gets here at once: the first
             # creates the schema, the others wait and find it made.
@@ -756,6 +773,8 @@ class PostgresStore:
                 version = self._read_version(conn) or 0
                 if version > SCHEMA_VERSION:
                     raise self._newer(version)
+                if 0 < version < SCHEMA_VERSION:
+                    raise development_journal_error(self.path, "PostgreSQL", version)
                 for statement in upgrade_statements(version):
                     params = (str(uuid.uuid4()),) if statement == _NAMESPACE_INSERT else None
                     conn.execute(statement, params)
@@ -1196,7 +1215,6 @@ class PostgresStore:
             case Act():
                 return conn.execute(_ACT, self._act_parameters(write))
             case LookUpLater():
-                self._require_v2("a lookup's backoff")
                 note = write.audit
                 return conn.execute(
                     _LOOK_UP_LATER,
@@ -1267,15 +1285,7 @@ class PostgresStore:
 
     # -- the operator's journal ----------------------------------------------------------
 
-    def _require_v2(self, what: str) -> None:
-        if self._version < 2:
-            raise JournalVersionError(
-                f"{what} needs the PostgreSQL journal's schema version 2, and {self.path} has "
-                f"version {self._version}; open it once without readonly=True to upgrade it"
-            )
-
     def _act_parameters(self, write: Act) -> dict[str, Any]:
-        self._require_v2("an operator action")
         fork = write.fork
         responds = write.sets_answer
         return {
@@ -1313,9 +1323,7 @@ class PostgresStore:
         }
 
     def audit(self, operation_id: str) -> list[AuditEntry]:
-        """The operation's audit entries, oldest first (none before version 2)."""
-        if self._version < 2:
-            return []
+        """The operation's audit entries, oldest first."""
         with self._connection() as conn:
             rows = conn.execute(_AUDIT, (operation_id,)).fetchall()
         entries = []
@@ -1543,6 +1551,15 @@ class PostgresStore:
                 else:
                     self._check_row(operation)
                 entry = found[row["operation_id"]] = (operation, [])
+                first = {column.removeprefix("attempt1_"): row[column] for column in _ATTEMPT1}
+                if first["outcome"] is not None and not damaged.get(row["operation_id"]):
+                    first["number"] = 1
+                    if listed and row_problem(first) is not None:
+                        damaged[row["operation_id"]] = cast(str, row_problem(first))
+                    else:
+                        self._check_row(first, operation)
+                        first["replayed"] = bool(first["replayed"])
+                        entry[1].append(Attempt(**first))
             if row["number"] is None or damaged.get(row["operation_id"]):
                 continue
             attempt = {column: row[column] for column in _ATTEMPT_COLUMNS}
@@ -1588,7 +1605,7 @@ class PostgresStore:
             return None
         with self._connection() as conn:
             rows = conn.execute(
-                (_FIND_V1, _FIND_V2, _FIND)[min(self._version, SCHEMA_VERSION) - 1],
+                _FIND,
                 {"operation_id": operation_id, "key": key},
             ).fetchall()
         found = self._with_attempts(rows, listed=damaged)
@@ -1644,10 +1661,7 @@ class PostgresStore:
         if since is not None:
             where.append("created_at >= %s")
             params.append(since)
-        columns = (_SELECT_OPERATION_V1, _SELECT_OPERATION_V2, _SELECT_OPERATION)[
-            min(self._version, SCHEMA_VERSION) - 1
-        ]
-        sql = f"SELECT seq AS _seq, {columns} FROM {SCHEMA}.operations"
+        sql = f"SELECT seq AS _seq, {_SELECT_OPERATION} FROM {SCHEMA}.operations"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq " + ("DESC" if newest_first else "ASC")
@@ -1663,8 +1677,6 @@ class PostgresStore:
 
     def origin_pauses(self, *, now: float) -> list[OriginPause]:
         """The origin pauses still running at ``now``, soonest over first."""
-        if self._version < 2:
-            return []  # an older journal opened read-only keeps none
         with self._read() as conn:
             rows = self._rows(
                 conn,
@@ -1703,19 +1715,27 @@ class PostgresStore:
             attempts = self._rows(
                 conn,
                 f"""
-                SELECT count(*) AS attempts,
-                       count(status_code) AS answered_attempts,
-                       coalesce(sum(replayed), 0) AS replayed_attempts,
-                       count(*) FILTER (WHERE status_code IN (409, 423)) AS in_progress_attempts
-                FROM {SCHEMA}.attempts
+                SELECT sum(attempts) AS attempts,
+                       sum(answered_attempts) AS answered_attempts,
+                       sum(replayed_attempts) AS replayed_attempts,
+                       sum(in_progress_attempts) AS in_progress_attempts
+                FROM (
+                    SELECT count(*) AS attempts,
+                           count(status_code) AS answered_attempts,
+                           coalesce(sum(replayed), 0) AS replayed_attempts,
+                           count(*) FILTER (WHERE status_code IN (409, 423))
+                               AS in_progress_attempts
+                    FROM {SCHEMA}.attempts
+                    UNION ALL
+                    SELECT count(attempt1_outcome), count(attempt1_status_code),
+                           coalesce(sum(attempt1_replayed), 0),
+                           count(*) FILTER (WHERE attempt1_status_code IN (409, 423))
+                    FROM {SCHEMA}.operations
+                ) AS both_tables
                 """,
             )[0]
             # An enqueued operation not sent yet: its key's lifetime has not started.
-            unsent = (
-                "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)"
-                if self._version >= 2
-                else ""
-            )
+            unsent = "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)"
             pending = self._rows(
                 conn,
                 f"""
@@ -1756,8 +1776,7 @@ class PostgresStore:
                 row = self._rows(
                     conn,
                     f"SELECT count(*) AS n FROM {SCHEMA}.operations "
-                    f"WHERE {_FINISHED_SQL} AND updated_at < %s"
-                    + (_UNFORKED if self._version >= 2 else ""),
+                    f"WHERE {_FINISHED_SQL} AND updated_at < %s" + _UNFORKED,
                     (cutoff,),
                 )[0]
             return int(row["n"])
