@@ -643,7 +643,7 @@ def test_migrate_sql_is_what_opening_the_journal_runs(journal_target: str, store
         conn.close()
     with idempotently.Journal(journal_target) as journal:
         namespace = journal.namespace
-        assert journal._version == (3 if store == "postgres" else 10)
+        assert journal._version == 10
     assert "nothing to do" in migration_sql(journal_target)
     assert namespace.version == 4
 

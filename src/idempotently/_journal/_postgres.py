@@ -362,18 +362,15 @@ def _if_holds(column: str, value: str) -> str:
 def _if_first(column: str, value: str) -> str:
     """``column`` set to ``value`` by an operation's first attempt (attempt_count is the
     value before this UPDATE), else as it was."""
-    return (
-        f"{column} = CASE WHEN attempt_count = 0 AND attempt1_outcome IS NULL "
-        f"THEN {value} ELSE {column} END"
-    )
+    return f"{column} = CASE WHEN attempt_count = 0 THEN {value} ELSE {column} END"
 
 
 # A first attempt is journaled in its operation's row by the UPDATE that sets the state
 # after it (the common call: one row written); a later one is a row of attempts, whose
 # number is the attempt_count the UPDATE returns (the row is locked first: two writers
 # can never both claim number n). A row whose attempt_count was lowered by hand to 0
-# while its first attempt is journaled keeps that attempt and inserts number 1, which
-# attempts' CHECK refuses: a corrupt row, never an attempt silently overwritten.
+# while its first attempt is journaled would have it overwritten: its outcome is set to
+# a word attempt1_outcome's CHECK refuses instead, so the write fails as a corrupt row.
 _RECORD_ATTEMPT: Final = f"""
 WITH op AS (
     UPDATE {SCHEMA}.operations SET
@@ -391,21 +388,25 @@ WITH op AS (
                            ELSE lease_owner END,
         {_if_first("attempt1_started_at", "%(started_at)s::double precision")},
         {_if_first("attempt1_elapsed", "%(elapsed)s::double precision")},
-        {_if_first("attempt1_outcome", "%(outcome)s::text")},
+        {
+    _if_first(
+        "attempt1_outcome",
+        "CASE WHEN attempt1_outcome IS NULL THEN %(outcome)s::text "
+        "ELSE 'attempt_count lowered by hand' END",
+    )
+},
         {_if_first("attempt1_status_code", "%(status_code)s::integer")},
         {_if_first("attempt1_replayed", "%(replayed)s::integer")},
         {_if_first("attempt1_error", "%(error)s::text")},
         {_if_first("attempt1_wait", "%(wait)s::double precision")}
     WHERE operation_id = %(operation_id)s
-    RETURNING operation_id, attempt_count, attempt1_started_at
+    RETURNING operation_id, attempt_count
 )
 INSERT INTO {SCHEMA}.attempts (
     operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
 ) SELECT operation_id, attempt_count, %(started_at)s, %(elapsed)s, %(outcome)s,
          %(status_code)s::integer, %(replayed)s, %(error)s::text, %(wait)s::double precision
-FROM op
-WHERE attempt_count > 1
-   OR attempt1_started_at IS DISTINCT FROM %(started_at)s::double precision
+FROM op WHERE attempt_count > 1
 """
 
 _ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
