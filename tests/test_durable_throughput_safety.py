@@ -16,11 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 import idempotently
 from idempotently._commands import Insert
 from idempotently._journal import Durability, NewOperation, _sqlite
 from idempotently._rows import Failed
+from idempotently.cli import cli
 from idempotently.testing import serve
 from tests.support import recount as support_recount
 
@@ -169,15 +171,22 @@ def test_a_prune_killed_midway_while_a_session_writes_leaves_exact_counts(
 def test_counts_follow_the_journals_writes_and_a_recount_follows_a_replace_by_hand(
     tmp_path: Path,
 ) -> None:
-    """INSERT OR REPLACE from the sqlite3 shell (sqlite-utils upsert does the same) is not
-    the journal's write: recount() (`migrate --recount`) makes counts() equal the rows."""
+    """INSERT OR REPLACE and UPDATE from the sqlite3 shell (sqlite-utils upsert does the
+    same) are not the journal's writes: `idempotently migrate --recount` makes counts()
+    equal the rows."""
     path = tmp_path / "journal.db"
     fill_finished(path, 3)
     with sqlite3.connect(path) as raw:
         raw.execute("INSERT OR REPLACE INTO operations SELECT * FROM operations WHERE rowid = 1")
+        raw.execute("UPDATE operations SET status = 'failed' WHERE rowid = 2")
     with idempotently.Journal(path) as journal:
-        journal._store.recount()
+        drifted = journal.counts()
+    recounted = CliRunner().invoke(cli, ["--journal", str(path), "migrate", "--recount"])
+    with idempotently.Journal(path) as journal:
         assert recount(path)[0] == journal.counts()
+    assert recount(path)[0] != drifted  # the hand edit was not counted until then
+    said = f"recounted {path}: pending 1, succeeded 2, failed 1, needs_reconcile 1,"
+    assert (0, said) == (recounted.exit_code, recounted.output[: len(said)])
 
 
 # -- resume at scale, from the command line ---------------------------------------------

@@ -1609,6 +1609,12 @@ def unpause_command(journal: Journal, origin: str, actor: str | None, output_for
 
 @cli.command("migrate")
 @click.option(
+    "--recount",
+    is_flag=True,
+    help="Count the operations and attempts again from the rows, in one transaction (the "
+    "counts follow the journal's own writes: run it after editing rows by hand).",
+)
+@click.option(
     "--sql",
     "print_sql",
     is_flag=True,
@@ -1632,7 +1638,11 @@ def unpause_command(journal: Journal, origin: str, actor: str | None, output_for
 )
 @click.pass_context
 def migrate_command(
-    ctx: click.Context, journal_path: str | None, print_sql: bool, from_version: int | None
+    ctx: click.Context,
+    journal_path: str | None,
+    print_sql: bool,
+    from_version: int | None,
+    recount: bool,
 ) -> None:
     """Create the journal's tables, or upgrade them to this version.
 
@@ -1645,8 +1655,21 @@ def migrate_command(
     path = journal_path or ctx.find_root().params["journal_path"]
     if from_version is not None and not print_sql:
         raise click.UsageError("--from-version goes with --sql (it prints; it changes nothing)")
+    if recount and print_sql:
+        raise click.UsageError("--recount writes; --sql prints and changes nothing")
     with journal_errors():
         refuse_special_file(path)
+        if recount:
+            with Journal(path, create=False) as journal:
+                recounted = getattr(journal._store, "recount", None)
+                if recounted is None:  # PostgreSQL counts from the rows at each read
+                    click.echo(f"{journal.path} counts from its rows: nothing to recount")
+                    return
+                recounted()
+                counts = journal.counts()
+            shown = ", ".join(f"{status} {number}" for status, number in counts.items())
+            click.echo(f"recounted {journal.path}: {shown}")
+            return
         if print_sql:
             try:
                 script = migration_sql(path, from_version)
