@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,3 +224,64 @@ def test_a_new_postgres_journal_is_at_version_10(postgres_url: str) -> None:
         ).fetchone()
     assert row is not None
     assert "10" == row[0]
+
+
+# -- the development build on a version-10 journal -------------------------------------
+
+REPOSITORY = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def development_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The source of the build at git tag v0.1.0.dev-journal5 (or the commit named by
+    IDEMPOTENTLY_DEVELOPMENT_BUILD), taken from this repository's history."""
+    revision = os.environ.get("IDEMPOTENTLY_DEVELOPMENT_BUILD", _sqlite.DEVELOPMENT_TAG)
+    found = subprocess.run(
+        ["git", "-C", str(REPOSITORY), "rev-parse", "--verify", f"{revision}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        pytest.skip(f"no {revision} in this repository's history (a checkout without tags)")
+    target = tmp_path_factory.mktemp("development-build")
+    archive = subprocess.run(
+        ["git", "-C", str(REPOSITORY), "archive", found.stdout.strip(), "src/idempotently"],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target / "src"
+
+
+@pytest.mark.parametrize("adopted", [False, True], ids=["own file", "adopted"])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_the_development_build_refuses_a_version_10_journal_unmodified(
+    tmp_path: Path, development_build: Path, readonly: bool, adopted: bool
+) -> None:
+    """The build at the tag opens a journal of this version (its own file, or adopted into
+    an application's database) as newer than it reads, says so, and leaves the file as
+    it was."""
+    path = tmp_path / "journal.db"
+    if adopted:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    idempotently.Journal(path, adopt=adopted).close()
+    before = digest(path)
+    opened = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, idempotently; idempotently.Journal(sys.argv[1], readonly={readonly})",
+            str(path),
+        ],
+        env={**os.environ, "PYTHONPATH": str(development_build)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert 0 != opened.returncode
+    assert "JournalVersionError" in opened.stderr
+    assert "has journal schema version 10, but this idempotently reads up to version 5" in (
+        opened.stderr
+    )
+    assert before == digest(path)
