@@ -104,7 +104,7 @@ INSTALL_HINT: Final = "pip install 'idempotently[postgres]'"
 SCHEMA: Final = "idempotently"
 """The PostgreSQL schema holding the journal's tables."""
 SCHEMA_VERSION: Final = 10
-"""The one schema (issue 29), as the SQLite journal's 10: development builds wrote 1 to 3,
+"""The one schema before 0.1.0, as the SQLite journal's 10: development builds wrote 1 to 3,
 which this build refuses (`development_journal_error`)."""
 _ADVISORY_LOCK: Final = 0x49444D50  # "IDMP", as the SQLite application_id
 """pg_advisory_xact_lock key held while the schema is created or migrated."""

@@ -105,7 +105,7 @@ def _refuse_url(path: str) -> None:
 
 
 SCHEMA_VERSION = 10
-"""The one schema (issue 29): development builds wrote versions 1 to 5, which this build
+"""The one schema before 0.1.0: development builds wrote versions 1 to 5, which this build
 refuses (`development_journal_error`); from here on every change bumps it with a step."""
 DEVELOPMENT_TAG: Final = "v0.1.0.dev-journal5"
 """The git tag of the last build that reads (and so can drain) a development journal."""
@@ -146,7 +146,7 @@ _SETTLED = _one_of("status", _SETTLED_STATUSES)
 """operations_settled's WHERE: a query must say it the same way to use the index."""
 _OUTCOMES = _one_of("attempt1_outcome", get_args(Outcome))
 
-# Designed for the common call (issue 29): a key is one INSERT, its answer one UPDATE of
+# Designed for the common call: a key is one INSERT, its answer one UPDATE of
 # the same row (the first attempt's columns are in it) plus one of the counts row. Every
 # index entry is a WAL page on the hot path, so there are few: listings order by rowid
 # (insertion order, which is creation order), pending operations are in their own
