@@ -643,7 +643,7 @@ def test_migrate_sql_is_what_opening_the_journal_runs(journal_target: str, store
         conn.close()
     with idempotently.Journal(journal_target) as journal:
         namespace = journal.namespace
-        assert journal._version == (3 if store == "postgres" else 5)
+        assert journal.schema_version == (3 if store == "postgres" else 5)
     assert "nothing to do" in migration_sql(journal_target)
     assert namespace.version == 4
 
@@ -660,7 +660,7 @@ def test_migrate_sql_from_an_older_journal_prints_only_the_upgrade(tmp_path: Pat
     conn.executescript(script)
     conn.close()
     with idempotently.Journal(path, readonly=True) as journal:
-        assert 5 == journal._version
+        assert 5 == journal.schema_version
 
 
 def test_migrate_sql_from_a_version_reads_no_database() -> None:

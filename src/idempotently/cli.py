@@ -1662,10 +1662,10 @@ def migrate_command(
             suppress(JournalMissingError),
             Journal(path, create=False, readonly=True, adopt=True) as found,
         ):
-            before = found._version
+            before = found.schema_version
         # Only here is an application's SQLite database adopted (outbox.md).
         with Journal(path, adopt=True) as journal:
-            after = journal._version
+            after = journal.schema_version
     if before == after:
         click.echo(f"{journal.path} is at journal schema version {after}: nothing to do")
     elif before == 0:
