@@ -11,7 +11,7 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
@@ -56,12 +56,13 @@ from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import (
     GENERIC,
+    ProfileRule,
     ServerProfile,
     carry_operation_id,
     check_key_expiry_margin,
     journaled_profile,
 )
-from idempotently._secret_params import values_in_params
+from idempotently._secret_params import check_redacted_params, values_in_params
 from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
@@ -83,6 +84,7 @@ _CLIENT_OPTIONS = {
 
 
 MAX_LEASE_DURATION = 24 * 3600.0
+PROFILE_RULES: tuple[ProfileRule, ...] = ("stored", "stored_only", "checked", "forced")
 
 
 def check_engine_options(
@@ -97,6 +99,7 @@ def check_engine_options(
     sleep: object,
     asynchronous: bool,
     max_response_bytes: object = DEFAULT_MAX_RESPONSE_BYTES,
+    profile_rule: object = "stored",
 ) -> None:
     """The options every Session and Transport shares, checked before anything is opened."""
     if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
@@ -127,8 +130,16 @@ def check_engine_options(
         for header in names:
             if not isinstance(header, str) or not header:
                 raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
+    if profile_rule not in PROFILE_RULES:
+        raise ValueError(
+            f"profile_rule must be one of {', '.join(map(repr, PROFILE_RULES))}, not "
+            f"{str(profile_rule)[:40]!r}"
+        )
     if key_expiry_margin is not None:
-        check_key_expiry_margin(key_expiry_margin, profile.key_lifetime, "key_expiry_margin")
+        # "stored_only" never reads an operation with this profile: each operation's own
+        # key lifetime bounds the margin there (a resume applies it per operation).
+        lifetime = None if profile_rule == "stored_only" else profile.key_lifetime
+        check_key_expiry_margin(key_expiry_margin, lifetime, "key_expiry_margin")
     for name, value, positive, most in (
         ("lease_duration", lease_duration, True, MAX_LEASE_DURATION),
     ):
@@ -186,6 +197,8 @@ class _SessionBase(Generic[ClientT]):
         client_options: dict[str, Any],
         hooks: Iterable[AsyncHook] = (),
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
+        redacted_params: Mapping[str, str] | None = None,
     ) -> None:
         # Everything is checked before the journal file is created.
         unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
@@ -230,7 +243,9 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
             max_response_bytes=max_response_bytes,
+            profile_rule=profile_rule,
         )
+        given_params = {} if redacted_params is None else check_redacted_params(redacted_params)
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
@@ -240,11 +255,13 @@ class _SessionBase(Generic[ClientT]):
         )
         self.policy = policy or RetryPolicy()
         self.profile = profile
-        self._params_given: dict[str, str] = {}
-        """Values of secret query parameters given apart from the client (``--param-env``)."""
+        self.host_id = host
+        """This host's name in lease owners."""
+        self._redacted_params = given_params
         self._engine = Engine(
             policy=self.policy,
             profile=profile,
+            profile_rule=profile_rule,
             clock=clock,
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
@@ -261,9 +278,19 @@ class _SessionBase(Generic[ClientT]):
         )
 
     def _param_values(self, name: str) -> Sequence[str] | None:
-        """The live values of a redacted query parameter, for a resume: the command
-        line's ``--param-env`` first, then the client's ``params``."""
-        return values_in_params(self._params_given, self.client.params)(name)
+        """The live values of a redacted query parameter, for a resume: the session's
+        ``redacted_params`` first (the command line's ``--param-env``), then the
+        client's ``params``."""
+        return values_in_params(self._redacted_params, self.client.params)(name)
+
+    def profile_for(self, operation: Operation) -> ServerProfile:
+        """The profile this session reads ``operation``'s answers with (on a resume, a
+        reconcile or a call that continues it): the one journaled with it, read as
+        ``profile_rule`` says. Raises `StoredProfileError` where that profile cannot
+        be used (it disagrees with this session's under ``"checked"``, it was
+        journaled before profiles were stored under ``"stored_only"``, its matcher can
+        no longer be imported): nothing would be sent for that operation."""
+        return self._engine.profile_for(operation)
 
     def _build(
         self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
@@ -515,7 +542,25 @@ class Session(_SessionBase[httpx.Client]):
             operation is no longer resent, but goes to `needs_reconcile`. None (the
             default): each operation's profile's (`ServerProfile.key_expiry_margin`,
             journaled with it). A given one (at least 60, below the profile's key
-            lifetime) applies where it is larger.
+            lifetime; with `profile_rule="stored_only"`, below each operation's)
+            applies where it is larger (`idempotently resume --key-expiry-margin`).
+        profile_rule: How the profile journaled with an operation is read on a
+            resume, a reconcile or a call that continues it: `"stored"` (the
+            default: the stored one; one journaled before profiles were stored is
+            read with `profile`), `"stored_only"` (the stored one; one journaled
+            before profiles were stored is refused: `idempotently resume` without
+            `--profile`), `"checked"` (`profile`, refused where the stored one
+            differs: `--profile`), `"forced"` (`profile`, always: `--profile` with
+            `--force-profile`). A refused operation is not sent and keeps its state
+            (`StoredProfileError`; a resume reports it `not_sent`); `profile_for`
+            says which profile an operation gets, before anything is sent.
+        redacted_params: Values of secret query parameters the journal redacted
+            (`{"api_key": os.environ["API_KEY"]}`), put back in their place in the
+            journaled URL when an operation journaled with that parameter redacted is
+            resent; no other request gets them (`idempotently resume --param-env`).
+            Looked up before the client's own `params`. Each name a query parameter
+            name, each value a non-empty str without surrounding whitespace or
+            control characters.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts (inject one in tests).
         hooks: Functions called with every event.
@@ -546,6 +591,8 @@ class Session(_SessionBase[httpx.Client]):
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
+        redacted_params: Mapping[str, str] | None = None,
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -563,6 +610,8 @@ class Session(_SessionBase[httpx.Client]):
             client_options=client_options,
             max_response_bytes=max_response_bytes,
             hooks=hooks,
+            profile_rule=profile_rule,
+            redacted_params=redacted_params,
         )
         self._sleep = sleep
 
@@ -976,7 +1025,25 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             operation is no longer resent, but goes to `needs_reconcile`. None (the
             default): each operation's profile's (`ServerProfile.key_expiry_margin`,
             journaled with it). A given one (at least 60, below the profile's key
-            lifetime) applies where it is larger.
+            lifetime; with `profile_rule="stored_only"`, below each operation's)
+            applies where it is larger (`idempotently resume --key-expiry-margin`).
+        profile_rule: How the profile journaled with an operation is read on a
+            resume, a reconcile or a call that continues it: `"stored"` (the
+            default: the stored one; one journaled before profiles were stored is
+            read with `profile`), `"stored_only"` (the stored one; one journaled
+            before profiles were stored is refused: `idempotently resume` without
+            `--profile`), `"checked"` (`profile`, refused where the stored one
+            differs: `--profile`), `"forced"` (`profile`, always: `--profile` with
+            `--force-profile`). A refused operation is not sent and keeps its state
+            (`StoredProfileError`; a resume reports it `not_sent`); `profile_for`
+            says which profile an operation gets, before anything is sent.
+        redacted_params: Values of secret query parameters the journal redacted
+            (`{"api_key": os.environ["API_KEY"]}`), put back in their place in the
+            journaled URL when an operation journaled with that parameter redacted is
+            resent; no other request gets them (`idempotently resume --param-env`).
+            Looked up before the client's own `params`. Each name a query parameter
+            name, each value a non-empty str without surrounding whitespace or
+            control characters.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
@@ -1006,6 +1073,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
+        redacted_params: Mapping[str, str] | None = None,
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -1023,6 +1092,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             client_options=client_options,
             max_response_bytes=max_response_bytes,
             hooks=hooks,
+            profile_rule=profile_rule,
+            redacted_params=redacted_params,
         )
         self._sleep = sleep
 

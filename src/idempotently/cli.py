@@ -78,6 +78,7 @@ from idempotently._profiles import (
     check_key_expiry_margin,
 )
 from idempotently._rows import Operation
+from idempotently._secret_params import param_name_problem, param_value_problem
 from idempotently._session import (
     MAX_LEASE_DURATION,
     MAX_RESUME_CONCURRENCY,
@@ -704,7 +705,6 @@ def headers_from_env(
 
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-QUERY_NAME = re.compile(r"[^\s=&#]+")
 ENVVAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -744,11 +744,11 @@ def params_from_env(
     params: dict[str, str] = {}
     for value in values:
         name, envvar = env_pair(value, "api_key=MY_API_KEY", ctx, param)
-        if not QUERY_NAME.fullmatch(name) or not name.isprintable():
+        problem = param_name_problem(name)
+        if problem is not None:
             raise click.BadParameter(
-                "NAME must be a query parameter name (printable, no space, '=' or '&'); what "
-                "was given "
-                "is not repeated here, in case it holds a credential",
+                f"NAME {problem}; what was given is not repeated here, in case it holds a "
+                "credential",
                 ctx,
                 param,
             )
@@ -759,11 +759,11 @@ def params_from_env(
                 param,
             )
         secret = os.environ[envvar]
-        if not secret or secret != secret.strip() or not secret.isprintable():
+        problem = param_value_problem(secret)
+        if problem is not None:
             raise click.BadParameter(
-                f"environment variable {envvar} (for the {name} query parameter) is empty, "
-                "starts or ends with whitespace, or holds a control character (check for a "
-                "stray newline); nothing was sent",
+                f"environment variable {envvar} (for the {name} query parameter) {problem}; "
+                "nothing was sent",
                 ctx,
                 param,
             )
@@ -1030,18 +1030,16 @@ def resume_command(
         # Whatever came from the environment is a credential: never journaled or printed.
         redact_headers=list(headers),
         profile=profile or GENERIC,
+        profile_rule="stored_only" if profile is None else "forced" if force_profile else "checked",
         policy=policy,
         timeout=timeout,
         host_id=host_id,
         lease_duration=lease_duration,
+        # Checked against the profile above; each operation's own lifetime is checked below.
+        key_expiry_margin=key_expiry_margin,
+        # Only the operations that were journaled with these parameters redacted get them.
+        redacted_params=params,
     )
-    # Checked against the profile above; each operation's own lifetime is checked below.
-    session._engine.key_expiry_margin = key_expiry_margin
-    session._engine.profile_rule = (
-        "stored_only" if profile is None else "forced" if force_profile else "checked"
-    )
-    # Only the operations that were journaled with these parameters redacted get them.
-    session._params_given = params
     with session:
         refuse_disagreeing_profiles(session, journal)
         if key_expiry_margin is not None:
@@ -1090,7 +1088,7 @@ def refuse_disagreeing_profiles(session: Session, journal: Journal) -> None:
     refusal: that operation is reported not_sent and stays pending; the others go on."""
     for operation in journal.operations(status="pending", newest_first=False):
         try:
-            session._engine.profile_for(operation)
+            session.profile_for(operation)
         except StoredProfileError as error:
             if error.kind != "unavailable":
                 click.echo(f"idempotently: {printable(str(error))}", err=True)
