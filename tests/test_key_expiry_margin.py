@@ -21,7 +21,6 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently import profiles
-from idempotently._watch import watch
 from idempotently.cli import cli
 from idempotently.profiles import ServerProfile
 from tests.conftest import STORES
@@ -111,12 +110,8 @@ def relay_once(s: idempotently.Session) -> idempotently.ResumeResult:
         results.append(result)
         stop.set()
 
-    watch(
-        s._engine,
-        s.journal,
-        s._build,
-        send=s.client.send,
-        stop=stop,
+    s.watch(
+        stop,
         interval=0.01,
         concurrency=1,
         on_result=on_result,

@@ -57,6 +57,7 @@ from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
 from idempotently._transport import AsyncTransport, Transport
+from idempotently._watch import WatchBatch, WatchSummary
 
 __version__ = "0.1.0.dev0"
 
@@ -108,5 +109,7 @@ __all__ = [
     "Settlement",
     "StoredProfileError",
     "Transport",
+    "WatchBatch",
+    "WatchSummary",
     "profiles",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -64,6 +65,13 @@ from idempotently._profiles import (
 )
 from idempotently._secret_params import check_redacted_params, values_in_params
 from idempotently._vocabulary import Delivery
+from idempotently._watch import (
+    DEFAULT_WATCH_INTERVAL,
+    WatchBatch,
+    WatchSummary,
+    check_watch_arguments,
+    watch,
+)
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
 JournalArg = str | os.PathLike[str] | Journal
@@ -943,6 +951,58 @@ class Session(_SessionBase[httpx.Client]):
             sleep=self._sleep,
             reconcile=BoundReconciler.of(reconciler, client, self._engine),
             report=on_result,
+        )
+
+    def watch(
+        self,
+        stop: threading.Event,
+        *,
+        interval: float = DEFAULT_WATCH_INTERVAL,
+        concurrency: int = 1,
+        base_url: str | None = None,
+        reconciler: Reconciler | None = None,
+        on_result: OnResult | None = None,
+        on_batch: Callable[[WatchBatch], object] | None = None,
+    ) -> WatchSummary:
+        """Keep resuming pending operations as they fall due, until ``stop`` is set:
+        the worker ``idempotently resume --watch`` runs (see the fleet guide).
+
+        Each round claims a batch of due operations in one journal transaction, so
+        workers on several hosts sharing a journal never resume one operation at once,
+        and resumes them ``concurrency`` at a time (in threads) through the same flow
+        as `resume`; when nothing is due it waits ``interval`` seconds. An operation a
+        round leaves pending with nothing to wait for is retried no sooner than
+        ``interval``, doubling. With a ``reconciler``, needs_reconcile operations are
+        handed to it as they come, on a thread of their own. Once ``stop`` is set: no
+        new claims, operations in flight finish their current attempt, every lease
+        the worker holds is released, and the summary is returned. ``on_result`` gets
+        each result as soon as it is known (from the worker's threads, one at a
+        time), ``on_batch`` each round that claimed something; the worker logs its
+        events to the ``idempotently.watch`` logger. A journal error ends it (after
+        releasing what it can) and is raised.
+        """
+        check_watch_arguments(stop=stop, interval=interval)
+        check_resume_arguments(
+            base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
+        )
+        if on_batch is not None and not callable(on_batch):
+            raise TypeError(f"on_batch must be callable, not {type(on_batch).__name__}")
+        journal = self.journal
+        return watch(
+            self._engine,
+            journal,
+            self._build,
+            send=self._send,  # its answers' bodies read within bounds, as a call's
+            stop=stop,
+            interval=float(interval),
+            concurrency=concurrency,
+            base_url=base_url,
+            on_result=on_result,
+            on_batch=on_batch,
+            pending_left=lambda: journal.counts()["pending"],
+            reconcile=None
+            if reconciler is None
+            else BoundReconciler.of(reconciler, self.client, self._engine),
         )
 
     def close(self) -> None:
