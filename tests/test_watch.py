@@ -277,24 +277,22 @@ def test_watch_on_a_terminal_prints_one_line_per_batch(
     path = tmp_path / "journal.db"
     seed(path, 3)
     fake = FakeTime(now=NOW)
-    stop = threading.Event()
     sent: list[int] = []
 
     def server(request: httpx.Request) -> httpx.Response:
         sent.append(1)
         if len(sent) == 3:
-            stop.set()
+            os.kill(os.getpid(), signal.SIGTERM)  # while the last operation is in flight
         return httpx.Response(201)
 
     with worker_session(path, fake, server) as session:
-        run_watch(
+        run_watch(  # on the main thread: it installs the signal handlers
             session,
             interval=5,
             concurrency=1,
             base_url=None,
             as_json=False,
             terminal=True,
-            stop=stop,
         )
     printed = capsys.readouterr().err.splitlines()
     assert [] == [line for line in printed if len(line) > columns]
@@ -305,8 +303,12 @@ def test_watch_on_a_terminal_prints_one_line_per_batch(
             lines[-1] += " " + line.strip()
         else:
             lines.append(line)
+    # The signal's notice comes when the signal does: before the last line.
+    [notice] = [n for n, line in enumerate(lines) if "SIGTERM: finishing operations" in line]
+    assert notice < len(lines) - 1
+    del lines[notice]
     assert 3 == len(lines), lines
-    assert (columns == 200) == (3 == len(printed))
+    assert (columns == 200) == (4 == len(printed))
     assert "resume worker worker-1:" in lines[0] and lines[0].endswith("started")
     assert "batch 1: 3 of 3 claimed operations resumed" in lines[1]
     assert "(3 succeeded); 0 pending left" in lines[1]
@@ -318,26 +320,29 @@ def test_watch_off_a_terminal_logs_json_lines(
 ) -> None:
     """Off a terminal (or with --json, on stdout) every event is one JSON object per line."""
     path = tmp_path / "journal.db"
-    seed(path, 2)
+    seed(path, 1)
     fake = FakeTime(now=NOW)
-    stop = threading.Event()
 
     def server(request: httpx.Request) -> httpx.Response:
-        stop.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # while the first operation is in flight
         return httpx.Response(201)
 
     with worker_session(path, fake, server) as session:
-        run_watch(
+        run_watch(  # on the main thread: it installs the signal handlers
             session,
             interval=5,
             concurrency=1,
             base_url=None,
             as_json=True,
             terminal=True,
-            stop=stop,
         )
     out = capsys.readouterr().out
     events = [json.loads(line) for line in out.splitlines()]
+    names = [event["event"] for event in events]
+    # The signal's notice comes when the signal does: before the last line.
+    assert "SIGTERM" == events[names.index("watch_stopping")]["signal"]
+    assert names.index("watch_stopping") < len(names) - 1
+    events = [event for event in events if event["event"] != "watch_stopping"]
     assert ["watch_started", "claimed", "operation", "batch", "watch_stopped"] == [
         event["event"] for event in events
     ]
@@ -347,7 +352,7 @@ def test_watch_off_a_terminal_logs_json_lines(
         events[2]["action"],
         events[2]["status_code"],
     )
-    assert 1 == events[-1]["released"]
+    assert 0 == events[-1]["released"]
     assert all(event["ts"].endswith("Z") and event["level"] == "info" for event in events)
 
 

@@ -87,10 +87,9 @@ class ResultTable:
         dry_run: bool,
         terminal: bool,
         clear_bar: bool,
-        width: int | None = None,
     ) -> None:
         self.terminal, self.clear_bar = terminal, clear_bar
-        self.width = width or shutil.get_terminal_size().columns
+        self.width = shutil.get_terminal_size().columns
         action = ACTION_WIDTHS[dry_run]
         rest = action + STATUS_WIDTH + CODE_WIDTH + 2 * (len(RESULT_HEADERS) - 1)
         # The id column as wide as the widest id that fits beside the other columns
@@ -323,13 +322,12 @@ def run_watch(
     base_url: str | None,
     as_json: bool,
     terminal: bool,
-    stop: threading.Event | None = None,
     reconciler: Lookup | None = None,
 ) -> WatchSummary:
     """`resume --watch`: `Session.watch` until SIGTERM/SIGINT (and, with a
     ``reconciler``, reconcile needs_reconcile operations as it goes), its events on
     the screen."""
-    stop = stop or threading.Event()
+    stop = threading.Event()
     logger = logging.getLogger("idempotently.watch")
 
     def on_result(result: ResumeResult) -> None:

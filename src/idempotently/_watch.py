@@ -127,7 +127,6 @@ def watch(
     base_url: str | None = None,
     on_result: Callable[[ResumeResult], object] | None = None,
     on_batch: Callable[[WatchBatch], object] | None = None,
-    monotonic: Callable[[], float] | None = None,
     pending_left: Callable[[], int] | None = None,
     reconcile: BoundReconciler | None = None,
 ) -> WatchSummary:
@@ -143,7 +142,6 @@ def watch(
     slow within its bounds, never holds back the sends the worker claimed, and a
     stopping worker does not wait for one (a lookup is a read).
     """
-    tick = monotonic or time.monotonic
     owner = engine.new_owner()
     summary = WatchSummary(owner)
     heartbeat = heartbeat_for(store)
@@ -215,7 +213,7 @@ def watch(
             if not claimed:
                 stop.wait(interval)
                 continue
-            started = tick()
+            started = time.monotonic()
             summary.batches += 1
             logger.info(
                 "batch %d: claimed %d operation(s)",
@@ -256,7 +254,9 @@ def watch(
                         parked_now.add(result.operation_id)
                 else:
                     parked.pop(result.operation_id, None)
-            batch = WatchBatch(summary.batches, len(claimed), tuple(results), tick() - started)
+            batch = WatchBatch(
+                summary.batches, len(claimed), tuple(results), time.monotonic() - started
+            )
             logger.info(
                 "batch %d: %d claimed, %d resumed",
                 batch.number,
