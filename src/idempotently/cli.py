@@ -660,16 +660,6 @@ def make_lookup(
         raise click.UsageError(f"the lookup: {error}") from None
 
 
-class _ReconcilingSession:
-    """A session whose resume also reconciles with a Lookup (``resume --reconcile-lookup``)."""
-
-    def __init__(self, session: Session, lookup: Lookup) -> None:
-        self._session, self._lookup = session, lookup
-
-    def resume(self, **options: Any) -> list[ResumeResult]:
-        return self._session.resume(reconciler=self._lookup, **options)
-
-
 def headers_from_env(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, str]:
@@ -1120,10 +1110,10 @@ def resume_printing(
 ) -> list[ResumeResult]:
     """Resume, printing each result as soon as it is known (unless --json); a progress
     bar on stderr when it is a terminal and there is work, never for a dry run."""
-    if reconciler is not None:
-        session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
-        return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
+        return session.resume(
+            reconciler=reconciler, dry_run=dry_run, base_url=base_url, concurrency=concurrency
+        )
     counts = journal.counts()
     total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
     statuses: tuple[Status, ...] = ("pending",)
@@ -1139,7 +1129,11 @@ def resume_printing(
             clear_bar=bool(total) and not dry_run and stderr_is_terminal(),
         ),
         lambda on_result: session.resume(
-            dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
+            reconciler=reconciler,
+            dry_run=dry_run,
+            base_url=base_url,
+            on_result=on_result,
+            concurrency=concurrency,
         ),
     )
 
