@@ -979,7 +979,10 @@ class Session(_SessionBase[httpx.Client]):
         each result as soon as it is known (from the worker's threads, one at a
         time), ``on_batch`` each round that claimed something; the worker logs its
         events to the ``idempotently.watch`` logger. A journal error ends it (after
-        releasing what it can) and is raised.
+        releasing what it can) and is raised. A ``stop`` that is no
+        ``threading.Event``, or an ``interval`` that is not above 0 and at most a
+        century, is a TypeError or ValueError before anything is claimed. It installs
+        no signal handler: map your process's signals onto ``stop``.
         """
         check_watch_arguments(stop=stop, interval=interval)
         check_resume_arguments(
