@@ -449,6 +449,27 @@ def test_profile_rule_stored_only_refuses_a_legacy_row(tmp_path: Path) -> None:
     assert ([], "pending", "not_sent") == (charges, result.status, result.action)
 
 
+@pytest.mark.parametrize(("rule", "sent"), [("stored", 1), ("checked", 0)])
+def test_a_transport_continuing_an_operation_reads_its_profile_by_its_profile_rule(
+    tmp_path: Path, rule: str, sent: int
+) -> None:
+    """Transport(profile_rule="checked") with another profile than the stored one: a
+    request that continues the operation (its key) raises StoredProfileError and sends
+    nothing; under the default rule it is sent."""
+    key = journal_pending(tmp_path / "j.db", RELEASES)
+    transport, charges = scripted_transport([httpx.Response(201)])
+    journaled = idempotently.Transport(
+        tmp_path / "j.db", transport=transport, profile=profiles.GENERIC, profile_rule=rule
+    )
+    with httpx.Client(transport=journaled) as client:
+        if sent:
+            client.post(URL, json={"amount": 100}, headers={"Idempotency-Key": key})
+        else:
+            with pytest.raises(idempotently.StoredProfileError, match="profile_rule='stored'"):
+                client.post(URL, json={"amount": 100}, headers={"Idempotency-Key": key})
+    assert [key] * sent == charges
+
+
 @pytest.mark.parametrize("session_class", [idempotently.Session, idempotently.AsyncSession])
 @pytest.mark.parametrize("rule", ["force", "", None, 1, ["stored"]], ids=repr)
 def test_an_unknown_profile_rule_is_refused_before_the_journal_is_created(
