@@ -26,7 +26,6 @@ import idempotently
 from idempotently._journal import migration_sql
 from idempotently._keys import derived_key
 from idempotently._policy import may_have_been_delivered
-from idempotently._watch import Batch, watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer, serve
 from tests.memory_store import MemoryStore
@@ -187,19 +186,15 @@ def test_the_resume_worker_relays_enqueued_operations_once(
         for n in range(3):
             s.enqueue("POST", "/v1/charges", json=charge(f"w-{n}"), operation_id=f"w-{n}:charge")
         stop = threading.Event()
-        batches: list[Batch] = []
+        batches: list[idempotently.WatchBatch] = []
 
-        def after(batch: Batch) -> None:
+        def after(batch: idempotently.WatchBatch) -> None:
             batches.append(batch)
             stop.set()
 
         results: list[idempotently.ResumeResult] = []
-        watch(
-            s._engine,
-            s.journal,
-            s._build,
-            send=s.client.send,
-            stop=stop,
+        s.watch(
+            stop,
             interval=0.01,
             concurrency=2,
             on_result=results.append,
@@ -643,7 +638,7 @@ def test_migrate_sql_is_what_opening_the_journal_runs(journal_target: str, store
         conn.close()
     with idempotently.Journal(journal_target) as journal:
         namespace = journal.namespace
-        assert journal._version == (3 if store == "postgres" else 5)
+        assert journal.schema_version == (3 if store == "postgres" else 5)
     assert "nothing to do" in migration_sql(journal_target)
     assert namespace.version == 4
 
@@ -660,7 +655,7 @@ def test_migrate_sql_from_an_older_journal_prints_only_the_upgrade(tmp_path: Pat
     conn.executescript(script)
     conn.close()
     with idempotently.Journal(path, readonly=True) as journal:
-        assert 5 == journal._version
+        assert 5 == journal.schema_version
 
 
 def test_migrate_sql_from_a_version_reads_no_database() -> None:

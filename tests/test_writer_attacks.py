@@ -758,7 +758,7 @@ def test_two_processes_opening_a_version_2_journal_at_once_upgrade_it_once(
     with Journal(path) as journal:
         counts = journal.counts()
         namespace = str(journal.namespace)
-        version = journal._version
+        version = journal.schema_version
     os.waitpid(pid, 0)
     with os.fdopen(read, "rb") as pipe:
         child = pipe.read().decode()

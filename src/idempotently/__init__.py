@@ -61,6 +61,7 @@ from idempotently._session import AsyncSession, Session
 if TYPE_CHECKING:
     from idempotently._lookup import Lookup
     from idempotently._transport import AsyncTransport, Transport
+    from idempotently._watch import WatchBatch, WatchSummary
 
 __version__ = "0.1.0.dev0"
 
@@ -70,6 +71,8 @@ _LAZY = {
     "AsyncTransport": "idempotently._transport",
     "Transport": "idempotently._transport",
     "Lookup": "idempotently._lookup",
+    "WatchBatch": "idempotently._watch",
+    "WatchSummary": "idempotently._watch",
 }
 
 
@@ -136,5 +139,7 @@ __all__ = [
     "Settlement",
     "StoredProfileError",
     "Transport",
+    "WatchBatch",
+    "WatchSummary",
     "profiles",
 ]

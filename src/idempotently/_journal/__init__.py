@@ -246,6 +246,12 @@ class Journal:
         return self._store.namespace
 
     @property
+    def schema_version(self) -> int:
+        """The version of the journal's tables, as `idempotently migrate` reports it
+        (0: an application's SQLite file whose tables `migrate` has not created yet)."""
+        return self._store.schema_version
+
+    @property
     def _namespace(self) -> uuid.UUID | None:
         return cast(uuid.UUID | None, getattr(self._store, "_namespace", None))
 
@@ -765,10 +771,6 @@ class Journal:
         """The SQLite store's sqlite_utils Database."""
         return getattr(self._store, "db", None)
 
-    @property
-    def _version(self) -> int:
-        return int(getattr(self._store, "_version", 0))
-
 
 _logger = logging.getLogger("idempotently")
 
@@ -812,7 +814,7 @@ def migration_sql(path: str | os.PathLike[str], from_version: int | None = None)
     adopted = False
     try:
         with Journal(path, create=False, readonly=True, adopt=True) as journal:
-            version = journal._version
+            version = journal.schema_version
             adopted = bool(getattr(journal._store, "_adopted", False))
     except JournalMissingError:
         version = 0
