@@ -10,7 +10,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -342,13 +342,20 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
     journal = idempotently.Journal(tmp_path / "journal.db")
     gate = threading.Event()
     held = threading.Event()
+    keys_held: list[int] = []
 
-    def hold(write: object) -> None:
-        held.set()
-        gate.wait(timeout=30)
+    def hold(writes: Sequence[Any], durable: bool) -> None:
+        keys = sum(isinstance(write, Insert) for write in writes)
+        if keys and not held.is_set():
+            keys_held.append(keys)
+            held.set()
+            gate.wait(timeout=30)
 
-    holding = around_commit(journal, Insert, before=hold)
-    holding.__enter__()
+    def keys_waiting() -> int:
+        queued = sum(isinstance(job.write, Insert) for job in journal._writer._waiting)
+        return sum(keys_held) + queued
+
+    journal.observe_commits(before=hold)
 
     async def answer(request: httpx.Request) -> httpx.Response:
         sent.append(request)
@@ -362,10 +369,10 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
             for n in range(8):
                 group.start_soon(lambda n=n: s.post(URL, json={"n": n}))
             # Not a fixed sleep: on a loaded machine 0.1 s saw only 2 of the 8 keys handed
-            # over. Wait until the first key's commit is held and every task is parked
-            # (the other seven keys queued behind it).
+            # over. Wait until a commit of keys is held and all 8 keys are in it or
+            # queued behind it (a task may still be reading the origin pauses).
             with anyio.fail_after(30):
-                while not held.is_set():
+                while not held.is_set() or keys_waiting() < 8:
                     await anyio.sleep(0.01)
             await anyio.wait_all_tasks_blocked()
             group.cancel_scope.cancel()
