@@ -393,7 +393,7 @@ def test_a_journal_replaced_while_open_journals_no_new_key(path: Path, tmp_path:
 def test_a_journal_left_in_place_still_takes_keys(path: Path) -> None:
     """The check costs nothing when nothing moved: keys are journaled as before."""
     with Journal(path) as journal:
-        journal._check_still_there()
+        journal._store.check_identity()
         assert insert(journal, new_operation("op-1"))
 
 

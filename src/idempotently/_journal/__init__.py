@@ -753,9 +753,6 @@ class Journal:
             return operations
         return [cast(Operation, self._opened(operation)) for operation in operations]
 
-    def _check_still_there(self) -> None:
-        self._store.check_identity()
-
     @property
     def _conn(self) -> Any:
         """The SQLite store's connection (tests and benchmarks look at it)."""
