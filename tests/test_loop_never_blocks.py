@@ -500,9 +500,10 @@ async def test_no_journal_command_ever_runs_on_the_event_loop(
         await s.resume()
         counts = journal.counts()
     assert 8 == counts["succeeded"]
-    threads += [batch.thread for batch in batches]
-    assert len(threads) >= 4  # lookups, keys, answers (batched), the resume's queue
-    assert loop not in threads
+    # Reads (at least the resume's queue) and writes (keys, then answers: two batches at
+    # the fewest) were all seen, none on the loop's thread.
+    assert len(threads) >= 1 and len(batches) >= 2
+    assert loop not in threads + [batch.thread for batch in batches]
 
 
 @pytest.mark.anyio
