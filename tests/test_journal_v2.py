@@ -19,6 +19,13 @@ from idempotently import Journal, JournalCorruptError, JournalStats, JournalVers
 from idempotently._journal import AttemptRecord, _sqlite
 from idempotently._journal._sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from idempotently._vocabulary import STATUSES
+from tests.journal_commands import (
+    insert_operation,
+    record_attempt,
+    release_lease,
+    set_status,
+    take_lease,
+)
 from tests.test_journal import DAY, NOW, insert, new_operation
 
 FINISHED = ("succeeded", "failed", "abandoned")
@@ -269,7 +276,7 @@ def test_the_namespace_never_changes(path: Path) -> None:
     with Journal(path) as journal:
         made = journal.namespace
         insert(journal, new_operation())
-        journal._set_status("op-1", "succeeded", reason=None, now=NOW)
+        set_status(journal, "op-1", "succeeded", reason=None, now=NOW)
         journal.prune(older_than=0, now=NOW + 1)
     with Journal(path) as reopened, Journal(path, readonly=True) as reader:
         assert (made, made) == (reopened.namespace, reader.namespace)
@@ -318,7 +325,8 @@ def test_an_upgraded_journal_counts_what_follows(path: Path) -> None:
     v1_journal(path)
     with Journal(path) as journal:
         insert(journal, new_operation("op-new", created_at=NOW + 70))
-        journal._record_attempt(
+        record_attempt(
+            journal,
             "op-0",
             AttemptRecord(
                 started_at=NOW, elapsed=0.1, outcome="answered", status_code=409, status="failed"
@@ -481,13 +489,15 @@ def apply(journal: Journal, action: tuple[Any, ...]) -> None:
     """One journal write the flow performs (or an audit), as drawn."""
     match action:
         case ("insert", operation_id, created, key_suffix, lease_until):
-            journal._insert_operation(
+            insert_operation(
+                journal,
                 new_operation(operation_id, f"key-{operation_id}{key_suffix}", created_at=created),
                 owner="owner",
                 lease_until=lease_until,
             )
         case ("attempt", operation_id, code, replayed, status, lease_until, not_before, now):
-            journal._record_attempt(
+            record_attempt(
+                journal,
                 operation_id,
                 AttemptRecord(
                     started_at=now,
@@ -503,17 +513,22 @@ def apply(journal: Journal, action: tuple[Any, ...]) -> None:
                 now=now,
             )
         case ("set_status", operation_id, status, expect, now):
-            journal._set_status(operation_id, status, reason="drawn", now=now, expect=expect)
+            set_status(journal, operation_id, status, reason="drawn", now=now, expect=expect)
         case ("take_lease", operation_id, lease_until, now):
             operation = journal.operation(operation_id)
             if operation is not None:
-                journal._take_lease(operation, owner="owner", lease_until=lease_until, now=now)
+                take_lease(journal, operation, owner="owner", lease_until=lease_until, now=now)
         case ("settle", operation_id, status, now):
-            journal._set_status(
-                operation_id, status, reason="reconciled", now=now, expect="needs_reconcile"
+            set_status(
+                journal,
+                operation_id,
+                status,
+                reason="reconciled",
+                now=now,
+                expect="needs_reconcile",
             )
         case ("release", operation_id, owner):
-            journal._release_lease(operation_id, owner=owner)
+            release_lease(journal, operation_id, owner=owner)
         case ("prune", older_than, now):
             expected = prunable(journal._conn, now - older_than)
             assert expected == journal.prune(older_than=older_than, now=now, dry_run=True)
@@ -568,7 +583,8 @@ def finished_operations(journal: Journal, count: int) -> None:
     for number in range(count):
         operation_id = f"op-{number:03}"
         insert(journal, new_operation(operation_id, created_at=NOW + number))
-        journal._record_attempt(
+        record_attempt(
+            journal,
             operation_id,
             AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status="succeeded"),
             now=NOW + number,
@@ -627,7 +643,7 @@ def test_prune_deletes_the_longest_idle_first(path: Path) -> None:
     with mock.patch.object(_sqlite, "_PRUNE_BATCH_SIZES", (3, 3)), Journal(path) as journal:
         for number in range(6):
             insert(journal, new_operation(f"op-{number}", created_at=NOW))
-            journal._set_status(f"op-{number}", "succeeded", reason=None, now=NOW + 6 - number)
+            set_status(journal, f"op-{number}", "succeeded", reason=None, now=NOW + 6 - number)
         real = journal._store._write
         calls = 0
 
@@ -777,7 +793,7 @@ def test_the_prune_dry_run_is_one_view_while_others_write(
 
     def finish_one(other: Journal) -> None:
         insert(other, new_operation("late", created_at=NOW))
-        other._set_status("late", "succeeded", reason=None, now=NOW + 8)
+        set_status(other, "late", "succeeded", reason=None, now=NOW + 8)
 
     with Journal(path) as journal:
         finished_operations(journal, 10)  # idle since NOW, NOW + 1, ... NOW + 9

@@ -28,7 +28,8 @@ from idempotently._keys import derived_key
 from idempotently._policy import may_have_been_delivered
 from idempotently.cli import cli
 from idempotently.testing import MockServer, serve
-from tests.memory_store import MemoryStore
+from tests.faults import commits
+from tests.journal_commands import take_lease
 
 ORDERS_TABLE = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, amount INTEGER)"
 
@@ -212,11 +213,10 @@ def test_without_a_connection_the_enqueue_is_its_own_durable_write(
 ) -> None:
     """Through the journal's one writer, flushed as a call's key is (durability "fsync")."""
     journal = idempotently.Journal(tmp_path / "journal.db")
-    memory = MemoryStore()
-    journal._store = memory
+    batches = commits(journal)
     with session(journal, api, user) as s:
         s.enqueue("POST", "/v1/charges", json=charge("d-1"), operation_id="d-1:charge")
-    assert [(1, True)] == memory.commits
+    assert [(1, True)] == [(len(batch.writes), batch.durable) for batch in batches]
     journal.close()
 
 
@@ -475,7 +475,7 @@ def test_enqueued_is_not_maybe_delivered_until_its_lease_to_send_is_taken(
         operation = s.journal.operation("o-9:charge")
         assert operation is not None and not may_have_been_delivered(operation)
         now = operation.created_at + 1
-        assert s.journal._take_lease(operation, owner="someone:1:x", lease_until=now + 60, now=now)
+        assert take_lease(s.journal, operation, owner="someone:1:x", lease_until=now + 60, now=now)
         taken = s.journal.operation("o-9:charge")
     assert taken is not None and (now, True) == (
         taken.first_send_at,

@@ -18,6 +18,7 @@ import idempotently
 from idempotently import cli as cli_module
 from idempotently._cli_watch import run_watch, stop_on_signals
 from idempotently.cli import cli
+from tests.journal_commands import claim_due
 from tests.support import URL, FakeTime
 
 NOW = 1_800_000_000.0
@@ -180,7 +181,7 @@ def test_an_operation_left_pending_is_parked_longer_each_round(tmp_path: Path) -
     def on_batch(batch: idempotently.WatchBatch) -> None:
         owner, until = leases(path)[operation_id]
         with idempotently.Journal(path) as other:
-            claimed = other._claim_due(owner="other:1:t", now=fake.now, lease_until=0, limit=9)
+            claimed = claim_due(other, owner="other:1:t", now=fake.now, lease_until=0, limit=9)
         seen.append((until - fake.now, claimed))
         assert owner is not None and owner.startswith("worker-1:")
         fake.now += 11  # past the first park: the next round takes it again
@@ -426,7 +427,6 @@ def test_resume_prints_each_result_as_soon_as_it_is_known(
 def test_claimed_operations_waiting_their_turn_keep_their_lease(tmp_path: Path) -> None:
     """While the first claimed operation is sent, the heartbeat renews the claims of the
     ones queued behind it: no other worker can take them meanwhile."""
-    from idempotently._heartbeat import heartbeat_for
 
     path = tmp_path / "journal.db"
     ids = seed(path, 2)
@@ -437,7 +437,7 @@ def test_claimed_operations_waiting_their_turn_keep_their_lease(tmp_path: Path) 
     def server(request: httpx.Request) -> httpx.Response:
         if not queued:
             fake.now += 100  # past the claim's 30 s lease
-            heartbeat_for(session.journal).beat()
+            session.journal._heartbeat.beat()
             queued.append(leases(path)[ids[1]][1] - fake.now)
         else:
             stop.set()

@@ -1067,9 +1067,9 @@ def check_resume_arguments(
 class AsyncSession(_SessionBase[httpx.AsyncClient]):
     """The async twin of `Session`, on asyncio or trio (anyio).
 
-    Journal reads and writes never run on the event loop: the commands its tasks
-    are waiting for go to a worker thread together, one hand-off per batch, and
-    join the journal's one writer there (so concurrent keys share an fsync); the
+    Journal reads and writes never run on the event loop: its tasks' writes join
+    the journal's one writer, whose thread commits them together (so concurrent
+    keys share an fsync) and wakes the loop; reads run in a worker thread. The
     loop never waits for a lock, an fsync or a database. Tasks sharing one
     AsyncSession send one operation once.
 

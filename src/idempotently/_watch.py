@@ -37,13 +37,13 @@ from typing import Any
 import attrs
 import httpx
 
+from idempotently._commands import ClaimDue, Find, Release, TakeLease
 from idempotently._drivers import run
 from idempotently._flow._engine import Engine
 from idempotently._flow._leases import mark_in_flight, unmark_in_flight
 from idempotently._flow._operation import BuildRequest, Held, ResumeResult
 from idempotently._flow._reconcile import reconcile_one
 from idempotently._flow._resume import resume_operation
-from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
 from idempotently._lookup import BoundReconciler
 from idempotently._rows import Operation
@@ -139,7 +139,7 @@ def watch(
     """
     owner = engine.new_owner()
     summary = WatchSummary(owner)
-    heartbeat = heartbeat_for(store)
+    heartbeat = store._heartbeat
     parked: dict[str, int] = {}  # operation id -> rounds it came back pending in a row
     parked_now: set[str] = set()  # operations this worker holds a parking lease on
     # Rows it cannot decode (`Operation.damaged`), reported once: claimed again each time
@@ -187,11 +187,8 @@ def watch(
             if lane is not None:
                 lane.check()
             now = engine.clock()
-            claimed = store._claim_due(
-                owner=owner,
-                now=now,
-                lease_until=now + engine.lease_duration,
-                limit=concurrency * BATCH_PER_WORKER,
+            claimed: list[Operation] = store._execute(
+                ClaimDue(owner, now, now + engine.lease_duration, concurrency * BATCH_PER_WORKER)
             )
             parked_now.difference_update(operation.operation_id for operation in claimed)
             for operation in claimed:
@@ -274,7 +271,7 @@ def watch(
             if lane is not None:
                 lane.stop()
             for operation_id in sorted(parked_now):
-                store._release_lease(operation_id, owner=owner)
+                store._execute(Release(operation_id, owner))
         finally:
             unmark_in_flight(owner)
         logger.info(
@@ -376,7 +373,7 @@ def _run_batch(
         for lease in leases:
             heartbeat_remove(lease)
         for operation in unstarted:
-            store._release_lease(operation.operation_id, owner=owner)
+            store._execute(Release(operation.operation_id, owner))
         released.released += len(unstarted)
     if errors:
         raise errors[0]
@@ -504,11 +501,11 @@ def _reconcile_due(
 
 def _park(engine: Engine, store: Journal, result: ResumeResult, owner: str, seconds: float) -> bool:
     """Hold a lease on an operation left pending, so it is tried again in ``seconds``."""
-    operation = store._find(result.operation_id, None)
+    operation: Operation | None = store._execute(Find(result.operation_id, None))
     if operation is None or operation.status != "pending" or operation.lease_owner is not None:
         return False
     now = engine.clock()
-    return store._take_lease(operation, owner=owner, lease_until=now + seconds, now=now)
+    return bool(store._execute(TakeLease(operation, owner, now + seconds, now)))
 
 
 def _event(event: str, **fields: Any) -> dict[str, Any]:
