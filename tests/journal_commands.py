@@ -14,12 +14,12 @@ from typing import Any, cast
 
 from idempotently import Journal
 from idempotently._commands import (
-    WRITES,
     ClaimDue,
     ExtendLeases,
     Find,
     Insert,
     JournalCommand,
+    JournalWrite,
     Record,
     Release,
     SetStatus,
@@ -92,7 +92,7 @@ def execute_together(journal: Journal, commands: Sequence[JournalCommand]) -> li
     A first write (a release of nothing) is held in its commit until every command is
     queued behind it; the next leader then takes them all at once."""
     writer = journal._writer
-    queued = sum(isinstance(command, WRITES) for command in commands)
+    queued = sum(isinstance(command, JournalWrite) for command in commands)
     plugged = threading.Event()
     outcomes: list[Any] = [None] * len(commands)
 

@@ -11,7 +11,6 @@ from typing import Any
 from unittest import mock
 
 import pytest
-import sqlite_utils
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -386,18 +385,18 @@ def test_two_openers_upgrade_a_version_1_journal_once(
 ) -> None:
     """Another process upgrading the file while we open it: one upgrade, one namespace."""
     v1_journal(path)
-    real_table_names = sqlite_utils.Database.table_names
+    real_table_names = SqliteStore._table_names
     others: list[Journal] = []
     raced: list[bool] = []
 
-    def table_names(db: sqlite_utils.Database, *args: Any, **kwargs: Any) -> list[str]:
+    def table_names(store: SqliteStore) -> set[str]:
         if not raced:
             raced.append(True)
             # Between our read of version 1 and our upgrade, another opener upgrades it.
             others.append(Journal(path))
-        return real_table_names(db, *args, **kwargs)
+        return real_table_names(store)
 
-    monkeypatch.setattr(sqlite_utils.Database, "table_names", table_names)
+    monkeypatch.setattr(SqliteStore, "_table_names", table_names)
 
     with Journal(path) as journal:
         assert others[0].namespace == journal.namespace

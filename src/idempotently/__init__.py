@@ -6,7 +6,7 @@ before the first byte is sent, reused on every attempt and after a crash.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 # _early_signals first, before the slow imports: a `resume --watch` worker notes an
 # early SIGTERM instead of dying of it (nothing happens in any other process).
@@ -58,7 +58,7 @@ from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from idempotently._lookup import Lookup
     from idempotently._transport import AsyncTransport, Transport
     from idempotently._watch import WatchBatch, WatchSummary
@@ -76,7 +76,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'idempotently' has no attribute {name!r}")
