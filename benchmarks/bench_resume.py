@@ -145,7 +145,9 @@ def pending_journal(path: Path, n: int, first: int = 0) -> list[str]:
     import idempotently
 
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused at connect
-    with idempotently.Journal(path) as journal:
+    # Durability "os" while building (the CLI opens it with its default, "fsync"): an
+    # fsync per key would only make building slow.
+    with idempotently.Journal(path, durability="os") as journal:
         with idempotently.Session(
             journal,
             client=httpx.Client(base_url=closed),
@@ -329,6 +331,11 @@ def parse_list(text: str) -> list[int]:
     return values
 
 
+def phase(text: str) -> None:
+    """Progress on stderr (the tables go to stdout)."""
+    print(f"{time.strftime('%H:%M:%S')} {text} (load {load()})", file=sys.stderr, flush=True)
+
+
 def load() -> str:
     return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
@@ -365,6 +372,7 @@ def main_parent(args: argparse.Namespace) -> int:
             if not args.no_callgrind:
                 n1, n2 = args.callgrind_n
                 for concurrency in args.callgrind_concurrency:
+                    phase(f"callgrind, resume --concurrency {concurrency}, N={n1} and {n2}")
                     jobs: dict[int, Any] = {}
                     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
                         for count in (n1, n2):
@@ -380,6 +388,7 @@ def main_parent(args: argparse.Namespace) -> int:
                         totals = {count: job.result() for count, job in jobs.items()}
                     instructions[concurrency] = (totals[n2] - totals[n1]) / (n2 - n1)
             # The wall clock after callgrind, one run at a time.
+            phase(f"wall clock: resume, bare httpx and Session, N={n}")
             startup_wall, startup_cpu = resume_once(tmp, server, checks, 0, 1, next(firsts))
             resumed = {
                 concurrency: resume_once(tmp, server, checks, n, concurrency, next(firsts))
