@@ -48,9 +48,10 @@ argument) a simulated one, in which each operation takes ``1 / --clock-rate``
 seconds (1 ms by default) and time stands still within it. What runs "once a
 second" (the engine's read of the journal's origin pauses) then runs once every
 ``--clock-rate`` operations in every child, at full speed as under valgrind or
-strace, where the real clock would make it run 20-50 times as often per
-operation as at full speed. ``--real-clock`` gives the journaled rows
-``time.time`` instead (the figures before the clock was injected).
+strace, where the real clock would make it run as many times more often per
+operation as the tool slows the child down (some 50 times under callgrind).
+``--real-clock`` gives the journaled rows ``time.time`` instead (the figures
+before the clock was injected).
 
 Only the public API is used, plus :func:`_journal_connection` to reach the
 SQLite journal's connection for the WAL and statement counts, and
@@ -483,6 +484,11 @@ def rounded(ops: int, row: str) -> int:
     return -(-ops // concurrency) * concurrency
 
 
+def load() -> str:
+    """The 1, 5 and 15 minute load averages (the wall clock moves with them)."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
@@ -556,6 +562,7 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
     print(f"  (env PYTHONHASHSEED=0 PYTHONPYCACHEPREFIX={PYCACHE}; {versions})")
     for note in notes:
         print(f"  {note}")
+    print(f"load average at the start: {load()}")
     print(flush=True)
 
     # One short run of each row first, one at a time: it fails fast on a broken row, and
@@ -582,6 +589,7 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
                 )
             results = {job: future.result() for job, future in jobs.items()}
     # The wall clock last, alone on the machine, one row after the other.
+    wall_load = load()
     walls = {row: run_child(child_command(args, row, rounded(args.wall_ops, row))) for row in rows}
 
     instructions: dict[str, list[float]] = {}
@@ -673,7 +681,10 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
             for text, count in stats["statement_texts"]:
                 print(f"    {count / stats['ops']:6.2f}  {text}")
 
-    print(f"\nwall clock, one run of {args.wall_ops} operations per row (moves with load):")
+    print(
+        f"\nwall clock, one run of {args.wall_ops} operations per row (moves with load; load "
+        f"average before it {wall_load}, after it {load()}):"
+    )
     print(f"{'row':<16}{'ops/s':>9}{'× bare':>8}{'× floor':>9}")
     rates = {row: wall["ops"] / wall["seconds"] for row, wall in walls.items()}
     for row in rows:

@@ -19,7 +19,10 @@ at connect, and left pending. Then, in a child process each:
   (``(CPU(N) - CPU(0)) / N``, user + system, from ``wait4``);
 - the same command under ``valgrind --tool=callgrind`` with two N's:
   instructions per resumed operation are ``(Ir(N2) - Ir(N1)) / (N2 - N1)``, so
-  start-up cancels and the figure does not move with load;
+  start-up cancels and the figure does not move with load; beside it, the same
+  for bare httpx and for a Session posting from one thread (this script with
+  ``--post bare|session``), so resume's instructions have a bare and a Session
+  figure of the same run to be held against;
 
 and in this process, against the same app, in the same run:
 
@@ -255,21 +258,78 @@ def resume_once(
     return wall, cpu
 
 
+WARM_UP = 20
+"""Calls a ``--post`` child makes before the N it is counted for."""
+
+
+def post_child(kind: str, url: str, n: int, tag: str, journal: str | None) -> None:
+    """``--post``: bare httpx or a Session (durability "fsync") posting WARM_UP + n
+    requests from one thread, for callgrind (keys ``TAG-i``; the Session's are derived
+    from operation ids ``TAG-i``)."""
+    import httpx
+
+    import idempotently
+
+    with httpx.Client(base_url=url, timeout=60) as client:
+        if kind == "bare":
+            for i in range(WARM_UP + n):
+                client.post(PATH, json=PAYLOAD, headers={"Idempotency-Key": f"{tag}-{i}"})
+            return
+        assert journal is not None
+        with (
+            idempotently.Journal(journal) as opened,
+            idempotently.Session(opened, client=client) as session,
+        ):
+            for i in range(WARM_UP + n):
+                session.post(PATH, json=PAYLOAD, operation_id=f"{tag}-{i}")
+
+
+def callgrind_total(out: Path) -> int:
+    for line in out.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no summary: or totals: line in {out}")
+
+
+CALLGRIND = ("valgrind", "--tool=callgrind", "-q")
+
+
+def callgrind_post(tmp: Path, server: Server, checks: Checks, kind: str, n: int, tag: str) -> int:
+    """Instructions of a ``--post`` child posting WARM_UP + n (all its threads)."""
+    out, journal = tmp / f"callgrind.out.{tag}", tmp / f"{tag}.db"
+    command = [sys.executable, str(SCRIPT), "--post", kind, "--url", server.url]
+    command += ["--n", str(n), "--tag", tag, "--journal", str(journal)]
+    run_measured([*CALLGRIND, f"--callgrind-out-file={out}", *command])
+    what = f"{kind} under callgrind, N={n}"
+    if kind == "bare":
+        checks.once_each(what, [f"{tag}-{i}" for i in range(WARM_UP + n)])
+    else:
+        import idempotently
+
+        with idempotently.Journal(journal, readonly=True) as opened:
+            keys = [operation.key for operation in opened.operations(limit=WARM_UP + n + 1)]
+        checks.once_each(what, keys)
+        checks.succeeded(what, journal, WARM_UP + n)
+    return callgrind_total(out)
+
+
 def callgrind_once(
     tmp: Path, server: Server, checks: Checks, n: int, concurrency: int, first: int
 ) -> int:
     journal = tmp / f"callgrind-{first}.db"
     keys = pending_journal(journal, n, first)
     out = tmp / f"callgrind.out.{first}"
-    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "-q"]
-    run_measured([*command, *resume_command(journal, concurrency, server.url)])
+    run_measured(
+        [
+            *CALLGRIND,
+            f"--callgrind-out-file={out}",
+            *resume_command(journal, concurrency, server.url),
+        ]
+    )
     what = f"resume --concurrency {concurrency} under callgrind, N={n}"
     checks.once_each(what, keys)
     checks.succeeded(what, journal, n)
-    for line in out.read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise RuntimeError(f"no summary: or totals: line in {out}")
+    return callgrind_total(out)
 
 
 def bare(server: Server, checks: Checks, n: int, threads: int, tag: str) -> tuple[float, float]:
@@ -352,6 +412,10 @@ def main_parent(args: argparse.Namespace) -> int:
     )
     if not args.no_callgrind:
         print("  valgrind --tool=callgrind --callgrind-out-file=OUT -q (the same)")
+        print(
+            "  valgrind --tool=callgrind --callgrind-out-file=OUT -q python "
+            "benchmarks/bench_resume.py --post bare|session --url URL --n N --tag T --journal J"
+        )
     print(
         f"  (env PYTHONHASHSEED=0 PYTHONPYCACHEPREFIX={PYCACHE}; Python {sys.version.split()[0]})"
     )
@@ -369,6 +433,7 @@ def main_parent(args: argparse.Namespace) -> int:
             for concurrency in sorted({*args.concurrency, *args.callgrind_concurrency}):
                 resume_once(tmp, server, checks, 5, concurrency, next(firsts))
             instructions: dict[int, float] = {}
+            post_instructions: dict[str, float] = {}
             if not args.no_callgrind:
                 n1, n2 = args.callgrind_n
                 for concurrency in args.callgrind_concurrency:
@@ -387,6 +452,18 @@ def main_parent(args: argparse.Namespace) -> int:
                             )
                         totals = {count: job.result() for count, job in jobs.items()}
                     instructions[concurrency] = (totals[n2] - totals[n1]) / (n2 - n1)
+                phase(f"callgrind, bare httpx and Session from one thread, N={n1} and {n2}")
+                with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                    posts = {
+                        (kind, count): pool.submit(
+                            callgrind_post, tmp, server, checks, kind, count, f"{kind}-cg-{count}"
+                        )
+                        for kind in ("bare", "session")
+                        for count in (n1, n2)
+                    }
+                    for kind in ("bare", "session"):
+                        low, high = posts[kind, n1].result(), posts[kind, n2].result()
+                        post_instructions[kind] = (high - low) / (n2 - n1)
             # The wall clock after callgrind, one run at a time.
             phase(f"wall clock: resume, bare httpx and Session, N={n}")
             startup_wall, startup_cpu = resume_once(tmp, server, checks, 0, 1, next(firsts))
@@ -404,7 +481,9 @@ def main_parent(args: argparse.Namespace) -> int:
         server.close()
     print(f"load average at the end: {load()}\n")
 
-    report(args, instructions, startup_wall, startup_cpu, resumed, bares, session)
+    report(
+        args, instructions, post_instructions, startup_wall, startup_cpu, resumed, bares, session
+    )
     stray = sum(counts.values()) - len(counts)
     if stray:
         checks.failures.append(f"the server got {stray} POSTs for a key it had already seen")
@@ -418,6 +497,7 @@ def main_parent(args: argparse.Namespace) -> int:
 def report(
     args: argparse.Namespace,
     instructions: dict[int, float],
+    post_instructions: dict[str, float],
     startup_wall: float,
     startup_cpu: float,
     resumed: dict[int, tuple[float, float]],
@@ -427,9 +507,10 @@ def report(
     n = args.n
     bare_rate = n / bares[args.threads][0]
     session_cpu = session[1] / n
+    bare_instr, session_instr = post_instructions.get("bare"), post_instructions.get("session")
     head = (
         f"{'run':<26}{'ops/s':>8}{'× bare':>8}{'ops/s*':>8}{'× bare':>8}"
-        f"{'CPU ms/op':>11}{'× Session':>11}{'instr/op':>12}"
+        f"{'CPU ms/op':>11}{'× Session':>11}{'instr/op':>12}{'× bare':>8}{'× Session':>11}"
     )
     print(f"N = {n} operations per run")
     print(head)
@@ -439,6 +520,8 @@ def report(
         + (f"{rate2:>8.0f}{rate2 / bare_rate:>8.2f}" if rate2 else f"{'':>16}")
         + f"{cpu * 1000:>11.3f}{cpu / session_cpu:>11.2f}"
         + (f"{instr:>12,.0f}" if instr else "")
+        + (f"{instr / bare_instr:>8.2f}" if instr and bare_instr else "")
+        + (f"{instr / session_instr:>11.2f}" if instr and session_instr else "")
     )
     for concurrency, (wall, cpu) in resumed.items():
         rate2 = n / (wall - startup_wall) if wall > startup_wall else 0.0
@@ -451,14 +534,16 @@ def report(
             instructions.get(concurrency),
         )
     for threads, (wall, cpu) in bares.items():
-        row(f"bare httpx, {threads} thread{'s' if threads > 1 else ''}", n / wall, 0, cpu / n, None)
-    row("Session.post, 1 thread", n / session[0], 0, session_cpu, None)
+        name = f"bare httpx, {threads} thread{'s' if threads > 1 else ''}"
+        row(name, n / wall, 0, cpu / n, bare_instr if threads == 1 else None)
+    row("Session.post, 1 thread", n / session[0], 0, session_cpu, session_instr)
     print(
         f"ops/s: N over the whole command (resume: start-up included); ops/s*: resume less "
         f"its start-up (the same command with nothing pending: {startup_wall:.2f} s wall, "
         f"{startup_cpu:.2f} s CPU). × bare: against bare httpx from {args.threads} threads. "
         "CPU ms/op: user + system per operation (resume: less the start-up's); × Session: "
-        "against Session.post's. instr/op: callgrind, "
+        "against Session.post's. instr/op: callgrind (all threads; bare httpx and Session "
+        f"from one thread, after {WARM_UP} calls), "
         + (
             f"(Ir(N2) - Ir(N1)) / (N2 - N1) with N1,N2 = {args.callgrind_n[0]},"
             f"{args.callgrind_n[1]}."
@@ -486,9 +571,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="callgrind children at once")
     parser.add_argument("--tmp", help="directory for the journals (default: the system's)")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--post", choices=("bare", "session"), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--tag", help=argparse.SUPPRESS)
+    parser.add_argument("--journal", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
+        return
+    if args.post:
+        post_child(args.post, args.url, args.n, args.tag, args.journal)
         return
     sys.exit(main_parent(args))
 
