@@ -265,6 +265,9 @@ class Journal:
     def close(self) -> None:
         """Close the file (or pool), once the writes queued are committed. Any later use
         raises `JournalError`; closing again is a no-op."""
+        # From inside a commit observer it would wait for its own batch: refused before
+        # anything is marked closed, so the journal is left whole.
+        self._writer.refuse_reentry("close")
         self._closed = True
         if self._forked_from is None:
             self._writer.close()

@@ -53,6 +53,13 @@ from idempotently._rows import Failed
 
 logger = logging.getLogger("idempotently")
 
+_REENTERED = (
+    "a journal commit observer cannot {what} the journal it watches from inside its "
+    "callback: the batch that runs the callback holds the journal's writer until the "
+    "callback returns, so this would wait for itself forever. Nothing of it was written. "
+    "Hand the work to another thread, or do it after the batch (once the call returns)"
+)
+
 _INTERRUPTED = (
     "the journal transaction that held this write was interrupted (KeyboardInterrupt in "
     "the thread committing it), so it may or may not have been journaled; nothing was sent "
@@ -107,6 +114,9 @@ class Writer:
         self._durable = durable
         self._refusal = refusal
         self._observers: tuple[tuple[Before | None, After | None], ...] = ()
+        # The thread committing a batch (its observers run on it), else None: a write
+        # or close from there would wait for its own batch.
+        self._leader: int | None = None
         self.heartbeat = Heartbeat(self)
         """The leases this journal keeps alive: extended by this writer's thread."""
         self._fresh()
@@ -141,6 +151,7 @@ class Writer:
         All of them are in one transaction. An outcome is the write's result, or a
         `Failed` holding this caller's own copy of its error.
         """
+        self.refuse_reentry("write to")
         jobs = [_Job(write, self._durable(write)) for write in writes]
         lead: list[_Job] | None = None
         with self._lock:
@@ -197,8 +208,14 @@ class Writer:
         self._async_waiting = 0
         return batch
 
+    def refuse_reentry(self, what: str) -> None:
+        """Raise if this thread is committing a batch (an observer's callback runs)."""
+        if self._leader is not None and self._leader == threading.get_ident():
+            raise JournalError(_REENTERED.format(what=what))
+
     def _lead(self, batch: list[_Job], own: Sequence[_Job]) -> None:
         finished = False
+        self._leader = threading.get_ident()
         try:
             writes = [job.write for job in batch]
             observers = self._observers
@@ -224,6 +241,7 @@ class Writer:
                 job.error = error
             finished = True
         finally:
+            self._leader = None
             with self._lock:
                 if not finished:
                     # Interrupted (KeyboardInterrupt) in the leader's commit: it may or may
@@ -243,6 +261,12 @@ class Writer:
 
     def observe(self, before: Before | None, after: After | None) -> Callable[[], None]:
         """Call ``before``/``after`` around each batch; returns what stops it."""
+        for name, function in (("before", before), ("after", after)):
+            if function is not None and not callable(function):
+                raise TypeError(
+                    f"observe_commits({name}=...) takes a function called with each batch, "
+                    f"not {type(function).__name__}; pass a callable or None"
+                )
         entry = (before, after)
         with self._lock:
             self._observers = (*self._observers, entry)
@@ -316,6 +340,7 @@ class Writer:
     def close(self) -> None:
         """Take no more async writes: wait for those queued and the batch in flight to be
         committed, and for the thread to end (the leases it kept are left to expire)."""
+        self.refuse_reentry("close")
         with self._lock:
             self._closed = True
             thread = self._thread
