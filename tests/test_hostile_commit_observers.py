@@ -21,10 +21,11 @@ STALL = 30.0
 
 
 def session_at(path: Path, sent: list[httpx.Request]) -> idempotently.Session:
-    return idempotently.Session(
-        path / "journal.db",
-        transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(201)),
-    )
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    return idempotently.Session(path / "journal.db", transport=httpx.MockTransport(answer))
 
 
 def without_stalling(call: Callable[[], object]) -> BaseException | None:
@@ -125,7 +126,8 @@ def test_a_non_callable_observer_is_refused_when_subscribed(tmp_path: Path, argu
     sent: list[httpx.Request] = []
     with session_at(tmp_path, sent) as session:
         with pytest.raises(TypeError, match=argument):
-            session.journal.observe_commits(**{argument: 1})
+            hostile: dict[str, Any] = {argument: 1}  # what mypy would refuse, at run time
+            session.journal.observe_commits(**hostile)
         response = session.post(URL, json={}, operation_id="op-1")
     assert (201, 1) == (response.status_code, len(sent))
 
