@@ -37,6 +37,7 @@ from idempotently._commands import (
     ForksTaken,
     Insert,
     JournalCommand,
+    JournalWrite,
     LookUpLater,
     PauseOrigin,
     Pauses,
@@ -639,23 +640,7 @@ class Journal:
                         return refused
                 case ClaimDue():
                     return self._opened_all(self._writer.write(command))
-                case (
-                    Insert()
-                    | Enqueue()
-                    | TakeLease()
-                    | Record()
-                    | SetStatus()
-                    | Release()
-                    | RenewLease()
-                    | BindCredentials()
-                    | ExtendLeases()
-                    | Act()
-                    | LookUpLater()
-                    | PauseOrigin()
-                    | RebasePause()
-                    | RebaseOperation()
-                    | Unpause()
-                ):
+                case JournalWrite():  # every write goes to the one writer
                     return self._writer.write(command)
                 case _:
                     assert_never(command)
@@ -677,23 +662,7 @@ class Journal:
                     return await anyio.to_thread.run_sync(self._execute, command)
                 case ClaimDue():
                     return self._opened_all(await self._writer.awrite(command))
-                case (
-                    Insert()
-                    | Enqueue()
-                    | TakeLease()
-                    | Record()
-                    | SetStatus()
-                    | Release()
-                    | RenewLease()
-                    | BindCredentials()
-                    | ExtendLeases()
-                    | Act()
-                    | LookUpLater()
-                    | PauseOrigin()
-                    | RebasePause()
-                    | RebaseOperation()
-                    | Unpause()
-                ):
+                case JournalWrite():  # every write goes to the one writer
                     return await self._writer.awrite(command)
                 case _:
                     assert_never(command)
