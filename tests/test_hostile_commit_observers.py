@@ -150,3 +150,42 @@ def test_stopping_an_observer_twice_and_from_inside_itself_is_harmless(tmp_path:
         session.post(URL, json={}, operation_id="op-2")
         stops[0]()
     assert ([1], 2) == (seen, len(sent))
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_observer_writing_during_an_async_commit_gets_a_clear_error_not_a_deadlock(
+    tmp_path: Path, backend: str
+) -> None:
+    """An AsyncSession's writes are committed by the journal's own thread: a write made
+    from ``before`` there is refused as from any committing thread; the outer call fails
+    with it and nothing is sent, on asyncio and trio."""
+    import anyio
+
+    sent: list[httpx.Request] = []
+    inner: list[BaseException] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    async def main() -> None:
+        async with idempotently.AsyncSession(
+            tmp_path / "journal.db", transport=httpx.MockTransport(answer)
+        ) as session:
+
+            def before(writes: Sequence[Any], durable: bool) -> None:
+                if not inner:
+                    try:
+                        session.journal.unpause("https://api.example")
+                    except BaseException as error:
+                        inner.append(error)
+                        raise
+
+            session.journal.observe_commits(before=before)
+            await session.post(URL, json={}, operation_id="outer")
+
+    raised = without_stalling(lambda: anyio.run(main, backend=backend))
+    assert isinstance(raised, idempotently.JournalError)
+    assert [True] == [isinstance(error, idempotently.JournalError) for error in inner]
+    assert "observer" in str(inner[0])
+    assert [] == sent
