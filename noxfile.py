@@ -63,13 +63,18 @@ def bench(session: nox.Session) -> None:
     ``nox -s bench`` runs benchmarks/bench.py, then benchmarks/bench_counts.py
     (needs valgrind and strace). ``nox -s bench -- wall ARGS`` runs only bench.py,
     ``nox -s bench -- counts ARGS`` only bench_counts.py, ``nox -s bench -- import`` only
-    bench_import.py (what ``import idempotently`` costs), each with ARGS; any other
-    arguments go to bench.py, and bench_counts.py runs after it with its defaults.
+    bench_import.py (what ``import idempotently`` costs), ``nox -s bench -- resume ARGS``
+    only bench_resume.py (``idempotently resume`` against a counting app, beside bare
+    httpx), each with ARGS; any other arguments go to bench.py, and bench_counts.py runs
+    after it with its defaults.
     """
     session.install("-e", ".[mock,postgres]")
     choice, *rest = session.posargs or [""]
     if choice == "counts":
         session.run("python", "benchmarks/bench_counts.py", *rest)
+        return
+    if choice == "resume":
+        session.run("python", "benchmarks/bench_resume.py", *rest)
         return
     if choice == "import":
         session.run("python", "benchmarks/bench_import.py", *rest)

@@ -4,7 +4,7 @@ WAL pages and SQLite statements per logical POST (issue 17, item 7).
     python benchmarks/bench_counts.py [--rows bare,session-os,...] [--repeat 2]
         [--callgrind-ops 100,600] [--strace-ops 300,1800] [--stats-ops 500]
         [--wall-ops 1000] [--show-statements] [--postgres | --postgres-url URL]
-                                                               (nox -s bench -- counts)
+        [--clock-rate 1000 | --real-clock]                     (nox -s bench -- counts)
 
 Every row posts the benchmark's small JSON charge to an in-process
 ``httpx.MockTransport`` answering 201 with a small JSON body, so no server
@@ -32,14 +32,31 @@ journaled client must do, written here with sqlite3: insert the key's row,
 send with the key header, update the row with the answer; for "fsync" the
 insert commits with ``synchronous=FULL`` and the update with NORMAL, as the
 library's durability promises only the key's row), ``session-os`` and
-``session-fsync`` (idempotently.Session), ``bare-async-c1``/``-c16`` and
-``async-c1``/``-c16`` (httpx.AsyncClient and idempotently.AsyncSession,
-durability "os", c tasks on asyncio), and ``postgres`` (a Session on
-``Journal(url)``, only with ``--postgres`` or ``--postgres-url``: its
+``session-fsync`` (idempotently.Session), ``transport`` (an ``httpx.Client`` over
+``idempotently.Transport``, durability "os", each request naming its operation with
+the ``Idempotency-Operation-Id`` header, so it has the Session rows' operation ids
+and derived keys), ``flow-only`` (the ``session-os`` Session with every journal
+command answered at once by a stub, as an empty journal would: the flow's own Python,
+no SQLite; its difference from ``session-os`` is the journal's share),
+``bare-async-c1``/``-c16`` and ``async-c1``/``-c16`` (httpx.AsyncClient and
+idempotently.AsyncSession, durability "os", c tasks on asyncio), and ``postgres`` (a
+Session on ``Journal(url)``, only with ``--postgres`` or ``--postgres-url``: its
 "statements" column is round trips, the ``sendto`` calls per operation).
 
+The clock: every journaled row gets ``clock=`` (the public Session and Transport
+argument) a simulated one, in which each operation takes ``1 / --clock-rate``
+seconds (1 ms by default) and time stands still within it. What runs "once a
+second" (the engine's read of the journal's origin pauses) then runs once every
+``--clock-rate`` operations in every child, at full speed as under valgrind or
+strace, where the real clock would make it run as many times more often per
+operation as the tool slows the child down (some 50 times under callgrind).
+``--real-clock`` gives the journaled rows ``time.time`` instead (the figures
+before the clock was injected).
+
 Only the public API is used, plus :func:`_journal_connection` to reach the
-SQLite journal's connection for the WAL and statement counts.
+SQLite journal's connection for the WAL and statement counts, and
+:func:`_answer_commands_at_once` for the ``flow-only`` row, which no public option
+can give: a journal that does no I/O.
 """
 
 from __future__ import annotations
@@ -77,7 +94,15 @@ PAYLOAD = {"amount": 1000, "currency": "usd", "customer": "cus_42"}
 ANSWER = {"id": "ch_1", "object": "charge", **PAYLOAD}
 FLOOR_NAMESPACE = uuid.UUID("6f1c5c9e-8d0b-4d43-9a52-3f4e1b7c2a10")
 
-SYNC_ROWS = ("bare", "floor-os", "floor-fsync", "session-os", "session-fsync")
+SYNC_ROWS = (
+    "bare",
+    "floor-os",
+    "floor-fsync",
+    "session-os",
+    "session-fsync",
+    "transport",
+    "flow-only",
+)
 ASYNC_ROWS = ("bare-async-c1", "async-c1", "bare-async-c16", "async-c16")
 ALL_ROWS = (*SYNC_ROWS, *ASYNC_ROWS, "postgres")
 RESULT = "BENCH_COUNTS_RESULT "
@@ -106,6 +131,38 @@ def _journal_connection(journal: Any) -> sqlite3.Connection:
         if isinstance(conn, sqlite3.Connection):
             return conn
     raise RuntimeError(f"cannot find the SQLite connection of {type(journal).__name__}")
+
+
+class Ticks:
+    """A simulated clock for the journaled rows: each operation takes ``1 / rate``
+    seconds, and time stands still within one. ``count`` is the operations started."""
+
+    def __init__(self, rate: float) -> None:
+        self.start, self.rate, self.count = time.time(), rate, 0
+
+    def __call__(self) -> float:
+        return self.start + self.count / self.rate
+
+
+def _answer_commands_at_once(journal: idempotently.Journal) -> None:
+    """Answer every journal command of ``journal`` as an empty journal would, with no
+    I/O: what is left of a call is the flow's own Python (benchmark only: it replaces
+    the private ``Journal._execute``, the one door through which the drivers and the
+    heartbeat reach the store)."""
+    from idempotently import _commands as c
+
+    granted = (c.Insert, c.TakeLease, c.SetStatus, c.BindCredentials, c.RenewLease)
+
+    def execute(command: object) -> object:
+        if isinstance(command, granted):
+            return True
+        if isinstance(command, c.Pauses):
+            return ()
+        if isinstance(command, c.ExtendLeases):
+            return len(command.leases)
+        return None  # Find: no such operation; Record, Release: nothing to answer
+
+    journal._execute = execute  # type: ignore[method-assign]
 
 
 class Floor:
@@ -176,14 +233,21 @@ class SyncRow(Row):
 
 
 class AsyncRow(Row):
-    def __init__(self, client: Any, concurrency: int, journaled: bool) -> None:
+    def __init__(
+        self, client: Any, concurrency: int, journaled: bool, ticks: Ticks | None = None
+    ) -> None:
         self.client, self.concurrency, self.journaled = client, concurrency, journaled
+        self.ticks = ticks
         self.loop = asyncio.new_event_loop()
 
     async def _run(self, start: int, count: int) -> None:
+        ticks = self.ticks
+
         async def worker(first: int) -> None:
             for i in range(first, start + count, self.concurrency):
                 if self.journaled:
+                    if ticks is not None:
+                        ticks.count += 1  # never backwards, however the tasks interleave
                     await self.client.post(PATH, json=PAYLOAD, operation_id=f"order-{i}")
                 else:
                     await self.client.post(PATH, json=PAYLOAD)
@@ -200,8 +264,11 @@ class AsyncRow(Row):
         self.loop.close()
 
 
-def make_row(name: str, tmp: Path, postgres_url: str | None) -> Row:
+def make_row(name: str, tmp: Path, postgres_url: str | None, clock_rate: float | None) -> Row:
+    """The row's client; ``clock_rate`` None: the journaled rows read ``time.time``."""
     path = tmp / "journal.db"
+    ticks = Ticks(clock_rate) if clock_rate else None
+    clock: Callable[[], float] = ticks if ticks is not None else time.time
     if name == "bare":
         client = httpx.Client(transport=httpx.MockTransport(answer), base_url=BASE_URL)
         return SyncRow(lambda _: client.post(PATH, json=PAYLOAD), client.close)
@@ -210,16 +277,43 @@ def make_row(name: str, tmp: Path, postgres_url: str | None) -> Row:
         row: Row = SyncRow(floor.post, floor.close)
         row.conn, row.wal = floor.conn, Path(f"{path}-wal")
         return row
-    if name.startswith("session-") or name == "postgres":
+    if name == "transport":
+        journal = idempotently.Journal(path, durability="os")
+        client = httpx.Client(
+            transport=idempotently.Transport(
+                journal, transport=httpx.MockTransport(answer), clock=clock
+            ),
+            base_url=BASE_URL,
+        )
+
+        def send(operation_id: str) -> object:
+            if ticks is not None:
+                ticks.count += 1
+            return client.post(
+                PATH, json=PAYLOAD, headers={"Idempotency-Operation-Id": operation_id}
+            )
+
+        def close() -> None:
+            client.close()
+            journal.close()
+
+        row = SyncRow(send, close)
+        row.conn, row.wal = _journal_connection(journal), Path(f"{path}-wal")
+        return row
+    if name.startswith("session-") or name in ("postgres", "flow-only"):
         if name == "postgres":
             if not postgres_url:
                 raise SystemExit("the postgres row needs --postgres-url")
             journal = idempotently.Journal(postgres_url)
         else:
-            journal = idempotently.Journal(path, durability=name.removeprefix("session-"))
+            durability = "os" if name == "flow-only" else name.removeprefix("session-")
+            journal = idempotently.Journal(path, durability=durability)  # type: ignore[arg-type]
+        if name == "flow-only":
+            _answer_commands_at_once(journal)
         session = idempotently.Session(
             journal,
             client=httpx.Client(transport=httpx.MockTransport(answer), base_url=BASE_URL),
+            clock=clock,
         )
 
         # A database outlives a child: ids of this child's own (all the same length), so
@@ -227,10 +321,12 @@ def make_row(name: str, tmp: Path, postgres_url: str | None) -> Row:
         prefix = f"{uuid.uuid4().hex[:12]}:" if name == "postgres" else ""
 
         def post(operation_id: str) -> object:
+            if ticks is not None:
+                ticks.count += 1
             return session.post(PATH, json=PAYLOAD, operation_id=prefix + operation_id)
 
         row = SyncRow(post, session.close)
-        if name != "postgres":
+        if name.startswith("session-"):
             row.conn, row.wal = _journal_connection(journal), Path(f"{path}-wal")
         return row
     concurrency = int(name.rsplit("-c", 1)[1])
@@ -241,9 +337,9 @@ def make_row(name: str, tmp: Path, postgres_url: str | None) -> Row:
         )
     journal = idempotently.Journal(path, durability="os")
     session = idempotently.AsyncSession(
-        journal, client=httpx.AsyncClient(transport=transport, base_url=BASE_URL)
+        journal, client=httpx.AsyncClient(transport=transport, base_url=BASE_URL), clock=clock
     )
-    row = AsyncRow(session, concurrency, True)
+    row = AsyncRow(session, concurrency, True, ticks)
     row.conn, row.wal = _journal_connection(journal), Path(f"{path}-wal")
     return row
 
@@ -313,7 +409,8 @@ def count_wal_frames(row: Row, start: int, count: int) -> dict[str, Any]:
 
 def child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-counts-", dir=args.tmp) as name:
-        row = make_row(args.child, Path(name), args.postgres_url)
+        clock_rate = None if args.real_clock else args.clock_rate
+        row = make_row(args.child, Path(name), args.postgres_url, clock_rate)
         try:
             row.run(0, args.warmup)
             result: dict[str, Any] = {"row": args.child, "ops": args.ops}
@@ -334,6 +431,7 @@ def child(args: argparse.Namespace) -> None:
 def child_command(args: argparse.Namespace, row: str, ops: int, *extra: str) -> list[str]:
     command = [sys.executable, str(SCRIPT), "--child", row, "--ops", str(ops)]
     command += ["--warmup", str(args.warmup), *extra]
+    command += ["--real-clock"] if args.real_clock else ["--clock-rate", str(args.clock_rate)]
     if row == "postgres":
         # A new database per child on a server of our own (the same tables for every run).
         server = getattr(args, "postgres_server", None)
@@ -384,6 +482,11 @@ def rounded(ops: int, row: str) -> int:
     """``ops`` rounded up to a multiple of the row's concurrency (every task does as many)."""
     concurrency = int(row.rsplit("-c", 1)[1]) if "-c" in row else 1
     return -(-ops // concurrency) * concurrency
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages (the wall clock moves with them)."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -450,6 +553,7 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     print("child commands (ROW each row; OPS as below, rounded up to a multiple of c):")
     child = "python benchmarks/bench_counts.py --child ROW --ops OPS --warmup " + str(args.warmup)
+    child += " --real-clock" if args.real_clock else f" --clock-rate {args.clock_rate:g}"
     print(f"  valgrind --tool=callgrind --callgrind-out-file=OUT -q {child}    OPS={cg_n},{cg_m}")
     print(f"  strace -f -c -o OUT {child}    OPS={st_n},{st_m}")
     print(f"  {child} --stats    OPS={args.stats_ops}")
@@ -458,6 +562,7 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
     print(f"  (env PYTHONHASHSEED=0 PYTHONPYCACHEPREFIX={PYCACHE}; {versions})")
     for note in notes:
         print(f"  {note}")
+    print(f"load average at the start: {load()}")
     print(flush=True)
 
     # One short run of each row first, one at a time: it fails fast on a broken row, and
@@ -484,6 +589,7 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
                 )
             results = {job: future.result() for job, future in jobs.items()}
     # The wall clock last, alone on the machine, one row after the other.
+    wall_load = load()
     walls = {row: run_child(child_command(args, row, rounded(args.wall_ops, row))) for row in rows}
 
     instructions: dict[str, list[float]] = {}
@@ -575,7 +681,10 @@ def measure(args: argparse.Namespace, rows: list[str], notes: list[str]) -> None
             for text, count in stats["statement_texts"]:
                 print(f"    {count / stats['ops']:6.2f}  {text}")
 
-    print(f"\nwall clock, one run of {args.wall_ops} operations per row (moves with load):")
+    print(
+        f"\nwall clock, one run of {args.wall_ops} operations per row (moves with load; load "
+        f"average before it {wall_load}, after it {load()}):"
+    )
     print(f"{'row':<16}{'ops/s':>9}{'× bare':>8}{'× floor':>9}")
     rates = {row: wall["ops"] / wall["seconds"] for row, wall in walls.items()}
     for row in rows:
@@ -600,6 +709,16 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="start a throwaway PostgreSQL")
     parser.add_argument("--postgres-url", help="journal the postgres row in this database")
     parser.add_argument("--tmp", help="directory for the journals (default: the system's)")
+    parser.add_argument(
+        "--clock-rate",
+        type=float,
+        default=1000.0,
+        metavar="OPS",
+        help="the journaled rows' simulated clock: OPS operations a second (default 1000)",
+    )
+    parser.add_argument(
+        "--real-clock", action="store_true", help="give the journaled rows time.time instead"
+    )
     parser.add_argument("--child", choices=ALL_ROWS, help=argparse.SUPPRESS)
     parser.add_argument("--ops", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stats", action="store_true", help=argparse.SUPPRESS)

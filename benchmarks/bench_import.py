@@ -34,8 +34,14 @@ def instructions(statement: str, env: dict[str, str]) -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
         result = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
-            + ["-c", statement],
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-c",
+                statement,
+            ],
             env=env,
             capture_output=True,
             text=True,

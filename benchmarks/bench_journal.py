@@ -34,6 +34,7 @@ from typing import Any
 
 import idempotently
 from idempotently import Journal
+from idempotently._commands import Insert, Record
 from idempotently._journal import DURABILITIES, AttemptRecord, Durability, NewOperation, _sqlite
 from idempotently._vocabulary import STATUSES, Status
 
@@ -43,6 +44,20 @@ BODY = b'{"amount":1000,"currency":"usd","customer":"cus_42"}'
 NOW = 1_800_000_000.0
 """The fill's clock: operation i of N was created N - i seconds before NOW."""
 DAY = 86_400.0
+
+
+def insert_operation(
+    journal: Journal, new: NewOperation, *, owner: str, lease_until: float
+) -> bool:
+    """A call's first write: its key (through the journal's one execute path)."""
+    return bool(journal._execute(Insert(new, owner, lease_until)))
+
+
+def record_attempt(
+    journal: Journal, operation_id: str, record: AttemptRecord, *, now: float
+) -> None:
+    """A call's second write: its answer."""
+    journal._execute(Record(operation_id, record, now, None))
 
 
 def status_of(i: int) -> str:
@@ -216,8 +231,8 @@ def prune_a_copy(path: Path) -> None:
                 number = 0
                 while not done.is_set():
                     started = time.perf_counter()
-                    other._insert_operation(
-                        new_operation(f"writer-{number}", NOW), owner="bench", lease_until=0
+                    insert_operation(
+                        other, new_operation(f"writer-{number}", NOW), owner="bench", lease_until=0
                     )
                     waits.append(time.perf_counter() - started)
                     number += 1
@@ -294,11 +309,12 @@ def calls(journal: Journal, first: int, count: int) -> tuple[list[float], list[f
     for number in range(first, first + count):
         operation_id = f"op-{number}"
         started = time.perf_counter()
-        journal._insert_operation(
-            new_operation(operation_id, now), owner="bench", lease_until=now + 30
+        insert_operation(
+            journal, new_operation(operation_id, now), owner="bench", lease_until=now + 30
         )
         inserted = time.perf_counter()
-        journal._record_attempt(
+        record_attempt(
+            journal,
             operation_id,
             AttemptRecord(
                 started_at=now,

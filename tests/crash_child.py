@@ -38,7 +38,6 @@ import httpx
 import idempotently
 from idempotently import profiles
 from idempotently._commands import Insert, Queue, Record
-from idempotently._journal._sqlite import SqliteStore
 
 PHASES = ("before_commit", "before_send", "after_charge", "before_journal_update")
 USER = "shop_1"
@@ -123,16 +122,17 @@ class CrashingTransport(httpx.BaseTransport):
         self._inner.close()
 
 
-def wrap_journal(phase: str, doomed_operation_id: str, signal_name: str) -> None:
+def wrap_journal(
+    journal: idempotently.Journal, phase: str, doomed_operation_id: str, signal_name: str
+) -> None:
     """Make this process stop at ``phase`` of the doomed operation's journal writes.
 
-    At the one seam every write passes (the store's commit of a batch from the
-    journal's writer): before its key's row is committed, or before the
-    attempt that answers it is.
+    At the one seam every write passes (the journal's commit of a batch, seen
+    through `Journal.observe_commits`): before its key's row is committed, or
+    before the attempt that answers it is.
     """
-    commit = SqliteStore.commit
 
-    def dying_commit(self: SqliteStore, writes: Sequence[Any], durable: bool) -> list[Any]:
+    def dying(writes: Sequence[Any], durable: bool) -> None:
         for write in writes:
             doomed_key = isinstance(write, Insert) and write.new.operation_id == doomed_operation_id
             if phase == "before_commit" and doomed_key:
@@ -146,9 +146,8 @@ def wrap_journal(phase: str, doomed_operation_id: str, signal_name: str) -> None
                     operation_id=doomed_operation_id,
                     status=write.record.status_code,
                 )
-        return commit(self, writes, durable)
 
-    SqliteStore.commit = dying_commit  # type: ignore[method-assign]
+    journal.observe_commits(before=dying)
 
 
 BOUND = attrs.evolve(profiles.GENERIC, name="bound", key_bound_to_credentials=True)
@@ -232,18 +231,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     options: dict[str, Any] = {}
+    codec = None
+    if args.codec is not None:
+        module, _, name = args.codec.partition(":")
+        codec = getattr(importlib.import_module(module), name)
+    journal = idempotently.Journal(args.journal, durability=args.durability, codec=codec)
     if args.kill_at is not None:
-        wrap_journal(args.kill_at, operation_id(args.kill_on_order), args.signal)
+        wrap_journal(journal, args.kill_at, operation_id(args.kill_on_order), args.signal)
         options["transport"] = CrashingTransport(
             args.kill_at, f"order-{args.kill_on_order}", args.signal, args.url
         )
     run: Callable[[argparse.Namespace, idempotently.Session], None] = (
         charge if args.mode == "charge" else resume
     )
-    codec = None
-    if args.codec is not None:
-        module, _, name = args.codec.partition(":")
-        codec = getattr(importlib.import_module(module), name)
     if args.token_by_hook:
         # The usual token-refresh pattern: the token is set as the request leaves.
         options["event_hooks"] = {"request": [die_in_hook if args.die_in_hook else set_token]}
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         options["headers"] = {"Authorization": f"Bearer {USER}"}
     with idempotently.Session(
-        idempotently.Journal(args.journal, durability=args.durability, codec=codec),
+        journal,
         base_url=args.url,
         policy=idempotently.RetryPolicy(initial_backoff=0.001, max_backoff=0.01),
         # Generous: a request the test holds at the proxy must not time out and be retried.

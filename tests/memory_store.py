@@ -63,6 +63,10 @@ class MemoryStore:
     def namespace(self) -> uuid.UUID:
         return self._namespace
 
+    @property
+    def schema_version(self) -> int:
+        return 0
+
     def check_identity(self) -> None:
         pass
 

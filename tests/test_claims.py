@@ -13,6 +13,14 @@ import pytest
 
 from idempotently import Journal
 from idempotently._journal import AttemptRecord
+from tests.journal_commands import (
+    claim_due,
+    extend_leases,
+    insert_operation,
+    record_attempt,
+    set_status,
+    take_lease,
+)
 from tests.test_journal import NOW, insert, new_operation
 
 
@@ -33,7 +41,8 @@ def due_and_not_due(journal: Journal) -> set[str]:
         )
     insert(journal, new_operation("leased", created_at=NOW - 50), lease_until=NOW + 60)
     insert(journal, new_operation("later", created_at=NOW - 50))
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "later",
         AttemptRecord(
             started_at=NOW, elapsed=0.1, outcome="answered", status_code=429, not_before=NOW + 60
@@ -42,18 +51,21 @@ def due_and_not_due(journal: Journal) -> set[str]:
     )
     for status in ("succeeded", "needs_reconcile", "abandoned"):
         insert(journal, new_operation(status, created_at=NOW - 50))
-        journal._set_status(status, status, reason=None, now=NOW - 10)  # type: ignore[arg-type]
+        set_status(journal, status, status, reason=None, now=NOW - 10)  # type: ignore[arg-type]
     return {f"due-{number:02}" for number in range(40)}
 
 
 def test_claim_due_takes_the_oldest_due_operations(journal: Journal) -> None:
     """_claim_due leases the oldest due pending operations, with their attempts."""
     due_and_not_due(journal)
-    journal._record_attempt(
-        "due-00", AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"), now=NOW - 5
+    record_attempt(
+        journal,
+        "due-00",
+        AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
+        now=NOW - 5,
     )
 
-    claimed = journal._claim_due(owner="w1", now=NOW, lease_until=NOW + 30, limit=3)
+    claimed = claim_due(journal, owner="w1", now=NOW, lease_until=NOW + 30, limit=3)
 
     assert ["due-00", "due-01", "due-02"] == [operation.operation_id for operation in claimed]
     assert {("w1", NOW + 30, NOW)} == {
@@ -76,7 +88,7 @@ def test_workers_claiming_at_once_never_claim_one_operation_twice(journal_target
     def worker(name: str) -> None:
         with Journal(journal_target) as journal:
             start.wait()
-            while batch := journal._claim_due(owner=name, now=NOW, lease_until=NOW + 30, limit=3):
+            while batch := claim_due(journal, owner=name, now=NOW, lease_until=NOW + 30, limit=3):
                 with lock:
                     claims.extend(operation.operation_id for operation in batch)
 
@@ -97,10 +109,11 @@ def test_extend_leases_pushes_back_only_leases_still_held(journal: Journal) -> N
         ("taken", "w2", NOW + 10),
         ("done", "w1", NOW + 10),
     ):
-        journal._insert_operation(new_operation(operation_id), owner=owner, lease_until=lease_until)
-    journal._set_status("done", "succeeded", reason=None, now=NOW)
+        insert_operation(journal, new_operation(operation_id), owner=owner, lease_until=lease_until)
+    set_status(journal, "done", "succeeded", reason=None, now=NOW)
 
-    extended = journal._extend_leases(
+    extended = extend_leases(
+        journal,
         [("mine", "w1"), ("mine-later", "w1"), ("taken", "w1"), ("done", "w1"), ("gone", "w1")],
         lease_until=NOW + 40,
         now=NOW,
@@ -126,9 +139,10 @@ def test_an_attempt_after_the_lease_was_lost_is_counted_but_changes_nothing(
     insert(journal, new_operation(), lease_until=NOW - 1)  # "test-owner"'s lease, expired
     stale = journal.operation("op-1")
     assert stale is not None
-    assert journal._take_lease(stale, owner="taker", lease_until=NOW + 30, now=NOW)
+    assert take_lease(journal, stale, owner="taker", lease_until=NOW + 30, now=NOW)
 
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(
             started_at=NOW, elapsed=0.1, outcome="answered", status_code=201, status="succeeded"

@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 from idempotently import Journal
 from idempotently._operator import default_actor
 from idempotently.cli import cli
+from tests.journal_commands import record_attempt
 from tests.test_operator_actions import make
 
 
@@ -138,7 +139,8 @@ def test_fork_after_prune_takes_a_new_number_and_its_dry_run_says_which(
         make(journal, "op-1", "failed")
         first = journal.fork("op-1", note="retry")
         behind = time.time() - 7200  # a resume worker whose clock runs two hours behind
-        journal._record_attempt(
+        record_attempt(
+            journal,
             first.operation_id,
             AttemptRecord(behind, 0.1, "answered", 402, status="failed"),
             now=behind,

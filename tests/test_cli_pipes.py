@@ -245,7 +245,7 @@ def test_resume_progress_never_shares_a_line_with_the_table(
 
 
 def test_resume_collapses_a_repeated_hint_and_counts_it_by_reason(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same hint for many operations is printed in full once; the summary counts the
     operations by reason, one line per distinct hint."""
@@ -254,8 +254,9 @@ def test_resume_collapses_a_repeated_hint_and_counts_it_by_reason(
     hint = "the server answered 401: pass the right ones, e.g. --header-env Authorization=VAR"
     results = [ResumeResult(f"op-{n}", "k", "pending", "not_sent", hint, 401) for n in range(900)]
     results.append(ResumeResult("op-ok", "k", "succeeded", "succeeded", "", 201))
+    monkeypatch.setenv("COLUMNS", "100")
     table = ResultTable(
-        [r.operation_id for r in results], dry_run=False, terminal=True, clear_bar=False, width=100
+        [r.operation_id for r in results], dry_run=False, terminal=True, clear_bar=False
     )
     for result in results:
         table(result)
@@ -269,12 +270,13 @@ def test_resume_collapses_a_repeated_hint_and_counts_it_by_reason(
 
 
 def test_resume_sizes_the_id_column_to_the_ids_and_the_terminal(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At 80 columns a 31-character id sits whole on its row with its short detail; only
     an id too wide to sit beside the other columns takes a line of its own."""
     fits, wide = "customer-0042-order-0001:charge", "customer-" + "x" * 40 + ":charge"
-    table = ResultTable([fits, wide], dry_run=False, terminal=True, clear_bar=False, width=80)
+    monkeypatch.setenv("COLUMNS", "80")
+    table = ResultTable([fits, wide], dry_run=False, terminal=True, clear_bar=False)
     table(ResumeResult(fits, "k", "succeeded", "succeeded", "201", 201))
     table(ResumeResult(wide, "k", "succeeded", "succeeded", "201", 201))
     header, row, own, after = capsys.readouterr().out.splitlines()

@@ -14,7 +14,6 @@ from click.testing import CliRunner, Result
 
 import idempotently
 from idempotently import Journal, Lookup
-from idempotently._cli_watch import run_watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer
 from tests.scripted_server import Answer, ScriptedApp
@@ -174,14 +173,9 @@ def test_a_watch_worker_reconciles_as_it_goes(
 
         poller = threading.Thread(target=stop_once_settled)
         poller.start()
-        summary = run_watch(  # on the main thread: it installs signal handlers
-            session,
+        summary = session.watch(
+            stop,
             interval=0.05,
-            concurrency=1,
-            base_url=None,
-            as_json=True,
-            terminal=False,
-            stop=stop,
             reconciler=Lookup("/v1/charges", params={"metadata[operation_id]": "{operation_id}"}),
         )
         poller.join(20)
@@ -232,16 +226,7 @@ def test_a_watch_worker_looks_up_what_it_finds_expired(
 
         poller = threading.Thread(target=stop_once_settled)
         poller.start()
-        run_watch(
-            session,
-            interval=0.05,
-            concurrency=1,
-            base_url=None,
-            as_json=True,
-            terminal=False,
-            stop=stop,
-            reconciler=Lookup("/v1/charges"),
-        )
+        session.watch(stop, interval=0.05, reconciler=Lookup("/v1/charges"))
         poller.join(20)
         operation = session.journal.operation("order-9")
     assert operation is not None and "succeeded" == operation.status

@@ -20,6 +20,7 @@ from cryptography.fernet import Fernet
 import idempotently
 from idempotently.cli import cli
 from tests.at_rest import stored_bytes, stored_column
+from tests.journal_commands import set_status
 from tests.scripted_server import RESET, Answer, ScriptedApp
 
 KEY = Fernet.generate_key()
@@ -191,7 +192,7 @@ def test_a_reconcilers_answer_is_stored_encoded(
     with idempotently.Session(journal, base_url=url, policy=ONE_TRY, profile=profile) as session:
         with pytest.raises(idempotently.IdempotentlyError):
             session.post("/v1/charges", json=charge(), operation_id="op")
-        journal._set_status("op", "needs_reconcile", reason="test", now=0.0)
+        set_status(journal, "op", "needs_reconcile", reason="test", now=0.0)
         session.resume(
             reconciler=lambda operation, client: idempotently.Settlement(
                 "succeeded", "found", httpx.Response(200, content=ANSWER)

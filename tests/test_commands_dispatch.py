@@ -316,6 +316,8 @@ DISPATCHES = {
     ("_journal/_postgres.py", "PostgresStore._result", "ProbeWrite"),
     ("_journal/__init__.py", "_closed_message", "ProbeWrite"),
     ("_journal/__init__.py", "_closed_message", "ProbeRead"),
+    ("_journal/__init__.py", "Journal._execute", "ProbeRead"),
+    ("_journal/__init__.py", "Journal._aexecute", "ProbeRead"),
     ("_drivers.py", "run", "ProbeCommand"),
     ("_drivers.py", "arun", "ProbeCommand"),
 }

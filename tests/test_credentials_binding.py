@@ -675,14 +675,12 @@ def test_the_binding_is_made_durable_before_the_first_byte_leaves(
     token = Token()
     journal = idempotently.Journal(tmp_path / "j.db")
     binds: list[tuple[bool, int]] = []
-    commit = journal._store.commit
 
-    def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+    def recorded(writes: Sequence[Any], durable: bool) -> None:
         if any(isinstance(write, BindCredentials) for write in writes):
             binds.append((durable, len(app.arrivals)))
-        return commit(writes, durable)
 
-    journal._store.commit = recorded  # type: ignore[method-assign]
+    journal.observe_commits(before=recorded)
     with idempotently.Session(journal, base_url=url, profile=BOUND, **with_hook(token)) as session:
         session.post("/v1/charges", json=CHARGE, operation_id="op")
         session.post("/v1/charges", json=CHARGE, operation_id="op")

@@ -25,6 +25,7 @@ from idempotently._rows import Failed
 from idempotently.cli import cli
 from idempotently.testing import serve
 from tests.support import recount as support_recount
+from tests.journal_commands import execute_together
 
 BASE = "https://api.example.test"
 CHARGE = {"amount": 1000, "currency": "usd", "customer": "cus_1"}
@@ -83,7 +84,7 @@ def test_one_refused_row_in_a_shared_commit_fails_only_its_own_caller(
             (new_operation("huge", b"x" * 10_000), "me", 0.0),
             (new_operation("small-2", b"{}"), "me", 0.0),
         ]
-        first, refused, last = journal._execute_many([Insert(*item) for item in items])
+        first, refused, last = execute_together(journal, [Insert(*item) for item in items])
         assert (True, True) == (first, last)
         assert isinstance(refused, Failed)
         assert isinstance(refused.error, idempotently.JournalWriteError)

@@ -6,7 +6,7 @@ sent. Session, Transport and AsyncSession (asyncio and trio), against a loopback
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,6 @@ import pytest
 import idempotently
 from idempotently._commands import Record
 from idempotently._exceptions import JournalWriteError
-from idempotently._rows import Failed
 from tests.scripted_server import RESET, Answer, ScriptedApp
 
 ANSWER = b'{"id": "ch_1", "secret_answer": true}'
@@ -45,13 +44,10 @@ class RecordsFail(idempotently.Journal):
             raise JournalWriteError(f"cannot write the journal {self.path}: disk I/O error")
         return super()._execute(command)
 
-    def _execute_many(self, commands: Sequence[Any]) -> list[Any]:
-        return [
-            Failed(JournalWriteError(f"cannot write the journal {self.path}: disk I/O error"))
-            if isinstance(command, Record)
-            else super(RecordsFail, self)._execute_many([command])[0]
-            for command in commands
-        ]
+    async def _aexecute(self, command: Any) -> Any:
+        if isinstance(command, Record):
+            raise JournalWriteError(f"cannot write the journal {self.path}: disk I/O error")
+        return await super()._aexecute(command)
 
 
 def raising_classifier(status: int, headers: httpx.Headers, body: bytes) -> str | None:

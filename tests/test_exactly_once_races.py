@@ -17,6 +17,7 @@ import pytest
 import idempotently
 from idempotently._commands import Insert, Record
 from tests.faults import around_commit
+from tests.journal_commands import record_attempt
 from tests.support import URL, FakeTime, make_session
 
 
@@ -104,11 +105,11 @@ def test_a_late_attempt_never_overwrites_a_settled_operation(tmp_path: Path) -> 
         response_headers=(),
         response_body=b"{}",
     )
-    journal._record_attempt("op-1", settled, now=NOW + 71, owner="other-host:1:b")
+    record_attempt(journal, "op-1", settled, now=NOW + 71, owner="other-host:1:b")
     late = AttemptRecord(
         started_at=NOW, elapsed=75.0, outcome="answered", status_code=400, status="failed"
     )
-    journal._record_attempt("op-1", late, now=NOW + 75, owner="test-owner")
+    record_attempt(journal, "op-1", late, now=NOW + 75, owner="test-owner")
     operation = journal.operation("op-1")
     journal.close()
     assert operation is not None

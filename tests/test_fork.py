@@ -114,3 +114,39 @@ def test_a_forked_child_opening_its_own_journal_works(tmp_path: Path) -> None:
         statuses = {op.operation_id: op.status for op in session.journal.operations()}
     assert {"returned": "201"} == outcome
     assert {"in-parent": "succeeded", "in-child": "succeeded"} == statuses
+
+
+def test_a_child_forked_while_the_journal_thread_runs_starts_clean(tmp_path: Path) -> None:
+    """The parent's async writes left the journal's thread running at the fork: the child
+    has no such thread, refuses its parent's journal, and an AsyncSession it opens itself
+    commits through a thread of its own."""
+    import anyio
+
+    path = tmp_path / "journal.db"
+    transport = httpx.MockTransport(lambda r: httpx.Response(201))
+
+    async def post(journal: object, operation_id: str) -> int:
+        async with idempotently.AsyncSession(journal, transport=transport) as session:  # type: ignore[arg-type]
+            return (await session.post(URL, json={}, operation_id=operation_id)).status_code
+
+    journal = idempotently.Journal(path)
+    anyio.run(post, journal, "in-parent")
+    running = journal._writer._thread  # lingering idle: the journal is still open
+
+    def child() -> tuple[object, ...]:
+        try:
+            anyio.run(post, journal, "with-parents")
+            refused = "no"
+        except idempotently.JournalError:
+            refused = "yes"
+        return (journal._writer._thread, refused, anyio.run(post, path, "in-child"))
+
+    try:
+        outcome = in_child(child)
+    finally:
+        journal.close()
+    with idempotently.Journal(path) as reopened:
+        statuses = {op.operation_id: op.status for op in reopened.operations()}
+    assert running is not None and running.is_alive() is False  # ended by close()
+    assert {"returned": "(None, 'yes', 201)"} == outcome
+    assert {"in-parent": "succeeded", "in-child": "succeeded"} == statuses

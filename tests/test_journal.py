@@ -28,6 +28,7 @@ from idempotently._journal import AttemptRecord, NewOperation
 from idempotently._journal._sqlite import SCHEMA_VERSION, SqliteStore
 from idempotently._rows import headers_json as _headers_json
 from idempotently._vocabulary import STATUSES
+from tests.journal_commands import insert_operation, record_attempt, take_lease
 
 NOW = 1_700_000_000.0
 DAY = 24 * 60 * 60.0
@@ -59,7 +60,7 @@ def new_operation(
 
 
 def insert(journal: Journal, new: NewOperation, *, lease_until: float = 0.0) -> bool:
-    return journal._insert_operation(new, owner="test-owner", lease_until=lease_until)
+    return insert_operation(journal, new, owner="test-owner", lease_until=lease_until)
 
 
 def mode(path: Path) -> int:
@@ -117,7 +118,8 @@ def test_reopening_keeps_the_data(journal_target: str) -> None:
     """Closing and reopening a journal keeps every operation and attempt."""
     with Journal(journal_target) as journal:
         insert(journal, new_operation())
-        journal._record_attempt(
+        record_attempt(
+            journal,
             "op-1",
             AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
             now=NOW,
@@ -254,7 +256,8 @@ def test_duplicate_key_is_refused(journal: Journal) -> None:
 def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> None:
     """Each attempt is journaled with its number; the operation carries the latest state."""
     insert(journal, new_operation(), lease_until=NOW + 30)
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(
             started_at=NOW,
@@ -267,7 +270,8 @@ def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> Non
         ),
         now=NOW + 1,
     )
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(
             started_at=NOW + 2,
@@ -279,7 +283,8 @@ def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> Non
         ),
         now=NOW + 3,
     )
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(
             started_at=NOW + 4,
@@ -329,12 +334,14 @@ def test_attempts_are_numbered_and_update_the_operation(journal: Journal) -> Non
 def test_a_network_error_keeps_the_last_status_code(journal: Journal) -> None:
     """``last_status_code`` remembers the last answer across later network errors."""
     insert(journal, new_operation())
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status_code=503),
         now=NOW,
     )
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(
             started_at=NOW + 1, elapsed=0.1, outcome="maybe_delivered", not_before=NOW + 9
@@ -355,14 +362,15 @@ def test_a_network_error_keeps_the_last_status_code(journal: Journal) -> None:
 def test_a_retrying_caller_keeps_its_lease(journal: Journal) -> None:
     """An attempt recorded with a lease keeps the owner; one without releases it."""
     insert(journal, new_operation(), lease_until=NOW + 30)
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent", lease_until=NOW + 60),
         now=NOW,
     )
     kept = journal.operation("op-1")
-    journal._record_attempt(
-        "op-1", AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"), now=NOW
+    record_attempt(
+        journal, "op-1", AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"), now=NOW
     )
     released = journal.operation("op-1")
 
@@ -383,7 +391,8 @@ def populated(journal: Journal) -> Journal:
     for number in range(1, 6):
         operation_id = f"op-{number}"
         insert(journal, new_operation(operation_id, created_at=NOW + 60 * number))
-        journal._record_attempt(
+        record_attempt(
+            journal,
             operation_id,
             AttemptRecord(
                 started_at=NOW + 60 * number,
@@ -482,8 +491,8 @@ def test_lease_compare_and_swap_has_one_winner(journal: Journal) -> None:
     second_read = journal.operation("op-1")
     assert first_read is not None and second_read is not None
 
-    won = journal._take_lease(first_read, owner="resumer-a", lease_until=NOW + 30, now=NOW)
-    lost = journal._take_lease(second_read, owner="resumer-b", lease_until=NOW + 30, now=NOW)
+    won = take_lease(journal, first_read, owner="resumer-a", lease_until=NOW + 30, now=NOW)
+    lost = take_lease(journal, second_read, owner="resumer-b", lease_until=NOW + 30, now=NOW)
 
     operation = journal.operation("op-1")
     assert operation is not None
@@ -494,7 +503,8 @@ def test_lease_compare_and_swap_has_one_winner(journal: Journal) -> None:
 def test_lease_is_not_taken_on_a_finished_operation(journal: Journal) -> None:
     """A finished operation's lease cannot be taken: nothing to resend."""
     insert(journal, new_operation())
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status="succeeded"),
         now=NOW,
@@ -502,7 +512,7 @@ def test_lease_is_not_taken_on_a_finished_operation(journal: Journal) -> None:
     operation = journal.operation("op-1")
     assert operation is not None
 
-    assert not journal._take_lease(operation, owner="resumer", lease_until=NOW + 30, now=NOW)
+    assert not take_lease(journal, operation, owner="resumer", lease_until=NOW + 30, now=NOW)
 
 
 def test_threads_racing_for_a_lease_have_one_winner(journal: Journal) -> None:
@@ -515,7 +525,7 @@ def test_threads_racing_for_a_lease_have_one_winner(journal: Journal) -> None:
 
     def race(owner: str) -> None:
         start.wait()
-        results.append(journal._take_lease(snapshot, owner=owner, lease_until=NOW + 30, now=NOW))
+        results.append(take_lease(journal, snapshot, owner=owner, lease_until=NOW + 30, now=NOW))
 
     threads = [threading.Thread(target=race, args=(f"t{n}",)) for n in range(8)]
     for thread in threads:
@@ -592,7 +602,8 @@ def test_two_journals_on_one_file_lose_nothing(journal_target: str) -> None:
             for number in range(50):
                 operation_id = f"{name}-{number}"
                 assert insert(journal, new_operation(operation_id))
-                journal._record_attempt(
+                record_attempt(
+                    journal,
                     operation_id,
                     AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
                     now=NOW,

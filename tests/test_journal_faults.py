@@ -27,6 +27,7 @@ from idempotently import (
 )
 from idempotently._journal import AttemptRecord
 from idempotently.cli import cli
+from tests.journal_commands import find, record_attempt
 from tests.test_journal import NOW, insert, mode, new_operation
 
 SRC = Path(__file__).parent.parent / "src"
@@ -68,7 +69,8 @@ def fill(path: Path, count: int) -> None:
         for number in range(count):
             operation_id = f"op-{number:03}"
             insert(journal, new_operation(operation_id, created_at=NOW + number, body=b"x" * 500))
-            journal._record_attempt(
+            record_attempt(
+                journal,
                 operation_id,
                 AttemptRecord(
                     started_at=NOW + number,
@@ -109,7 +111,8 @@ def damaged(damaged_template: Path, tmp_path: Path) -> Path:
 
 
 def later_attempt(journal: Journal) -> None:
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-299",
         AttemptRecord(started_at=NOW, elapsed=0.1, outcome="not_sent"),
         now=NOW,
@@ -119,7 +122,7 @@ def later_attempt(journal: Journal) -> None:
 READS: dict[str, Callable[[Journal], object]] = {
     "operations": lambda journal: journal.operations(),
     "operation": lambda journal: journal.operation("op-299"),
-    "_find": lambda journal: journal._find("op-299", None),
+    "_find": lambda journal: find(journal, "op-299", None),
 }
 # The audits read the counts the triggers keep and the small partial indexes,
 # never the tables: they meet only the damage on those pages.
@@ -239,7 +242,7 @@ def three(tmp_path: Path) -> Path:
 ROW_READS: dict[str, Callable[[Journal], object]] = {
     "operation": lambda journal: journal.operation("op-001"),
     "operation by key": lambda journal: journal.operation("key-op-001"),
-    "_find": lambda journal: journal._find("op-001", None),
+    "_find": lambda journal: find(journal, "op-001", None),
 }
 
 
@@ -394,7 +397,7 @@ def test_a_journal_replaced_while_open_journals_no_new_key(path: Path, tmp_path:
 def test_a_journal_left_in_place_still_takes_keys(path: Path) -> None:
     """The check costs nothing when nothing moved: keys are journaled as before."""
     with Journal(path) as journal:
-        journal._check_still_there()
+        journal._store.check_identity()
         assert insert(journal, new_operation("op-1"))
 
 

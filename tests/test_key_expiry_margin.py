@@ -21,7 +21,6 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently import profiles
-from idempotently._watch import watch
 from idempotently.cli import cli
 from idempotently.profiles import ServerProfile
 from tests.conftest import STORES
@@ -111,12 +110,8 @@ def relay_once(s: idempotently.Session) -> idempotently.ResumeResult:
         results.append(result)
         stop.set()
 
-    watch(
-        s._engine,
-        s.journal,
-        s._build,
-        send=s.client.send,
-        stop=stop,
+    s.watch(
+        stop,
         interval=0.01,
         concurrency=1,
         on_result=on_result,
@@ -300,6 +295,35 @@ def test_a_session_margin_below_a_minute_or_at_the_lifetime_is_refused(
         )
     assert "\n" not in str(raised.value)
     assert not (tmp_path / "j.db").exists()
+
+
+def test_a_stored_only_session_bounds_its_margin_by_each_operations_lifetime(
+    tmp_path: Path,
+) -> None:
+    """Session(profile_rule="stored_only", key_expiry_margin=600) under a 300 s profile
+    (what `resume --key-expiry-margin 10m` builds without --profile): accepted, since no
+    operation is read with that profile, and applied to a 1 h key 51 min old (not
+    resent: needs_reconcile); the same margin without "stored_only" is refused."""
+    with pytest.raises(ValueError, match="key_expiry_margin"):
+        idempotently.Session(
+            tmp_path / "j.db", profile=profiles.DJANGO_IDEMPOTENCY_KEY, key_expiry_margin=600
+        )
+    profile = profiles.AWS_POWERTOOLS
+    clock = Clock()
+    with keyed(profile, clock, lose_answers=1) as (server, url):
+        lose_the_answer(tmp_path / "j.db", url, profile, clock.true)
+        clock.now += 3600 - 600 + 60
+        with session(
+            tmp_path / "j.db",
+            url,
+            profiles.DJANGO_IDEMPOTENCY_KEY,
+            clock.true,
+            profile_rule="stored_only",
+            key_expiry_margin=600,
+        ) as s:
+            [result] = s.resume()
+    assert ("needs_reconcile", 1) == (result.action, server.arrivals)
+    assert "safety margin 600s" in result.detail
 
 
 # -- the CLI: resume and resume --watch take --key-expiry-margin -------------------------

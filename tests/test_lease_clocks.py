@@ -18,7 +18,6 @@ import pytest
 
 import idempotently
 from idempotently._commands import ClaimDue
-from idempotently._heartbeat import heartbeat_for
 from tests.scripted_server import ScriptedApp
 from tests.support import FakeTime
 
@@ -171,7 +170,7 @@ def test_a_live_owner_ten_years_ahead_that_heartbeats_is_never_overtaken(
                 looks.append((result.action, operation.lease_until - fake_time.now))
                 fake_time.now += 3.0
                 fast.now += 3.0
-                heartbeat_for(owner.journal).beat()
+                owner.journal._heartbeat.beat()
         return httpx.Response(201)
 
     with idempotently.Session(

@@ -7,17 +7,25 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
 import idempotently
-from idempotently import _heartbeat as heartbeat_module
 from idempotently._commands import ExtendLeases, Lease
 from idempotently._flow._leases import lease_owner_alive, new_lease_owner
-from idempotently._heartbeat import Heartbeat, heartbeat_for
 from idempotently._journal import Journal, NewOperation
+from idempotently._journal import _writer as writer_module
+from idempotently._journal._writer import Writer
+from tests.journal_commands import (
+    claim_due,
+    extend_leases,
+    insert_operation,
+    set_status,
+    take_lease,
+)
 from tests.support import URL, FakeTime
 
 NOW = 1_800_000_000.0
@@ -51,8 +59,11 @@ def pending(
     not_before: float | None = None,
 ) -> None:
     """A pending operation with this lease and not_before."""
-    assert journal._insert_operation(
-        new_operation(operation_id, created_at), owner=owner or "old:1:x", lease_until=lease_until
+    assert insert_operation(
+        journal,
+        new_operation(operation_id, created_at),
+        owner=owner or "old:1:x",
+        lease_until=lease_until,
     )
     with journal._store._write() as conn:
         conn.execute(
@@ -81,13 +92,13 @@ def test_claim_due_leases_due_operations_oldest_first(journal: Journal) -> None:
     pending(journal, "later", created_at=NOW - 70, not_before=NOW + 5)
     pending(journal, "due_now", created_at=NOW - 20, not_before=NOW)
     pending(journal, "extra", created_at=NOW - 10)
-    journal._set_status("extra", "succeeded", reason=None, now=NOW)
+    set_status(journal, "extra", "succeeded", reason=None, now=NOW)
 
-    claimed = journal._claim_due(owner="w:1:t", now=NOW, lease_until=NOW + 60, limit=3)
+    claimed = claim_due(journal, owner="w:1:t", now=NOW, lease_until=NOW + 60, limit=3)
 
     assert ["a", "b", "c"] == [operation.operation_id for operation in claimed]
     assert {("w:1:t", NOW + 60)} == {(op.lease_owner, op.lease_until) for op in claimed}
-    rest = journal._claim_due(owner="w:2:t", now=NOW, lease_until=NOW + 60, limit=10)
+    rest = claim_due(journal, owner="w:2:t", now=NOW, lease_until=NOW + 60, limit=10)
     assert ["due_now"] == [operation.operation_id for operation in rest]
     stored = journal.operation("a")
     assert stored is not None and ("w:1:t", NOW + 60) == (stored.lease_owner, stored.lease_until)
@@ -106,7 +117,7 @@ def test_claim_due_returns_operations_with_their_attempts(journal: Journal) -> N
         pytest.raises(idempotently.OperationPendingError),
     ):
         session.post(URL, json={}, operation_id="op")
-    [claimed] = journal._claim_due(owner="w:1:t", now=2e10, lease_until=2e10 + 60, limit=5)
+    [claimed] = claim_due(journal, owner="w:1:t", now=2e10, lease_until=2e10 + 60, limit=5)
     assert 2 == len(claimed.attempts) == claimed.attempt_count
 
 
@@ -123,7 +134,7 @@ def test_concurrent_claims_never_hand_one_operation_to_two_workers(tmp_path: Pat
         with Journal(path) as mine:
             start.wait()
             for _ in range(400):  # bounded: a broken claim must fail, not loop forever
-                batch = mine._claim_due(owner=f"w:{n}:t", now=NOW, lease_until=NOW + 60, limit=7)
+                batch = claim_due(mine, owner=f"w:{n}:t", now=NOW, lease_until=NOW + 60, limit=7)
                 if not batch:
                     break
                 claims[n].extend(operation.operation_id for operation in batch)
@@ -149,9 +160,10 @@ def test_extend_leases_only_moves_live_leases_of_their_owner_forward(journal: Jo
     pending(journal, "far", created_at=NOW, lease_until=NOW + 500, owner="me:1:t")
     pending(journal, "theirs", created_at=NOW, lease_until=NOW + 10, owner="them:1:t")
     pending(journal, "done", created_at=NOW, lease_until=NOW + 10, owner="me:1:t")
-    journal._set_status("done", "succeeded", reason=None, now=NOW)
+    set_status(journal, "done", "succeeded", reason=None, now=NOW)
 
-    extended = journal._extend_leases(
+    extended = extend_leases(
+        journal,
         [
             ("mine", "me:1:t"),
             ("far", "me:1:t"),
@@ -166,7 +178,7 @@ def test_extend_leases_only_moves_live_leases_of_their_owner_forward(journal: Jo
     assert 2 == extended  # "far" matched; its lease stays where it was
     leases = {op.operation_id: op.lease_until for op in journal.operations()}
     assert {"mine": NOW + 100, "far": NOW + 500, "theirs": NOW + 10, "done": 0.0} == leases
-    assert 0 == journal._extend_leases([], lease_until=NOW + 100, now=NOW)
+    assert 0 == extend_leases(journal, [], lease_until=NOW + 100, now=NOW)
 
 
 # -- heartbeat ------------------------------------------------------------------------------
@@ -193,7 +205,7 @@ def test_a_long_attempt_is_not_taken_over_by_another_host(tmp_path: Path) -> Non
     def slow_server(request: httpx.Request) -> httpx.Response:
         arrivals.append(request.headers["Idempotency-Key"])
         fake.now += 25  # longer than the lease: without a heartbeat it would have expired
-        heartbeat_for(session.journal).beat()
+        session.journal._heartbeat.beat()
         other = subprocess.run(
             [sys.executable, "-c", OTHER_HOST, str(path), str(fake.now)],
             capture_output=True,
@@ -214,7 +226,7 @@ def test_a_long_attempt_is_not_taken_over_by_another_host(tmp_path: Path) -> Non
     ) as session:
         response = session.post(URL, json={}, operation_id="slow")
         assert 201 == response.status_code
-        assert [] == heartbeat_for(session.journal).leases()  # the flow ended: no lease kept
+        assert [] == session.journal._heartbeat.leases()  # the flow ended: no lease kept
     assert ["leased"] == second
     assert 1 == len(arrivals)
 
@@ -229,7 +241,7 @@ async def test_a_long_async_attempt_is_not_taken_over_by_another_host(tmp_path: 
 
     async def slow_server(request: httpx.Request) -> httpx.Response:
         fake.now += 25
-        heartbeat_for(session.journal).beat()
+        session.journal._heartbeat.beat()
         operation = session.journal.operation("slow")
         lease_left.append(None if operation is None else operation.lease_until - fake.now)
         with idempotently.Session(
@@ -251,44 +263,42 @@ async def test_a_long_async_attempt_is_not_taken_over_by_another_host(tmp_path: 
         transport=httpx.MockTransport(slow_server),
     ) as session:
         assert 201 == (await session.post(URL, json={}, operation_id="slow")).status_code
-        assert [] == heartbeat_for(session.journal).leases()
+        assert [] == session.journal._heartbeat.leases()
     assert ["leased"] == second
     assert [10.0] == lease_left  # renewed in the journal, where other processes look
 
 
-class RecordingStore:
-    """A store whose heartbeat writes are recorded (or fail)."""
+class RecordingCommit:
+    """A store's commit whose heartbeat writes are recorded (or fail)."""
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.calls: list[tuple[list[tuple[str, str]], float]] = []
         self.called = threading.Event()
 
-    def _execute(self, command: ExtendLeases) -> int:
-        leases, lease_until = command.leases, command.lease_until
-        self.calls.append((list(leases), lease_until))
+    def __call__(self, writes: Sequence[ExtendLeases], durable: bool) -> list[int]:
+        self.calls.extend((list(write.leases), write.lease_until) for write in writes)
         self.called.set()
         if self.fail:
             raise idempotently.JournalWriteError("the journal is locked")
-        return len(leases)
+        return [len(write.leases) for write in writes]
 
 
 def test_the_heartbeat_thread_extends_leases_every_third_of_their_duration() -> None:
-    """Without being asked, the background thread renews a registered lease (and stops
+    """Without being asked, the writer's thread renews a registered lease (and stops
     renewing it once removed)."""
-    store = RecordingStore()
-    heartbeat = Heartbeat(store)  # type: ignore[arg-type]
+    commit = RecordingCommit()
+    heartbeat = Writer(commit, lambda write: False).heartbeat
     lease = Lease("op", "me:1:t", 0.15, lambda: NOW)
     with heartbeat.holding(lease):
-        assert store.called.wait(10)
-    assert [([("op", "me:1:t")], NOW + 0.15)] == store.calls[:1]
+        assert commit.called.wait(10)
+    assert [([("op", "me:1:t")], NOW + 0.15)] == commit.calls[:1]
     assert [] == heartbeat.leases()
 
 
 def test_a_failing_heartbeat_is_logged_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     """A heartbeat the journal refuses is a warning; the caller goes on."""
-    store = RecordingStore(fail=True)
-    heartbeat = Heartbeat(store)  # type: ignore[arg-type]
+    heartbeat = Writer(RecordingCommit(fail=True), lambda write: False).heartbeat
     heartbeat.add(Lease("op", "me:1:t", 600, lambda: NOW))
     with caplog.at_level(logging.WARNING, logger="idempotently"):
         assert 0 == heartbeat.beat()
@@ -373,21 +383,20 @@ def test_another_process_with_our_pid_and_host_id_is_alive() -> None:
 
 
 def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lease registered soon after the last one ended finds the thread still running
-    (no thread start per call), and the thread ends once idle for IDLE_LINGER."""
-    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 600.0)
-    store = RecordingStore()  # referenced here: a heartbeat's thread ends with its store
-    heartbeat = Heartbeat(store)  # type: ignore[arg-type]
-    with heartbeat.holding(Lease("op-1", "me:1:t", 0.3, lambda: NOW)):
-        thread = heartbeat._thread
-    with heartbeat.holding(Lease("op-2", "me:1:t", 0.3, lambda: NOW)):
-        assert thread is not None and thread is heartbeat._thread
-    monkeypatch.setattr(heartbeat_module, "IDLE_LINGER", 0.0)
-    with heartbeat._cond:
-        heartbeat._cond.notify_all()  # however long it planned to linger, it looks again
+    """A lease registered soon after the last one ended finds the writer's thread still
+    running (no thread start per call), and the thread ends once idle for IDLE."""
+    monkeypatch.setattr(writer_module, "IDLE", 600.0)
+    writer = Writer(RecordingCommit(), lambda write: False)
+    with writer.heartbeat.holding(Lease("op-1", "me:1:t", 0.3, lambda: NOW)):
+        thread = writer._thread
+    with writer.heartbeat.holding(Lease("op-2", "me:1:t", 0.3, lambda: NOW)):
+        assert thread is not None and thread is writer._thread
+    monkeypatch.setattr(writer_module, "IDLE", 0.0)
+    with writer._lock:
+        writer._work.notify_all()  # however long it planned to linger, it looks again
     thread.join(10)
     assert not thread.is_alive()
-    assert heartbeat._thread is None
+    assert writer._thread is None
 
 
 # -- the lease is checked again right before the bytes leave --------------------------------
@@ -424,7 +433,8 @@ def test_a_call_whose_lease_ran_out_before_its_send_never_sends_a_second_time(
             if taken_over:  # another process's resume finds it expired, takes it and sends
                 operation = session.journal.operation("order-1")
                 assert operation is not None
-                assert session.journal._take_lease(
+                assert take_lease(
+                    session.journal,
                     operation,
                     owner="another-host:4242:0123456789ab",
                     lease_until=fake_time.now + 10.0,
@@ -466,7 +476,8 @@ async def test_an_async_call_whose_lease_ran_out_before_its_send_never_sends_twi
         fake_time.now += 11.0  # the hook outlived the 10 s lease
         operation = journal.operation("order-1")
         assert operation is not None
-        assert journal._take_lease(
+        assert take_lease(
+            journal,
             operation,
             owner="another-host:4242:0123456789ab",
             lease_until=fake_time.now + 10.0,

@@ -19,6 +19,7 @@ from idempotently import Journal, Lookup, profiles
 from idempotently._rows import AttemptRecord
 from idempotently.cli import cli
 from idempotently.testing import Fault, MockServer
+from tests.journal_commands import record_attempt, set_status
 from tests.test_operator_actions import make
 
 CARRYING = attrs.evolve(profiles.GENERIC, operation_id_field="metadata.operation_id")
@@ -66,10 +67,10 @@ def lost(journal: Journal, server: MockServer, name: str, *, ago: float, carries
         body=json.dumps(document).encode(),
     )
     started = time.time() - ago
-    journal._record_attempt(
-        name, AttemptRecord(started, 0.1, "maybe_delivered", error="reset"), now=started
+    record_attempt(
+        journal, name, AttemptRecord(started, 0.1, "maybe_delivered", error="reset"), now=started
     )
-    assert journal._set_status(name, "needs_reconcile", reason="key expired", now=time.time())
+    assert set_status(journal, name, "needs_reconcile", reason="key expired", now=time.time())
 
 
 def test_one_match_settles_it_succeeded_with_the_object_as_its_answer(

@@ -15,6 +15,7 @@ from idempotently import Journal, Lookup
 from idempotently._rows import AttemptRecord
 from idempotently.testing import MockServer
 from tests.at_rest import stored_bytes
+from tests.journal_commands import record_attempt, set_status
 from tests.test_lookup import AUTH, CARRYING, charged_but_unsettled
 from tests.test_operator_actions import make
 
@@ -39,10 +40,10 @@ def lost_encoded(journal: Journal, server: MockServer, name: str) -> None:
         codec=CODEC.name,
     )
     started = time.time() - 3600
-    journal._record_attempt(
-        name, AttemptRecord(started, 0.1, "maybe_delivered", error="reset"), now=started
+    record_attempt(
+        journal, name, AttemptRecord(started, 0.1, "maybe_delivered", error="reset"), now=started
     )
-    assert journal._set_status(name, "needs_reconcile", reason="key expired", now=time.time())
+    assert set_status(journal, name, "needs_reconcile", reason="key expired", now=time.time())
 
 
 def test_a_lookups_found_object_is_stored_encoded_and_read_clear(

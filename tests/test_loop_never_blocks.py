@@ -21,9 +21,8 @@ import httpx
 import pytest
 
 import idempotently
-from idempotently import _drivers
 from idempotently._commands import Insert, Record
-from tests.faults import around_commit
+from tests.faults import around_commit, commits
 from tests.support import URL, recording_transport
 
 LOCK_HELD = 1.0
@@ -258,31 +257,13 @@ def test_an_at_most_once_send_interrupted_in_flight_is_never_resent(tmp_path: Pa
 
 @pytest.mark.anyio
 async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    """16 tasks posting at once: their journal commands go to worker threads in batches
-    (fewer hops than commands), their keys commit together, and each gets its own answer."""
-    hops: list[int] = []
-    put = _drivers._Worker.put
-
-    def counted_hop(worker: Any, journal: Any, commands: list[Any], *rest: Any) -> None:
-        hops.append(len(commands))
-        put(worker, journal, commands, *rest)
-
-    monkeypatch.setattr(_drivers._Worker, "put", counted_hop)
+    """16 tasks posting at once: their writes are committed off the loop, by the journal's
+    thread, in batches (fewer commits than writes): their keys commit together, and each
+    gets its own answer."""
     journal = idempotently.Journal(tmp_path / "journal.db")
-    inserts: list[int] = []
-    completions: list[int] = []
-    commit = journal._store.commit
-
-    def counted(writes: Sequence[Any], durable: bool) -> list[Any]:
-        keys = sum(isinstance(write, Insert) for write in writes)
-        answers_ = sum(isinstance(write, Record) for write in writes)
-        inserts.extend([keys] if keys else [])
-        completions.extend([answers_] if answers_ else [])
-        return commit(writes, durable)
-
-    journal._store.commit = counted  # type: ignore[method-assign]
+    batches = commits(journal)
     answers: list[str] = []
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -304,8 +285,9 @@ async def test_concurrent_tasks_share_thread_hops_and_commits_for_their_keys(
         counts = journal.counts()
     assert sorted(f"{n}={n}" for n in range(16)) == sorted(answers)
     assert 16 == counts["succeeded"]
-    assert 33 == sum(hops)  # a key and a completion for each, one read of origin pauses
-    assert len(hops) < 32
+    inserts = [batch.count(Insert) for batch in batches if batch.count(Insert)]
+    completions = [batch.count(Record) for batch in batches if batch.count(Record)]
+    assert threading.get_ident() not in {batch.thread for batch in batches}
     assert 16 == sum(inserts) and len(inserts) < 16
     assert 16 == sum(completions) and len(completions) < 16  # completions shared transactions
 
@@ -360,13 +342,20 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
     journal = idempotently.Journal(tmp_path / "journal.db")
     gate = threading.Event()
     held = threading.Event()
+    keys_held: list[int] = []
 
-    def hold(write: object) -> None:
-        held.set()
-        gate.wait(timeout=30)
+    def hold(writes: Sequence[Any], durable: bool) -> None:
+        keys = sum(isinstance(write, Insert) for write in writes)
+        if keys and not held.is_set():
+            keys_held.append(keys)
+            held.set()
+            gate.wait(timeout=30)
 
-    holding = around_commit(journal, Insert, before=hold)
-    holding.__enter__()
+    def keys_waiting() -> int:
+        queued = sum(isinstance(job.write, Insert) for job in journal._writer._waiting)
+        return sum(keys_held) + queued
+
+    journal.observe_commits(before=hold)
 
     async def answer(request: httpx.Request) -> httpx.Response:
         sent.append(request)
@@ -380,10 +369,10 @@ async def test_tasks_cancelled_while_their_keys_wait_in_a_batch_leave_no_lease(
             for n in range(8):
                 group.start_soon(lambda n=n: s.post(URL, json={"n": n}))
             # Not a fixed sleep: on a loaded machine 0.1 s saw only 2 of the 8 keys handed
-            # over. Wait until the first key's commit is held and every task is parked
-            # (the other seven keys queued behind it).
+            # over. Wait until a commit of keys is held and all 8 keys are in it or
+            # queued behind it (a task may still be reading the origin pauses).
             with anyio.fail_after(30):
-                while not held.is_set():
+                while not held.is_set() or keys_waiting() < 8:
                     await anyio.sleep(0.01)
             await anyio.wait_all_tasks_blocked()
             group.cancel_scope.cancel()
@@ -411,14 +400,7 @@ async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_c
         return apply(write)
 
     store._apply = one_bad  # type: ignore[method-assign]
-    together: list[int] = []
-    commit = store.commit
-
-    def counted_together(writes: Sequence[Any], durable: bool) -> list[Any]:
-        together.append(sum(isinstance(write, Record) for write in writes))
-        return commit(writes, durable)
-
-    store.commit = counted_together  # type: ignore[method-assign]
+    batches = commits(journal)
     outcomes: dict[str, object] = {}
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -443,33 +425,18 @@ async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_c
         statuses = {op.operation_id: op.status for op in journal.operations()}
     assert {**{f"op-{n}": 201 for n in range(8)}, "op-3": "op-3"} == outcomes
     assert {**{f"op-{n}": "succeeded" for n in range(8)}, "op-3": "pending"} == statuses
-    assert max(together) > 1  # it did share a transaction with others
+    assert max(batch.count(Record) for batch in batches) > 1  # it shared a transaction
 
 
 # -- writes on the loop ------------------------------------------------------------------------
 
 
-def counting_hops(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Every batch of journal commands handed to the journal's worker thread from now on."""
-    hops: list[object] = []
-    put = _drivers._Worker.put
-
-    def counted(worker: Any, journal: Any, commands: list[Any], *rest: Any) -> None:
-        hops.append(commands)
-        put(worker, journal, commands, *rest)
-
-    monkeypatch.setattr(_drivers._Worker, "put", counted)
-    return hops
-
-
 @pytest.mark.anyio
-async def test_a_journal_another_thread_is_using_never_stalls_the_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_journal_another_thread_is_using_never_stalls_the_loop(tmp_path: Path) -> None:
     """While another thread holds the journal (a sync Session sharing it, say), a write is
     not tried on the loop, which would wait for it: it goes to a worker thread."""
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
-    hops = counting_hops(monkeypatch)
+    batches = commits(journal)
     taken, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -497,7 +464,9 @@ async def test_a_journal_another_thread_is_using_never_stalls_the_loop(
                 await anyio.sleep(TICK)
         group.cancel_scope.cancel()
     holder.join()
-    assert hops, "no command went to a thread: the loop waited for the lock, or nothing did"
+    loop = threading.get_ident()
+    assert [batch for batch in batches if batch.count(Insert)], "nothing was committed"
+    assert loop not in {batch.thread for batch in batches}  # the loop never waited for it
     assert max(gaps) < MAX_GAP
 
 
@@ -511,7 +480,8 @@ async def test_no_journal_command_ever_runs_on_the_event_loop(
     journal = idempotently.Journal(tmp_path / "journal.db", durability=durability)  # type: ignore[arg-type]
     store = journal._store
     threads: list[int] = []
-    for name in ("commit", "find", "operations"):
+    batches = commits(journal)
+    for name in ("find", "operations"):
         real = getattr(store, name)
 
         def traced(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
@@ -530,8 +500,10 @@ async def test_no_journal_command_ever_runs_on_the_event_loop(
         await s.resume()
         counts = journal.counts()
     assert 8 == counts["succeeded"]
-    assert len(threads) >= 4  # lookups, keys, answers (batched), the resume's queue
-    assert loop not in threads
+    # Reads (at least the resume's queue) and writes (keys, then answers: two batches at
+    # the fewest) were all seen, none on the loop's thread.
+    assert len(threads) >= 1 and len(batches) >= 2
+    assert loop not in threads + [batch.thread for batch in batches]
 
 
 @pytest.mark.anyio

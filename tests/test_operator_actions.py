@@ -20,6 +20,7 @@ from idempotently._keys import derived_key
 from idempotently._operator import default_actor
 from idempotently._rows import AttemptRecord, NewOperation
 from idempotently.testing import Fault, MockServer
+from tests.journal_commands import insert_operation, record_attempt, set_status
 
 BODY = b'{"amount":1000,"currency":"usd","customer":"cus_1"}'
 
@@ -66,15 +67,16 @@ def make(
         deadline_at=None,
         codec=codec,
     )
-    assert journal._insert_operation(new, owner=owner, lease_until=lease_until)
+    assert insert_operation(journal, new, owner=owner, lease_until=lease_until)
     if status == "succeeded":
-        journal._record_attempt(
+        record_attempt(
+            journal,
             operation_id,
             AttemptRecord(now, 0.1, "answered", 201, status="succeeded", response_status=201),
             now=now,
         )
     elif status != "pending":
-        assert journal._set_status(operation_id, status, reason="expired", now=now)  # type: ignore[arg-type]
+        assert set_status(journal, operation_id, status, reason="expired", now=now)  # type: ignore[arg-type]
     found = journal.operation(operation_id)
     assert found is not None
     return found
@@ -256,7 +258,8 @@ def test_retry_now_makes_a_waiting_operation_due_but_never_revives_an_expired_ke
     """retry_now clears not_before; an operation whose key is past its lifetime (minus the
     margin) is refused: fork it instead."""
     make(journal, "op-1", "pending")
-    journal._record_attempt(
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(time.time(), 0.1, "answered", 429, not_before=time.time() + 3600),
         now=time.time(),
@@ -460,7 +463,8 @@ def test_a_fork_never_takes_the_number_of_a_pruned_fork(journal: Journal) -> Non
     now = time.time()
     # Sent and settled by a resume worker whose clock runs two hours behind: idle for
     # longer than the prune window, while its parent, forked just now, is not.
-    journal._record_attempt(
+    record_attempt(
+        journal,
         first.operation_id,
         AttemptRecord(now - 7200, 0.1, "answered", 402, status="failed", reason="declined"),
         now=now - 7200,
@@ -487,7 +491,8 @@ def test_the_forks_of_a_refork_count_on_and_a_live_fork_blocks_another(
     make(journal, "op-1", "failed")
     first = journal.fork("op-1", note="retry")
     now = time.time()
-    journal._record_attempt(
+    record_attempt(
+        journal,
         first.operation_id,
         AttemptRecord(now - 7200, 0.1, "answered", 402, status="failed"),
         now=now - 7200,

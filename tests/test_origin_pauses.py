@@ -288,8 +288,6 @@ def test_a_watch_worker_sends_nothing_to_a_paused_origin_and_parks(tmp_path: Pat
     operations are parked (their lease held for the interval), not claimed in a loop."""
     import threading
 
-    from idempotently._watch import Batch, watch
-
     fake = FakeTime()
     transport, sent = server(httpx.Response(503), httpx.Response(503), limited("3600"))
     path = tmp_path / "j.db"
@@ -302,19 +300,15 @@ def test_a_watch_worker_sends_nothing_to_a_paused_origin_and_parks(tmp_path: Pat
     assert 3 == len(sent)
     fake.now += 1
     stop = threading.Event()
-    batches: list[Batch] = []
+    batches: list[idempotently.WatchBatch] = []
 
-    def on_batch(batch: Batch) -> None:
+    def on_batch(batch: idempotently.WatchBatch) -> None:
         batches.append(batch)
         stop.set()
 
     with session(path, fake, transport, host_id="worker-1") as worker:
-        watch(
-            worker._engine,
-            worker.journal,
-            worker._build,
-            send=worker.client.send,
-            stop=stop,
+        worker.watch(
+            stop,
             interval=10.0,
             concurrency=1,
             on_result=None,

@@ -26,10 +26,10 @@ import idempotently
 from idempotently._journal import migration_sql
 from idempotently._keys import derived_key
 from idempotently._policy import may_have_been_delivered
-from idempotently._watch import Batch, watch
 from idempotently.cli import cli
 from idempotently.testing import MockServer, serve
-from tests.memory_store import MemoryStore
+from tests.faults import commits
+from tests.journal_commands import take_lease
 
 ORDERS_TABLE = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, amount INTEGER)"
 
@@ -187,19 +187,15 @@ def test_the_resume_worker_relays_enqueued_operations_once(
         for n in range(3):
             s.enqueue("POST", "/v1/charges", json=charge(f"w-{n}"), operation_id=f"w-{n}:charge")
         stop = threading.Event()
-        batches: list[Batch] = []
+        batches: list[idempotently.WatchBatch] = []
 
-        def after(batch: Batch) -> None:
+        def after(batch: idempotently.WatchBatch) -> None:
             batches.append(batch)
             stop.set()
 
         results: list[idempotently.ResumeResult] = []
-        watch(
-            s._engine,
-            s.journal,
-            s._build,
-            send=s.client.send,
-            stop=stop,
+        s.watch(
+            stop,
             interval=0.01,
             concurrency=2,
             on_result=results.append,
@@ -217,11 +213,10 @@ def test_without_a_connection_the_enqueue_is_its_own_durable_write(
 ) -> None:
     """Through the journal's one writer, flushed as a call's key is (durability "fsync")."""
     journal = idempotently.Journal(tmp_path / "journal.db")
-    memory = MemoryStore()
-    journal._store = memory
+    batches = commits(journal)
     with session(journal, api, user) as s:
         s.enqueue("POST", "/v1/charges", json=charge("d-1"), operation_id="d-1:charge")
-    assert [(1, True)] == memory.commits
+    assert [(1, True)] == [(len(batch.writes), batch.durable) for batch in batches]
     journal.close()
 
 
@@ -480,7 +475,7 @@ def test_enqueued_is_not_maybe_delivered_until_its_lease_to_send_is_taken(
         operation = s.journal.operation("o-9:charge")
         assert operation is not None and not may_have_been_delivered(operation)
         now = operation.created_at + 1
-        assert s.journal._take_lease(operation, owner="someone:1:x", lease_until=now + 60, now=now)
+        assert take_lease(s.journal, operation, owner="someone:1:x", lease_until=now + 60, now=now)
         taken = s.journal.operation("o-9:charge")
     assert taken is not None and (now, True) == (
         taken.first_send_at,
@@ -643,7 +638,7 @@ def test_migrate_sql_is_what_opening_the_journal_runs(journal_target: str, store
         conn.close()
     with idempotently.Journal(journal_target) as journal:
         namespace = journal.namespace
-        assert journal._version == 10
+        assert journal.schema_version == 10
     assert "nothing to do" in migration_sql(journal_target)
     assert namespace.version == 4
 

@@ -36,6 +36,7 @@ from idempotently._commands import Record
 from idempotently._journal import AttemptRecord, _postgres
 from idempotently._journal._postgres import SCHEMA_VERSION, PostgresStore, redact_url
 from idempotently._rows import Failed
+from tests.journal_commands import record_attempt, set_status, take_lease
 from tests.postgres_server import PostgresServer, postgres_server
 from tests.scripted_server import Answer
 from tests.test_claims import due_and_not_due
@@ -282,8 +283,9 @@ def the_flow_writes(journal: Journal) -> None:
     insert(journal, new_operation(), lease_until=NOW - 1)
     operation = journal.operation("op-1")
     assert operation is not None
-    assert journal._take_lease(operation, owner="resumer", lease_until=NOW + 30, now=NOW)
-    journal._record_attempt(
+    assert take_lease(journal, operation, owner="resumer", lease_until=NOW + 30, now=NOW)
+    record_attempt(
+        journal,
         "op-1",
         AttemptRecord(
             started_at=NOW, elapsed=0.1, outcome="answered", status_code=201, status="succeeded"
@@ -368,13 +370,25 @@ def round_trips_per_call(journal: Journal) -> Iterator[list[tuple[str, int]]]:
 
         return call
 
-    with (
-        mock.patch.object(store._pool, "connection", traced(store._pool)),
-        mock.patch.object(store._flushed_pool, "connection", traced(store._flushed_pool)),
-        mock.patch.object(store, "find", calling("find", store.find)),
-        mock.patch.object(store, "commit", calling("commit", store.commit)),
-    ):
-        yield calls
+    def before_commit(writes: Any, durable: bool) -> None:
+        del counted[:]
+
+    def after_commit(writes: Any, outcomes: Any) -> None:
+        calls.append(("commit", sum(counted)))
+
+    stop = journal.observe_commits(before=before_commit, after=after_commit)
+    try:
+        with (
+            mock.patch.object(store._pool, "connection", traced(store._pool)),
+            mock.patch.object(store._flushed_pool, "connection", traced(store._flushed_pool)),
+            mock.patch.object(store, "find", calling("find", store.find)),
+            # A test that hands a batch to the store itself (the writer's commits are
+            # seen by the observer above).
+            mock.patch.object(store, "commit", calling("commit", store.commit)),
+        ):
+            yield calls
+    finally:
+        stop()
 
 
 @pytest.mark.parametrize("durability", ["fsync", "os"])
@@ -476,9 +490,9 @@ def test_a_write_after_a_failed_one_finds_its_connection_idle(journal: Journal) 
         started_at=NOW, elapsed=0.1, outcome="answered", status_code=2**40, status="succeeded"
     )
     with pytest.raises(JournalWriteError, match="integer out of range"):
-        journal._record_attempt("op-1", broken, now=NOW)
+        record_attempt(journal, "op-1", broken, now=NOW)
 
-    journal._record_attempt("op-1", attrs.evolve(broken, status_code=201), now=NOW)
+    record_attempt(journal, "op-1", attrs.evolve(broken, status_code=201), now=NOW)
 
     operation = journal.operation("op-1")
     assert operation is not None
@@ -513,10 +527,10 @@ def test_a_lock_held_past_busy_timeout_is_a_write_error(postgres_url: str) -> No
         with psycopg.connect(postgres_url) as blocker:
             blocker.execute("SELECT * FROM idempotently.operations FOR UPDATE")
             with pytest.raises(JournalWriteError, match="busy_timeout"):
-                journal._take_lease(operation, owner="me", lease_until=NOW + 30, now=NOW)
+                take_lease(journal, operation, owner="me", lease_until=NOW + 30, now=NOW)
             blocker.rollback()
 
-        assert journal._take_lease(operation, owner="me", lease_until=NOW + 30, now=NOW)
+        assert take_lease(journal, operation, owner="me", lease_until=NOW + 30, now=NOW)
 
 
 # -- audits ------------------------------------------------------------------------------------
@@ -527,14 +541,15 @@ def test_prune_deletes_in_short_batches_and_keeps_what_needs_work(journal: Journ
     needs_reconcile stay."""
     for number in range(5):
         insert(journal, new_operation(f"done-{number}"))
-        journal._record_attempt(
+        record_attempt(
+            journal,
             f"done-{number}",
             AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status="succeeded"),
             now=NOW,
         )
     insert(journal, new_operation("pending"))
     insert(journal, new_operation("reconcile"))
-    journal._set_status("reconcile", "needs_reconcile", reason=None, now=NOW)
+    set_status(journal, "reconcile", "needs_reconcile", reason=None, now=NOW)
     transactions = 0
     real = journal._store._transaction  # type: ignore[attr-defined]
 

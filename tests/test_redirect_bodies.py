@@ -27,6 +27,7 @@ from idempotently import Journal, Lookup, profiles
 from idempotently._answers import DECODE_STEP
 from idempotently._redirects import REDIRECT_BODY_BYTES
 from idempotently._rows import AttemptRecord
+from tests.journal_commands import record_attempt, set_status
 from tests.scripted_server import ENDLESS_BYTES, Answer, ScriptedApp
 from tests.test_answer_bodies import LIBRARIES, MEMORY_BOUND, bomb, memory_growth, operation
 from tests.test_operator_actions import make
@@ -191,10 +192,13 @@ def needs_reconcile(target: Path, url: str) -> None:
     with Journal(target) as journal:
         make(journal, "op", "pending", url=f"{url}/v1/charges", body=json.dumps(CHARGE).encode())
         started = time.time() - 60
-        journal._record_attempt(
-            "op", AttemptRecord(started, 0.1, "maybe_delivered", error="reset"), now=started
+        record_attempt(
+            journal,
+            "op",
+            AttemptRecord(started, 0.1, "maybe_delivered", error="reset"),
+            now=started,
         )
-        assert journal._set_status("op", "needs_reconcile", reason="key expired", now=time.time())
+        assert set_status(journal, "op", "needs_reconcile", reason="key expired", now=time.time())
 
 
 @pytest.mark.parametrize("kind", REDIRECTS)

@@ -248,6 +248,80 @@ async def test_async_resume_puts_the_value_back_from_the_client_params(
     assert (f"api_key={SECRET}".encode(), first.key) == (second.query, second.key)
 
 
+def test_resume_puts_the_value_back_from_redacted_params_where_it_was_redacted(
+    tmp_path: Any, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Session(redacted_params={"api_key": ...}) (what `resume --param-env` builds on):
+    the value goes back in its place in the operation journaled with api_key redacted;
+    the operation journaled without it is resent without it."""
+    app, url = scripted
+    app.answer(RESET, RESET)
+    target = str(tmp_path / "j.db")
+    with idempotently.Session(target, base_url=url, policy=ONE_TRY) as session:
+        for operation_id, params in (("with", {"api_key": SECRET}), ("without", {"n": "1"})):
+            with pytest.raises(idempotently.OperationPendingError):
+                session.post("/v1/charges", json=CHARGE, params=params, operation_id=operation_id)
+    with idempotently.Session(target, base_url=url, redacted_params={"api_key": SECRET}) as session:
+        results = session.resume()
+    assert ["succeeded", "succeeded"] == [result.action for result in results]
+    assert [f"api_key={SECRET}".encode(), b"n=1"] == [arrival.query for arrival in app.arrivals[2:]]
+    assert [arrival.key for arrival in app.arrivals[:2]] == [a.key for a in app.arrivals[2:]]
+
+
+@pytest.mark.anyio
+async def test_async_resume_puts_the_value_back_from_redacted_params(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession(redacted_params=...), on asyncio and trio: the same resend, the
+    value before the client's own params."""
+    app, url = scripted
+    lost_answer(journal_target, url, app, params={"api_key": SECRET})
+    async with idempotently.AsyncSession(
+        journal_target,
+        base_url=url,
+        params={"api_key": OTHER_SECRET},
+        redacted_params={"api_key": SECRET},
+    ) as session:
+        (result,) = await session.resume()
+    assert "succeeded" == result.action
+    first, second = app.arrivals
+    assert (f"api_key={SECRET}".encode(), first.key) == (second.query, second.key)
+
+
+@pytest.mark.parametrize("session_class", [idempotently.Session, idempotently.AsyncSession])
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ([("api_key", SECRET)], TypeError),
+        (SECRET, TypeError),
+        ({SECRET + " x": "v"}, ValueError),
+        ({"": "v"}, ValueError),
+        ({"a=b": "v"}, ValueError),
+        ({1: "v"}, TypeError),
+        ({"api_key": ""}, ValueError),
+        ({"api_key": SECRET + "\n"}, ValueError),
+        ({"api_key": " " + SECRET}, ValueError),
+        ({"api_key": SECRET + "\x00"}, ValueError),
+        ({"api_key": SECRET.encode()}, TypeError),
+        ({"api_key": None}, TypeError),
+    ],
+    ids=repr,
+)
+def test_bad_redacted_params_are_refused_without_repeating_them(
+    tmp_path: Any, session_class: type[Any], given: object, error: type[Exception]
+) -> None:
+    """Not a mapping, a name that is no query parameter name, a value that is no
+    non-empty str or holds surrounding whitespace or a control character: a TypeError or
+    ValueError in one line naming redacted_params, never quoting the value (nor a bad
+    name: it may be a credential); no journal file is created."""
+    with pytest.raises(error, match="redacted_params") as raised:
+        session_class(tmp_path / "j.db", redacted_params=given)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert SECRET not in message
+    assert not (tmp_path / "j.db").exists()
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 

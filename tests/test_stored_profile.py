@@ -365,6 +365,124 @@ def test_a_legacy_row_is_read_with_the_sessions_profile_by_the_library(tmp_path:
     assert (1, ["needs_reconcile"]) == (len(charges), [r.status for r in results])
 
 
+# -- the library: Session(profile_rule=...), what `resume --profile` builds on ----------
+
+
+def test_profile_rule_checked_refuses_an_operation_whose_stored_profile_differs(
+    tmp_path: Path,
+) -> None:
+    """Session(profile_rule="checked") with another profile than the stored one:
+    profile_for says so (StoredProfileError naming the operation and its key) and
+    resume sends nothing; the operation stays pending."""
+    key = journal_pending(tmp_path / "j.db", RELEASES)
+    transport, charges = scripted_transport([httpx.Response(201)])
+    with idempotently.Session(
+        tmp_path / "j.db", transport=transport, profile=profiles.GENERIC, profile_rule="checked"
+    ) as session:
+        operation = session.journal.operation("op")
+        assert operation is not None
+        with pytest.raises(idempotently.StoredProfileError) as raised:
+            session.profile_for(operation)
+        [result] = session.resume()
+    assert ("op", key, "disagrees") == (
+        raised.value.operation_id,
+        raised.value.key,
+        raised.value.kind,
+    )
+    assert ([], "pending", "not_sent") == (charges, result.status, result.action)
+
+
+def test_profile_rule_checked_reads_an_operation_with_the_profile_that_agrees(
+    tmp_path: Path,
+) -> None:
+    """Session(profile_rule="checked") with the profile the operation was made under:
+    read with it (its first 500 goes to reconciliation: one charge)."""
+    journal_pending(tmp_path / "j.db", RELEASES)
+    transport, charges = scripted_transport(three_charges())
+    with idempotently.Session(
+        tmp_path / "j.db", transport=transport, profile=RELEASES, profile_rule="checked"
+    ) as session:
+        operation = session.journal.operation("op")
+        assert operation is not None
+        assert RELEASES == session.profile_for(operation)
+        [result] = session.resume()
+    assert (1, "needs_reconcile") == (len(charges), result.status)
+
+
+def test_profile_rule_forced_reads_every_operation_with_the_sessions_profile(
+    tmp_path: Path,
+) -> None:
+    """Session(profile_rule="forced"): the session's profile, whatever was stored; read
+    as generic, the 500s are retried (three sends) where the stored profile sends one."""
+    journal_pending(tmp_path / "j.db", RELEASES)
+    transport, charges = scripted_transport(three_charges())
+    fake = FakeTime(now=time.time())
+    with idempotently.Session(
+        tmp_path / "j.db",
+        transport=transport,
+        profile=profiles.GENERIC,
+        profile_rule="forced",
+        clock=fake.clock,
+        sleep=fake.sleep,
+    ) as session:
+        operation = session.journal.operation("op")
+        assert operation is not None
+        assert profiles.GENERIC == session.profile_for(operation)
+        [result] = session.resume()
+    assert (3, "succeeded") == (len(charges), result.status)
+
+
+def test_profile_rule_stored_only_refuses_a_legacy_row(tmp_path: Path) -> None:
+    """Session(profile_rule="stored_only"): a row journaled before profiles were stored
+    is not read with the session's profile (as "stored" does): nothing is sent."""
+    journal_pending(tmp_path / "j.db", RELEASES)
+    set_stored_profile(tmp_path / "j.db", "releases")
+    transport, charges = scripted_transport(three_charges())
+    with idempotently.Session(
+        tmp_path / "j.db", transport=transport, profile=RELEASES, profile_rule="stored_only"
+    ) as session:
+        operation = session.journal.operation("op")
+        assert operation is not None
+        with pytest.raises(idempotently.StoredProfileError, match="before profiles were stored"):
+            session.profile_for(operation)
+        [result] = session.resume()
+    assert ([], "pending", "not_sent") == (charges, result.status, result.action)
+
+
+@pytest.mark.parametrize(("rule", "sent"), [("stored", 1), ("checked", 0)])
+def test_a_transport_continuing_an_operation_reads_its_profile_by_its_profile_rule(
+    tmp_path: Path, rule: str, sent: int
+) -> None:
+    """Transport(profile_rule="checked") with another profile than the stored one: a
+    request that continues the operation (its key) raises StoredProfileError and sends
+    nothing; under the default rule it is sent."""
+    key = journal_pending(tmp_path / "j.db", RELEASES)
+    transport, charges = scripted_transport([httpx.Response(201)])
+    journaled = idempotently.Transport(
+        tmp_path / "j.db", transport=transport, profile=profiles.GENERIC, profile_rule=rule
+    )
+    with httpx.Client(transport=journaled) as client:
+        if sent:
+            client.post(URL, json={"amount": 100}, headers={"Idempotency-Key": key})
+        else:
+            with pytest.raises(idempotently.StoredProfileError, match="profile_rule='stored'"):
+                client.post(URL, json={"amount": 100}, headers={"Idempotency-Key": key})
+    assert [key] * sent == charges
+
+
+@pytest.mark.parametrize("session_class", [idempotently.Session, idempotently.AsyncSession])
+@pytest.mark.parametrize("rule", ["force", "", None, 1, ["stored"]], ids=repr)
+def test_an_unknown_profile_rule_is_refused_before_the_journal_is_created(
+    tmp_path: Path, session_class: type[Any], rule: object
+) -> None:
+    """profile_rule that is none of the four: a ValueError in one line naming the
+    argument and the choices; no journal file is created."""
+    with pytest.raises(ValueError, match="profile_rule must be one of 'stored'") as raised:
+        session_class(tmp_path / "j.db", profile_rule=rule)
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "j.db").exists()
+
+
 # -- the command line ---------------------------------------------------------------
 
 PROFILE = f"{__name__}:RELEASES"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,9 +16,9 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently import cli as cli_module
-from idempotently._cli_watch import run_watch
-from idempotently._watch import Batch, watch
+from idempotently._cli_watch import run_watch, stop_on_signals
 from idempotently.cli import cli
+from tests.journal_commands import claim_due
 from tests.support import URL, FakeTime
 
 NOW = 1_800_000_000.0
@@ -63,15 +66,11 @@ def run_worker(
     *,
     concurrency: int = 2,
     interval: float = 5.0,
-    on_batch: Callable[[Batch], object] | None = None,
+    on_batch: Callable[[idempotently.WatchBatch], object] | None = None,
     results: list[idempotently.ResumeResult] | None = None,
 ) -> object:
-    return watch(
-        session._engine,
-        session.journal,
-        session._build,
-        send=session.client.send,
-        stop=stop,
+    return session.watch(
+        stop,
         interval=interval,
         concurrency=concurrency,
         on_result=None if results is None else results.append,
@@ -93,13 +92,13 @@ def test_a_worker_resumes_what_it_claimed_as_its_own(tmp_path: Path) -> None:
     sent: list[str] = []
     stop = threading.Event()
     results: list[idempotently.ResumeResult] = []
-    batches: list[Batch] = []
+    batches: list[idempotently.WatchBatch] = []
 
     def server(request: httpx.Request) -> httpx.Response:
         sent.append(json.loads(request.content)["order"])
         return httpx.Response(201)
 
-    def on_batch(batch: Batch) -> None:
+    def on_batch(batch: idempotently.WatchBatch) -> None:
         batches.append(batch)
         if sum(len(done.results) for done in batches) == len(ids):
             stop.set()
@@ -179,10 +178,10 @@ def test_an_operation_left_pending_is_parked_longer_each_round(tmp_path: Path) -
         sent.append(fake.now)
         return httpx.Response(401)
 
-    def on_batch(batch: Batch) -> None:
+    def on_batch(batch: idempotently.WatchBatch) -> None:
         owner, until = leases(path)[operation_id]
         with idempotently.Journal(path) as other:
-            claimed = other._claim_due(owner="other:1:t", now=fake.now, lease_until=0, limit=9)
+            claimed = claim_due(other, owner="other:1:t", now=fake.now, lease_until=0, limit=9)
         seen.append((until - fake.now, claimed))
         assert owner is not None and owner.startswith("worker-1:")
         fake.now += 11  # past the first park: the next round takes it again
@@ -194,6 +193,74 @@ def test_an_operation_left_pending_is_parked_longer_each_round(tmp_path: Path) -
     assert [(10.0, []), (20.0, [])] == seen
     assert 2 == len(sent)
     assert {operation_id: (None, 0.0)} == leases(path)
+
+
+@pytest.mark.parametrize(
+    ("stop", "interval", "error"),
+    [
+        (None, 5.0, TypeError),
+        (object(), 5.0, TypeError),
+        ("event", 0, ValueError),
+        ("event", -1.0, ValueError),
+        ("event", -0.0, ValueError),
+        ("event", float("nan"), ValueError),
+        ("event", float("inf"), ValueError),
+        ("event", 10**400, ValueError),
+        ("event", True, TypeError),
+        ("event", "5s", TypeError),
+    ],
+    # repr, but the same in every xdist worker: an object()'s repr holds its address.
+    ids=lambda value: "object()" if type(value) is object else repr(value),
+)
+def test_a_watch_with_a_bad_stop_or_interval_is_refused_before_it_claims(
+    tmp_path: Path, stop: object, interval: object, error: type[Exception]
+) -> None:
+    """Session.watch(stop, interval=...): a stop that is no threading.Event, an interval
+    that is 0, negative, -0.0, NaN, infinite, 10**400 or no number is a TypeError or
+    ValueError in one line naming the argument; nothing is claimed or sent."""
+    path = tmp_path / "journal.db"
+    seed(path, 1)
+    sent: list[httpx.Request] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    given = threading.Event() if stop == "event" else stop
+    with (
+        worker_session(path, FakeTime(now=NOW), server) as session,
+        pytest.raises(error, match=r"^(stop|interval) must") as raised,
+    ):
+        session.watch(given, interval=interval)  # type: ignore[arg-type]
+    assert "\n" not in str(raised.value)
+    assert [] == sent
+    assert {"order-0:charge": (None, 0.0)} == leases(path)
+
+
+def test_a_signal_is_announced_before_the_worker_is_told_to_stop() -> None:
+    """`resume --watch`'s SIGTERM notice (watch_stopping) is logged before ``stop`` is
+    set, so the worker's last line (watch_stopped) always comes after it."""
+    stop = threading.Event()
+    stop_set_when_announced: list[bool] = []
+
+    class Probe(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = getattr(record, "idempotently", None) or {}
+            if fields.get("event") == "watch_stopping":
+                stop_set_when_announced.append(stop.is_set())
+
+    logger = logging.getLogger("idempotently.watch")
+    probe, level = Probe(), logger.level
+    logger.addHandler(probe)
+    logger.setLevel(logging.INFO)
+    try:
+        with stop_on_signals(stop):
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.wait(30)
+    finally:
+        logger.removeHandler(probe)
+        logger.setLevel(level)
+    assert [False] == stop_set_when_announced
 
 
 @pytest.mark.parametrize("columns", [80, 200])
@@ -212,24 +279,22 @@ def test_watch_on_a_terminal_prints_one_line_per_batch(
     path = tmp_path / "journal.db"
     seed(path, 3)
     fake = FakeTime(now=NOW)
-    stop = threading.Event()
     sent: list[int] = []
 
     def server(request: httpx.Request) -> httpx.Response:
         sent.append(1)
         if len(sent) == 3:
-            stop.set()
+            os.kill(os.getpid(), signal.SIGTERM)  # while the last operation is in flight
         return httpx.Response(201)
 
     with worker_session(path, fake, server) as session:
-        run_watch(
+        run_watch(  # on the main thread: it installs the signal handlers
             session,
             interval=5,
             concurrency=1,
             base_url=None,
             as_json=False,
             terminal=True,
-            stop=stop,
         )
     printed = capsys.readouterr().err.splitlines()
     assert [] == [line for line in printed if len(line) > columns]
@@ -240,8 +305,12 @@ def test_watch_on_a_terminal_prints_one_line_per_batch(
             lines[-1] += " " + line.strip()
         else:
             lines.append(line)
+    # The signal's notice comes when the signal does: before the last line.
+    [notice] = [n for n, line in enumerate(lines) if "SIGTERM: finishing operations" in line]
+    assert notice < len(lines) - 1
+    del lines[notice]
     assert 3 == len(lines), lines
-    assert (columns == 200) == (3 == len(printed))
+    assert (columns == 200) == (4 == len(printed))
     assert "resume worker worker-1:" in lines[0] and lines[0].endswith("started")
     assert "batch 1: 3 of 3 claimed operations resumed" in lines[1]
     assert "(3 succeeded); 0 pending left" in lines[1]
@@ -253,26 +322,29 @@ def test_watch_off_a_terminal_logs_json_lines(
 ) -> None:
     """Off a terminal (or with --json, on stdout) every event is one JSON object per line."""
     path = tmp_path / "journal.db"
-    seed(path, 2)
+    seed(path, 1)
     fake = FakeTime(now=NOW)
-    stop = threading.Event()
 
     def server(request: httpx.Request) -> httpx.Response:
-        stop.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # while the first operation is in flight
         return httpx.Response(201)
 
     with worker_session(path, fake, server) as session:
-        run_watch(
+        run_watch(  # on the main thread: it installs the signal handlers
             session,
             interval=5,
             concurrency=1,
             base_url=None,
             as_json=True,
             terminal=True,
-            stop=stop,
         )
     out = capsys.readouterr().out
     events = [json.loads(line) for line in out.splitlines()]
+    names = [event["event"] for event in events]
+    # The signal's notice comes when the signal does: before the last line.
+    assert "SIGTERM" == events[names.index("watch_stopping")]["signal"]
+    assert names.index("watch_stopping") < len(names) - 1
+    events = [event for event in events if event["event"] != "watch_stopping"]
     assert ["watch_started", "claimed", "operation", "batch", "watch_stopped"] == [
         event["event"] for event in events
     ]
@@ -282,7 +354,7 @@ def test_watch_off_a_terminal_logs_json_lines(
         events[2]["action"],
         events[2]["status_code"],
     )
-    assert 1 == events[-1]["released"]
+    assert 0 == events[-1]["released"]
     assert all(event["ts"].endswith("Z") and event["level"] == "info" for event in events)
 
 
@@ -355,7 +427,6 @@ def test_resume_prints_each_result_as_soon_as_it_is_known(
 def test_claimed_operations_waiting_their_turn_keep_their_lease(tmp_path: Path) -> None:
     """While the first claimed operation is sent, the heartbeat renews the claims of the
     ones queued behind it: no other worker can take them meanwhile."""
-    from idempotently._heartbeat import heartbeat_for
 
     path = tmp_path / "journal.db"
     ids = seed(path, 2)
@@ -366,7 +437,7 @@ def test_claimed_operations_waiting_their_turn_keep_their_lease(tmp_path: Path) 
     def server(request: httpx.Request) -> httpx.Response:
         if not queued:
             fake.now += 100  # past the claim's 30 s lease
-            heartbeat_for(session.journal).beat()
+            session.journal._heartbeat.beat()
             queued.append(leases(path)[ids[1]][1] - fake.now)
         else:
             stop.set()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -15,6 +17,8 @@ import idempotently
 from idempotently._commands import Insert, Record
 from idempotently._journal._writer import Writer
 from idempotently._rows import AttemptRecord, Failed
+from tests.journal_commands import execute_together, insert_operation
+from tests.support import URL
 from tests.test_journal import NOW, new_operation
 
 
@@ -172,18 +176,16 @@ def test_threads_sharing_a_session_share_fsyncs_for_their_keys(tmp_path: Path) -
     made durable together, in one transaction, and every operation is journaled once."""
     journal = idempotently.Journal(tmp_path / "journal.db")
     batches: list[tuple[int, bool]] = []
-    commit = journal._store.commit
 
-    def held_first_batch(writes: Sequence[Any], durable: bool) -> list[Any]:
+    def held_first_batch(writes: Sequence[Any], durable: bool) -> None:
         keys = sum(isinstance(write, Insert) for write in writes)
         if keys and not batches:
             while sum(isinstance(job.write, Insert) for job in journal._writer._waiting) < 15:
                 threading.Event().wait(0.001)  # the others arrive while this one commits
         if keys:
             batches.append((keys, durable))
-        return commit(writes, durable)
 
-    journal._store.commit = held_first_batch  # type: ignore[method-assign]
+    journal.observe_commits(before=held_first_batch)
     with idempotently.Session(
         journal, transport=httpx.MockTransport(lambda request: httpx.Response(201))
     ) as session:
@@ -208,7 +210,7 @@ def journal_with_operations(tmp_path: Path, count: int) -> idempotently.Journal:
     journal = idempotently.Journal(tmp_path / "journal.db", durability="os")
     for number in range(1, count + 1):
         new = new_operation(f"op-{number}")
-        assert journal._insert_operation(new, owner="me", lease_until=NOW + 10)
+        assert insert_operation(journal, new, owner="me", lease_until=NOW + 10)
     return journal
 
 
@@ -239,16 +241,14 @@ def test_threads_completions_waiting_for_a_commit_share_the_next_transaction(
     batches: list[list[str]] = []
 
     with journal:
-        commit = journal._store.commit
 
-        def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+        def recorded(writes: Sequence[Any], durable: bool) -> None:
             batches.append([write.operation_id for write in writes])
             if len(batches) == 1:
                 while len(journal._writer._waiting) < 8:
                     threading.Event().wait(0.001)
-            return commit(writes, durable)
 
-        journal._store.commit = recorded  # type: ignore[method-assign]
+        stop = journal.observe_commits(before=recorded)
         first = threading.Thread(target=journal._execute, args=(attempt(9),))
         first.start()
         while not batches:
@@ -261,7 +261,7 @@ def test_threads_completions_waiting_for_a_commit_share_the_next_transaction(
             thread.start()
         for thread in [first, *threads]:
             thread.join(timeout=10)
-        del journal._store.commit
+        stop()
         statuses = {op.operation_id: op.status for op in journal.operations()}
     assert ["op-9"] == batches[0]
     assert sorted(f"op-{n}" for n in range(1, 9)) == sorted(batches[1])
@@ -277,8 +277,8 @@ def test_a_write_that_fails_in_a_shared_transaction_fails_only_its_own_caller(
     journal = journal_with_operations(tmp_path, 4)
     with journal:
         journal._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 4096)
-        outcomes = journal._execute_many(
-            [attempt(1), attempt(2), attempt(3, b"x" * 10_000), attempt(4)]
+        outcomes = execute_together(
+            journal, [attempt(1), attempt(2), attempt(3, b"x" * 10_000), attempt(4)]
         )
         statuses = {op.operation_id: op.status for op in journal.operations()}
     assert [None, None, None] == [outcomes[0], outcomes[1], outcomes[3]]
@@ -296,19 +296,17 @@ def test_a_batch_holding_a_key_is_made_durable_once_for_all_its_writes(tmp_path:
     journal = journal_with_operations(tmp_path, 2)
     journal._fsync_keys = True  # as with durability="fsync"
     levels: list[tuple[int, bool]] = []
-    commit = journal._store.commit
 
-    def recorded(writes: Sequence[Any], durable: bool) -> list[Any]:
+    def recorded(writes: Sequence[Any], durable: bool) -> None:
         levels.append((len(writes), durable))
-        return commit(writes, durable)
 
     with journal:
-        journal._store.commit = recorded  # type: ignore[method-assign]
-        outcomes = journal._execute_many(
-            [attempt(1), Insert(new_operation("op-3"), "me", NOW + 10), attempt(2)]
+        journal.observe_commits(before=recorded)
+        outcomes = execute_together(
+            journal, [attempt(1), Insert(new_operation("op-3"), "me", NOW + 10), attempt(2)]
         )
     assert [None, True, None] == outcomes
-    assert [(3, True)] == levels
+    assert (3, True) == levels[-1]  # after the batch that held them back
 
 
 def test_the_writer_over_the_in_memory_store_keeps_every_write_once() -> None:
@@ -341,3 +339,131 @@ def test_the_writer_over_the_in_memory_store_keeps_every_write_once() -> None:
     assert {"succeeded": 32} == {status: n for status, n in store.counts().items() if n}
     assert 64 == sum(size for size, _ in store.commits)
     assert all(has_key == durable for has_key, durable in batches)
+
+
+# -- async callers: the writer's own thread ------------------------------------------------
+
+
+def journal_threads(before: set[threading.Thread]) -> list[str]:
+    """The names of the library's threads started since ``before`` and still alive."""
+    return sorted(
+        thread.name
+        for thread in threading.enumerate()
+        if thread not in before and thread.name.startswith("idempotently-") and thread.is_alive()
+    )
+
+
+@pytest.mark.anyio
+async def test_async_writes_and_the_heartbeat_share_one_thread_per_journal(
+    tmp_path: Path,
+) -> None:
+    """16 tasks posting at once, their leases held while their answers arrive: the
+    journal runs one thread of its own, for their writes and the heartbeat alike."""
+    before = set(threading.enumerate())
+    seen: list[list[str]] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(journal_threads(before))  # while this call's lease is kept alive
+        return httpx.Response(201)
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        idempotently.AsyncSession(tmp_path / "journal.db", client=client) as session,
+    ):
+        async with anyio.create_task_group() as group:
+            for n in range(16):
+                group.start_soon(lambda n=n: session.post(URL, json={"n": n}))
+        counts = session.journal.counts()
+    assert 16 == counts["succeeded"]
+    assert {("idempotently-journal",)} == {tuple(names) for names in seen}
+
+
+@pytest.mark.anyio
+async def test_closing_the_journal_commits_what_is_queued_and_ends_its_thread(
+    tmp_path: Path,
+) -> None:
+    """Journal.close() returns once every write queued is committed and the journal's
+    thread has ended: none of its threads outlives it."""
+    before = set(threading.enumerate())
+    journal = idempotently.Journal(tmp_path / "journal.db")
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(201))) as client,
+        idempotently.AsyncSession(journal, client=client) as session,
+        anyio.create_task_group() as group,
+    ):
+        for n in range(8):
+            group.start_soon(lambda n=n: session.post(URL, json={"n": n}))
+    journal.close()
+    assert [] == journal_threads(before)
+    with idempotently.Journal(tmp_path / "journal.db") as reopened:
+        assert 8 == reopened.counts()["succeeded"]
+
+
+# -- the commit observer -------------------------------------------------------------------
+
+
+def test_an_observer_sees_each_batch_before_and_after_its_commit(tmp_path: Path) -> None:
+    """``before`` gets the writes and whether they are made durable, ``after`` what each
+    came to; once stopped, it sees nothing more."""
+    seen: list[tuple[str, list[str], object]] = []
+    with idempotently.Session(
+        tmp_path / "journal.db", transport=httpx.MockTransport(lambda r: httpx.Response(201))
+    ) as session:
+        stop = session.journal.observe_commits(
+            before=lambda writes, durable: seen.append(
+                ("before", [type(write).__name__ for write in writes], durable)
+            ),
+            after=lambda writes, outcomes: seen.append(
+                ("after", [type(write).__name__ for write in writes], list(outcomes))
+            ),
+        )
+        session.post(URL, json={}, operation_id="op-1")
+        stop()
+        session.post(URL, json={}, operation_id="op-2")
+    assert [
+        ("before", ["Insert"], True),
+        ("after", ["Insert"], [True]),
+        ("before", ["Record"], False),
+        ("after", ["Record"], [None]),
+    ] == seen
+
+
+def test_an_observer_raising_before_a_commit_fails_that_batch_and_nothing_is_sent(
+    tmp_path: Path,
+) -> None:
+    """The seam a test makes a write fail at: the call raises a JournalWriteError naming
+    its operation, nothing is sent, and the journal holds nothing of it."""
+    sent: list[httpx.Request] = []
+
+    def full_disk(writes: Sequence[Any], durable: bool) -> None:
+        raise idempotently.JournalWriteError("cannot write the journal: disk full")
+
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(201)),
+    ) as session:
+        session.journal.observe_commits(before=full_disk)
+        with pytest.raises(idempotently.JournalWriteError) as raised:
+            session.post(URL, json={}, operation_id="op-1")
+        journaled = session.journal.operations()
+    assert ("op-1", [], []) == (raised.value.operation_id, sent, journaled)
+
+
+def test_an_observer_raising_after_a_commit_is_logged_and_the_write_stands(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the commit the writes are journaled: an observer's error there is a warning,
+    never the call's, and the call goes on."""
+
+    def broken(writes: Sequence[Any], outcomes: Sequence[Any]) -> None:
+        raise ValueError("observer bug")
+
+    with idempotently.Session(
+        tmp_path / "journal.db", transport=httpx.MockTransport(lambda r: httpx.Response(201))
+    ) as session:
+        session.journal.observe_commits(after=broken)
+        with caplog.at_level(logging.WARNING, logger="idempotently"):
+            response = session.post(URL, json={}, operation_id="op-1")
+        operation = session.journal.operation("op-1")
+    assert (201, "succeeded") == (response.status_code, operation and operation.status)
+    assert "observer bug" in caplog.text

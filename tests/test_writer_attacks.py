@@ -26,6 +26,15 @@ from idempotently._journal._sqlite import _INSERT_OPERATION
 from idempotently._journal._writer import _Job
 from idempotently._rows import AttemptRecord, Failed
 from tests.faults import around_commit
+from tests.journal_commands import (
+    execute_together,
+    extend_leases,
+    find,
+    insert_operation,
+    release_lease,
+    set_status,
+    take_lease,
+)
 from tests.support import URL, recount
 from tests.test_fork import in_child
 from tests.test_journal import NOW, new_operation
@@ -110,7 +119,9 @@ def test_a_closed_journal_tells_each_batched_write_about_its_own_operation(
     says what is true of it (a Record's attempt may have been sent), each its own object."""
     journal = journal_with_operations(tmp_path, 1)
     journal.close()
-    outcomes = journal._execute_many([Insert(new_operation("new-1"), "me", NOW + 10), attempt(1)])
+    outcomes = execute_together(
+        journal, [Insert(new_operation("new-1"), "me", NOW + 10), attempt(1)]
+    )
     errors = [outcome.error for outcome in outcomes if isinstance(outcome, Failed)]
     assert 2 == len(errors)
     assert [("new-1", "key-new-1"), ("op-1", "key-1")] == [
@@ -131,7 +142,7 @@ def test_a_disk_full_batch_fails_every_write_and_leaves_no_transaction(tmp_path:
     conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
     keys = [Insert(new_operation(f"new-{n}", body=b"x" * 3000), "me", NOW + 10) for n in range(4)]
     with journal:
-        outcomes = journal._execute_many([attempt(1), *keys, attempt(2)])
+        outcomes = execute_together(journal, [attempt(1), *keys, attempt(2)])
         state = (
             conn.in_transaction,
             journal._store._synchronous,  # type: ignore[attr-defined]
@@ -139,7 +150,7 @@ def test_a_disk_full_batch_fails_every_write_and_leaves_no_transaction(tmp_path:
         )
         before = {op.operation_id: op.status for op in journal.operations()}
         conn.execute("PRAGMA max_page_count = 1000000")
-        again = journal._execute_many([attempt(1), *keys, attempt(2)])
+        again = execute_together(journal, [attempt(1), *keys, attempt(2)])
     assert all(isinstance(outcome, Failed) for outcome in outcomes)
     assert all(
         isinstance(outcome.error, idempotently.JournalWriteError)
@@ -160,8 +171,8 @@ def test_a_failing_write_rolls_back_only_its_own_savepoint_and_the_counts_stay_e
     journal = journal_with_operations(tmp_path, 4)
     with journal:
         journal._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 4096)
-        outcomes = journal._execute_many(
-            [attempt(1), retrying(2), attempt(3, b"x" * 10_000), attempt(4)]
+        outcomes = execute_together(
+            journal, [attempt(1), retrying(2), attempt(3, b"x" * 10_000), attempt(4)]
         )
         figures = journal.stats(now=NOW + 100)
         truth = recount(journal._conn, now=NOW + 100)
@@ -190,8 +201,8 @@ def with_operations(journal_target: str, count: int) -> Journal:
     """A journal on either store holding operations op-1 ... op-<count>, unleased."""
     journal = Journal(journal_target, durability="os")
     for number in range(1, count + 1):
-        assert journal._insert_operation(
-            new_operation(f"op-{number}", f"key-{number}"), owner="me", lease_until=0.0
+        assert insert_operation(
+            journal, new_operation(f"op-{number}", f"key-{number}"), owner="me", lease_until=0.0
         )
     return journal
 
@@ -213,7 +224,7 @@ def test_an_attempt_count_lowered_by_hand_is_a_corrupt_error(journal_target: str
         by_hand(journal_target, "UPDATE operations SET attempt_count = 0")
         with pytest.raises(JournalCorruptError) as lone:
             journal._execute(retrying(1))
-        outcomes = journal._execute_many([retrying(1), attempt(2)])
+        outcomes = execute_together(journal, [retrying(1), attempt(2)])
     assert "op-1" == lone.value.operation_id
     assert isinstance(outcomes[0], Failed)
     # In a PostgreSQL pipeline psycopg may report the refusal only as "pipeline aborted":
@@ -242,10 +253,11 @@ def test_a_claim_meeting_a_damaged_row_reads_it_as_damaged(journal_target: str) 
             journal_target,
             "UPDATE operations SET request_headers = 'not json' WHERE operation_id = 'op-2'",
         )
-        outcomes = journal._execute_many(
-            [Insert(new_operation("new-1"), "me", NOW), ClaimDue("worker", NOW + 5, NOW + 60, 10)]
+        outcomes = execute_together(
+            journal,
+            [Insert(new_operation("new-1"), "me", NOW), ClaimDue("worker", NOW + 5, NOW + 60, 10)],
         )
-        journaled = journal._find("new-1", None)
+        journaled = find(journal, "new-1", None)
     assert True is outcomes[0]
     claimed = {operation.operation_id: operation for operation in outcomes[1]}
     assert ["new-1", "op-1", "op-2"] == sorted(claimed)  # new-1: unleased, due too
@@ -264,8 +276,8 @@ def test_a_value_postgresql_refuses_fails_alone_in_its_savepoint(postgres_url: s
     journal = with_operations(postgres_url, 2)
     bad = attrs.evolve(new_operation("bad"), url="https://api.test/\x00")
     with journal:
-        outcomes = journal._execute_many(
-            [Insert(new_operation("new-1"), "me", NOW), Insert(bad, "me", NOW), attempt(1)]
+        outcomes = execute_together(
+            journal, [Insert(new_operation("new-1"), "me", NOW), Insert(bad, "me", NOW), attempt(1)]
         )
         journal._execute(attempt(2))
         statuses = {op.operation_id: op.status for op in journal.operations()}
@@ -339,15 +351,15 @@ def test_after_a_failed_durable_batch_the_next_key_is_still_fsyncd(tmp_path: Pat
     journal = Journal(tmp_path / "journal.db")
     conn = journal._conn
     with journal:
-        assert journal._insert_operation(new_operation("op-1"), owner="me", lease_until=NOW)
+        assert insert_operation(journal, new_operation("op-1"), owner="me", lease_until=NOW)
         conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
         with pytest.raises(idempotently.JournalWriteError, match="disk is full"):
-            journal._insert_operation(
-                new_operation("op-2", body=b"x" * 20_000), owner="me", lease_until=NOW
+            insert_operation(
+                journal, new_operation("op-2", body=b"x" * 20_000), owner="me", lease_until=NOW
             )
         conn.execute("PRAGMA max_page_count = 1000000")
         with key_commit_levels(journal) as levels:
-            assert journal._insert_operation(new_operation("op-3"), owner="me", lease_until=NOW)
+            assert insert_operation(journal, new_operation("op-3"), owner="me", lease_until=NOW)
         journal._execute(Record("op-1", attempt(1).record, NOW))
         after_answer = conn.execute("PRAGMA synchronous").fetchone()[0]
     assert ["FULL"] == levels
@@ -471,12 +483,13 @@ def test_a_moved_journal_still_takes_answers_and_refuses_only_new_keys(tmp_path:
         operation = journal.operation("op-2")
         assert operation is not None
         os.rename(path, tmp_path / "elsewhere.db")
-        outcomes = journal._execute_many(
+        outcomes = execute_together(
+            journal,
             [
                 attempt(1),
                 TakeLease(operation, "other", NOW + 10, NOW + 20),
                 Insert(new_operation("new-1"), "me", NOW + 10),
-            ]
+            ],
         )
         status = journal._store.operation("op-1")
     assert None is outcomes[0]
@@ -501,7 +514,7 @@ def test_a_journal_moved_between_the_check_and_the_commit_sends_nothing(tmp_path
 
     store.check_identity = check_then_renamed  # type: ignore[method-assign]
     with journal, pytest.raises(JournalMovedError):
-        journal._insert_operation(new_operation("op-1"), owner="me", lease_until=NOW + 10)
+        insert_operation(journal, new_operation("op-1"), owner="me", lease_until=NOW + 10)
 
 
 # -- forks ------------------------------------------------------------------------------------
@@ -585,8 +598,8 @@ def test_a_call_whose_lease_was_taken_and_released_meanwhile_sends_nothing(
         fake["now"] += 100  # the lease (10 s) ran out while the hook ran
         operation = journal.operation("op-1")
         assert operation is not None
-        took.append(journal._take_lease(operation, owner="other", lease_until=NOW + 200, now=NOW))
-        journal._release_lease("op-1", owner="other")
+        took.append(take_lease(journal, operation, owner="other", lease_until=NOW + 200, now=NOW))
+        release_lease(journal, "op-1", owner="other")
 
     with (
         idempotently.Session(
@@ -613,11 +626,12 @@ def test_a_renewal_racing_the_heartbeat_never_shortens_nor_steals_a_lease(
     at least at the later of the two; a renewal by another owner changes nothing."""
     journal = journal_with_operations(tmp_path, 1)
     with journal:
-        extended = journal._extend_leases([("op-1", "me")], lease_until=NOW + 50, now=NOW)
-        renewed = journal._execute_many(
-            [RenewLease("op-1", "me", NOW + 40, NOW), RenewLease("op-1", "thief", NOW + 99, NOW)]
+        extended = extend_leases(journal, [("op-1", "me")], lease_until=NOW + 50, now=NOW)
+        renewed = execute_together(
+            journal,
+            [RenewLease("op-1", "me", NOW + 40, NOW), RenewLease("op-1", "thief", NOW + 99, NOW)],
         )
-        journal._extend_leases([("op-1", "me")], lease_until=NOW + 45, now=NOW)
+        extend_leases(journal, [("op-1", "me")], lease_until=NOW + 45, now=NOW)
         operation = journal.operation("op-1")
     assert 1 == extended
     assert [True, False] == renewed
@@ -667,8 +681,8 @@ def test_a_read_that_fails_in_a_batch_fails_alone(tmp_path: Path) -> None:
         journal._conn.execute(
             "UPDATE operations SET request_headers = 'not json' WHERE operation_id = 'op-3'"
         )
-        outcomes = journal._execute_many(
-            [Find("op-3", None), attempt(1), Find("op-2", None), retrying(2)]
+        outcomes = execute_together(
+            journal, [Find("op-3", None), attempt(1), Find("op-2", None), retrying(2)]
         )
         statuses = [op.status for op in journal.operations(status=["succeeded"])]
     assert isinstance(outcomes[0], Failed)
@@ -723,8 +737,8 @@ def test_after_hand_edits_in_the_sqlite3_shell_a_recount_makes_the_counts_exact(
             "FROM operations WHERE operation_id = 'op-4'"
         )
         journal._store.recount()
-        settled = journal._set_status(
-            "op-2", "abandoned", reason="by hand", now=NOW, expect="needs_reconcile"
+        settled = set_status(
+            journal, "op-2", "abandoned", reason="by hand", now=NOW, expect="needs_reconcile"
         )
         figures = journal.stats(now=NOW + 100)
         truth = recount(conn, now=NOW + 100)

@@ -6,7 +6,7 @@ before the first byte is sent, reused on every attempt and after a crash.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 # _early_signals first, before the slow imports: a `resume --watch` worker notes an
 # early SIGTERM instead of dying of it (nothing happens in any other process).
@@ -58,9 +58,10 @@ from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from idempotently._lookup import Lookup
     from idempotently._transport import AsyncTransport, Transport
+    from idempotently._watch import WatchBatch, WatchSummary
 
 __version__ = "0.1.0.dev0"
 
@@ -70,10 +71,12 @@ _LAZY = {
     "AsyncTransport": "idempotently._transport",
     "Transport": "idempotently._transport",
     "Lookup": "idempotently._lookup",
+    "WatchBatch": "idempotently._watch",
+    "WatchSummary": "idempotently._watch",
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'idempotently' has no attribute {name!r}")
@@ -136,5 +139,7 @@ __all__ = [
     "Settlement",
     "StoredProfileError",
     "Transport",
+    "WatchBatch",
+    "WatchSummary",
     "profiles",
 ]

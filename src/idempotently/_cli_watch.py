@@ -37,10 +37,10 @@ import click
 from idempotently import _early_signals
 from idempotently._cli_format import columns, one_line, printable, record, wrap_words
 from idempotently._flow._operation import ResumeResult
-from idempotently._lookup import BoundReconciler, Lookup
+from idempotently._lookup import Lookup
 from idempotently._session import Session
 from idempotently._vocabulary import RESUME_DONE, STATUSES, ResumeAction
-from idempotently._watch import WatchSummary, watch
+from idempotently._watch import WatchSummary
 
 RESULT_HEADERS = ("operation", "action", "status", "code", "detail")
 JSON_ESCAPES = {
@@ -87,10 +87,9 @@ class ResultTable:
         dry_run: bool,
         terminal: bool,
         clear_bar: bool,
-        width: int | None = None,
     ) -> None:
         self.terminal, self.clear_bar = terminal, clear_bar
-        self.width = width or shutil.get_terminal_size().columns
+        self.width = shutil.get_terminal_size().columns
         action = ACTION_WIDTHS[dry_run]
         rest = action + STATUS_WIDTH + CODE_WIDTH + 2 * (len(RESULT_HEADERS) - 1)
         # The id column as wide as the widest id that fits beside the other columns
@@ -256,17 +255,25 @@ def watch_output(*, as_json: bool, terminal: bool, host_id: str) -> Iterator[Non
         watch_logger.setLevel(levels[1])
 
 
+def _announce_stopping(signal_name: str) -> None:
+    logging.getLogger("idempotently.watch").info(
+        "%s: finishing operations in flight, then releasing leases",
+        signal_name,
+        extra={"idempotently": {"event": "watch_stopping", "signal": signal_name}},
+    )
+
+
 @contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM/SIGINT set ``stop``; a second one ends the process at once.
 
     The handler takes no lock: it writes a byte to a pipe. ``stop.set()`` would take
     the event's lock, which the interrupted main thread may hold at that moment (inside
     ``stop.wait()``): a deadlock, seen as a worker that never stopped. A small thread
-    reads the pipe, sets ``stop``, says that the worker is stopping, then sets the
-    event it yields."""
+    reads the pipe, says that the worker is stopping, then sets ``stop``: the worker's
+    last line ("stopped") comes after that notice, since it is written once ``stop``
+    is set."""
     received: list[str] = []
-    announced = threading.Event()
     wake_r, wake_w = os.pipe()
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -278,28 +285,25 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
 
     def announce() -> None:
         os.read(wake_r, 1)  # a signal, or the end of the watch
-        stop.set()
         try:
-            if received:
-                logging.getLogger("idempotently.watch").info(
-                    "%s: finishing operations in flight, then releasing leases",
-                    received[0],
-                    extra={"idempotently": {"event": "watch_stopping", "signal": received[0]}},
-                )
+            if received and not stop.is_set():
+                _announce_stopping(received[0])
         finally:
-            announced.set()
+            stop.set()
 
     watched = (signal.SIGTERM, signal.SIGINT)
     previous = {signum: signal.signal(signum, handler) for signum in watched}
     early = _early_signals.take()  # a signal that came while the worker was starting
     if early is not None:
+        # Said and set here, before the worker starts: it claims nothing.
         received.append(signal.Signals(early).name)
+        _announce_stopping(received[0])
         stop.set()
         os.write(wake_w, b"\0")
     announcer = threading.Thread(target=announce, name="idempotently-watch-signals", daemon=True)
     announcer.start()
     try:
-        yield announced
+        yield
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
@@ -318,14 +322,12 @@ def run_watch(
     base_url: str | None,
     as_json: bool,
     terminal: bool,
-    stop: threading.Event | None = None,
     reconciler: Lookup | None = None,
 ) -> WatchSummary:
-    """`resume --watch`: resume due operations until SIGTERM/SIGINT (and, with a
-    ``reconciler``, reconcile needs_reconcile operations as it goes)."""
-    stop = stop or threading.Event()
-    journal = session.journal
-    engine = session._engine
+    """`resume --watch`: `Session.watch` until SIGTERM/SIGINT (and, with a
+    ``reconciler``, reconcile needs_reconcile operations as it goes), its events on
+    the screen."""
+    stop = threading.Event()
     logger = logging.getLogger("idempotently.watch")
 
     def on_result(result: ResumeResult) -> None:
@@ -337,22 +339,14 @@ def run_watch(
         )
 
     with (
-        watch_output(as_json=as_json, terminal=terminal, host_id=engine.host_id),
-        stop_on_signals(stop) as announced,
+        watch_output(as_json=as_json, terminal=terminal, host_id=session.host_id),
+        stop_on_signals(stop),
     ):
-        return watch(
-            engine,
-            journal,
-            session._build,
-            send=session._send,  # its answers' bodies read within bounds, as a call's
-            stop=stop,
+        return session.watch(
+            stop,
             interval=interval,
             concurrency=concurrency,
             base_url=base_url,
             on_result=on_result,
-            pending_left=lambda: journal.counts()["pending"],
-            before_stopped=lambda: announced.wait(1.0),
-            reconcile=None
-            if reconciler is None
-            else BoundReconciler.of(reconciler, session.client, engine, stopped=stop.is_set),
+            reconciler=reconciler,
         )

@@ -3,20 +3,17 @@
 Every decision is the flow's (``_flow/``). The sync driver hands each journal
 command to the journal (a write goes to its one writer, and commits on the
 caller's own thread when the writer is free). The async driver never runs
-SQLite or a database round trip on its event loop: the journal commands its
-tasks are waiting for go to a worker thread together, one hand-off per batch,
-and join the journal's writer there; a cancelled call still finishes the
-journal write in progress (nothing is half-written) and then releases its
-lease.
+SQLite or a database round trip on its event loop: its writes join the
+journal's writer's one queue, committed by the writer's thread with every
+other task's and thread's, which wakes the loop when they are; a cancelled call
+still finishes the journal write in progress (nothing is half-written) and then
+releases its lease.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
-import queue
 import threading
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,7 +22,6 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import httpx
-import sniffio
 
 from idempotently._answers import aread_answer, read_answer
 from idempotently._commands import (
@@ -34,10 +30,7 @@ from idempotently._commands import (
     DigestCredentials,
     Discard,
     Emit,
-    Enqueue,
-    Find,
     GateCommand,
-    JournalCommand,
     Journaled,
     PlanReconcile,
     ReadAnswer,
@@ -54,9 +47,7 @@ from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError, after_send_began
 from idempotently._flow._operation import Flow, Held
 from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
-from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
-from idempotently._rows import Failed
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
@@ -109,7 +100,7 @@ def run(
                     reply = store._execute(command)
                 case Send():
                     try:
-                        with heartbeat_for(store).holding(command.lease), _Gated(command, perform):
+                        with store._heartbeat.holding(command.lease), _Gated(command, perform):
                             reply = send(command.request)
                             # An answer already read (an in-process transport's) is whole.
                             if command.read is not None and not reply.is_stream_consumed:
@@ -118,7 +109,7 @@ def run(
                         reply = error
                 case ReadAnswer():
                     try:
-                        with heartbeat_for(store).holding(command.lease):
+                        with store._heartbeat.holding(command.lease):
                             read_answer(command.body, command.limit, command.until, command.clock)
                         reply = None
                     except SEND_ERRORS as error:
@@ -191,7 +182,7 @@ async def arun(
             case DigestCredentials():
                 return await anyio.to_thread.run_sync(compute_digest, command.key)
             case BindCredentials():
-                return await _journal(store, command)
+                return await store._aexecute(command)
             case _:
                 assert_never(command)
 
@@ -206,22 +197,16 @@ async def arun(
             # delivered at the checkpoint after it, before anything is sent.
             match command:
                 case Record():
-                    reply = await _journal(store, command)
+                    reply = await store._aexecute(command)
                     held.recorded(command)
                     await anyio.lowlevel.checkpoint_if_cancelled()
-                case Find(connection=connection) | Enqueue(connection=connection) if (
-                    connection is not None
-                ):
-                    # The application's own connection (the outbox): on its loop.
-                    reply = await store._aexecute(command)
-                    await anyio.lowlevel.checkpoint_if_cancelled()
                 case Journaled():
-                    reply = await _journal(store, command)
+                    reply = await store._aexecute(command)
                     await anyio.lowlevel.checkpoint_if_cancelled()
                 case Send():
                     try:
                         with (
-                            heartbeat_for(store).holding(command.lease),
+                            store._heartbeat.holding(command.lease),
                             _Gated(command, aperform),
                         ):
                             reply = await send(command.request)
@@ -231,7 +216,7 @@ async def arun(
                         reply = error
                 case ReadAnswer():
                     try:
-                        with heartbeat_for(store).holding(command.lease):
+                        with store._heartbeat.holding(command.lease):
                             await aread_answer(
                                 command.body, command.limit, command.until, command.clock
                             )
@@ -282,7 +267,7 @@ async def arun(
         try:
             if cleanup is not None:
                 with anyio.CancelScope(shield=True), suppress(JournalError):
-                    await _journal(store, cleanup)
+                    await store._aexecute(cleanup)
         finally:
             held.end()
             endings = unfinished.endings(_status_after(cleanup))
@@ -301,204 +286,6 @@ def _told(error: Exception, held: Held) -> BaseException:
         return error
     operation_id, key, _owner, _started, delivery = sending
     return after_send_began(error, operation_id, key, delivery)
-
-
-class _Pending:
-    """One task's journal command, waiting for a worker thread to run it."""
-
-    __slots__ = ("command", "done", "error", "reply", "wake")
-
-    def __init__(self, command: JournalCommand) -> None:
-        self.command = command
-        self.done = False
-        self.reply: Any = None
-        self.error: BaseException | None = None
-        self.wake: anyio.Event | None = None
-
-
-class _Batch:
-    """The journal commands an event loop's tasks are waiting for."""
-
-    __slots__ = ("busy", "waiting")
-
-    def __init__(self) -> None:
-        self.busy = False
-        self.waiting: list[_Pending] = []
-
-
-# Per journal and event loop; an entry lives only while its loop has commands in flight.
-_BATCHES: dict[tuple[int, object], _Batch] = {}
-
-
-async def _journal(journal: Journal, command: JournalCommand) -> Any:
-    """Run one journal command in a worker thread, with whatever other tasks of this
-    event loop are waiting for.
-
-    One task at a time takes every command waiting on this loop to one worker
-    thread (`Journal._execute_many`: the writes among them join the
-    journal's writer as one batch, so their keys share a commit and an fsync),
-    instead of a thread hop per command. Each caller returns once its own command
-    is done; nothing is abandoned on cancellation: the write completes first.
-    """
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    slot = (id(journal), anyio.lowlevel.current_token())
-    batch = _BATCHES.get(slot)
-    if batch is None:
-        batch = _BATCHES[slot] = _Batch()
-    pending = _Pending(command)
-    batch.waiting.append(pending)
-    while not pending.done:
-        if batch.busy:
-            pending.wake = anyio.Event()
-            with anyio.CancelScope(shield=True):  # the batch it joins runs regardless
-                await pending.wake.wait()
-            continue
-        batch.busy = True
-        taken, batch.waiting = batch.waiting, []
-        try:
-            # Other tasks' commands too: run them even if this task was cancelled.
-            with anyio.CancelScope(shield=True):
-                outcomes = await _hand_over(journal, [each.command for each in taken])
-            for each, outcome in zip(taken, outcomes, strict=True):
-                if isinstance(outcome, Failed):
-                    each.error = outcome.error
-                else:
-                    each.reply = outcome
-        except BaseException as error:
-            # The hop itself failed: every command of the batch fails with it.
-            for each in taken:
-                each.error = error
-            raise
-        finally:
-            batch.busy = False
-            for each in taken:
-                each.done = True
-                if each.wake is not None:
-                    each.wake.set()
-            if batch.waiting:
-                # The first task still waiting takes the next batch.
-                first = batch.waiting[0]
-                if first.wake is not None:
-                    first.wake.set()
-            elif _BATCHES.get(slot) is batch:
-                del _BATCHES[slot]
-    if pending.error is not None:
-        raise pending.error
-    return pending.reply
-
-
-async def _hand_over(journal: Journal, commands: list[JournalCommand]) -> list[Any]:
-    """``journal._execute_many(commands)`` in the journal's worker thread, awaited here.
-
-    A plain queue to one long-lived thread per journal, which wakes this loop when the
-    batch is done (``call_soon_threadsafe`` on asyncio, the trio token on trio): about
-    half the cost of an ``anyio.to_thread`` hop, and one hand-off per batch. On another
-    async library, the anyio hop.
-    """
-    done = anyio.Event()
-    wake = _waker(done)
-    if wake is None:
-        return await anyio.to_thread.run_sync(journal._execute_many, commands)
-    box: list[Any] = []
-    _worker_of(journal).put(journal, commands, box, wake)
-    await done.wait()
-    (outcome,) = box
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome  # type: ignore[no-any-return]
-
-
-def _waker(event: anyio.Event) -> Callable[[], None] | None:
-    """A function any thread may call to set ``event`` on the running loop, or None."""
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return None
-    if library == "asyncio":
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-
-        def wake_asyncio() -> None:
-            with suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(event.set)
-
-        return wake_asyncio
-    if library == "trio":
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-
-        def wake_trio() -> None:
-            with suppress(trio.RunFinishedError):
-                token.run_sync_soon(event.set)
-
-        return wake_trio
-    return None
-
-
-class _Worker:
-    """One journal's thread for its async callers' batches: a queue, and a thread that
-    lives while there is work (it ends after IDLE seconds without any)."""
-
-    IDLE = 5.0
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Journal, list[Any], list[Any], Callable[[], None]]]
-        self._jobs = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def put(
-        self, journal: Journal, commands: list[Any], box: list[Any], wake: Callable[[], None]
-    ) -> None:
-        with self._lock:
-            self._jobs.put((journal, commands, box, wake))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="idempotently-journal", daemon=True
-                )
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                journal, commands, box, wake = self._jobs.get(timeout=self.IDLE)
-            except queue.Empty:
-                with self._lock:
-                    if self._jobs.empty():
-                        self._thread = None
-                        return
-                continue
-            try:
-                box.append(journal._execute_many(commands))
-            except BaseException as error:  # handed to the waiting task, raised there
-                box.append(error)
-            del journal, commands
-            wake()
-
-
-_WORKERS: weakref.WeakKeyDictionary[Journal, _Worker] = weakref.WeakKeyDictionary()
-_WORKERS_LOCK = threading.Lock()
-
-
-def _worker_of(journal: Journal) -> _Worker:
-    with _WORKERS_LOCK:
-        worker = _WORKERS.get(journal)
-        if worker is None:
-            worker = _WORKERS[journal] = _Worker()
-        return worker
-
-
-def _forget_workers() -> None:
-    """A forked child has none of its parent's threads."""
-    global _WORKERS_LOCK
-    _WORKERS_LOCK = threading.Lock()
-    _WORKERS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_workers)
 
 
 class _Gated:

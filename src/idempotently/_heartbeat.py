@@ -4,42 +4,46 @@ Each lease is written with ``lease_until = now + lease_duration``. An attempt ca
 take longer than that (a slow server, a long timeout); without a heartbeat
 another process, on this host or another, would find the lease expired and send
 the operation a second time. While a driver sends, or a resume worker holds
-operations it claimed, their leases are registered here: one daemon thread per
-store extends them every ``lease_duration / 3`` (one short transaction for all
-of them), each time writing the row's ``updated_at`` with the same clock: the
-lease's write time, from which a host whose clock is behind ours counts it
-(`_commands.RebaseOperation`). The thread stops once nothing has been registered
-for ``IDLE_LINGER`` seconds: starting a thread costs about a millisecond (the
-caller waits for it to run), as much as the rest of a call's journal work, so
-back-to-back calls reuse one thread instead of starting one each. A heartbeat that fails
-(the journal is locked or gone) is logged and tried again; it never breaks a call:
-at worst the lease expires, as it would have without a heartbeat.
+operations it claimed, their leases are registered here, in the journal's one
+`Writer` (``_journal/_writer.py``): its thread extends them every
+``lease_duration / 3`` (one write for all of them, joining whatever batch the
+writer commits), each time writing the row's ``updated_at`` with the same clock:
+the lease's write time, from which a host whose clock is behind ours counts it
+(`_commands.RebaseOperation`). A heartbeat that fails (the journal is locked or
+gone) is logged and tried again; it never breaks a call: at worst the lease
+expires, as it would have without a heartbeat.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import threading
 import time
-import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from idempotently._commands import ExtendLeases, Lease
+from idempotently._rows import Failed
 
 if TYPE_CHECKING:
-    from idempotently._journal import Journal
+    import threading
 
 logger = logging.getLogger("idempotently")
 
 MIN_INTERVAL = 0.05
-"""The shortest wait between two heartbeats of one store (very short test leases)."""
+"""The shortest wait between two heartbeats of one journal (very short test leases)."""
 
-IDLE_LINGER = 5.0
-"""Seconds the heartbeat thread waits, with nothing registered, before it ends."""
+
+class _Writer(Protocol):
+    """What a heartbeat needs of the journal's writer (``_journal/_writer.py``)."""
+
+    _lock: threading.Lock
+
+    def wake_for(self, due: float) -> None: ...
+
+    def write_many(self, writes: Sequence[Any]) -> list[Any]: ...
 
 
 @attrs.define
@@ -51,38 +55,27 @@ class _Entry:
 
 
 class Heartbeat:
-    """The leases of one store kept alive by one background thread."""
+    """The leases of one journal kept alive by its writer's thread."""
 
-    def __init__(self, store: Journal) -> None:
-        self._store = weakref.ref(store)
-        self._cond = threading.Condition()
+    def __init__(self, writer: _Writer) -> None:
+        self._writer = writer
         self._entries: dict[tuple[str, str], _Entry] = {}
-        self._thread: threading.Thread | None = None
-        self._wake_at = math.inf
-        """time.monotonic() when the thread next wakes by itself (inf: no thread)."""
 
     def add(self, lease: Lease) -> None:
         """Keep ``lease`` alive until as many `remove` calls as ``add`` calls."""
         key = (lease.operation_id, lease.owner)
-        with self._cond:
+        with self._writer._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.holders += 1
                 return
-            self._entries[key] = _Entry(lease, 1, time.monotonic() + _interval(lease))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="idempotently-heartbeat", daemon=True
-                )
-                self._thread.start()
-            elif self._entries[key].due < self._wake_at:
-                # Only a lease due before the thread's next wake-up needs to wake it:
-                # waking it on every call would cost a thread switch per call.
-                self._cond.notify_all()
+            due = time.monotonic() + _interval(lease)
+            self._entries[key] = _Entry(lease, 1, due)
+            self._writer.wake_for(due)
 
     def remove(self, lease: Lease) -> None:
         key = (lease.operation_id, lease.owner)
-        with self._cond:
+        with self._writer._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return
@@ -98,19 +91,22 @@ class Heartbeat:
 
     def leases(self) -> list[Lease]:
         """The leases kept alive now."""
-        with self._cond:
+        with self._writer._lock:
             return [entry.lease for entry in self._entries.values()]
+
+    def next_due(self) -> float:
+        """time.monotonic() when the next lease is due (inf: none); under the writer's lock."""
+        return min((entry.due for entry in self._entries.values()), default=math.inf)
 
     def beat(self, *, all_leases: bool = True) -> int:
         """Extend the registered leases now (only those due, unless ``all_leases``);
         how many rows were extended. Never raises: a failure is logged."""
         now = time.monotonic()
-        with self._cond:
+        with self._writer._lock:
             due = [entry for entry in self._entries.values() if all_leases or entry.due <= now]
             for entry in due:
                 entry.due = now + _interval(entry.lease)
-        store = self._store()
-        if store is None or not due:
+        if not due:
             return 0
         groups: dict[tuple[float, float], list[tuple[str, str]]] = {}
         try:
@@ -120,11 +116,14 @@ class Heartbeat:
                 groups.setdefault((now + lease.duration, now), []).append(
                     (lease.operation_id, lease.owner)
                 )
-            # Writes like any other: through the journal's one writer.
-            return sum(
-                int(store._execute(ExtendLeases(tuple(pairs), until, now)))
-                for (until, now), pairs in groups.items()
+            # Writes like any other: one batch of the journal's one writer.
+            outcomes = self._writer.write_many(
+                [ExtendLeases(tuple(pairs), until, now) for (until, now), pairs in groups.items()]
             )
+            failed = next((each.error for each in outcomes if isinstance(each, Failed)), None)
+            if failed is not None:
+                raise failed
+            return sum(int(each) for each in outcomes)
         except Exception as error:  # any failure: the lease may expire, the call goes on
             logger.warning(
                 "heartbeat: could not extend %d lease(s) (%s: %s); they expire unless a "
@@ -136,29 +135,9 @@ class Heartbeat:
             )
             return 0
 
-    def _run(self) -> None:
-        idle_since: float | None = None
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                if self._store() is None:
-                    self._thread, self._wake_at = None, math.inf
-                    return
-                if not self._entries:
-                    idle_since = now if idle_since is None else idle_since
-                    if now - idle_since >= IDLE_LINGER:
-                        self._thread, self._wake_at = None, math.inf
-                        return
-                    self._wake_at = idle_since + IDLE_LINGER
-                    self._cond.wait(self._wake_at - now)
-                    continue
-                idle_since = None
-                self._wake_at = min(entry.due for entry in self._entries.values())
-                if self._wake_at > now:
-                    self._cond.wait(self._wake_at - now)
-                    continue
-                self._wake_at = -math.inf  # beating: it looks at every entry again right after
-            self.beat(all_leases=False)
+    def after_fork(self) -> None:
+        """A child keeps alive none of its parent's leases."""
+        self._entries = {}
 
 
 class _Holding:
@@ -182,32 +161,3 @@ class _Holding:
 
 def _interval(lease: Lease) -> float:
     return max(MIN_INTERVAL, lease.duration / 3)
-
-
-_HEARTBEATS: weakref.WeakKeyDictionary[Journal, Heartbeat] = weakref.WeakKeyDictionary()
-_REGISTRY_LOCK = threading.Lock()
-
-
-def heartbeat_for(store: Journal) -> Heartbeat:
-    """The one heartbeat of ``store`` in this process."""
-    heartbeat = _HEARTBEATS.get(store)  # every send asks: no lock once it exists
-    if heartbeat is not None:
-        return heartbeat
-    with _REGISTRY_LOCK:
-        heartbeat = _HEARTBEATS.get(store)
-        if heartbeat is None:
-            heartbeat = _HEARTBEATS[store] = Heartbeat(store)
-        return heartbeat
-
-
-def _after_fork_in_child() -> None:
-    """A child has none of its parent's threads: forget every heartbeat (and a registry
-    lock the parent may have held at fork). The parent's journals are refused in the
-    child anyway; a journal the child opens gets a heartbeat of its own."""
-    global _REGISTRY_LOCK
-    _REGISTRY_LOCK = threading.Lock()
-    _HEARTBEATS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

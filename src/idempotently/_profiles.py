@@ -765,7 +765,7 @@ def stored_profile(
             f"it was journaled under profile {_described(text)} and the profile given is "
             f"{_described(journaled_profile(given))}{_differences(text, given)}; nothing was "
             "sent (leave out --profile to use the stored one, or add --force-profile to read "
-            "it with the one given)",
+            "it with the one given; in Python, profile_rule='stored' or 'forced')",
             kind="disagrees",
             **ids,
         )
@@ -789,7 +789,7 @@ def stored_profile(
     raise StoredProfileError(
         f"it was journaled before profiles were stored, under the name {text!r} (not a "
         "built-in profile); nothing was sent: give the profile it was made under with "
-        "--profile module:NAME",
+        "--profile module:NAME (in Python, profile=... with profile_rule='checked')",
         kind="legacy",
         **ids,
     )

@@ -11,8 +11,9 @@ sends nothing.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -72,6 +73,55 @@ def check_param_names(names: object, argument: str = "redact_query") -> tuple[st
             )
         checked.append(name)
     return tuple(checked)
+
+
+QUERY_NAME = re.compile(r"[^\s=&#]+")
+"""A query parameter's name as one can be given apart from a URL: printable, no space,
+``=``, ``&`` or ``#``."""
+
+
+def param_name_problem(name: str) -> str | None:
+    """What makes ``name`` no query parameter name, without quoting it; None if it is one."""
+    if not QUERY_NAME.fullmatch(name) or not name.isprintable():
+        return "is not a query parameter name (printable, no space, '=', '&' or '#')"
+    return None
+
+
+def param_value_problem(value: str) -> str | None:
+    """What makes ``value`` unusable as a redacted parameter's value, without quoting it
+    (it is a credential); None if it is usable."""
+    if not value or value != value.strip() or not value.isprintable():
+        return (
+            "is empty, starts or ends with whitespace, or holds a control character (check "
+            "for a stray newline)"
+        )
+    return None
+
+
+def check_redacted_params(values: object, argument: str = "redacted_params") -> dict[str, str]:
+    """Values of redacted query parameters given by name (``{"api_key": "sk_..."}``), or
+    a TypeError/ValueError naming ``argument`` in one line that never quotes a value,
+    nor a name that is none (it may be a credential given in the wrong place)."""
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"{argument} must be a mapping of query parameter names to values (e.g. "
+            f"{{'api_key': os.environ['API_KEY']}}), not {type(values).__name__}"
+        )
+    checked: dict[str, str] = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(
+                f"{argument} must map str names to str values, not {type(name).__name__} "
+                f"to {type(value).__name__}"
+            )
+        problem = param_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{argument}: a name {problem}; it is not repeated here")
+        problem = param_value_problem(value)
+        if problem is not None:
+            raise ValueError(f"{argument}: the value for {name!r} {problem}")
+        checked[name] = value
+    return checked
 
 
 def _name_of(raw_pair: str) -> str:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
@@ -34,15 +35,16 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
     )
 
     from idempotently._lookup import Verdict
+    from idempotently._watch import WatchBatch, WatchSummary
 
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
 from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow._checks import check_call_arguments, check_host_id, check_timeouts
-from idempotently._flow._config import DEFAULT_LEASE_DURATION
+from idempotently._flow._config import DEFAULT_LEASE_DURATION, DEFAULT_WATCH_INTERVAL
 from idempotently._flow._engine import Engine
 from idempotently._flow._leases import default_host_id
-from idempotently._flow._operation import Call, Held, ResumeResult, Settlement
+from idempotently._flow._operation import Call, Held, ResumeResult, Settlement, profile_for
 from idempotently._flow._read import retried_read
 from idempotently._gate import alast_hook, keep_last, last_hook
 from idempotently._journal import Journal, Operation
@@ -51,12 +53,13 @@ from idempotently._overrides import check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import (
     GENERIC,
+    ProfileRule,
     ServerProfile,
     carry_operation_id,
     check_key_expiry_margin,
     journaled_profile,
 )
-from idempotently._secret_params import values_in_params
+from idempotently._secret_params import check_redacted_params, values_in_params
 from idempotently._vocabulary import Delivery
 
 ClientT = TypeVar("ClientT", httpx.Client, httpx.AsyncClient)
@@ -78,6 +81,7 @@ _CLIENT_OPTIONS = {
 
 
 MAX_LEASE_DURATION = 24 * 3600.0
+PROFILE_RULES: tuple[ProfileRule, ...] = ("stored", "stored_only", "checked", "forced")
 
 
 def check_engine_options(
@@ -92,6 +96,7 @@ def check_engine_options(
     sleep: object,
     asynchronous: bool,
     max_response_bytes: object = DEFAULT_MAX_RESPONSE_BYTES,
+    profile_rule: object = "stored",
 ) -> None:
     """The options every Session and Transport shares, checked before anything is opened."""
     if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
@@ -122,8 +127,16 @@ def check_engine_options(
         for header in names:
             if not isinstance(header, str) or not header:
                 raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
+    if profile_rule not in PROFILE_RULES:
+        raise ValueError(
+            f"profile_rule must be one of {', '.join(map(repr, PROFILE_RULES))}, not "
+            f"{str(profile_rule)[:40]!r}"
+        )
     if key_expiry_margin is not None:
-        check_key_expiry_margin(key_expiry_margin, profile.key_lifetime, "key_expiry_margin")
+        # "stored_only" never reads an operation with this profile: each operation's own
+        # key lifetime bounds the margin there (a resume applies it per operation).
+        lifetime = None if profile_rule == "stored_only" else profile.key_lifetime
+        check_key_expiry_margin(key_expiry_margin, lifetime, "key_expiry_margin")
     for name, value, positive, most in (
         ("lease_duration", lease_duration, True, MAX_LEASE_DURATION),
     ):
@@ -181,6 +194,8 @@ class _SessionBase(Generic[ClientT]):
         client_options: dict[str, Any],
         hooks: Iterable[AsyncHook] = (),
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
+        redacted_params: Mapping[str, str] | None = None,
     ) -> None:
         # Everything is checked before the journal file is created.
         unknown = sorted(set(client_options) - _CLIENT_OPTIONS[self._client_class])
@@ -225,7 +240,9 @@ class _SessionBase(Generic[ClientT]):
             sleep=sleep,
             asynchronous=self._client_class is httpx.AsyncClient,
             max_response_bytes=max_response_bytes,
+            profile_rule=profile_rule,
         )
+        given_params = {} if redacted_params is None else check_redacted_params(redacted_params)
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=self._client_class is httpx.AsyncClient)
         self.journal, self._owns_journal = open_journal(journal)
@@ -235,11 +252,13 @@ class _SessionBase(Generic[ClientT]):
         )
         self.policy = policy or RetryPolicy()
         self.profile = profile
-        self._params_given: dict[str, str] = {}
-        """Values of secret query parameters given apart from the client (``--param-env``)."""
+        self.host_id = host
+        """This host's name in lease owners."""
+        self._redacted_params = given_params
         self._engine = Engine(
             policy=self.policy,
             profile=profile,
+            profile_rule=profile_rule,
             clock=clock,
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
@@ -256,9 +275,19 @@ class _SessionBase(Generic[ClientT]):
         )
 
     def _param_values(self, name: str) -> Sequence[str] | None:
-        """The live values of a redacted query parameter, for a resume: the command
-        line's ``--param-env`` first, then the client's ``params``."""
-        return values_in_params(self._params_given, self.client.params)(name)
+        """The live values of a redacted query parameter, for a resume: the session's
+        ``redacted_params`` first (the command line's ``--param-env``), then the
+        client's ``params``."""
+        return values_in_params(self._redacted_params, self.client.params)(name)
+
+    def profile_for(self, operation: Operation) -> ServerProfile:
+        """The profile this session reads ``operation``'s answers with (on a resume, a
+        reconcile or a call that continues it): the one journaled with it, read as
+        ``profile_rule`` says. Raises `StoredProfileError` where that profile cannot
+        be used (it disagrees with this session's under ``"checked"``, it was
+        journaled before profiles were stored under ``"stored_only"``, its matcher can
+        no longer be imported): nothing would be sent for that operation."""
+        return profile_for(self._engine, operation)
 
     def _build(
         self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
@@ -513,7 +542,25 @@ class Session(_SessionBase[httpx.Client]):
             operation is no longer resent, but goes to `needs_reconcile`. None (the
             default): each operation's profile's (`ServerProfile.key_expiry_margin`,
             journaled with it). A given one (at least 60, below the profile's key
-            lifetime) applies where it is larger.
+            lifetime; with `profile_rule="stored_only"`, below each operation's)
+            applies where it is larger (`idempotently resume --key-expiry-margin`).
+        profile_rule: How the profile journaled with an operation is read on a
+            resume, a reconcile or a call that continues it: `"stored"` (the
+            default: the stored one; one journaled before profiles were stored is
+            read with `profile`), `"stored_only"` (the stored one; one journaled
+            before profiles were stored is refused: `idempotently resume` without
+            `--profile`), `"checked"` (`profile`, refused where the stored one
+            differs: `--profile`), `"forced"` (`profile`, always: `--profile` with
+            `--force-profile`). A refused operation is not sent and keeps its state
+            (`StoredProfileError`; a resume reports it `not_sent`); `profile_for`
+            says which profile an operation gets, before anything is sent.
+        redacted_params: Values of secret query parameters the journal redacted
+            (`{"api_key": os.environ["API_KEY"]}`), put back in their place in the
+            journaled URL when an operation journaled with that parameter redacted is
+            resent; no other request gets them (`idempotently resume --param-env`).
+            Looked up before the client's own `params`. Each name a query parameter
+            name, each value a non-empty str without surrounding whitespace or
+            control characters.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts (inject one in tests).
         hooks: Functions called with every event.
@@ -544,6 +591,8 @@ class Session(_SessionBase[httpx.Client]):
         sleep: Callable[[float], object] = time.sleep,
         hooks: Iterable[Hook] = (),
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
+        redacted_params: Mapping[str, str] | None = None,
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -561,6 +610,8 @@ class Session(_SessionBase[httpx.Client]):
             client_options=client_options,
             max_response_bytes=max_response_bytes,
             hooks=hooks,
+            profile_rule=profile_rule,
+            redacted_params=redacted_params,
         )
         self._sleep = sleep
 
@@ -906,6 +957,64 @@ class Session(_SessionBase[httpx.Client]):
             report=on_result,
         )
 
+    def watch(
+        self,
+        stop: threading.Event,
+        *,
+        interval: float = DEFAULT_WATCH_INTERVAL,
+        concurrency: int = 1,
+        base_url: str | None = None,
+        reconciler: Reconciler | None = None,
+        on_result: OnResult | None = None,
+        on_batch: Callable[[WatchBatch], object] | None = None,
+    ) -> WatchSummary:
+        """Keep resuming pending operations as they fall due, until ``stop`` is set:
+        the worker ``idempotently resume --watch`` runs (see the fleet guide).
+
+        Each round claims a batch of due operations in one journal transaction, so
+        workers on several hosts sharing a journal never resume one operation at once,
+        and resumes them ``concurrency`` at a time (in threads) through the same flow
+        as `resume`; when nothing is due it waits ``interval`` seconds. An operation a
+        round leaves pending with nothing to wait for is retried no sooner than
+        ``interval``, doubling. With a ``reconciler``, needs_reconcile operations are
+        handed to it as they come, on a thread of their own. Once ``stop`` is set: no
+        new claims, operations in flight finish their current attempt, every lease
+        the worker holds is released, and the summary is returned. ``on_result`` gets
+        each result as soon as it is known (from the worker's threads, one at a
+        time), ``on_batch`` each round that claimed something; the worker logs its
+        events to the ``idempotently.watch`` logger. A journal error ends it (after
+        releasing what it can) and is raised. A ``stop`` that is no
+        ``threading.Event``, or an ``interval`` that is not above 0 and at most a
+        century, is a TypeError or ValueError before anything is claimed. It installs
+        no signal handler: map your process's signals onto ``stop``.
+        """
+        from idempotently._lookup import BoundReconciler
+        from idempotently._watch import check_watch_arguments, watch
+
+        check_watch_arguments(stop=stop, interval=interval)
+        check_resume_arguments(
+            base_url=base_url, reconciler=reconciler, on_result=on_result, concurrency=concurrency
+        )
+        if on_batch is not None and not callable(on_batch):
+            raise TypeError(f"on_batch must be callable, not {type(on_batch).__name__}")
+        journal = self.journal
+        return watch(
+            self._engine,
+            journal,
+            self._build,
+            send=self._send,  # its answers' bodies read within bounds, as a call's
+            stop=stop,
+            interval=float(interval),
+            concurrency=concurrency,
+            base_url=base_url,
+            on_result=on_result,
+            on_batch=on_batch,
+            pending_left=lambda: journal.counts()["pending"],
+            reconcile=None
+            if reconciler is None
+            else BoundReconciler.of(reconciler, self.client, self._engine),
+        )
+
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
@@ -958,9 +1067,9 @@ def check_resume_arguments(
 class AsyncSession(_SessionBase[httpx.AsyncClient]):
     """The async twin of `Session`, on asyncio or trio (anyio).
 
-    Journal reads and writes never run on the event loop: the commands its tasks
-    are waiting for go to a worker thread together, one hand-off per batch, and
-    join the journal's one writer there (so concurrent keys share an fsync); the
+    Journal reads and writes never run on the event loop: its tasks' writes join
+    the journal's one writer, whose thread commits them together (so concurrent
+    keys share an fsync) and wakes the loop; reads run in a worker thread. The
     loop never waits for a lock, an fsync or a database. Tasks sharing one
     AsyncSession send one operation once.
 
@@ -986,7 +1095,25 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             operation is no longer resent, but goes to `needs_reconcile`. None (the
             default): each operation's profile's (`ServerProfile.key_expiry_margin`,
             journaled with it). A given one (at least 60, below the profile's key
-            lifetime) applies where it is larger.
+            lifetime; with `profile_rule="stored_only"`, below each operation's)
+            applies where it is larger (`idempotently resume --key-expiry-margin`).
+        profile_rule: How the profile journaled with an operation is read on a
+            resume, a reconcile or a call that continues it: `"stored"` (the
+            default: the stored one; one journaled before profiles were stored is
+            read with `profile`), `"stored_only"` (the stored one; one journaled
+            before profiles were stored is refused: `idempotently resume` without
+            `--profile`), `"checked"` (`profile`, refused where the stored one
+            differs: `--profile`), `"forced"` (`profile`, always: `--profile` with
+            `--force-profile`). A refused operation is not sent and keeps its state
+            (`StoredProfileError`; a resume reports it `not_sent`); `profile_for`
+            says which profile an operation gets, before anything is sent.
+        redacted_params: Values of secret query parameters the journal redacted
+            (`{"api_key": os.environ["API_KEY"]}`), put back in their place in the
+            journaled URL when an operation journaled with that parameter redacted is
+            resent; no other request gets them (`idempotently resume --param-env`).
+            Looked up before the client's own `params`. Each name a query parameter
+            name, each value a non-empty str without surrounding whitespace or
+            control characters.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
@@ -1016,6 +1143,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         hooks: Iterable[AsyncHook] = (),
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
+        redacted_params: Mapping[str, str] | None = None,
         **client_options: Any,
     ) -> None:
         super().__init__(
@@ -1033,6 +1162,8 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             client_options=client_options,
             max_response_bytes=max_response_bytes,
             hooks=hooks,
+            profile_rule=profile_rule,
+            redacted_params=redacted_params,
         )
         self._sleep = sleep
 

@@ -29,7 +29,7 @@ from idempotently._flow._read import retried_read
 from idempotently._gate import alast_hook, last_hook
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
-from idempotently._profiles import GENERIC, ServerProfile
+from idempotently._profiles import GENERIC, ProfileRule, ServerProfile
 from idempotently._redirects import aread_redirect, read_redirect
 from idempotently._session import JournalArg, adopted_key, check_engine_options, open_journal
 from idempotently._vocabulary import DELIVERIES, Delivery
@@ -84,6 +84,7 @@ class _TransportBase:
         hooks: Iterable[AsyncHook] = (),
         retry_idempotent_methods: bool = False,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
     ) -> None:
         if not isinstance(retry_idempotent_methods, bool):
             raise TypeError(
@@ -109,6 +110,7 @@ class _TransportBase:
             sleep=sleep,
             asynchronous=isinstance(self, httpx.AsyncBaseTransport),
             max_response_bytes=max_response_bytes,
+            profile_rule=profile_rule,
         )
         if isinstance(methods, str) or not all(isinstance(method, str) for method in methods):
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
@@ -127,6 +129,7 @@ class _TransportBase:
         self._engine = Engine(
             policy=policy or RetryPolicy(),
             profile=profile,
+            profile_rule=profile_rule,
             clock=clock,
             redact_headers=redaction_set(redact_headers),
             fingerprint_headers=tuple(fingerprint_headers),
@@ -230,6 +233,9 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             default): each operation's profile's (`ServerProfile.key_expiry_margin`,
             journaled with it). A given one (at least 60, below the profile's key
             lifetime) applies where it is larger.
+        profile_rule: How the profile journaled with an operation is read when a
+            request continues it, as for `Session`: `"stored"` (the default),
+            `"stored_only"`, `"checked"` or `"forced"`.
         clock: The time, in seconds since the epoch (inject one in tests).
         sleep: How to wait between attempts.
         hooks: Functions called with every event.
@@ -261,6 +267,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         hooks: Iterable[Hook] = (),
         retry_idempotent_methods: bool = False,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
@@ -283,6 +290,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             hooks=hooks,
             retry_idempotent_methods=retry_idempotent_methods,
             max_response_bytes=max_response_bytes,
+            profile_rule=profile_rule,
         )
         # Without transport=, requests go out through the library they came from:
         # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
@@ -407,6 +415,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         lease_duration: As for `Transport`.
         host_id: As for `Transport`.
         key_expiry_margin: As for `Transport`.
+        profile_rule: As for `Transport`.
         clock: As for `Transport`.
         sleep: How to wait between attempts: a coroutine function (`anyio.sleep`).
         hooks: Plain or async functions called with every event.
@@ -433,6 +442,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         hooks: Iterable[AsyncHook] = (),
         retry_idempotent_methods: bool = False,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile_rule: ProfileRule = "stored",
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
@@ -455,6 +465,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             hooks=hooks,
             retry_idempotent_methods=retry_idempotent_methods,
             max_response_bytes=max_response_bytes,
+            profile_rule=profile_rule,
         )
         self.transport: httpx.AsyncBaseTransport | Any = (
             transport if transport is not None else httpx.AsyncHTTPTransport()

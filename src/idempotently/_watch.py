@@ -1,6 +1,7 @@
 """A resume worker: keeps resuming pending operations as they fall due.
 
-``idempotently resume --watch`` runs `watch`. Each round claims a batch of
+``Session.watch`` runs `watch` (and ``idempotently resume --watch`` runs
+``Session.watch``). Each round claims a batch of
 due operations (pending, lease expired, ``not_before`` passed) in one journal
 transaction (``ClaimDue``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, one
 ``BEGIN IMMEDIATE`` on SQLite), so workers on several hosts never resume one
@@ -36,23 +37,40 @@ from typing import Any
 import attrs
 import httpx
 
+from idempotently._commands import ClaimDue, Find, Release, TakeLease
 from idempotently._drivers import run
 from idempotently._flow._engine import Engine
 from idempotently._flow._leases import mark_in_flight, unmark_in_flight
 from idempotently._flow._operation import BuildRequest, Held, ResumeResult
 from idempotently._flow._reconcile import reconcile_one
 from idempotently._flow._resume import resume_operation
-from idempotently._heartbeat import heartbeat_for
 from idempotently._journal import Journal
 from idempotently._lookup import BoundReconciler
 from idempotently._rows import Operation
 
 logger = logging.getLogger("idempotently.watch")
 
+MAX_WATCH_INTERVAL = 100 * 366 * 86400.0
+"""The longest wait a worker is given: a century, as the command line's durations."""
 BATCH_PER_WORKER = 4
 """A round claims up to ``concurrency * BATCH_PER_WORKER`` operations."""
 MAX_PARK = 300.0
 """The longest an operation left pending waits before this worker tries it again."""
+
+
+def check_watch_arguments(*, stop: object, interval: object) -> None:
+    """A worker's ``stop`` and ``interval``, checked before it claims anything."""
+    if not isinstance(stop, threading.Event):
+        raise TypeError(
+            f"stop must be a threading.Event (set it to stop the worker), not {type(stop).__name__}"
+        )
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"interval must be a number of seconds, not {type(interval).__name__}")
+    if not 0 < interval <= MAX_WATCH_INTERVAL:  # NaN, -0.0 and 10**400 fail too
+        raise ValueError(
+            f"interval must be a number of seconds above 0, at most {MAX_WATCH_INTERVAL:g} "
+            f"(a century), not {str(interval)[:40]}"
+        )
 
 
 class _Stopping(Exception):
@@ -60,13 +78,17 @@ class _Stopping(Exception):
 
 
 @attrs.frozen
-class Batch:
-    """One round of a resume worker."""
+class WatchBatch:
+    """One round of a resume worker (`Session.watch`'s ``on_batch``)."""
 
     number: int
+    """The round's number, from 1."""
     claimed: int
+    """How many due operations it claimed."""
     results: tuple[ResumeResult, ...]
+    """What became of each operation it resumed, in completion order."""
     elapsed: float
+    """Seconds the round took."""
 
     def actions(self) -> dict[str, int]:
         return dict(sorted(Counter(result.action for result in self.results).items()))
@@ -74,12 +96,16 @@ class Batch:
 
 @attrs.define
 class WatchSummary:
-    """What a resume worker did until it stopped."""
+    """What a resume worker did until it stopped (`Session.watch`)."""
 
     owner: str
+    """The worker's lease owner (``host_id:pid:token``)."""
     batches: int = 0
+    """Rounds that claimed something."""
     operations: int = 0
+    """Results reported (`ResumeResult`), lookups included."""
     actions: Counter[str] = attrs.Factory(Counter)
+    """Those results counted by action."""
     released: int = 0
     """Claimed operations it never started, whose leases it gave back."""
 
@@ -95,10 +121,8 @@ def watch(
     concurrency: int,
     base_url: str | None = None,
     on_result: Callable[[ResumeResult], object] | None = None,
-    on_batch: Callable[[Batch], object] | None = None,
-    monotonic: Callable[[], float] | None = None,
+    on_batch: Callable[[WatchBatch], object] | None = None,
     pending_left: Callable[[], int] | None = None,
-    before_stopped: Callable[[], object] | None = None,
     reconcile: BoundReconciler | None = None,
 ) -> WatchSummary:
     """Resume due operations until ``stop`` is set; then release every lease and return.
@@ -106,18 +130,16 @@ def watch(
     ``on_result`` is called for each operation as soon as it is known (from worker
     threads, one at a time); ``on_batch`` after each round that claimed something.
     A journal error ends the worker (after releasing what it can) and is raised.
-    ``pending_left`` (how many operations are pending now) is logged with each batch;
-    ``before_stopped`` runs before the last log line (the CLI lets its signal notice out).
+    ``pending_left`` (how many operations are pending now) is logged with each batch.
     With ``reconcile`` (a reconciler bound to the worker's client), a lane of its own (a
     thread) hands it the needs_reconcile operations whose lookup backoff has passed, each
     ``interval`` and at once when a round ends one needs_reconcile: a lookup, however
     slow within its bounds, never holds back the sends the worker claimed, and a
     stopping worker does not wait for one (a lookup is a read).
     """
-    tick = monotonic or time.monotonic
     owner = engine.new_owner()
     summary = WatchSummary(owner)
-    heartbeat = heartbeat_for(store)
+    heartbeat = store._heartbeat
     parked: dict[str, int] = {}  # operation id -> rounds it came back pending in a row
     parked_now: set[str] = set()  # operations this worker holds a parking lease on
     # Rows it cannot decode (`Operation.damaged`), reported once: claimed again each time
@@ -165,11 +187,8 @@ def watch(
             if lane is not None:
                 lane.check()
             now = engine.clock()
-            claimed = store._claim_due(
-                owner=owner,
-                now=now,
-                lease_until=now + engine.lease_duration,
-                limit=concurrency * BATCH_PER_WORKER,
+            claimed: list[Operation] = store._execute(
+                ClaimDue(owner, now, now + engine.lease_duration, concurrency * BATCH_PER_WORKER)
             )
             parked_now.difference_update(operation.operation_id for operation in claimed)
             for operation in claimed:
@@ -186,7 +205,7 @@ def watch(
             if not claimed:
                 stop.wait(interval)
                 continue
-            started = tick()
+            started = time.monotonic()
             summary.batches += 1
             logger.info(
                 "batch %d: claimed %d operation(s)",
@@ -227,7 +246,9 @@ def watch(
                         parked_now.add(result.operation_id)
                 else:
                     parked.pop(result.operation_id, None)
-            batch = Batch(summary.batches, len(claimed), tuple(results), tick() - started)
+            batch = WatchBatch(
+                summary.batches, len(claimed), tuple(results), time.monotonic() - started
+            )
             logger.info(
                 "batch %d: %d claimed, %d resumed",
                 batch.number,
@@ -250,11 +271,9 @@ def watch(
             if lane is not None:
                 lane.stop()
             for operation_id in sorted(parked_now):
-                store._release_lease(operation_id, owner=owner)
+                store._execute(Release(operation_id, owner))
         finally:
             unmark_in_flight(owner)
-        if before_stopped is not None:
-            before_stopped()
         logger.info(
             "resume worker %s stopped",
             owner,
@@ -354,7 +373,7 @@ def _run_batch(
         for lease in leases:
             heartbeat_remove(lease)
         for operation in unstarted:
-            store._release_lease(operation.operation_id, owner=owner)
+            store._execute(Release(operation.operation_id, owner))
         released.released += len(unstarted)
     if errors:
         raise errors[0]
@@ -482,11 +501,11 @@ def _reconcile_due(
 
 def _park(engine: Engine, store: Journal, result: ResumeResult, owner: str, seconds: float) -> bool:
     """Hold a lease on an operation left pending, so it is tried again in ``seconds``."""
-    operation = store._find(result.operation_id, None)
+    operation: Operation | None = store._execute(Find(result.operation_id, None))
     if operation is None or operation.status != "pending" or operation.lease_owner is not None:
         return False
     now = engine.clock()
-    return store._take_lease(operation, owner=owner, lease_until=now + seconds, now=now)
+    return bool(store._execute(TakeLease(operation, owner, now + seconds, now)))
 
 
 def _event(event: str, **fields: Any) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from idempotently._exceptions import JournalError, JournalMissingError, StoredPr
 from idempotently._flow._checks import check_host_id
 from idempotently._flow._config import DEFAULT_KEY_EXPIRY_MARGIN, DEFAULT_LEASE_DURATION
 from idempotently._flow._leases import HOST_ID_ENVVAR
-from idempotently._flow._operation import ResumeResult, profile_for
+from idempotently._flow._operation import ResumeResult
 from idempotently._journal import MAX_LIMIT, Journal, migration_sql
 from idempotently._lookup import (
     ABSENT_CHOICES,
@@ -75,6 +75,7 @@ from idempotently._profiles import (
     check_key_expiry_margin,
 )
 from idempotently._rows import Operation
+from idempotently._secret_params import param_name_problem, param_value_problem
 from idempotently._session import (
     MAX_LEASE_DURATION,
     MAX_RESUME_CONCURRENCY,
@@ -656,16 +657,6 @@ def make_lookup(
         raise click.UsageError(f"the lookup: {error}") from None
 
 
-class _ReconcilingSession:
-    """A session whose resume also reconciles with a Lookup (``resume --reconcile-lookup``)."""
-
-    def __init__(self, session: Session, lookup: Lookup) -> None:
-        self._session, self._lookup = session, lookup
-
-    def resume(self, **options: Any) -> list[ResumeResult]:
-        return self._session.resume(reconciler=self._lookup, **options)
-
-
 def headers_from_env(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, str]:
@@ -701,7 +692,6 @@ def headers_from_env(
 
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-QUERY_NAME = re.compile(r"[^\s=&#]+")
 ENVVAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -741,11 +731,11 @@ def params_from_env(
     params: dict[str, str] = {}
     for value in values:
         name, envvar = env_pair(value, "api_key=MY_API_KEY", ctx, param)
-        if not QUERY_NAME.fullmatch(name) or not name.isprintable():
+        problem = param_name_problem(name)
+        if problem is not None:
             raise click.BadParameter(
-                "NAME must be a query parameter name (printable, no space, '=' or '&'); what "
-                "was given "
-                "is not repeated here, in case it holds a credential",
+                f"NAME {problem}; what was given is not repeated here, in case it holds a "
+                "credential",
                 ctx,
                 param,
             )
@@ -756,11 +746,11 @@ def params_from_env(
                 param,
             )
         secret = os.environ[envvar]
-        if not secret or secret != secret.strip() or not secret.isprintable():
+        problem = param_value_problem(secret)
+        if problem is not None:
             raise click.BadParameter(
-                f"environment variable {envvar} (for the {name} query parameter) is empty, "
-                "starts or ends with whitespace, or holds a control character (check for a "
-                "stray newline); nothing was sent",
+                f"environment variable {envvar} (for the {name} query parameter) {problem}; "
+                "nothing was sent",
                 ctx,
                 param,
             )
@@ -1027,18 +1017,16 @@ def resume_command(
         # Whatever came from the environment is a credential: never journaled or printed.
         redact_headers=list(headers),
         profile=profile or GENERIC,
+        profile_rule="stored_only" if profile is None else "forced" if force_profile else "checked",
         policy=policy,
         timeout=timeout,
         host_id=host_id,
         lease_duration=lease_duration,
+        # Checked against the profile above; each operation's own lifetime is checked below.
+        key_expiry_margin=key_expiry_margin,
+        # Only the operations that were journaled with these parameters redacted get them.
+        redacted_params=params,
     )
-    # Checked against the profile above; each operation's own lifetime is checked below.
-    session._engine.key_expiry_margin = key_expiry_margin
-    session._engine.profile_rule = (
-        "stored_only" if profile is None else "forced" if force_profile else "checked"
-    )
-    # Only the operations that were journaled with these parameters redacted get them.
-    session._params_given = params
     with session:
         refuse_disagreeing_profiles(session, journal)
         if key_expiry_margin is not None:
@@ -1087,7 +1075,7 @@ def refuse_disagreeing_profiles(session: Session, journal: Journal) -> None:
     refusal: that operation is reported not_sent and stays pending; the others go on."""
     for operation in journal.operations(status="pending", newest_first=False):
         try:
-            profile_for(session._engine, operation)
+            session.profile_for(operation)
         except StoredProfileError as error:
             if error.kind != "unavailable":
                 click.echo(f"idempotently: {printable(str(error))}", err=True)
@@ -1119,10 +1107,10 @@ def resume_printing(
 ) -> list[ResumeResult]:
     """Resume, printing each result as soon as it is known (unless --json); a progress
     bar on stderr when it is a terminal and there is work, never for a dry run."""
-    if reconciler is not None:
-        session = _ReconcilingSession(session, reconciler)  # type: ignore[assignment]
     if as_json:
-        return session.resume(dry_run=dry_run, base_url=base_url, concurrency=concurrency)
+        return session.resume(
+            reconciler=reconciler, dry_run=dry_run, base_url=base_url, concurrency=concurrency
+        )
     counts = journal.counts()
     total = counts["pending"] + (counts["needs_reconcile"] if reconciler is not None else 0)
     statuses: tuple[Status, ...] = ("pending",)
@@ -1138,7 +1126,11 @@ def resume_printing(
             clear_bar=bool(total) and not dry_run and stderr_is_terminal(),
         ),
         lambda on_result: session.resume(
-            dry_run=dry_run, base_url=base_url, on_result=on_result, concurrency=concurrency
+            reconciler=reconciler,
+            dry_run=dry_run,
+            base_url=base_url,
+            on_result=on_result,
+            concurrency=concurrency,
         ),
     )
 
@@ -1682,10 +1674,10 @@ def migrate_command(
             suppress(JournalMissingError),
             Journal(path, create=False, readonly=True, adopt=True) as found,
         ):
-            before = found._version
+            before = found.schema_version
         # Only here is an application's SQLite database adopted (outbox.md).
         with Journal(path, adopt=True) as journal:
-            after = journal._version
+            after = journal.schema_version
     if before == after:
         click.echo(f"{journal.path} is at journal schema version {after}: nothing to do")
     elif before == 0:

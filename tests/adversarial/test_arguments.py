@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -382,6 +383,11 @@ HOSTILE_OPTIONS = [
     ("key_expiry_margin", 10**400),
     ("key_expiry_margin", 59),
     ("key_expiry_margin", 86400),
+    ("profile_rule", "force"),
+    ("profile_rule", None),
+    ("redacted_params", ["api_key"]),
+    ("redacted_params", {"api_key": ""}),
+    ("redacted_params", {"api key": "sk_live_1"}),
     ("clock", 5),
     ("sleep", None),
 ]
@@ -417,7 +423,9 @@ def test_misspelt_or_mistyped_session_arguments_name_themselves(
         (idempotently.Transport, "transport", httpx.AsyncHTTPTransport()),
         (idempotently.AsyncTransport, "transport", httpx.HTTPTransport()),
         (idempotently.Transport, "profile", "generic"),
+        (idempotently.AsyncTransport, "profile_rule", "checked "),
         (idempotently.AsyncSession, "lease_duration", -5),
+        (idempotently.AsyncSession, "redacted_params", {"api_key": "sk_live_1\n"}),
     ],
     ids=ident,
 )
@@ -766,6 +774,14 @@ def resume_with(name: str) -> Any:
     return call
 
 
+def watch_with(name: str) -> Any:
+    def call(journal: Path, recorder: Recorder, value: Any) -> None:
+        with session(journal, recorder) as s:
+            s.watch(threading.Event(), **{name: value})
+
+    return call
+
+
 def transport_client(method: str) -> Any:
     """A request through a Transport whose httpx client has this timeout."""
 
@@ -856,6 +872,8 @@ NUMERIC_ARGUMENTS: dict[str, tuple[Any, str, tuple[Any, ...]]] = {
     "Lookup.backoff": (lookup_field("backoff"), "backoff", ZEROS),
     "Lookup.max_backoff": (lookup_field("max_backoff"), "max_backoff", ()),
     "resume.concurrency": (resume_with("concurrency"), "concurrency", ()),
+    "watch.interval": (watch_with("interval"), "interval", ()),
+    "watch.concurrency": (watch_with("concurrency"), "concurrency", ()),
 }
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import idempotently
 from idempotently import profiles
+from tests.journal_commands import take_lease
 from tests.support import FakeTime
 
 URL = "https://api.example.test/v1/charges"
@@ -112,8 +113,8 @@ def test_a_dead_hosts_lease_lasts_at_most_its_length_for_the_reader(
         s.enqueue("POST", URL, json={}, operation_id="charge")
         read = s.journal.operation("charge")
         assert read is not None
-        assert s.journal._take_lease(
-            read, owner="dead-host:1:t", lease_until=writer.now + LENGTH, now=writer.now
+        assert take_lease(
+            s.journal, read, owner="dead-host:1:t", lease_until=writer.now + LENGTH, now=writer.now
         )
     actions = []
     start = reader.now

@@ -7,6 +7,7 @@ API got looser, e.g. ``delivery`` became a plain ``str``) fails the check.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -59,6 +60,23 @@ def constructors() -> None:
     idempotently.AsyncSession("ops.db", sleep=time.sleep)  # type: ignore[arg-type]
     idempotently.AsyncSession("ops.db", sleep=anyio.sleep)
     idempotently.RetryPolicy(max_attempts="3")  # type: ignore[arg-type]
+    idempotently.Session("ops.db", profile_rule="forced", redacted_params={"api_key": "sk"})
+    idempotently.AsyncSession("ops.db", profile_rule="stored_only", key_expiry_margin=600)
+    idempotently.Session("ops.db", profile_rule="force")  # type: ignore[arg-type]
+    idempotently.Session("ops.db", redacted_params=["api_key"])  # type: ignore[arg-type]
+
+
+def watch_worker(session: idempotently.Session, async_session: idempotently.AsyncSession) -> None:
+    stop = threading.Event()
+    summary = session.watch(stop, interval=1.0, on_batch=lambda batch: batch.results)
+    assert_type(summary, idempotently.WatchSummary)
+    session.watch(stop, interval="5s")  # type: ignore[arg-type]
+    session.watch(interval=1.0)  # type: ignore[call-arg]
+    async_session.watch(stop)  # type: ignore[attr-defined]
+    operation = session.journal.operation("op")
+    if operation is not None:
+        assert_type(session.profile_for(operation), idempotently.ServerProfile)
+    assert_type(session.journal.schema_version, int)
 
 
 def transports() -> None:

@@ -30,6 +30,8 @@ from idempotently._secret_params import (
 )
 
 DEFAULT_LEASE_DURATION = 60.0
+DEFAULT_WATCH_INTERVAL = 5.0
+"""Seconds a worker waits when nothing is due (``resume --watch --interval``)."""
 
 
 DEFAULT_KEY_EXPIRY_MARGIN = MAX_DEFAULT_KEY_EXPIRY_MARGIN

@@ -57,7 +57,8 @@ def _missing_params_reason(names: Sequence[str]) -> str:
     return (
         f"the secret query parameter{'s' if len(names) > 1 else ''} {listed} "
         f"{'were' if len(names) > 1 else 'was'} journaled redacted and this resume has no "
-        "value for it: give the session's client params={...} with it, or "
+        "value for it: give the Session redacted_params={...} (or its client params={...}) "
+        "with it, or "
         "`idempotently resume --param-env NAME=ENVVAR` (or call again with the same "
         "operation_id and the full URL); nothing was sent and it stays pending"
     )

@@ -10,7 +10,6 @@ decided once per batch.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import logging
 import os
@@ -18,9 +17,10 @@ import socket
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+import anyio.to_thread
 import attrs
 import httpx
 
@@ -37,6 +37,7 @@ from idempotently._commands import (
     ForksTaken,
     Insert,
     JournalCommand,
+    JournalWrite,
     LookUpLater,
     PauseOrigin,
     Pauses,
@@ -72,7 +73,6 @@ from idempotently._rows import (
     AttemptRecord,
     AuditEntry,
     Durability,
-    Failed,
     JournalStats,
     NewOperation,
     Operation,
@@ -198,10 +198,9 @@ class Journal:
             )
         self._store: Store = store
         self._fsync_keys = store.durability == "fsync"
-        # Through self._store at each batch: the one seam a test patches to make writes fail.
-        self._writer = Writer(
-            lambda writes, durable: self._store.commit(writes, durable), self._durable
-        )
+        self._writer = Writer(store.commit, self._durable, self._refusal)
+        self._heartbeat = self._writer.heartbeat
+        """The leases this journal keeps alive (its writer's thread extends them)."""
         self._closed = False
         self._opened_in = os.getpid()
         self._forked_from: int | None = None
@@ -246,6 +245,12 @@ class Journal:
         return self._store.namespace
 
     @property
+    def schema_version(self) -> int:
+        """The version of the journal's tables, as `idempotently migrate` reports it
+        (0: an application's SQLite file whose tables `migrate` has not created yet)."""
+        return self._store.schema_version
+
+    @property
     def _namespace(self) -> uuid.UUID | None:
         return cast(uuid.UUID | None, getattr(self._store, "_namespace", None))
 
@@ -259,11 +264,38 @@ class Journal:
         self.close()
 
     def close(self) -> None:
-        """Close the file (or pool). Any later use raises `JournalError`; closing
-        again is a no-op."""
+        """Close the file (or pool), once the writes queued are committed. Any later use
+        raises `JournalError`; closing again is a no-op."""
+        # From inside a commit observer it would wait for its own batch: refused before
+        # anything is marked closed, so the journal is left whole.
+        self._writer.refuse_reentry("close")
         self._closed = True
         if self._forked_from is None:
+            self._writer.close()
             self._store.close()
+
+    def observe_commits(
+        self,
+        *,
+        before: Callable[[Sequence[Any], bool], object] | None = None,
+        after: Callable[[Sequence[Any], Sequence[Any]], object] | None = None,
+    ) -> Callable[[], None]:
+        """Watch every batch of writes this journal commits; returns a function that
+        stops watching.
+
+        ``before(writes, durable)`` runs just before a batch is committed, in the thread
+        that commits it (``durable``: it is fsync'd before anyone waiting for it goes
+        on, `durability`); if it raises, the batch is not committed and every write in it
+        fails with that error, as when the database refuses the transaction.
+        ``after(writes, outcomes)`` runs once it is committed, before any caller whose
+        write it holds goes on; each outcome is the write's result, or the exception it
+        failed with alone. An exception ``after`` raises is logged: the batch stands.
+        The writes are the journal's own command values (``idempotently._commands``:
+        ``Insert`` makes a key durable, ``Record`` journals an attempt...); their
+        fields are not a stable API. This is how the crash-point harness
+        (`idempotently.testing.crash_points`) dies exactly around a commit, and how a
+        test makes a write fail."""
+        return self._writer.observe(before, after)
 
     # -- reading ------------------------------------------------------------------
 
@@ -586,97 +618,87 @@ class Journal:
         """Run one journal command: a read against the store, a write through the writer."""
         try:
             self._check_usable(command)
-            if getattr(command, "connection", None) is not None:
-                return self._on_connection(command)
-            if isinstance(command, Find):
-                return self._opened(self._store.find(command.operation_id, command.key))
-            if isinstance(command, Queue):
-                return self._opened_all(
-                    self._store.operations(status=list(command.statuses), newest_first=False)
-                )
-            if isinstance(command, ClaimDue):
-                return self._opened_all(self._writer.write(command))
-            if isinstance(command, Pauses):
-                return self._store.origin_pauses(now=command.now)
-            if isinstance(command, AuditTrail):
-                return self._store.audit(command.operation_id)
-            if isinstance(command, ForksTaken):
-                try:
-                    return self._free_forks(command.operation, self._forks_taken(command.operation))
-                except OperatorActionError as refused:
-                    return refused
-            return self._writer.write(command)
+            match command:
+                case Find() | Enqueue() if command.connection is not None:
+                    return self._on_connection(command)
+                case Find():
+                    return self._opened(self._store.find(command.operation_id, command.key))
+                case Queue():
+                    return self._opened_all(
+                        self._store.operations(status=list(command.statuses), newest_first=False)
+                    )
+                case Pauses():
+                    return self._store.origin_pauses(now=command.now)
+                case AuditTrail():
+                    return self._store.audit(command.operation_id)
+                case ForksTaken():
+                    try:
+                        return self._free_forks(
+                            command.operation, self._forks_taken(command.operation)
+                        )
+                    except OperatorActionError as refused:
+                        return refused
+                case ClaimDue():
+                    return self._opened_all(self._writer.write(command))
+                case JournalWrite():  # every write goes to the one writer
+                    return self._writer.write(command)
+                case _:
+                    assert_never(command)
+        except IdempotentlyError as error:
+            raise _with_ids(error, command) from error.__cause__
+
+    async def _aexecute(self, command: JournalCommand) -> Any:
+        """`_execute` for an async caller, never blocking its event loop: a write is
+        queued to the writer's thread, which wakes this loop once it is committed; a
+        read runs in anyio's worker threads (a call's own commands are writes: a read
+        is a resume's or a reconcile's, and shares nothing a batch would save). On the
+        application's own async connection (the outbox), awaited on the loop itself."""
+        try:
+            self._check_usable(command)
+            match command:
+                case Find() | Enqueue() if command.connection is not None:
+                    return await self._aon_connection(command)
+                case Find() | Queue() | Pauses() | AuditTrail() | ForksTaken():
+                    return await anyio.to_thread.run_sync(self._execute, command)
+                case ClaimDue():
+                    return self._opened_all(await self._writer.awrite(command))
+                case JournalWrite():  # every write goes to the one writer
+                    return await self._writer.awrite(command)
+                case _:
+                    assert_never(command)
         except IdempotentlyError as error:
             raise _with_ids(error, command) from error.__cause__
 
     # -- the outbox: commands on the application's own connection ------------------------
 
-    def _on_connection(self, command: JournalCommand) -> Any:
+    def _on_connection(self, command: Find | Enqueue) -> Any:
         """An `Enqueue` (or the `Find` after one) on the application's
         connection, in its transaction: the one write that bypasses the writer."""
-        if isinstance(command, Enqueue):
-            return self._store.enqueue_on(command.connection, command.new)
-        if isinstance(command, Find):
-            return self._opened(
-                self._store.find_on(command.connection, command.operation_id, command.key)
-            )
-        raise TypeError(f"not a command for an application's connection: {command!r}")
+        match command:
+            case Enqueue():
+                return self._store.enqueue_on(command.connection, command.new)
+            case Find():
+                return self._opened(
+                    self._store.find_on(command.connection, command.operation_id, command.key)
+                )
+            case _:
+                assert_never(command)
 
-    async def _aexecute(self, command: JournalCommand) -> Any:
+    async def _aon_connection(self, command: Find | Enqueue) -> Any:
         """`_on_connection` for an async session: awaited on the event loop for an
         async connection (psycopg's AsyncConnection); a sqlite3 connection is used where
         the application uses it, on the loop's thread."""
-        try:
-            self._check_usable(command)
-            if isinstance(command, Enqueue):
+        match command:
+            case Enqueue():
                 return await self._store.aenqueue_on(command.connection, command.new)
-            if isinstance(command, Find):
+            case Find():
                 return self._opened(
                     await self._store.afind_on(
                         command.connection, command.operation_id, command.key
                     )
                 )
-            raise TypeError(f"not a command for an application's connection: {command!r}")
-        except IdempotentlyError as error:
-            raise _with_ids(error, command) from error.__cause__
-
-    def _execute_many(self, commands: Sequence[JournalCommand]) -> list[Any]:
-        """Several commands (an async session's tasks'): each one's reply or a
-        `Failed`; the writes among them in one batch of the writer."""
-        outcomes: list[Any] = [None] * len(commands)
-        writes: list[int] = []
-        for index, command in enumerate(commands):
-            if isinstance(command, (Find, Queue, Pauses, AuditTrail, ForksTaken)):
-                try:
-                    outcomes[index] = self._execute(command)
-                except Exception as error:
-                    outcomes[index] = Failed(error)
-            else:
-                writes.append(index)
-        if writes:
-            try:
-                self._check_usable()
-            except JournalError:
-                # Each write's own error: its operation, and what is true of it.
-                written = []
-                for index in writes:
-                    try:
-                        self._check_usable(commands[index])
-                    except JournalError as error:
-                        written.append(Failed(error))
-            else:
-                try:
-                    written = self._writer.write_many([commands[index] for index in writes])
-                except Exception as error:
-                    written = [Failed(copy.copy(error)) for _ in writes]
-            for index, outcome in zip(writes, written, strict=True):
-                if isinstance(commands[index], ClaimDue) and isinstance(outcome, list):
-                    outcome = self._opened_all(outcome)
-                outcomes[index] = outcome
-        for command, outcome in zip(commands, outcomes, strict=True):
-            if isinstance(outcome, Failed) and isinstance(outcome.error, IdempotentlyError):
-                _with_ids(outcome.error, command)
-        return outcomes
+            case _:
+                assert_never(command)
 
     # -- data at rest: bodies decoded as they are read -----------------------------------
 
@@ -708,53 +730,6 @@ class Journal:
             return operations
         return [cast(Operation, self._opened(operation)) for operation in operations]
 
-    # -- the writes by name: for tests and tools that make one by hand ------------------
-
-    def _insert_operation(self, new: NewOperation, *, owner: str, lease_until: float) -> bool:
-        return bool(self._execute(Insert(new, owner, lease_until)))
-
-    def _record_attempt(
-        self, operation_id: str, record: AttemptRecord, *, now: float, owner: str | None = None
-    ) -> None:
-        self._execute(Record(operation_id, record, now, owner))
-
-    def _take_lease(
-        self, operation: Operation, *, owner: str, lease_until: float, now: float
-    ) -> bool:
-        return bool(self._execute(TakeLease(operation, owner, lease_until, now)))
-
-    def _set_status(
-        self,
-        operation_id: str,
-        status: Status,
-        *,
-        reason: str | None,
-        now: float,
-        expect: Status = "pending",
-    ) -> bool:
-        return bool(self._execute(SetStatus(operation_id, status, reason, now, expect)))
-
-    def _release_lease(self, operation_id: str, *, owner: str) -> None:
-        self._execute(Release(operation_id, owner))
-
-    def _claim_due(
-        self, *, owner: str, now: float, lease_until: float, limit: int
-    ) -> list[Operation]:
-        return cast(list[Operation], self._execute(ClaimDue(owner, now, lease_until, limit)))
-
-    def _extend_leases(
-        self, leases: Sequence[tuple[str, str]], *, lease_until: float, now: float
-    ) -> int:
-        if not leases:
-            return 0
-        return int(self._execute(ExtendLeases(tuple(leases), lease_until, now)))
-
-    def _find(self, operation_id: str | None, key: str | None) -> Operation | None:
-        return cast(Operation | None, self._execute(Find(operation_id, key)))
-
-    def _check_still_there(self) -> None:
-        self._store.check_identity()
-
     @property
     def _conn(self) -> Any:
         """The SQLite store's connection (tests and benchmarks look at it)."""
@@ -764,10 +739,6 @@ class Journal:
     def db(self) -> Any:
         """The SQLite store's sqlite_utils Database."""
         return getattr(self._store, "db", None)
-
-    @property
-    def _version(self) -> int:
-        return int(getattr(self._store, "_version", 0))
 
 
 _logger = logging.getLogger("idempotently")
@@ -812,7 +783,7 @@ def migration_sql(path: str | os.PathLike[str], from_version: int | None = None)
     adopted = False
     try:
         with Journal(path, create=False, readonly=True, adopt=True) as journal:
-            version = journal._version
+            version = journal.schema_version
             adopted = bool(getattr(journal._store, "_adopted", False))
     except JournalMissingError:
         version = 0

@@ -854,6 +854,10 @@ class PostgresStore:
         return f"PostgresStore({self.path!r})"
 
     @property
+    def schema_version(self) -> int:
+        return self._version
+
+    @property
     def namespace(self) -> uuid.UUID:
         """The journal's own random namespace (made with the schema, never changed)."""
         assert self._namespace is not None  # read when the store opened

@@ -968,6 +968,10 @@ class SqliteStore:
         self._lock = threading.RLock()
 
     @property
+    def schema_version(self) -> int:
+        return self._version
+
+    @property
     def namespace(self) -> uuid.UUID:
         """The journal's own random namespace: made with the journal, never changed.
 

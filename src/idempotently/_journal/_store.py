@@ -37,6 +37,12 @@ class Store(Protocol):
         """The journal's own random namespace: named operations' keys derive from it."""
         ...
 
+    @property
+    def schema_version(self) -> int:
+        """The version of the journal's tables (0: none yet, an application's SQLite file
+        that `idempotently migrate` has not adopted)."""
+        ...
+
     def check_identity(self) -> None:
         """Raise JournalMovedError unless the journal is still the one opened (a file
         deleted or replaced under its path); nothing for a database."""

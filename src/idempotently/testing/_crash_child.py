@@ -5,8 +5,9 @@ writes one JSON line per event to the file descriptor the instructions name,
 never to stdout or stderr (those are the scenario's, and go to a log file).
 
 The seams are installed in this process only, around two places every journaled
-call passes: the store's ``commit`` (each batch of journal writes, SQLite and
-PostgreSQL) and the HTTP transports' send (httpx, and httpx2 when installed).
+call passes: the session's journal's commit of each batch of writes (its public
+observer, `Journal.observe_commits`: SQLite and PostgreSQL alike) and the HTTP
+transports' send (httpx, and httpx2 when installed).
 Operations are numbered in the order their keys are first written, so that a
 scenario whose ids are made fresh each run is still aimed at by position.
 """
@@ -176,39 +177,30 @@ class Tracker:
         time.sleep(60)  # never reached: SIGKILL cannot be caught
 
 
-def wrap_stores(tracker: Tracker) -> None:
-    """Meet the journal steps at the one seam every write passes: a store's commit."""
-    from idempotently._journal._sqlite import SqliteStore
+def watch_commits(journal: Any, tracker: Tracker) -> None:
+    """Meet the journal steps at the one seam every write passes: the journal's commit
+    of a batch, seen through its public observer (`Journal.observe_commits`)."""
 
-    stores: list[type[Any]] = [SqliteStore]
-    with contextlib.suppress(ImportError):
-        from idempotently._journal._postgres import PostgresStore
-
-        stores.append(PostgresStore)
-    for store in stores:
-        store.commit = _dying_commit(store.commit, tracker)
-
-
-def _dying_commit(commit: Callable[..., list[Any]], tracker: Tracker) -> Callable[..., list[Any]]:
-    def dying_commit(self: Any, writes: Sequence[Any], durable: bool) -> list[Any]:
-        inserted: list[tuple[int, int]] = []
-        for position, write in enumerate(writes):
+    def before(writes: Sequence[Any], durable: bool) -> None:
+        for write in writes:
             if isinstance(write, (Insert, Enqueue)):
                 new = write.new
                 index = tracker.new_key(new.operation_id, new.key, new.key_header)
                 tracker.reach(index, BEFORE_KEY_COMMIT)
-                inserted.append((position, index))
             elif isinstance(write, Record) and write.record.status_code is not None:
                 found = tracker.index_of(write.operation_id)
                 if found is not None:
                     tracker.reach(found, BEFORE_ANSWER_RECORDED)
-        results = commit(self, writes, durable)
-        for position, index in inserted:
-            if results[position] is True:
-                tracker.reach(index, AFTER_KEY_COMMIT)
-        return results
 
-    return dying_commit
+    def after(writes: Sequence[Any], outcomes: Sequence[Any]) -> None:
+        # Before any caller waiting for the batch goes on: nothing is sent after it yet.
+        for write, outcome in zip(writes, outcomes, strict=True):
+            if isinstance(write, (Insert, Enqueue)) and outcome is True:
+                index = tracker.index_of(write.new.operation_id)
+                if index is not None:
+                    tracker.reach(index, AFTER_KEY_COMMIT)
+
+    journal.observe_commits(before=before, after=after)
 
 
 def _raw_request(request: Any) -> bytes | None:
@@ -341,13 +333,16 @@ def run(spec: dict[str, Any], events: Events) -> None:
     asynchronous = inspect.iscoroutinefunction(scenario)
     journal, url = Path(spec["journal"]), spec["url"]
 
+    tracker = Tracker(events, spec.get("kill"))
+
     def make() -> Any:
         if factory is None:
-            return default_session(journal, url, asynchronous=asynchronous)
-        return checked_session(factory(journal, url), asynchronous=asynchronous)
+            session = default_session(journal, url, asynchronous=asynchronous)
+        else:
+            session = checked_session(factory(journal, url), asynchronous=asynchronous)
+        watch_commits(session.journal, tracker)
+        return session
 
-    tracker = Tracker(events, spec.get("kill"))
-    wrap_stores(tracker)
     wrap_transports(tracker)
     recover = spec["mode"] == "recover"
     if not asynchronous:
