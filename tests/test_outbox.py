@@ -645,17 +645,21 @@ def test_migrate_sql_is_what_opening_the_journal_runs(journal_target: str, store
 
 def test_migrate_sql_from_a_version_reads_no_database() -> None:
     """--from-version prints the script for a database it never connects to (nothing
-    listens at this URL); a version out of range, or without --sql, is a usage error."""
+    listens at this URL); a development version is refused with its one line; a version
+    out of range, or without --sql, is a usage error."""
     runner = CliRunner()
     url = "postgresql://ci@127.0.0.1:1/shop"
     printed = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "0"])
     assert 0 == printed.exit_code, printed.output
     assert "CREATE TABLE idempotently.operations" in printed.output
     assert "gen_random_uuid()" in printed.output
-    upgrade = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "1"])
-    assert "CREATE TABLE idempotently.operations" not in upgrade.output
-    assert "ADD COLUMN enqueued_at" in upgrade.output
-    too_far = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "9"])
+    development = runner.invoke(
+        cli, ["--journal", url, "migrate", "--sql", "--from-version", "1"]
+    )
+    assert 1 == development.exit_code
+    assert "CREATE TABLE" not in development.output
+    assert "development journal (PostgreSQL schema version 1)" in development.output
+    too_far = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "11"])
     alone = runner.invoke(cli, ["--journal", url, "migrate", "--from-version", "0"])
     assert (2, 2) == (too_far.exit_code, alone.exit_code)
 
