@@ -24,8 +24,8 @@ from idempotently._journal import Durability, NewOperation, _sqlite
 from idempotently._rows import Failed
 from idempotently.cli import cli
 from idempotently.testing import serve
-from tests.support import recount as support_recount
 from tests.journal_commands import execute_together
+from tests.support import recount as support_recount
 
 BASE = "https://api.example.test"
 CHARGE = {"amount": 1000, "currency": "usd", "customer": "cus_1"}

@@ -394,10 +394,10 @@ async def test_a_completion_failing_in_a_shared_transaction_fails_only_its_own_c
     store = journal._store
     apply = store._apply
 
-    def one_bad(write: Any) -> Any:
+    def one_bad(write: Any, counts: dict[str, int]) -> Any:
         if isinstance(write, Record) and write.operation_id == "op-3":
             raise sqlite3.DataError("string or blob too big")
-        return apply(write)
+        return apply(write, counts)
 
     store._apply = one_bad  # type: ignore[method-assign]
     batches = commits(journal)

@@ -653,9 +653,7 @@ def test_migrate_sql_from_a_version_reads_no_database() -> None:
     assert 0 == printed.exit_code, printed.output
     assert "CREATE TABLE idempotently.operations" in printed.output
     assert "gen_random_uuid()" in printed.output
-    development = runner.invoke(
-        cli, ["--journal", url, "migrate", "--sql", "--from-version", "1"]
-    )
+    development = runner.invoke(cli, ["--journal", url, "migrate", "--sql", "--from-version", "1"])
     assert 1 == development.exit_code
     assert "CREATE TABLE" not in development.output
     assert "development journal (PostgreSQL schema version 1)" in development.output
