@@ -285,3 +285,90 @@ def test_the_development_build_refuses_a_version_10_journal_unmodified(
         opened.stderr
     )
     assert before == digest(path)
+
+
+# -- a refused file with a -wal beside it ------------------------------------------------
+
+
+def with_frames_in_its_wal(path: Path, version: int) -> None:
+    """A development journal whose last writes are still frames of its -wal (the writer
+    was killed before a checkpoint), followed by a torn frame (a write cut off): the pair
+    of files a crashed development build leaves."""
+    live = path.with_name("live.db")
+    development_sqlite_journal(live, version)
+    with contextlib.closing(sqlite3.connect(live, isolation_level=None)) as conn:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("UPDATE operations SET updated_at = 2, attempt_count = 1")
+        # A copy of the pair while the writer still has it open: what SIGKILL leaves.
+        path.write_bytes(live.read_bytes())
+        wal = Path(f"{live}-wal").read_bytes()
+        Path(f"{path}-wal").write_bytes(wal + wal[32 : 32 + 24 + 100])
+    assert Path(f"{path}-wal").stat().st_size > 32
+
+
+def cli_opener(*command: str) -> Callable[[Path], object]:
+    def run(path: Path) -> object:
+        result = CliRunner().invoke(cli, ["--journal", str(path), *command])
+        assert 1 == result.exit_code, result.output
+        assert isinstance(result.exception, SystemExit)
+        raise JournalVersionError(" ".join(result.output.removeprefix("Error: ").split()))
+
+    return run
+
+
+WAL_OPENERS: dict[str, Callable[[Path], object]] = {
+    **OPENERS,
+    "Session": lambda path: idempotently.Session(path),
+    "AsyncSession": lambda path: idempotently.AsyncSession(path),
+    "Transport": lambda path: idempotently.Transport(path),
+    **{
+        f"cli {' '.join(command)}": cli_opener(*command)
+        for command in (
+            ["stats"],
+            ["list"],
+            ["show", "charge-1"],
+            ["resume"],
+            ["resume", "--dry-run"],
+            ["prune", "--older-than", "1d"],
+            ["migrate"],
+            ["migrate", "--recount"],
+            ["migrate", "--sql"],
+        )
+    },
+}
+
+
+@pytest.mark.parametrize("opener", list(WAL_OPENERS))
+def test_a_development_journal_with_frames_in_its_wal_is_refused_unmodified(
+    tmp_path: Path, opener: str
+) -> None:
+    """Refusing a development journal leaves its -wal as it is too: SQLite's checkpoint
+    when the last connection to a file closes would copy the frames into the file and
+    delete the -wal, so the refusal closes without one."""
+    path = tmp_path / "journal.db"
+    with_frames_in_its_wal(path, 5)
+    before = digest(path)
+    with pytest.raises(JournalVersionError) as refused:
+        WAL_OPENERS[opener](path)
+    assert_refusal(" ".join(refused.value.message.split()), path, 5)
+    assert before == digest(path)
+    assert Path(f"{path}-wal").exists()
+
+
+def test_a_journal_from_the_future_with_frames_in_its_wal_is_left_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """A newer version's journal is refused with "the file was not modified", and so it is
+    not: neither the file nor its -wal."""
+    path = tmp_path / "journal.db"
+    with_frames_in_its_wal(path, 5)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("PRAGMA user_version = 11")
+        path.with_name("future.db").write_bytes(path.read_bytes())
+        Path(f"{path.with_name('future.db')}-wal").write_bytes(Path(f"{path}-wal").read_bytes())
+    future = path.with_name("future.db")
+    before = digest(future)
+    with pytest.raises(JournalVersionError, match="version 11"):
+        idempotently.Journal(future)
+    assert before == digest(future)

@@ -671,7 +671,7 @@ class SqliteStore:
             if self.path != ":memory:":
                 self._file_id = self._file_identity()
         except BaseException:
-            self._conn.close()
+            self._close_untouched()
             raise
 
     # -- opening -------------------------------------------------------------
@@ -711,6 +711,27 @@ class SqliteStore:
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
         return conn
+
+    def _close_untouched(self) -> None:
+        """Close a connection whose file was refused (a development journal, a newer one,
+        another program's), leaving the file and its -wal as they are: the last connection
+        to a WAL file checkpoints its frames into the file and deletes the -wal when it
+        closes, so a read-only connection (which never checkpoints) keeps the file open
+        until this one has closed."""
+        holder = None
+        if not self.readonly and self.path != ":memory:" and os.path.exists(self.path + "-wal"):
+            try:
+                holder = sqlite3.connect(
+                    Path(self._abspath).as_uri() + "?mode=ro", uri=True, isolation_level=None
+                )
+                holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            except sqlite3.Error:
+                pass  # best effort: the refusal itself must still reach the caller
+        try:
+            self._conn.close()
+        finally:
+            if holder is not None:
+                holder.close()
 
     def _create_private_file(self) -> None:
         # SQLite gives -wal and -shm the main file's mode, so 0600 here covers all three.
