@@ -694,3 +694,43 @@ def test_a_damaged_journal_from_a_real_process_is_one_line(three: Path) -> None:
     assert 1 == len(result.stderr.strip().splitlines()), result.stderr
     assert result.stderr.startswith("Error: ")
     assert "'op-001'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("ALTER TABLE operations DROP COLUMN attempt1_wait", "operations.attempt1_wait"),
+        ("ALTER TABLE operations DROP COLUMN cap_reason", "operations.cap_reason"),
+        ("ALTER TABLE attempts DROP COLUMN wait", "attempts.wait"),
+        ("ALTER TABLE origin_pauses DROP COLUMN reason", "origin_pauses.reason"),
+        ("DROP INDEX operations_forks", "operations_forks"),
+        ("DROP TABLE operation_audit", "operation_audit"),
+    ],
+)
+@pytest.mark.parametrize(
+    "opener",
+    ["write", "readonly", "show", "stats", "list", "resume --dry-run", "migrate"],
+)
+def test_a_version_10_journal_missing_a_part_is_refused_before_any_use(
+    path: Path, damage: str, named: str, opener: str
+) -> None:
+    """A journal at this version missing a column, a table or an index (a damaged or
+    half-made file) is refused when it is opened, naming what is missing, and left as
+    it is: never half-used, never "no such column" with advice about disk space."""
+    with Journal(path) as journal:
+        insert(journal, new_operation("op-1"))
+    sql(path, damage)
+    before = path.read_bytes()
+    if opener in ("write", "readonly"):
+        with pytest.raises(JournalCorruptError) as caught:
+            Journal(path, readonly=opener == "readonly")
+        message = caught.value.message
+    else:
+        arguments = [*opener.split(), *(["op-1"] if opener == "show" else [])]
+        result = CliRunner().invoke(cli, ["--journal", str(path), *arguments])
+        assert 1 == result.exit_code, result.output
+        message = " ".join(result.output.split())
+    assert str(path) in message
+    assert named in message
+    assert "restore it from a backup" in message
+    assert before == path.read_bytes()

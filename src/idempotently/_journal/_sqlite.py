@@ -16,6 +16,7 @@ status and idle time.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 import re
@@ -25,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from heapq import merge
 from itertools import islice
 from pathlib import Path
@@ -260,6 +261,20 @@ _SCHEMA_NAMES: Final = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) (\w+)", _SC
 """Every table and index the journal has: a journal missing one is damaged."""
 _JOURNAL_NAMES: Final = _SCHEMA_NAMES
 """Every name a journal's schema uses: a file holding any of them is not adopted."""
+
+
+@functools.cache
+def _schema_columns() -> frozenset[tuple[str, str]]:
+    """Every (table, column) of `_SCHEMA`: what a journal at this version must have."""
+    with closing(sqlite3.connect(":memory:")) as conn:
+        conn.executescript(_SCHEMA)
+        return frozenset(
+            conn.execute(
+                "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c "
+                "WHERE m.type = 'table'"
+            ).fetchall()
+        )
+
 
 _ATTEMPT1: Final = tuple(
     f"attempt1_{name}"
@@ -821,14 +836,35 @@ class SqliteStore:
                     raise development_journal_error(self.path, "SQLite", version)
                 if not _SCHEMA_NAMES <= names:
                     raise JournalCorruptError(
-                        f"{self.path} is missing journal tables; restore it from a backup"
+                        f"{self.path} is missing journal tables or indexes "
+                        f"({', '.join(sorted(_SCHEMA_NAMES - names))}); restore it from a backup "
+                        "(it was left as it is)"
                     )
+                self._check_columns()
                 if not self.readonly:
                     # A journal left in rollback mode (a copy made by a tool).
                     self._ensure_wal()
                 self._namespace = self._read_namespace()
         except sqlite3.DatabaseError as error:
             raise self._open_error(error) from error
+
+    def _check_columns(self) -> None:
+        """Refuse a journal at this version missing a column (a damaged or half-made file)
+        before anything reads or writes it: never "no such column" from the first statement
+        that needs one."""
+        found = set(
+            self._conn.execute(
+                "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c "
+                "WHERE m.type = 'table'"
+            ).fetchall()
+        )
+        missing = sorted(_schema_columns() - found)
+        if missing:
+            raise JournalCorruptError(
+                f"{self.path} is missing journal columns "
+                f"({', '.join(f'{table}.{column}' for table, column in missing)}): a damaged "
+                "or half-made journal; restore it from a backup (it was left as it is)"
+            )
 
     def _adopted_version(self) -> int | None:
         """The schema version of a journal adopted into an application's database (its
