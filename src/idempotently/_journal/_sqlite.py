@@ -2190,9 +2190,12 @@ class SqliteStore:
         if len(values) != len(_COUNTERS) or not all(
             type(value) is int and value >= 0 for value in values.values()
         ):
+            # The counts follow the journal's own writes: a row edited by hand (then
+            # pruned, say) leaves them wrong, and a recount, not a backup, repairs that.
             raise JournalCorruptError(
-                f"{self.path} holds damaged counts ({short(values)}); move the journal aside "
-                "and restore a backup"
+                f"{self.path} holds damaged counts ({short(values)}), as after an edit of "
+                f"its rows by hand; run `idempotently --journal {self.path} migrate "
+                "--recount` to count them again from the rows"
             )
         # Pending operations are counted from their own index: a key's commit then
         # writes no counter page.
