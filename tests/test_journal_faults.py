@@ -27,7 +27,7 @@ from idempotently import (
 )
 from idempotently._journal import AttemptRecord
 from idempotently.cli import cli
-from tests.journal_commands import find, record_attempt
+from tests.journal_commands import claim_due, find, record_attempt
 from tests.test_journal import NOW, insert, mode, new_operation
 
 SRC = Path(__file__).parent.parent / "src"
@@ -734,3 +734,76 @@ def test_a_version_10_journal_missing_a_part_is_refused_before_any_use(
     assert named in message
     assert "restore it from a backup" in message
     assert before == path.read_bytes()
+
+
+ATTEMPT_EDITS = {
+    "attempt_count lowered to 0": (
+        "UPDATE operations SET attempt_count = 0 WHERE operation_id = 'op-1'",
+        "attempt_count is 0 but attempt 1 is journaled",
+    ),
+    "attempt 1 emptied": (
+        "UPDATE operations SET attempt1_outcome = NULL WHERE operation_id = 'op-1'",
+        "attempt_count is 2 but attempt 1 is not journaled",
+    ),
+    "attempt_count raised": (
+        "UPDATE operations SET attempt_count = 4 WHERE operation_id = 'op-1'",
+        "attempt_count is 4 but its later attempts are numbered [2]",
+    ),
+    "attempt_count negative": (
+        "UPDATE operations SET attempt_count = -1 WHERE operation_id = 'op-1'",
+        "attempt_count is -1",
+    ),
+    "attempt 2 renumbered 1": (
+        "UPDATE attempts SET number = 1 WHERE operation_id = 'op-1'",
+        "attempt_count is 2 but its later attempts are numbered [1]",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", list(ATTEMPT_EDITS))
+def test_a_row_whose_attempts_disagree_with_its_count_is_refused_naming_it(
+    path: Path, edit: str
+) -> None:
+    """A first attempt is in its operation's row, later ones in attempts, and attempt_count
+    says how many: a row edited so they disagree is never shown as a shorter or longer
+    history. Reading it is a JournalCorruptError naming the operation, its key and what
+    disagrees; `show` says so in one line; a claim reports it as damaged (never sends
+    it) and claims the others; the other operations are shown and counted."""
+    with Journal(path, durability="os") as journal:
+        for operation_id in ("op-1", "op-2"):
+            insert(journal, new_operation(operation_id))
+            for status_code, status in ((503, "pending"), (503, "pending")):
+                record_attempt(
+                    journal,
+                    operation_id,
+                    AttemptRecord(
+                        started_at=NOW,
+                        elapsed=0.1,
+                        outcome="answered",
+                        status_code=status_code,
+                        status=status,  # type: ignore[arg-type]
+                    ),
+                    now=NOW,
+                )
+    damage, problem = ATTEMPT_EDITS[edit]
+    sql(path, damage)
+
+    with Journal(path) as journal:
+        with pytest.raises(JournalCorruptError) as caught:
+            journal.operation("op-1")
+        healthy = journal.operation("op-2")
+        claimed = {
+            operation.operation_id: operation.damaged
+            for operation in claim_due(
+                journal, owner="worker", now=NOW + 100, lease_until=NOW + 200, limit=10
+            )
+        }
+    shown = run("--journal", str(path), "show", "op-1", "--json")
+
+    assert ("op-1", "key-op-1") == (caught.value.operation_id, caught.value.key)
+    assert problem in caught.value.message
+    assert_one_line_error(shown, path, problem)
+    assert healthy is not None
+    assert [1, 2] == [attempt.number for attempt in healthy.attempts]
+    assert {"op-1": problem, "op-2": None} == claimed
+    assert 0 == run("--journal", str(path), "stats").exit_code

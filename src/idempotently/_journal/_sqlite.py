@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, contextmanager, nullcontext, suppress
 from heapq import merge
 from itertools import islice
 from pathlib import Path
@@ -301,6 +301,28 @@ def _first_attempt(row: dict[str, Any]) -> dict[str, Any] | None:
     if values["outcome"] is None:
         return None
     return {"number": 1, **values}
+
+
+def _first_attempt_problem(count: Any, first: dict[str, Any] | None) -> str | None:
+    """What is wrong with a row whose attempt_count disagrees with its first attempt's
+    columns (an edit by hand: no write of ours makes one), or None."""
+    if type(count) is not int:
+        return None  # the row's own check names it
+    if count < 0:
+        return f"attempt_count is {count}"
+    if count == 0 and first is not None:
+        return "attempt_count is 0 but attempt 1 is journaled"
+    if count > 0 and first is None:
+        return f"attempt_count is {count} but attempt 1 is not journaled"
+    return None
+
+
+def _later_attempts_problem(count: Any, later: list[dict[str, Any]]) -> str | None:
+    """What is wrong with attempts 2..n read for a row counting ``count``, or None."""
+    numbers = [attempt.get("number") for attempt in later]
+    if type(count) is not int or count < 2 or numbers == list(range(2, count + 1)):
+        return None
+    return f"attempt_count is {count} but its later attempts are numbered {short(numbers)}"
 
 
 # The counts, from the rows (`idempotently migrate --recount`, after an edit by hand).
@@ -1758,6 +1780,9 @@ class SqliteStore:
             later = self._later_attempts(row, None, checked=False)
             for attempt in ([] if first is None else [first]) + later:
                 problem = problem or row_problem(attempt)
+            problem = problem or _first_attempt_problem(row["attempt_count"], first)
+            if self._conn.in_transaction:  # a claim: the row and its attempts read at once
+                problem = problem or _later_attempts_problem(row["attempt_count"], later)
             if problem is None:
                 return self._operation(row, first, later)
         if problem is None:
@@ -1797,20 +1822,22 @@ class SqliteStore:
         )
         return Operation._from_row(row, attempts)
 
-    def _check_row(self, row: dict[str, Any]) -> None:
-        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
+    def _check_row(self, row: dict[str, Any], found: str | None = None) -> None:
+        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded
+        (or with the ``found`` problem)."""
+        problem = found
         for column, value in row.items():
-            problem = column_problem(column, value)
-            if problem is not None:
-                operation_id, key = row.get("operation_id"), row.get("key")
-                raise JournalCorruptError(
-                    f"{self.path} holds a damaged operation: {problem}; repair that row with "
-                    "the sqlite3 shell (or restore a backup), or record what happened to it "
-                    "with `idempotently settle` or `abandon`; the other operations are still "
-                    "listed, shown and resumed",
-                    operation_id=operation_id if isinstance(operation_id, str) else None,
-                    key=key if isinstance(key, str) else None,
-                )
+            problem = problem or column_problem(column, value)
+        if problem is not None:
+            operation_id, key = row.get("operation_id"), row.get("key")
+            raise JournalCorruptError(
+                f"{self.path} holds a damaged operation: {problem}; repair that row with "
+                "the sqlite3 shell (or restore a backup), or record what happened to it "
+                "with `idempotently settle` or `abandon`; the other operations are still "
+                "listed, shown and resumed",
+                operation_id=operation_id if isinstance(operation_id, str) else None,
+                key=key if isinstance(key, str) else None,
+            )
 
     def _damaged(self, error: sqlite3.DatabaseError) -> JournalCorruptError:
         return JournalCorruptError(
@@ -1839,7 +1866,28 @@ class SqliteStore:
         first = _first_attempt(row)
         if first is not None:
             self._check_row(first | {"operation_id": row["operation_id"], "key": row["key"]})
-        return self._operation(row, first, self._later_attempts(row, conn))
+        later = self._later_attempts(row, conn)
+        problem = _first_attempt_problem(row["attempt_count"], first)
+        if problem is None and _later_attempts_problem(row["attempt_count"], later):
+            # Two reads: a writer may have journaled an attempt (or prune deleted the
+            # operation) between them. Only what one snapshot shows is a damaged row.
+            alone = conn is None and not self._conn.in_transaction
+            with self._snapshot() if alone else nullcontext():
+                again = self._query(
+                    f"SELECT {_ROW_COLUMNS} FROM operations WHERE operation_id = ?",
+                    (row["operation_id"],),
+                    conn,
+                )
+                if again:
+                    row = again[0]
+                    first = _first_attempt(row)
+                    later = self._later_attempts(row, conn)
+                    problem = _first_attempt_problem(
+                        row["attempt_count"], first
+                    ) or _later_attempts_problem(row["attempt_count"], later)
+        if problem is not None:
+            self._check_row(row, problem)
+        return self._operation(row, first, later)
 
     def find(
         self, operation_id: str | None, key: str | None, conn: sqlite3.Connection | None = None
