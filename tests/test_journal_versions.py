@@ -372,3 +372,21 @@ def test_a_journal_from_the_future_with_frames_in_its_wal_is_left_as_it_is(
     with pytest.raises(JournalVersionError, match="version 11"):
         idempotently.Journal(future)
     assert before == digest(future)
+
+
+@pytest.mark.parametrize("version", [0, 6, 7, 9])
+@pytest.mark.parametrize("opener", list(OPENERS))
+def test_every_version_below_10_with_our_application_id_is_a_development_journal(
+    tmp_path: Path, version: int, opener: str
+) -> None:
+    """Versions no build wrote (6 to 9) and 0 (a file whose creation never finished) with
+    journal tables and our application_id: refused as development journals, unmodified."""
+    path = tmp_path / "journal.db"
+    development_sqlite_journal(path, 5)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA user_version = {version}")
+    before = digest(path)
+    with pytest.raises(JournalVersionError) as refused:
+        OPENERS[opener](path)
+    assert_refusal(refused.value.message, path, version)
+    assert before == digest(path)
