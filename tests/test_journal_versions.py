@@ -10,7 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -390,3 +390,50 @@ def test_every_version_below_10_with_our_application_id_is_a_development_journal
         OPENERS[opener](path)
     assert_refusal(refused.value.message, path, version)
     assert before == digest(path)
+
+
+@contextlib.contextmanager
+def read_only_directory(directory: Path) -> Iterator[None]:
+    """No file can be made in ``directory`` (a -shm beside a journal, say), even by root
+    (who writes through a read-only mode: the directory is then made immutable, or the
+    test skipped where it cannot be)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(0o755)
+        return
+    made = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"root writes through a read-only mode, and chattr +i failed: {made.stderr}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+@pytest.mark.parametrize("frames", [False, True], ids=["checkpointed", "frames in its -wal"])
+@pytest.mark.parametrize("opener", list(WAL_OPENERS))
+def test_a_development_journal_in_a_read_only_directory_is_refused_naming_its_version(
+    tmp_path: Path, opener: str, frames: bool
+) -> None:
+    """Where SQLite cannot open a WAL file at all (its -shm cannot be made in a read-only
+    directory), the refusal still names the development version, the tag and not to
+    delete it, read from the file alone; the file and its -wal are left as they are."""
+    directory = tmp_path / "journals"
+    directory.mkdir()
+    path = directory / "journal.db"
+    if frames:
+        with_frames_in_its_wal(path, 5)
+        for made in directory.glob("live.db*"):
+            made.unlink()
+    else:
+        development_sqlite_journal(path, 5)
+    before = digest(path)
+    with read_only_directory(directory):
+        with pytest.raises(JournalVersionError) as refused:
+            WAL_OPENERS[opener](path)
+        after = digest(path)
+    assert_refusal(" ".join(refused.value.message.split()), path, 5)
+    assert before == after

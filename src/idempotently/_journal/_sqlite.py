@@ -746,7 +746,7 @@ class SqliteStore:
             # fires the delete triggers that keep the counts.
             conn.execute("PRAGMA recursive_triggers = on")
         except sqlite3.DatabaseError as error:
-            raise self._open_error(error) from error
+            raise (self._version_refusal() or self._open_error(error)) from error
         return conn
 
     def _close_untouched(self) -> None:
@@ -868,7 +868,41 @@ class SqliteStore:
                     self._ensure_wal()
                 self._namespace = self._read_namespace()
         except sqlite3.DatabaseError as error:
-            raise self._open_error(error) from error
+            raise (self._version_refusal() or self._open_error(error)) from error
+
+    def _version_refusal(self) -> JournalVersionError | None:
+        """The refusal of a journal at another version that SQLite could not open (a WAL
+        file in a read-only directory, where its -shm cannot be made), read from the file
+        alone (``immutable``: no -shm, no -wal, nothing written), or None.
+
+        The -wal may hold later pages, but never a step to or from this version: the file's
+        own version says whether this build reads it."""
+        if self.path == ":memory:":
+            return None
+        try:
+            with closing(
+                sqlite3.connect(
+                    Path(self._abspath).as_uri() + "?mode=ro&immutable=1",
+                    uri=True,
+                    isolation_level=None,
+                )
+            ) as conn:
+                version, app_id = (
+                    conn.execute(f"PRAGMA {name}").fetchone()[0]
+                    for name in ("user_version", "application_id")
+                )
+                tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.Error:
+            return None
+        if app_id != APPLICATION_ID or not tables or version == SCHEMA_VERSION:
+            return None
+        if version > SCHEMA_VERSION:
+            return JournalVersionError(
+                f"{self.path} has journal schema version {version}, but this "
+                f"idempotently reads up to version {SCHEMA_VERSION}; upgrade "
+                "idempotently (pip install -U idempotently). The file was not modified."
+            )
+        return development_journal_error(self.path, "SQLite", version)
 
     def _check_columns(self) -> None:
         """Refuse a journal at this version missing a column (a damaged or half-made file)
