@@ -869,3 +869,39 @@ def test_a_postgres_journal_missing_a_column_is_refused_when_opened(postgres_url
         conn.execute("ALTER TABLE idempotently.operations DROP COLUMN attempt1_wait")
     with pytest.raises(JournalCorruptError, match="attempt1_wait"):
         Journal(postgres_url).close()
+
+
+def test_a_read_racing_a_writer_of_a_later_attempt_is_never_called_damaged(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check of attempt_count against the attempts spans two reads (the row, then
+    attempts 2..n): another connection journaling attempt 3 between them is no damage.
+    The read is a whole history, 1..attempt_count, as one snapshot shows it."""
+    with Journal(path, durability="os") as journal:
+        insert(journal, new_operation("op-1"))
+        for _ in range(2):
+            record_attempt(journal, "op-1", answered_503(), now=NOW)
+    with Journal(path, readonly=True) as reader, Journal(path, durability="os") as writer:
+        store: Any = reader._store
+        read_later = store._later_attempts
+        raced: list[bool] = []
+
+        def with_a_write_before(*args: Any, **kwargs: Any) -> Any:
+            if not raced:
+                raced.append(True)
+                record_attempt(writer, "op-1", answered_503(), now=NOW)
+            return read_later(*args, **kwargs)
+
+        monkeypatch.setattr(store, "_later_attempts", with_a_write_before)
+        operation = reader.operation("op-1")
+
+    assert [True] == raced
+    assert operation is not None
+    assert (3, [1, 2, 3]) == (
+        operation.attempt_count,
+        [attempt.number for attempt in operation.attempts],
+    )
+
+
+def answered_503() -> AttemptRecord:
+    return AttemptRecord(started_at=NOW, elapsed=0.1, outcome="answered", status_code=503)
