@@ -27,6 +27,7 @@ from idempotently import (
 )
 from idempotently._journal import AttemptRecord
 from idempotently.cli import cli
+from tests import scripted_server
 from tests.journal_commands import claim_due, find, record_attempt
 from tests.test_journal import NOW, insert, mode, new_operation
 
@@ -737,27 +738,43 @@ def test_a_version_10_journal_missing_a_part_is_refused_before_any_use(
 
 
 ATTEMPT_EDITS = {
+    # name: (the edit, what the read says, whether the row alone shows it)
     "attempt_count lowered to 0": (
         "UPDATE operations SET attempt_count = 0 WHERE operation_id = 'op-1'",
         "attempt_count is 0 but attempt 1 is journaled",
+        True,
     ),
     "attempt 1 emptied": (
         "UPDATE operations SET attempt1_outcome = NULL WHERE operation_id = 'op-1'",
         "attempt_count is 2 but attempt 1 is not journaled",
-    ),
-    "attempt_count raised": (
-        "UPDATE operations SET attempt_count = 4 WHERE operation_id = 'op-1'",
-        "attempt_count is 4 but its later attempts are numbered [2]",
+        True,
     ),
     "attempt_count negative": (
         "UPDATE operations SET attempt_count = -1 WHERE operation_id = 'op-1'",
         "attempt_count is -1",
+        True,
+    ),
+    "attempt_count raised": (
+        "UPDATE operations SET attempt_count = 4 WHERE operation_id = 'op-1'",
+        "attempt_count is 4 but its later attempts are numbered [2]",
+        False,
     ),
     "attempt 2 renumbered 1": (
         "UPDATE attempts SET number = 1 WHERE operation_id = 'op-1'",
         "attempt_count is 2 but its later attempts are numbered [1]",
+        False,
     ),
 }
+
+
+def two_pending_operations(path: Path, created_at: float = NOW) -> None:
+    """op-1 and op-2, each answered 503 twice: pending, attempt 1 in its row, attempt 2
+    in attempts."""
+    with Journal(path, durability="os") as journal:
+        for operation_id in ("op-1", "op-2"):
+            insert(journal, new_operation(operation_id, created_at=created_at))
+            for _ in range(2):
+                record_attempt(journal, operation_id, answered_503(), now=created_at)
 
 
 @pytest.mark.parametrize("edit", list(ATTEMPT_EDITS))
@@ -767,31 +784,18 @@ def test_a_row_whose_attempts_disagree_with_its_count_is_refused_naming_it(
     """A first attempt is in its operation's row, later ones in attempts, and attempt_count
     says how many: a row edited so they disagree is never shown as a shorter or longer
     history. Reading it is a JournalCorruptError naming the operation, its key and what
-    disagrees; `show` says so in one line; a claim reports it as damaged (never sends
-    it) and claims the others; the other operations are shown and counted."""
-    with Journal(path, durability="os") as journal:
-        for operation_id in ("op-1", "op-2"):
-            insert(journal, new_operation(operation_id))
-            for status_code, status in ((503, "pending"), (503, "pending")):
-                record_attempt(
-                    journal,
-                    operation_id,
-                    AttemptRecord(
-                        started_at=NOW,
-                        elapsed=0.1,
-                        outcome="answered",
-                        status_code=status_code,
-                        status=status,  # type: ignore[arg-type]
-                    ),
-                    now=NOW,
-                )
-    damage, problem = ATTEMPT_EDITS[edit]
+    disagrees; `show` says so in one line; the other operations are shown and counted.
+    Where the row alone shows it, a listing and a claim report it as damaged (never
+    sent); where only its attempts do, it is listed and claimed as it is, as before."""
+    two_pending_operations(path)
+    damage, problem, in_row = ATTEMPT_EDITS[edit]
     sql(path, damage)
 
     with Journal(path) as journal:
         with pytest.raises(JournalCorruptError) as caught:
             journal.operation("op-1")
         healthy = journal.operation("op-2")
+        listed = {operation.operation_id: operation.damaged for operation in journal.operations()}
         claimed = {
             operation.operation_id: operation.damaged
             for operation in claim_due(
@@ -805,8 +809,29 @@ def test_a_row_whose_attempts_disagree_with_its_count_is_refused_naming_it(
     assert_one_line_error(shown, path, problem)
     assert healthy is not None
     assert [1, 2] == [attempt.number for attempt in healthy.attempts]
-    assert {"op-1": problem, "op-2": None} == claimed
+    assert {"op-1": problem if in_row else None, "op-2": None} == listed == claimed
     assert 0 == run("--journal", str(path), "stats").exit_code
+
+
+@pytest.mark.parametrize("edit", [edit for edit, (_, _, in_row) in ATTEMPT_EDITS.items() if in_row])
+def test_a_resume_reports_a_row_whose_count_disagrees_and_resumes_the_others(
+    path: Path, scripted: tuple[scripted_server.ScriptedApp, str], edit: str
+) -> None:
+    """One row whose attempt_count disagrees with its first attempt never stops a resume:
+    it is reported, nothing of it is sent, and the other operation is resumed (a real
+    server sees one request)."""
+    app, url = scripted
+    two_pending_operations(path, created_at=time.time())
+    damage, problem, _ = ATTEMPT_EDITS[edit]
+    sql(path, damage)
+    app.answer(scripted_server.Answer(status=201))
+
+    with idempotently.Session(path) as session:
+        results = {result.operation_id: result for result in session.resume(base_url=url)}
+
+    assert 1 == len(app.arrivals)  # op-2's resend; nothing of op-1
+    assert ("succeeded", "pending") == (results["op-2"].status, results["op-1"].status)
+    assert ("not_sent", True) == (results["op-1"].action, problem in results["op-1"].detail)
 
 
 def journal_with_two_attempts(target: str) -> None:

@@ -1805,18 +1805,20 @@ class SqliteStore:
 
     def _listed(self, row: dict[str, Any], *, attempts: bool = False) -> Operation:
         """A row of a listing (`operations`: list, the resume queue; a worker's claim):
-        one this version cannot decode is its damaged stand-in, reported by whoever reads
-        it, never an error that stops the listing. (A read of one operation by its id
+        one this version cannot decode, or whose attempt_count disagrees with its first
+        attempt's columns, is its damaged stand-in, reported by whoever reads it (never
+        sent), never an error that stops the listing. (A read of one operation by its id
         stays strict: `_check_row`.)"""
+        journaled = row.pop("_attempt1", None)  # a listing's: is attempt 1 in the row?
         first = _first_attempt(row)
         problem = row_problem(row)
+        if problem is None and journaled is not None:
+            problem = _first_attempt_problem(row["attempt_count"], {} if journaled else None)
         if problem is None and attempts:
             later = self._later_attempts(row, None, checked=False)
             for attempt in ([] if first is None else [first]) + later:
                 problem = problem or row_problem(attempt)
             problem = problem or _first_attempt_problem(row["attempt_count"], first)
-            if self._conn.in_transaction:  # a claim: the row and its attempts read at once
-                problem = problem or _later_attempts_problem(row["attempt_count"], later)
             if problem is None:
                 return self._operation(row, first, later)
         if problem is None:
@@ -1891,18 +1893,31 @@ class SqliteStore:
         )
         if not rows:
             return None
-        return self._listed(rows[0], attempts=True) if damaged else self._with_attempts(rows[0])
+        if damaged:
+            return self._listed(rows[0], attempts=True)
+        return self._with_attempts(rows[0], whole_history=True)
 
     def _with_attempts(
-        self, row: dict[str, Any], conn: sqlite3.Connection | None = None
+        self,
+        row: dict[str, Any],
+        conn: sqlite3.Connection | None = None,
+        *,
+        whole_history: bool = False,
     ) -> Operation:
-        """The operation of a checked row, with its attempts (checked too)."""
+        """The operation of a checked row, with its attempts (checked too). With
+        ``whole_history`` (an audit's read: show, `Journal.operation`), its later attempts
+        must be numbered 2..attempt_count too; a call's or a resume's read (`find`) does
+        not refuse that, as a listing cannot see it: one such row must not stop a resume."""
         first = _first_attempt(row)
         if first is not None:
             self._check_row(first | {"operation_id": row["operation_id"], "key": row["key"]})
         later = self._later_attempts(row, conn)
         problem = _first_attempt_problem(row["attempt_count"], first)
-        if problem is None and _later_attempts_problem(row["attempt_count"], later):
+        if (
+            problem is None
+            and whole_history
+            and _later_attempts_problem(row["attempt_count"], later)
+        ):
             # Two reads: a writer may have journaled an attempt (or prune deleted the
             # operation) between them. Only what one snapshot shows is a damaged row.
             alone = conn is None and not self._conn.in_transaction
@@ -2006,7 +2021,10 @@ class SqliteStore:
         if since is not None:
             where.append("created_at >= ?")
             params.append(since)
-        sql = f"SELECT rowid AS _rowid, {at} AS _at, {_OPERATION_COLUMNS} FROM {source}"
+        sql = (
+            f"SELECT rowid AS _rowid, {at} AS _at, attempt1_outcome IS NOT NULL AS _attempt1, "
+            f"{_OPERATION_COLUMNS} FROM {source}"
+        )
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {order}"
