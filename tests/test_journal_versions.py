@@ -10,7 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -285,3 +285,155 @@ def test_the_development_build_refuses_a_version_10_journal_unmodified(
         opened.stderr
     )
     assert before == digest(path)
+
+
+# -- a refused file with a -wal beside it ------------------------------------------------
+
+
+def with_frames_in_its_wal(path: Path, version: int) -> None:
+    """A development journal whose last writes are still frames of its -wal (the writer
+    was killed before a checkpoint), followed by a torn frame (a write cut off): the pair
+    of files a crashed development build leaves."""
+    live = path.with_name("live.db")
+    development_sqlite_journal(live, version)
+    with contextlib.closing(sqlite3.connect(live, isolation_level=None)) as conn:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("UPDATE operations SET updated_at = 2, attempt_count = 1")
+        # A copy of the pair while the writer still has it open: what SIGKILL leaves.
+        path.write_bytes(live.read_bytes())
+        wal = Path(f"{live}-wal").read_bytes()
+        Path(f"{path}-wal").write_bytes(wal + wal[32 : 32 + 24 + 100])
+    assert Path(f"{path}-wal").stat().st_size > 32
+
+
+def cli_opener(*command: str) -> Callable[[Path], object]:
+    def run(path: Path) -> object:
+        result = CliRunner().invoke(cli, ["--journal", str(path), *command])
+        assert 1 == result.exit_code, result.output
+        assert isinstance(result.exception, SystemExit)
+        raise JournalVersionError(" ".join(result.output.removeprefix("Error: ").split()))
+
+    return run
+
+
+WAL_OPENERS: dict[str, Callable[[Path], object]] = {
+    **OPENERS,
+    "Session": lambda path: idempotently.Session(path),
+    "AsyncSession": lambda path: idempotently.AsyncSession(path),
+    "Transport": lambda path: idempotently.Transport(path),
+    **{
+        f"cli {' '.join(command)}": cli_opener(*command)
+        for command in (
+            ["stats"],
+            ["list"],
+            ["show", "charge-1"],
+            ["resume"],
+            ["resume", "--dry-run"],
+            ["prune", "--older-than", "1d"],
+            ["migrate"],
+            ["migrate", "--recount"],
+            ["migrate", "--sql"],
+        )
+    },
+}
+
+
+@pytest.mark.parametrize("opener", list(WAL_OPENERS))
+def test_a_development_journal_with_frames_in_its_wal_is_refused_unmodified(
+    tmp_path: Path, opener: str
+) -> None:
+    """Refusing a development journal leaves its -wal as it is too: SQLite's checkpoint
+    when the last connection to a file closes would copy the frames into the file and
+    delete the -wal, so the refusal closes without one."""
+    path = tmp_path / "journal.db"
+    with_frames_in_its_wal(path, 5)
+    before = digest(path)
+    with pytest.raises(JournalVersionError) as refused:
+        WAL_OPENERS[opener](path)
+    assert_refusal(" ".join(refused.value.message.split()), path, 5)
+    assert before == digest(path)
+    assert Path(f"{path}-wal").exists()
+
+
+def test_a_journal_from_the_future_with_frames_in_its_wal_is_left_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """A newer version's journal is refused with "the file was not modified", and so it is
+    not: neither the file nor its -wal."""
+    path = tmp_path / "journal.db"
+    with_frames_in_its_wal(path, 5)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("PRAGMA user_version = 11")
+        path.with_name("future.db").write_bytes(path.read_bytes())
+        Path(f"{path.with_name('future.db')}-wal").write_bytes(Path(f"{path}-wal").read_bytes())
+    future = path.with_name("future.db")
+    before = digest(future)
+    with pytest.raises(JournalVersionError, match="version 11"):
+        idempotently.Journal(future)
+    assert before == digest(future)
+
+
+@pytest.mark.parametrize("version", [0, 6, 7, 9])
+@pytest.mark.parametrize("opener", list(OPENERS))
+def test_every_version_below_10_with_our_application_id_is_a_development_journal(
+    tmp_path: Path, version: int, opener: str
+) -> None:
+    """Versions no build wrote (6 to 9) and 0 (a file whose creation never finished) with
+    journal tables and our application_id: refused as development journals, unmodified."""
+    path = tmp_path / "journal.db"
+    development_sqlite_journal(path, 5)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA user_version = {version}")
+    before = digest(path)
+    with pytest.raises(JournalVersionError) as refused:
+        OPENERS[opener](path)
+    assert_refusal(refused.value.message, path, version)
+    assert before == digest(path)
+
+
+@contextlib.contextmanager
+def read_only_directory(directory: Path) -> Iterator[None]:
+    """No file can be made in ``directory`` (a -shm beside a journal, say), even by root
+    (who writes through a read-only mode: the directory is then made immutable, or the
+    test skipped where it cannot be)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(0o755)
+        return
+    made = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"root writes through a read-only mode, and chattr +i failed: {made.stderr}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+@pytest.mark.parametrize("frames", [False, True], ids=["checkpointed", "frames in its -wal"])
+@pytest.mark.parametrize("opener", list(WAL_OPENERS))
+def test_a_development_journal_in_a_read_only_directory_is_refused_naming_its_version(
+    tmp_path: Path, opener: str, frames: bool
+) -> None:
+    """Where SQLite cannot open a WAL file at all (its -shm cannot be made in a read-only
+    directory), the refusal still names the development version, the tag and not to
+    delete it, read from the file alone; the file and its -wal are left as they are."""
+    directory = tmp_path / "journals"
+    directory.mkdir()
+    path = directory / "journal.db"
+    if frames:
+        with_frames_in_its_wal(path, 5)
+        for made in directory.glob("live.db*"):
+            made.unlink()
+    else:
+        development_sqlite_journal(path, 5)
+    before = digest(path)
+    with read_only_directory(directory):
+        with pytest.raises(JournalVersionError) as refused:
+            WAL_OPENERS[opener](path)
+        after = digest(path)
+    assert_refusal(" ".join(refused.value.message.split()), path, 5)
+    assert before == after

@@ -710,7 +710,7 @@ def test_a_journal_missing_a_part_is_a_corrupt_error(
     Journal(path).close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute(damage)
-    with pytest.raises(JournalCorruptError, match="missing journal tables"):
+    with pytest.raises(JournalCorruptError, match="missing journal tables or indexes"):
         Journal(path, readonly=readonly)
 
 

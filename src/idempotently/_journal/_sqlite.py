@@ -16,6 +16,7 @@ status and idle time.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 import re
@@ -25,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, nullcontext, suppress
 from heapq import merge
 from itertools import islice
 from pathlib import Path
@@ -261,6 +262,20 @@ _SCHEMA_NAMES: Final = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) (\w+)", _SC
 _JOURNAL_NAMES: Final = _SCHEMA_NAMES
 """Every name a journal's schema uses: a file holding any of them is not adopted."""
 
+
+@functools.cache
+def _schema_columns() -> frozenset[tuple[str, str]]:
+    """Every (table, column) of `_SCHEMA`: what a journal at this version must have."""
+    with closing(sqlite3.connect(":memory:")) as conn:
+        conn.executescript(_SCHEMA)
+        return frozenset(
+            conn.execute(
+                "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c "
+                "WHERE m.type = 'table'"
+            ).fetchall()
+        )
+
+
 _ATTEMPT1: Final = tuple(
     f"attempt1_{name}"
     for name in ("started_at", "elapsed", "outcome", "status_code", "replayed", "error", "wait")
@@ -286,6 +301,28 @@ def _first_attempt(row: dict[str, Any]) -> dict[str, Any] | None:
     if values["outcome"] is None:
         return None
     return {"number": 1, **values}
+
+
+def _first_attempt_problem(count: Any, first: dict[str, Any] | None) -> str | None:
+    """What is wrong with a row whose attempt_count disagrees with its first attempt's
+    columns (an edit by hand: no write of ours makes one), or None."""
+    if type(count) is not int:
+        return None  # the row's own check names it
+    if count < 0:
+        return f"attempt_count is {count}"
+    if count == 0 and first is not None:
+        return "attempt_count is 0 but attempt 1 is journaled"
+    if count > 0 and first is None:
+        return f"attempt_count is {count} but attempt 1 is not journaled"
+    return None
+
+
+def _later_attempts_problem(count: Any, later: list[dict[str, Any]]) -> str | None:
+    """What is wrong with attempts 2..n read for a row counting ``count``, or None."""
+    numbers = [attempt.get("number") for attempt in later]
+    if type(count) is not int or count < 2 or numbers == list(range(2, count + 1)):
+        return None
+    return f"attempt_count is {count} but its later attempts are numbered {short(numbers)}"
 
 
 # The counts, from the rows (`idempotently migrate --recount`, after an edit by hand).
@@ -671,7 +708,7 @@ class SqliteStore:
             if self.path != ":memory:":
                 self._file_id = self._file_identity()
         except BaseException:
-            self._conn.close()
+            self._close_untouched()
             raise
 
     # -- opening -------------------------------------------------------------
@@ -709,8 +746,29 @@ class SqliteStore:
             # fires the delete triggers that keep the counts.
             conn.execute("PRAGMA recursive_triggers = on")
         except sqlite3.DatabaseError as error:
-            raise self._open_error(error) from error
+            raise (self._version_refusal() or self._open_error(error)) from error
         return conn
+
+    def _close_untouched(self) -> None:
+        """Close a connection whose file was refused (a development journal, a newer one,
+        another program's), leaving the file and its -wal as they are: the last connection
+        to a WAL file checkpoints its frames into the file and deletes the -wal when it
+        closes, so a read-only connection (which never checkpoints) keeps the file open
+        until this one has closed."""
+        holder = None
+        if not self.readonly and self.path != ":memory:" and os.path.exists(self.path + "-wal"):
+            try:
+                holder = sqlite3.connect(
+                    Path(self._abspath).as_uri() + "?mode=ro", uri=True, isolation_level=None
+                )
+                holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            except sqlite3.Error:
+                pass  # best effort: the refusal itself must still reach the caller
+        try:
+            self._conn.close()
+        finally:
+            if holder is not None:
+                holder.close()
 
     def _create_private_file(self) -> None:
         # SQLite gives -wal and -shm the main file's mode, so 0600 here covers all three.
@@ -800,14 +858,69 @@ class SqliteStore:
                     raise development_journal_error(self.path, "SQLite", version)
                 if not _SCHEMA_NAMES <= names:
                     raise JournalCorruptError(
-                        f"{self.path} is missing journal tables; restore it from a backup"
+                        f"{self.path} is missing journal tables or indexes "
+                        f"({', '.join(sorted(_SCHEMA_NAMES - names))}); restore it from a backup "
+                        "(it was left as it is)"
                     )
+                self._check_columns()
                 if not self.readonly:
                     # A journal left in rollback mode (a copy made by a tool).
                     self._ensure_wal()
                 self._namespace = self._read_namespace()
         except sqlite3.DatabaseError as error:
-            raise self._open_error(error) from error
+            raise (self._version_refusal() or self._open_error(error)) from error
+
+    def _version_refusal(self) -> JournalVersionError | None:
+        """The refusal of a journal at another version that SQLite could not open (a WAL
+        file in a read-only directory, where its -shm cannot be made), read from the file
+        alone (``immutable``: no -shm, no -wal, nothing written), or None.
+
+        The -wal may hold later pages, but never a step to or from this version: the file's
+        own version says whether this build reads it."""
+        if self.path == ":memory:":
+            return None
+        try:
+            with closing(
+                sqlite3.connect(
+                    Path(self._abspath).as_uri() + "?mode=ro&immutable=1",
+                    uri=True,
+                    isolation_level=None,
+                )
+            ) as conn:
+                version, app_id = (
+                    conn.execute(f"PRAGMA {name}").fetchone()[0]
+                    for name in ("user_version", "application_id")
+                )
+                tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.Error:
+            return None
+        if app_id != APPLICATION_ID or not tables or version == SCHEMA_VERSION:
+            return None
+        if version > SCHEMA_VERSION:
+            return JournalVersionError(
+                f"{self.path} has journal schema version {version}, but this "
+                f"idempotently reads up to version {SCHEMA_VERSION}; upgrade "
+                "idempotently (pip install -U idempotently). The file was not modified."
+            )
+        return development_journal_error(self.path, "SQLite", version)
+
+    def _check_columns(self) -> None:
+        """Refuse a journal at this version missing a column (a damaged or half-made file)
+        before anything reads or writes it: never "no such column" from the first statement
+        that needs one."""
+        found = set(
+            self._conn.execute(
+                "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c "
+                "WHERE m.type = 'table'"
+            ).fetchall()
+        )
+        missing = sorted(_schema_columns() - found)
+        if missing:
+            raise JournalCorruptError(
+                f"{self.path} is missing journal columns "
+                f"({', '.join(f'{table}.{column}' for table, column in missing)}): a damaged "
+                "or half-made journal; restore it from a backup (it was left as it is)"
+            )
 
     def _adopted_version(self) -> int | None:
         """The schema version of a journal adopted into an application's database (its
@@ -1692,15 +1805,20 @@ class SqliteStore:
 
     def _listed(self, row: dict[str, Any], *, attempts: bool = False) -> Operation:
         """A row of a listing (`operations`: list, the resume queue; a worker's claim):
-        one this version cannot decode is its damaged stand-in, reported by whoever reads
-        it, never an error that stops the listing. (A read of one operation by its id
+        one this version cannot decode, or whose attempt_count disagrees with its first
+        attempt's columns, is its damaged stand-in, reported by whoever reads it (never
+        sent), never an error that stops the listing. (A read of one operation by its id
         stays strict: `_check_row`.)"""
+        journaled = row.pop("_attempt1", None)  # a listing's: is attempt 1 in the row?
         first = _first_attempt(row)
         problem = row_problem(row)
+        if problem is None and journaled is not None:
+            problem = _first_attempt_problem(row["attempt_count"], {} if journaled else None)
         if problem is None and attempts:
             later = self._later_attempts(row, None, checked=False)
             for attempt in ([] if first is None else [first]) + later:
                 problem = problem or row_problem(attempt)
+            problem = problem or _first_attempt_problem(row["attempt_count"], first)
             if problem is None:
                 return self._operation(row, first, later)
         if problem is None:
@@ -1740,20 +1858,22 @@ class SqliteStore:
         )
         return Operation._from_row(row, attempts)
 
-    def _check_row(self, row: dict[str, Any]) -> None:
-        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded."""
+    def _check_row(self, row: dict[str, Any], found: str | None = None) -> None:
+        """Raise JournalCorruptError, naming the operation, if a value cannot be decoded
+        (or with the ``found`` problem)."""
+        problem = found
         for column, value in row.items():
-            problem = column_problem(column, value)
-            if problem is not None:
-                operation_id, key = row.get("operation_id"), row.get("key")
-                raise JournalCorruptError(
-                    f"{self.path} holds a damaged operation: {problem}; repair that row with "
-                    "the sqlite3 shell (or restore a backup), or record what happened to it "
-                    "with `idempotently settle` or `abandon`; the other operations are still "
-                    "listed, shown and resumed",
-                    operation_id=operation_id if isinstance(operation_id, str) else None,
-                    key=key if isinstance(key, str) else None,
-                )
+            problem = problem or column_problem(column, value)
+        if problem is not None:
+            operation_id, key = row.get("operation_id"), row.get("key")
+            raise JournalCorruptError(
+                f"{self.path} holds a damaged operation: {problem}; repair that row with "
+                "the sqlite3 shell (or restore a backup), or record what happened to it "
+                "with `idempotently settle` or `abandon`; the other operations are still "
+                "listed, shown and resumed",
+                operation_id=operation_id if isinstance(operation_id, str) else None,
+                key=key if isinstance(key, str) else None,
+            )
 
     def _damaged(self, error: sqlite3.DatabaseError) -> JournalCorruptError:
         return JournalCorruptError(
@@ -1773,16 +1893,50 @@ class SqliteStore:
         )
         if not rows:
             return None
-        return self._listed(rows[0], attempts=True) if damaged else self._with_attempts(rows[0])
+        if damaged:
+            return self._listed(rows[0], attempts=True)
+        return self._with_attempts(rows[0], whole_history=True)
 
     def _with_attempts(
-        self, row: dict[str, Any], conn: sqlite3.Connection | None = None
+        self,
+        row: dict[str, Any],
+        conn: sqlite3.Connection | None = None,
+        *,
+        whole_history: bool = False,
     ) -> Operation:
-        """The operation of a checked row, with its attempts (checked too)."""
+        """The operation of a checked row, with its attempts (checked too). With
+        ``whole_history`` (an audit's read: show, `Journal.operation`), its later attempts
+        must be numbered 2..attempt_count too; a call's or a resume's read (`find`) does
+        not refuse that, as a listing cannot see it: one such row must not stop a resume."""
         first = _first_attempt(row)
         if first is not None:
             self._check_row(first | {"operation_id": row["operation_id"], "key": row["key"]})
-        return self._operation(row, first, self._later_attempts(row, conn))
+        later = self._later_attempts(row, conn)
+        problem = _first_attempt_problem(row["attempt_count"], first)
+        if (
+            problem is None
+            and whole_history
+            and _later_attempts_problem(row["attempt_count"], later)
+        ):
+            # Two reads: a writer may have journaled an attempt (or prune deleted the
+            # operation) between them. Only what one snapshot shows is a damaged row.
+            alone = conn is None and not self._conn.in_transaction
+            with self._snapshot() if alone else nullcontext():
+                again = self._query(
+                    f"SELECT {_ROW_COLUMNS} FROM operations WHERE operation_id = ?",
+                    (row["operation_id"],),
+                    conn,
+                )
+                if again:
+                    row = again[0]
+                    first = _first_attempt(row)
+                    later = self._later_attempts(row, conn)
+                    problem = _first_attempt_problem(
+                        row["attempt_count"], first
+                    ) or _later_attempts_problem(row["attempt_count"], later)
+        if problem is not None:
+            self._check_row(row, problem)
+        return self._operation(row, first, later)
 
     def find(
         self, operation_id: str | None, key: str | None, conn: sqlite3.Connection | None = None
@@ -1867,7 +2021,10 @@ class SqliteStore:
         if since is not None:
             where.append("created_at >= ?")
             params.append(since)
-        sql = f"SELECT rowid AS _rowid, {at} AS _at, {_OPERATION_COLUMNS} FROM {source}"
+        sql = (
+            f"SELECT rowid AS _rowid, {at} AS _at, attempt1_outcome IS NOT NULL AS _attempt1, "
+            f"{_OPERATION_COLUMNS} FROM {source}"
+        )
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {order}"
@@ -2133,9 +2290,12 @@ class SqliteStore:
         if len(values) != len(_COUNTERS) or not all(
             type(value) is int and value >= 0 for value in values.values()
         ):
+            # The counts follow the journal's own writes: a row edited by hand (then
+            # pruned, say) leaves them wrong, and a recount, not a backup, repairs that.
             raise JournalCorruptError(
-                f"{self.path} holds damaged counts ({short(values)}); move the journal aside "
-                "and restore a backup"
+                f"{self.path} holds damaged counts ({short(values)}), as after an edit of "
+                f"its rows by hand; run `idempotently --journal {self.path} migrate "
+                "--recount` to count them again from the rows"
             )
         # Pending operations are counted from their own index: a key's commit then
         # writes no counter page.
