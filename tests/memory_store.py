@@ -147,11 +147,8 @@ class MemoryStore:
             if (
                 row is None
                 or row.status != "pending"
-                or (row.lease_until, row.lease_owner)
-                != (
-                    read.lease_until,
-                    read.lease_owner,
-                )
+                or (row.lease_until, row.lease_owner, row.updated_at, row.attempt_count)
+                != (read.lease_until, read.lease_owner, read.updated_at, read.attempt_count)
             ):
                 return False
             self._set(row, lease_owner=write.owner, lease_until=write.lease_until)
@@ -379,7 +376,7 @@ class MemoryStore:
         if isinstance(command, Find):
             return self.find(command.operation_id, command.key)
         if isinstance(command, Queue):
-            return self.operations(status=list(command.statuses), newest_first=False)
+            return self.queue(command.statuses)
         if isinstance(command, Pauses):
             return self.origin_pauses(now=command.now)
         (outcome,) = self.commit([command], False)
@@ -399,6 +396,10 @@ class MemoryStore:
 
     def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
         return self.find(operation_id_or_key, operation_id_or_key)
+
+    def queue(self, statuses: Sequence[Status]) -> list[Operation]:
+        with self._lock:
+            return [copy.copy(row) for row in self.rows.values() if row.status in statuses]
 
     def operations(
         self,

@@ -117,7 +117,9 @@ class Enqueue(JournalWrite):
 
 @attrs.frozen
 class TakeLease(JournalWrite):
-    """Compare-and-swap the lease read in ``operation``; True for the one winner."""
+    """Compare-and-swap the lease read in ``operation``; True for the one winner. It
+    fails on a row written since ``operation`` was read (its lease, updated_at or
+    attempt_count moved): the lease is only ever taken on the row decided on."""
 
     durable: ClassVar[bool] = False
     starts_send: ClassVar[bool] = True
@@ -180,7 +182,8 @@ class Release(JournalWrite):
 
 @attrs.frozen
 class Queue(Journaled):
-    """Operations with these statuses, oldest first (what resume works through)."""
+    """Operations with these statuses, oldest first, each with its attempts (what resume
+    works through, and sends from as read)."""
 
     statuses: tuple[Status, ...]
 

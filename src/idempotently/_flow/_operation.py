@@ -5,6 +5,7 @@ the helpers every use case asks (is it blocked, rebuild its request, its stored 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from collections.abc import Callable, Generator
 from typing import Any, Literal, TypeVar
@@ -518,6 +519,20 @@ def unresumable(
             assert_never(cleanup)
 
 
+@functools.lru_cache(maxsize=512)
+def journaled_url(url: str, base_url: str | None) -> httpx.URL:
+    """The journaled ``url`` as an `httpx.URL`, moved to ``base_url``'s origin (scheme,
+    host, port) if given. Parsed once per distinct pair: a resume sends hundreds of
+    operations to a handful of endpoints, and each parse costs as much as the rest of
+    the request's rebuild (an httpx.URL is immutable: every request can share it). A URL
+    httpx cannot parse raises here, each time (errors are not cached)."""
+    parsed = httpx.URL(url)
+    if base_url is None:
+        return parsed
+    base = httpx.URL(base_url)
+    return parsed.copy_with(scheme=base.scheme, host=base.host, port=base.port)
+
+
 def rebuild(
     engine: Config,
     operation: Operation,
@@ -533,10 +548,7 @@ def rebuild(
 
     ``base_url`` moves it to another origin (scheme, host, port), keeping path and query.
     """
-    url = httpx.URL(operation.url)
-    if base_url is not None:
-        base = httpx.URL(base_url)
-        url = url.copy_with(scheme=base.scheme, host=base.host, port=base.port)
+    url = journaled_url(operation.url, base_url)
     if operation.secret_params:
         # Redacted in the journal: the live request's values, else the session's.
         names = json.loads(operation.secret_params)

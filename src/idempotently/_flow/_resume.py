@@ -107,8 +107,13 @@ def resume_operation(
     reconciling: bool,
     claimed_by: str | None = None,
 ) -> Flow[ResumeResult]:
-    """Resume one operation of the queue (read again first): send, wait, settle or
-    plan it, report the result and return it.
+    """Resume one operation of the queue: send, wait, settle or plan it, report the
+    result and return it.
+
+    It is sent from ``listed``, the row as the queue (or a worker's claim) read it,
+    with its attempts: the lease's compare-and-swap fails if the row was written since,
+    and only then is it read again, and decided on afresh. Whatever else a stale row
+    would decide (a blocker, a status other than pending) is decided on a fresh read too.
 
     ``claimed_by``: the owner that leased it for this resume (a resume worker's
     claim); that lease is its own, renewed by compare-and-swap, not raced for."""
@@ -117,12 +122,21 @@ def resume_operation(
         result = yield from unresumable(engine, listed, held, JournalCorruptError(listed.damaged))
         yield Report(result)
         return result
-    operation = (yield Find(listed.operation_id, None)) or listed
+    operation = listed
     try:
         if dry_run:
             result = plan(engine, operation)
         else:
-            result = yield from _resume_one(engine, operation, build, held, base_url, claimed_by)
+            sent = yield from _resume_one(
+                engine, operation, build, held, base_url, claimed_by, fresh=False
+            )
+            if sent is _STALE:
+                operation = (yield Find(listed.operation_id, None)) or listed
+                sent = yield from _resume_one(
+                    engine, operation, build, held, base_url, claimed_by, fresh=True
+                )
+            assert isinstance(sent, ResumeResult)
+            result = sent
     except UNREADABLE_ROW as error:
         if isinstance(error, IdempotentlyError) and not isinstance(error, CodecError):
             raise
@@ -161,6 +175,15 @@ def plan(engine: Engine, operation: Operation) -> ResumeResult:
     return ResumeResult.of(operation, "pending", RESUME_ACTION_OF_BLOCKER[kind][1], reason)
 
 
+class _Stale:
+    """What `_resume_one` returns for a row it would not decide on as read (the queue's,
+    not read again): a blocker or a status other than pending to check on a fresh read,
+    or a lease that could not be taken on it (the row was written since)."""
+
+
+_STALE = _Stale()
+
+
 def _resume_one(
     engine: Engine,
     operation: Operation,
@@ -168,8 +191,12 @@ def _resume_one(
     held: Held,
     base_url: str | None,
     claimed_by: str | None = None,
-) -> Flow[ResumeResult]:
+    *,
+    fresh: bool,
+) -> Flow[ResumeResult | _Stale]:
     if operation.status != "pending":
+        if not fresh:
+            return _STALE
         return ResumeResult.of(operation, operation.status, "skipped", operation.reason)
     claimed = claimed_by is not None and operation.lease_owner == claimed_by
     if claimed_by is not None and claimed:
@@ -178,6 +205,8 @@ def _resume_one(
     operation = yield from times_from_now(engine, operation)
     blocked = blocker_of(engine, operation, resuming=True, claimed_by=claimed_by)
     if blocked is not None:
+        if not fresh:
+            return _STALE
         kind, reason = blocked
         status = yield from apply_blocker(engine, operation, kind, reason)
         return ResumeResult.of(operation, status, RESUME_ACTION_OF_BLOCKER[kind][0], reason)
@@ -265,6 +294,8 @@ def _resume_one(
     held.lease_until = now + engine.lease_duration
     if not (yield TakeLease(operation, owner, held.lease_until, now)):
         held.lease = None
+        if not fresh:
+            return _STALE
         return ResumeResult.of(
             operation, "pending", "leased", "another caller took its lease first"
         )

@@ -624,9 +624,7 @@ class Journal:
                 case Find():
                     return self._opened(self._store.find(command.operation_id, command.key))
                 case Queue():
-                    return self._opened_all(
-                        self._store.operations(status=list(command.statuses), newest_first=False)
-                    )
+                    return self._opened_all(self._store.queue(command.statuses))
                 case Pauses():
                     return self._store.origin_pauses(now=command.now)
                 case AuditTrail():

@@ -348,7 +348,10 @@ UPDATE {SCHEMA}.operations SET lease_owner = %(owner)s, lease_until = %(lease_un
                              CASE WHEN enqueued_at IS NOT NULL THEN %(now)s END)
 WHERE operation_id = %(operation_id)s AND status = 'pending'
   AND lease_until = %(read_until)s AND lease_owner IS NOT DISTINCT FROM %(read_owner)s::text
+  AND updated_at = %(read_at)s::double precision AND attempt_count = %(read_attempts)s::integer
 """
+"""The lease taken on the row as it was read (as the SQLite journal's: a row changed since
+the read fails the swap, and the reader reads it again)."""
 
 # The operation's row is updated (and so locked) first and the attempt takes
 # the number it returns: two writers can never both claim number n.
@@ -430,6 +433,16 @@ _FIND: Final = _ATTEMPTS_JOINED.format(
     operations=_FIND_ROW.format(columns=", ".join((*_OPERATION_COLUMNS, *_ATTEMPT1))),
     order="",
 )
+
+_QUEUE: Final = _ATTEMPTS_JOINED.format(
+    operations=f"""(
+    SELECT {", ".join((*_OPERATION_COLUMNS, *_ATTEMPT1))}, seq FROM {SCHEMA}.operations
+    WHERE status = ANY(%(statuses)s::text[])
+)""",
+    order="o.seq, ",
+)
+"""What resume works through, oldest first, each operation with its attempts: one
+statement (`PostgresStore.queue`)."""
 
 # Every time a pending row holds is written with its updated_at, by one clock: moved by
 # the same amount, they all keep their length from that write. An unleased row's
@@ -1179,6 +1192,8 @@ class PostgresStore:
                         "operation_id": operation.operation_id,
                         "read_until": operation.lease_until,
                         "read_owner": operation.lease_owner,
+                        "read_at": operation.updated_at,
+                        "read_attempts": operation.attempt_count,
                     },
                 )
             case BindCredentials():
@@ -1615,6 +1630,15 @@ class PostgresStore:
             ).fetchall()
         found = self._with_attempts(rows, listed=damaged)
         return found[0] if found else None
+
+    def queue(self, statuses: Sequence[Status]) -> list[Operation]:
+        """What resume works through: the operations with these statuses, oldest first,
+        each with its attempts, in one statement (resume sends from these rows as read:
+        its lease's compare-and-swap proves each one unchanged since). A row this
+        version cannot decode is its damaged stand-in."""
+        with self._read() as conn:
+            rows = conn.execute(_QUEUE, {"statuses": list(dict.fromkeys(statuses))}).fetchall()
+        return self._with_attempts(rows, listed=True)
 
     def operations(
         self,

@@ -535,8 +535,12 @@ UPDATE operations SET lease_owner = ?, lease_until = ?, updated_at = ?,
                           THEN ? + (key_expires_at - created_at) ELSE key_expires_at END,
     first_send_at = coalesce(first_send_at, CASE WHEN enqueued_at IS NOT NULL THEN ? END)
 WHERE operation_id = ? AND status = 'pending'
-  AND lease_until = ? AND lease_owner IS ?
+  AND lease_until = ? AND lease_owner IS ? AND updated_at = ? AND attempt_count = ?
 """
+"""The lease taken on the row as it was read: every write to an operation moves its
+lease, its updated_at or its attempt_count, so a row changed since the read (taken and
+given back meanwhile, an attempt journaled) is no longer the one decided on, and the
+swap fails: the reader reads it again."""
 
 _BIND_CREDENTIALS = """
 UPDATE operations SET credentials_digest = ?
@@ -1319,6 +1323,8 @@ class SqliteStore:
                         operation.operation_id,
                         operation.lease_until,
                         operation.lease_owner,
+                        operation.updated_at,
+                        operation.attempt_count,
                     ),
                 )
                 return cursor.rowcount == 1
@@ -1998,8 +2004,36 @@ class SqliteStore:
             for row in islice(rows, limit)
         ]
 
+    def queue(self, statuses: Sequence[Status]) -> list[Operation]:
+        """What resume works through: the operations with these statuses, oldest first
+        (in the order of `operations`), each with its attempts, read in one snapshot.
+
+        Resume sends from these rows as read here (its lease's compare-and-swap
+        proves each one unchanged since), so each row is read once, with its first
+        attempt from its own columns: only an operation with later attempts costs
+        one more query. A row this version cannot decode is its damaged stand-in."""
+        with self._snapshot():
+            listings = [
+                self._listing(status, None, None, False, columns=_ROW_COLUMNS)
+                for status in dict.fromkeys(statuses)
+            ]
+            rows = merge(*listings, key=lambda row: (row["_at"], row["_rowid"]))
+            return [
+                self._listed(
+                    {name: value for name, value in row.items() if name not in ("_rowid", "_at")},
+                    attempts=True,
+                )
+                for row in rows
+            ]
+
     def _listing(
-        self, status: Status | None, since: float | None, limit: int | None, newest_first: bool
+        self,
+        status: Status | None,
+        since: float | None,
+        limit: int | None,
+        newest_first: bool,
+        *,
+        columns: str = _OPERATION_COLUMNS,
     ) -> list[dict[str, Any]]:
         where: list[str] = []
         params: list[Any] = []
@@ -2023,7 +2057,7 @@ class SqliteStore:
             params.append(since)
         sql = (
             f"SELECT rowid AS _rowid, {at} AS _at, attempt1_outcome IS NOT NULL AS _attempt1, "
-            f"{_OPERATION_COLUMNS} FROM {source}"
+            f"{columns} FROM {source}"
         )
         if where:
             sql += " WHERE " + " AND ".join(where)

@@ -98,6 +98,13 @@ class Store(Protocol):
         """Operations (without their attempts), filtered by status and age."""
         ...
 
+    def queue(self, statuses: Sequence[Status]) -> list[Operation]:
+        """What resume works through: the operations with these statuses, oldest first,
+        each with its attempts (a row that cannot be decoded is its damaged stand-in).
+        Resume sends from these rows as read, without reading each again: its lease's
+        compare-and-swap (`TakeLease`) fails on a row changed since."""
+        ...
+
     def audit(self, operation_id: str) -> list[AuditEntry]:
         """The operation's audit entries, oldest first (none in a journal from before
         audit trails, opened read-only)."""
