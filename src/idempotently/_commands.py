@@ -27,7 +27,8 @@ from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
     from idempotently._answers import AnswerBody
-    from idempotently._events import AsyncHook, Event
+    from idempotently._events import Event
+    from idempotently._hooks import AsyncHook
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
 if sys.version_info >= (3, 11):

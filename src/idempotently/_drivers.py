@@ -19,8 +19,6 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import httpx
 
 from idempotently._answers import aread_answer, read_answer
@@ -43,10 +41,10 @@ from idempotently._commands import (
     assert_never,
 )
 from idempotently._credentials import compute_digest
-from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError, after_send_began
 from idempotently._flow._operation import Flow, Held
 from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
+from idempotently._hooks import Unfinished, adeliver, deliver
 from idempotently._journal import Journal
 from idempotently._vocabulary import Status
 
@@ -173,6 +171,11 @@ async def arun(
     report: Callable[[Any], object] | None = None,
 ) -> T:
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
+    # anyio's submodules load with the first async call, not with the package: anyio 4.16
+    # loads its parts when first used, and these two cost 8 M instructions at import.
+    import anyio.lowlevel
+    import anyio.to_thread
+
     reply: Any = None
     unfinished = Unfinished()
 

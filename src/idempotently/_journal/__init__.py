@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import anyio.to_thread
 import attrs
 import httpx
 
@@ -659,6 +658,8 @@ class Journal:
                 case Find() | Enqueue() if command.connection is not None:
                     return await self._aon_connection(command)
                 case Find() | Queue() | Pauses() | AuditTrail() | ForksTaken():
+                    import anyio.to_thread  # loaded with the first async read (the package's)
+
                     return await anyio.to_thread.run_sync(self._execute, command)
                 case ClaimDue():
                     return self._opened_all(await self._writer.awrite(command))
