@@ -47,6 +47,7 @@ LOADED_WHEN_USED = (
     "idempotently._differences",
     "idempotently._waits",
     "idempotently._events",
+    "idempotently._commands_rare",
 )
 
 PROBE = """
@@ -92,6 +93,25 @@ def test_a_journaled_call_loads_nothing_more_of_those(tmp_path: Path) -> None:
     assert [] == [name for name in LOADED_WHEN_USED if name in modules]
 
 
+def test_an_async_journaled_call_loads_none_of_the_packages_rooms(tmp_path: Path) -> None:
+    """An AsyncSession's POST, answered (asyncio), needs none of the package's parts loaded
+    when used (anyio's threads and checkpoints it does need)."""
+    code = (
+        "import asyncio, idempotently\n"
+        "async def main():\n"
+        "    async with idempotently.AsyncSession('journal.db', transport=httpx.MockTransport("
+        "lambda request: httpx.Response(201))) as session:\n"
+        "        response = await session.post('https://api.example/v1/charges', json={})\n"
+        "        assert 201 == response.status_code\n"
+        "asyncio.run(main())\n"
+    )
+    modules = loaded(code, tmp_path)
+
+    assert [] == [
+        name for name in LOADED_WHEN_USED if name.startswith("idempotently") and name in modules
+    ]
+
+
 @pytest.mark.parametrize(
     ("code", "module"),
     [
@@ -103,6 +123,10 @@ def test_a_journaled_call_loads_nothing_more_of_those(tmp_path: Path) -> None:
         ("idempotently.Journal('journal.db').abandon", "idempotently._journal"),
         ("idempotently.RetryPolicy().backoff(1)", "tenacity"),
         ("idempotently.OperationStarted", "idempotently._events"),
+        (
+            "idempotently.Journal('journal.db').unpause('https://api.example')",
+            "idempotently._commands_rare",
+        ),
     ],
 )
 def test_what_is_loaded_when_used_is_there_when_used(

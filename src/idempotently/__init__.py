@@ -40,9 +40,7 @@ from idempotently._exceptions import (
 from idempotently._flow._operation import Receipt, ResumeResult, Settlement
 from idempotently._journal import (
     Attempt,
-    AuditEntry,
     Journal,
-    JournalStats,
     Operation,
     OriginPause,
 )
@@ -60,6 +58,7 @@ if _typing.TYPE_CHECKING:
         RetryScheduled,
     )
     from idempotently._lookup import Lookup
+    from idempotently._rows_audit import AuditEntry, JournalStats
     from idempotently._transport import AsyncTransport, Transport
     from idempotently._watch import WatchBatch, WatchSummary
 
@@ -67,8 +66,11 @@ __version__ = "0.1.0.dev0"
 
 # Loaded on first use, so that `import idempotently` costs what a Session needs: the
 # transports bring httpx2's classes (when installed), the lookup its reconciler, the
-# events their classes (a call makes none unless a hook or the logger listens).
+# events their classes (a call makes none unless a hook or the logger listens), the
+# audits their rows.
 _LAZY = {
+    "AuditEntry": "idempotently._rows_audit",
+    "JournalStats": "idempotently._rows_audit",
     "AttemptFinished": "idempotently._events",
     "Event": "idempotently._events",
     "OperationFinished": "idempotently._events",

@@ -199,10 +199,14 @@ def _sent(reply: httpx.Response | httpx.TransportError, request: httpx.Request) 
         return request
 
 
-@attrs.define
 class Engine(Config):
     """One Session's or Transport's configuration (`Config`) with one call's path: the
     flows of the other use cases are functions taking the engine."""
+
+    # No attrs decorator: Engine adds methods, no fields, so Config's generated methods
+    # (and fields, for attrs.evolve) serve it as they are; decorating it again made
+    # attrs generate and compile them a second time at import (6 M instructions).
+    __slots__ = ()
 
     def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
         """This engine for one call with its own policy or profile (itself without)."""
