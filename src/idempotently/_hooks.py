@@ -144,7 +144,7 @@ class Unfinished:
         """The ``OperationFinished`` of each operation left open, and whom to give it
         (its ``elapsed`` is real time, whatever clock the session was given)."""
         if not self._open:
-            return []  # the usual end: nothing was started unheard of, no event to load
+            return []  # the usual end: no operation left open, no event to make (or load)
         from idempotently._events import OperationFinished
 
         ended = [
