@@ -48,6 +48,7 @@ LOADED_WHEN_USED = (
     "idempotently._waits",
     "idempotently._events",
     "idempotently._commands_rare",
+    "idempotently._rows_audit",
 )
 
 PROBE = """
@@ -123,6 +124,7 @@ def test_an_async_journaled_call_loads_none_of_the_packages_rooms(tmp_path: Path
         ("idempotently.Journal('journal.db').abandon", "idempotently._journal"),
         ("idempotently.RetryPolicy().backoff(1)", "tenacity"),
         ("idempotently.OperationStarted", "idempotently._events"),
+        ("idempotently.Journal('journal.db').stats(now=0.0)", "idempotently._rows_audit"),
         (
             "idempotently.Journal('journal.db').unpause('https://api.example')",
             "idempotently._commands_rare",
