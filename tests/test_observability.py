@@ -441,13 +441,13 @@ def test_a_call_builds_no_event_when_nobody_would_see_it(
 ) -> None:
     """Without hooks and with the logger above DEBUG, a settled call makes no event at
     all (work every call would otherwise pay); an unsettled one still logs its end."""
-    from idempotently._flow import _engine
+    from idempotently import _events
 
     def refuse(**fields: object) -> None:
         raise AssertionError(f"event built: {fields!r}")
 
     for name in ("OperationStarted", "AttemptFinished", "OperationFinished"):
-        monkeypatch.setattr(_engine, name, refuse)
+        monkeypatch.setattr(_events, name, refuse)
     with (
         caplog.at_level(logging.INFO, logger="idempotently"),
         idempotently.Session(

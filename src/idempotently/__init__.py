@@ -13,14 +13,6 @@ import typing as _typing
 from idempotently import _early_signals, profiles  # noqa: F401
 from idempotently._budget import RetryBudget
 from idempotently._codec import Codec, FernetCodec
-from idempotently._events import (
-    AttemptFinished,
-    Event,
-    OperationFinished,
-    OperationStarted,
-    RetryRefused,
-    RetryScheduled,
-)
 from idempotently._exceptions import (
     AnswerNotReadError,
     CodecError,
@@ -48,9 +40,7 @@ from idempotently._exceptions import (
 from idempotently._flow._operation import Receipt, ResumeResult, Settlement
 from idempotently._journal import (
     Attempt,
-    AuditEntry,
     Journal,
-    JournalStats,
     Operation,
     OriginPause,
 )
@@ -59,15 +49,34 @@ from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
 
 if _typing.TYPE_CHECKING:
+    from idempotently._events import (
+        AttemptFinished,
+        Event,
+        OperationFinished,
+        OperationStarted,
+        RetryRefused,
+        RetryScheduled,
+    )
     from idempotently._lookup import Lookup
+    from idempotently._rows_audit import AuditEntry, JournalStats
     from idempotently._transport import AsyncTransport, Transport
     from idempotently._watch import WatchBatch, WatchSummary
 
 __version__ = "0.1.0.dev0"
 
 # Loaded on first use, so that `import idempotently` costs what a Session needs: the
-# transports bring httpx2's classes (when installed), the lookup its reconciler.
+# transports bring httpx2's classes (when installed), the lookup its reconciler, the
+# events their classes (a call makes none unless a hook or the logger listens), the
+# audits their rows.
 _LAZY = {
+    "AuditEntry": "idempotently._rows_audit",
+    "JournalStats": "idempotently._rows_audit",
+    "AttemptFinished": "idempotently._events",
+    "Event": "idempotently._events",
+    "OperationFinished": "idempotently._events",
+    "OperationStarted": "idempotently._events",
+    "RetryRefused": "idempotently._events",
+    "RetryScheduled": "idempotently._events",
     "AsyncTransport": "idempotently._transport",
     "Transport": "idempotently._transport",
     "Lookup": "idempotently._lookup",

@@ -11,13 +11,20 @@ A new command joins its union (`Write`, `Read`, `Command`); every place that dec
 a command's type is a ``match`` over that union ending in ``case _: assert_never(...)``,
 so mypy names each one that does not handle it yet. A write's traits (`JournalWrite`)
 are set by its own class, never kept in a tuple of types elsewhere.
+
+The commands a call never yields (operator actions, lookups and reconciling, resume's
+queue, audit reads, unpausing) and the unions are defined in ``_commands_rare.py``, and
+load when one is first named (`__getattr__` below): each class costs attrs about 2.5 M
+instructions to make, which ``import idempotently`` would pay for every process. So a
+``match`` on a call's path names them last, as ``_commands.Act()``: a pattern is looked
+up only when the match reaches it.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import attrs
@@ -27,7 +34,53 @@ from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
     from idempotently._answers import AnswerBody
-    from idempotently._events import AsyncHook, Event
+    from idempotently._commands_rare import (
+        Act as Act,
+    )
+    from idempotently._commands_rare import (
+        AuditNote as AuditNote,
+    )
+    from idempotently._commands_rare import (
+        AuditTrail as AuditTrail,
+    )
+    from idempotently._commands_rare import (
+        Command as Command,
+    )
+    from idempotently._commands_rare import (
+        ForksTaken as ForksTaken,
+    )
+    from idempotently._commands_rare import (
+        JournalCommand as JournalCommand,
+    )
+    from idempotently._commands_rare import (
+        LookUpLater as LookUpLater,
+    )
+    from idempotently._commands_rare import (
+        PlanReconcile as PlanReconcile,
+    )
+    from idempotently._commands_rare import (
+        Queue as Queue,
+    )
+    from idempotently._commands_rare import (
+        Read as Read,
+    )
+    from idempotently._commands_rare import (
+        Reconcile as Reconcile,
+    )
+    from idempotently._commands_rare import (
+        ReconcilePlan as ReconcilePlan,
+    )
+    from idempotently._commands_rare import (
+        Report as Report,
+    )
+    from idempotently._commands_rare import (
+        Unpause as Unpause,
+    )
+    from idempotently._commands_rare import (
+        Write as Write,
+    )
+    from idempotently._events import Event
+    from idempotently._hooks import AsyncHook
     from idempotently._rows import AttemptRecord, NewOperation, Operation
 
 if sys.version_info >= (3, 11):
@@ -181,14 +234,6 @@ class Release(JournalWrite):
 
 
 @attrs.frozen
-class Queue(Journaled):
-    """Operations with these statuses, oldest first, each with its attempts (what resume
-    works through, and sends from as read)."""
-
-    statuses: tuple[Status, ...]
-
-
-@attrs.frozen
 class RenewLease(JournalWrite):
     """Compare-and-swap right before a send whose lease may have run out: set the
     lease to ``lease_until`` only if ``owner`` still holds it (nobody took it over,
@@ -272,91 +317,6 @@ class ClaimDue(JournalWrite):
         return self.now + max(0.0, time.monotonic() - self.made)
 
 
-# -- the operator's journal: operator actions and lookup verdicts --------------------
-
-
-@attrs.frozen
-class AuditNote:
-    """An audit entry written with the change it records (``_rows.AuditEntry``)."""
-
-    operation_id: str
-    actor: str
-    action: str
-    note: str | None
-    detail: str | None
-
-
-@attrs.frozen
-class Act(JournalWrite):
-    """An operator's action (or a lookup's verdict) on one operation, with its audit
-    entries and, for a fork, the new operation, all in one transaction.
-
-    A compare-and-swap on the row as read (status, lease, ``updated_at``): it applies
-    only if nobody changed the operation since, so two operators, or an operator and a
-    live call taking the lease, never both win. Replies True if applied; False, with
-    nothing written, if the operation changed or the fork's id or key is taken."""
-
-    durable: ClassVar[bool] = False
-    starts_send: ClassVar[bool] = False
-    one_statement: ClassVar[bool] = False
-    synchronous: ClassVar[bool] = True
-
-    operation_id: str
-    expect_status: Status
-    expect_lease_owner: str | None
-    expect_lease_until: float
-    expect_updated_at: float
-    status: Status
-    reason: str | None
-    now: float
-    audit: tuple[AuditNote, ...]
-    due_now: bool = False
-    """Retry: clear ``not_before`` and ``lookup_after``, so it is due at once."""
-    sets_answer: bool = False
-    """Replace the stored answer with ``response_*`` (all None: no answer stored). An
-    operator's settle clears the answer that led to needs_reconcile (a replayed 500 is
-    not the answer of a success); a lookup stores the object it found."""
-    response_status: int | None = None
-    response_headers: Sequence[tuple[str, str]] | None = None
-    response_body: bytes | None = None
-    fork: NewOperation | None = None
-    """A new pending operation, unleased, ``forked_from`` this one."""
-
-
-@attrs.frozen
-class LookUpLater(JournalWrite):
-    """A lookup that settled nothing: its note in the audit trail, and no lookup of the
-    operation before ``lookup_after``; only while it is needs_reconcile."""
-
-    durable: ClassVar[bool] = False
-    starts_send: ClassVar[bool] = False
-    one_statement: ClassVar[bool] = False
-    synchronous: ClassVar[bool] = True
-
-    operation_id: str
-    lookup_after: float
-    now: float
-    audit: AuditNote
-
-
-@attrs.frozen
-class AuditTrail(Journaled):
-    """The operation's audit entries, oldest first (a list of ``AuditEntry``): what a
-    lookup's backoff counts its unsettled lookups in a row from."""
-
-    operation_id: str
-
-
-@attrs.frozen
-class ForksTaken(Journaled):
-    """The fork ids a new fork of ``operation`` must pass over (a tuple of str): its
-    chain's earlier forks and any row already holding the next one
-    (`Journal._free_forks`); or the `OperatorActionError` refusing a fork while one it
-    made is still in the journal (returned, not raised, for the flow to report)."""
-
-    operation: Operation
-
-
 @attrs.frozen
 class Pauses(Journaled):
     """The origin pauses still running at ``now`` (a list of ``OriginPause``)."""
@@ -416,43 +376,6 @@ class RebaseOperation(JournalWrite):
     updated_at: float
     now: float
 
-
-@attrs.frozen
-class Unpause(JournalWrite):
-    """Lift every pause of ``origin``; replies the pauses it lifted."""
-
-    durable: ClassVar[bool] = False
-    starts_send: ClassVar[bool] = False
-    one_statement: ClassVar[bool] = False
-    synchronous: ClassVar[bool] = True
-
-    origin: str
-
-
-Write = (
-    Insert
-    | Enqueue
-    | TakeLease
-    | Record
-    | SetStatus
-    | Release
-    | RenewLease
-    | BindCredentials
-    | ExtendLeases
-    | ClaimDue
-    | Act
-    | LookUpLater
-    | PauseOrigin
-    | RebasePause
-    | RebaseOperation
-    | Unpause
-)
-"""What the journal's one writer commits (``_journal/_writer.py``): every `JournalWrite`
-class, each once. A dispatch over it ends in ``case _: assert_never(write)``, so mypy
-fails where a new write is not handled."""
-Read = Find | Queue | Pauses | AuditTrail | ForksTaken
-"""What the journal reads without its writer."""
-JournalCommand = Read | Write
 
 # -- commands for the driver ------------------------------------------------------------------
 
@@ -526,44 +449,6 @@ class Discard:
 
 
 @attrs.frozen
-class PlanReconcile:
-    """Ask who will reconcile a needs_reconcile operation, and which GET it will send
-    (so the flow can hold it back while its origin is paused); reply: a `ReconcilePlan`,
-    or None without a reconciler."""
-
-    operation: Operation
-
-
-@attrs.frozen
-class ReconcilePlan:
-    """The reply to `PlanReconcile`."""
-
-    actor: str
-    """Who settles it, as its audit entries name it: ``lookup``, or
-    ``reconciler:module.qualname`` for a reconciler of your own."""
-    request: httpx.Request | None = attrs.field(default=None, eq=False)
-    """The lookup's GET, built but not sent; None for a reconciler of your own (its
-    requests are its own business) or a lookup whose request cannot be built."""
-
-
-@attrs.frozen
-class Reconcile:
-    """Ask the user's reconciler about a needs_reconcile operation; reply: its Settlement
-    (or a lookup's Verdict), or None."""
-
-    operation: Operation
-    request: httpx.Request | None = attrs.field(default=None, eq=False)
-    """The planned lookup GET to send (`ReconcilePlan.request`)."""
-
-
-@attrs.frozen
-class Report:
-    """One operation's resume result, as soon as it is known; reply: None."""
-
-    result: Any
-
-
-@attrs.frozen
 class Emit:
     """Call the session's hooks with this event (yielded only when it has hooks); reply:
     None. A hook that raises is logged, never ends the call."""
@@ -581,18 +466,37 @@ class DigestCredentials:
     """(salt, names, values): the values are credentials, never shown."""
 
 
-Command = (
-    JournalCommand
-    | Send
-    | ReadAnswer
-    | Sleep
-    | Discard
-    | PlanReconcile
-    | Reconcile
-    | Report
-    | Emit
-    | DigestCredentials
-)
-"""Everything a flow yields; a driver's dispatch over it ends in ``assert_never``."""
 GateCommand = DigestCredentials | BindCredentials
 """What a request's gate (`_gate.Gate`) yields as the request leaves."""
+
+_RARE = frozenset(
+    {
+        "Act",
+        "AuditNote",
+        "AuditTrail",
+        "Command",
+        "ForksTaken",
+        "JournalCommand",
+        "LookUpLater",
+        "PlanReconcile",
+        "Queue",
+        "Read",
+        "Reconcile",
+        "ReconcilePlan",
+        "Report",
+        "Unpause",
+        "Write",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The commands a call never yields, and the unions: from ``_commands_rare.py``,
+    loaded the first time one is named (PEP 562)."""
+    if name not in _RARE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from idempotently import _commands_rare
+
+    value = getattr(_commands_rare, name)
+    globals()[name] = value
+    return value

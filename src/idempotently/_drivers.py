@@ -19,38 +19,34 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import httpx
 
+from idempotently import _commands
 from idempotently._answers import aread_answer, read_answer
 from idempotently._commands import (
     BindCredentials,
-    Command,
     DigestCredentials,
     Discard,
     Emit,
     GateCommand,
     Journaled,
-    PlanReconcile,
     ReadAnswer,
-    Reconcile,
     Record,
     Release,
-    Report,
     Send,
     Sleep,
     assert_never,
 )
 from idempotently._credentials import compute_digest
-from idempotently._events import Unfinished, adeliver, deliver
 from idempotently._exceptions import JournalError, after_send_began
 from idempotently._flow._operation import Flow, Held
 from idempotently._gate import GATE_EXTENSION, LEAVING, Passage
+from idempotently._hooks import Unfinished, adeliver, deliver
 from idempotently._journal import Journal
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
+    from idempotently._commands import Command
     from idempotently._lookup import BoundReconciler
 
 T = TypeVar("T")
@@ -124,22 +120,24 @@ def run(
                     with suppress(Exception):
                         command.response.close()
                     reply = None
-                case PlanReconcile():
-                    reply = reconcile.plan(command.operation) if reconcile is not None else None
-                case Reconcile():
-                    reply = (
-                        reconcile(command.operation, command.request)
-                        if reconcile is not None
-                        else None
-                    )
-                case Report():
-                    reply = report(command.result) if report is not None else None
                 case Emit():
                     unfinished.saw(command.event, command.hooks)
                     deliver(command.event, command.hooks)
                     reply = None
                 case DigestCredentials():
                     reply = compute_digest(command.key)
+                # Last, and through the module: a call never yields them (resume and
+                # reconcile do), so they load with those rooms.
+                case _commands.PlanReconcile():
+                    reply = reconcile.plan(command.operation) if reconcile is not None else None
+                case _commands.Reconcile():
+                    reply = (
+                        reconcile(command.operation, command.request)
+                        if reconcile is not None
+                        else None
+                    )
+                case _commands.Report():
+                    reply = report(command.result) if report is not None else None
                 case _:
                     assert_never(command)
     except Exception as error:
@@ -173,6 +171,11 @@ async def arun(
     report: Callable[[Any], object] | None = None,
 ) -> T:
     """Run ``flow`` to its end on asyncio or trio; journal commands off the event loop."""
+    # anyio's submodules load with the first async call, not with the package: anyio 4.16
+    # loads its parts when first used, and these two cost 8 M instructions at import.
+    import anyio.lowlevel
+    import anyio.to_thread
+
     reply: Any = None
     unfinished = Unfinished()
 
@@ -237,16 +240,6 @@ async def arun(
                     with suppress(Exception):
                         await command.response.aclose()
                     reply = None
-                case PlanReconcile():
-                    reply = reconcile.plan(command.operation) if reconcile is not None else None
-                case Reconcile():
-                    reply = (
-                        await reconcile(command.operation, command.request)
-                        if reconcile is not None
-                        else None
-                    )
-                case Report():
-                    reply = report(command.result) if report is not None else None
                 case Emit():
                     unfinished.saw(command.event, command.hooks)
                     await adeliver(command.event, command.hooks)
@@ -254,6 +247,17 @@ async def arun(
                 case DigestCredentials():
                     # scrypt takes tens of milliseconds: never on the event loop.
                     reply = await anyio.to_thread.run_sync(compute_digest, command.key)
+                # Last, as in `run`.
+                case _commands.PlanReconcile():
+                    reply = reconcile.plan(command.operation) if reconcile is not None else None
+                case _commands.Reconcile():
+                    reply = (
+                        await reconcile(command.operation, command.request)
+                        if reconcile is not None
+                        else None
+                    )
+                case _commands.Report():
+                    reply = report(command.result) if report is not None else None
                 case _:
                     assert_never(command)
     except Exception as error:

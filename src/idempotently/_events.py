@@ -7,21 +7,21 @@ Transport has ``hooks=``, yields an `Emit` command
 that the driver carries out by calling them. No event holds a header, a body
 or a URL: only ids, counts, outcomes and the reasons already written to the
 journal (secrets scrubbed).
+
+This module loads when the first event is made, not with the package: with no hooks
+and the logger quiet (the usual case) a call makes none. Who hears them (the hooks,
+checked and called, and the logger) is ``_hooks.py``, loaded with the package.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
 
 import attrs
 
+from idempotently._hooks import finished_level, logger
 from idempotently._vocabulary import Action, Delivery, Outcome, Status
-
-logger = logging.getLogger("idempotently")
 
 
 @attrs.frozen(kw_only=True)
@@ -144,31 +144,10 @@ class RetryRefused:
 Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished | RetryRefused
 """One of the five events a hook receives."""
 
-Hook = Callable[[Event], object]
-"""A hook: called with each event, in the caller's thread (or on the event loop)."""
-AsyncHook = Callable[[Event], Awaitable[object] | object]
-"""A hook of an async Session or Transport: a plain function or an async one."""
-
 
 def fields(event: Event) -> dict[str, Any]:
     """The event as log record fields: its name and every field, by name."""
     return {"event": event.name, **attrs.asdict(event)}
-
-
-def finished_level(status: Status) -> int:
-    """The log level of an `OperationFinished` with ``status``: what the caller did
-    not get (pending, needs reconciling, abandoned) is worth a line at INFO; a settled
-    answer is the caller's to report."""
-    return logging.DEBUG if status in ("succeeded", "failed") else logging.INFO
-
-
-def heard(hooks: tuple[AsyncHook, ...], level: int) -> bool:
-    """Whether an event logged at ``level`` reaches anyone: a hook, or the logger.
-
-    The flow asks before it builds an event: with no hooks and the logger quiet (the
-    usual case), nobody would ever see it.
-    """
-    return bool(hooks) or logger.isEnabledFor(level)
 
 
 def log(event: Event) -> None:
@@ -232,120 +211,3 @@ def log(event: Event) -> None:
             event.reason,
             extra=extra,
         )
-
-
-def _hook_failed(hook: object, event: Event) -> None:
-    logger.error(
-        "hook %r raised on %s of operation %s (key %s); ignored, the call goes on",
-        hook,
-        event.name,
-        event.operation_id,
-        event.key,
-        exc_info=True,
-        extra={"idempotently": {**fields(event), "hook": repr(hook)}},
-    )
-
-
-def deliver(event: Event, hooks: Iterable[Hook]) -> None:
-    """Call every hook with ``event``; one that raises is logged and skipped."""
-    for hook in hooks:
-        try:
-            result = hook(event)
-        except Exception:
-            _hook_failed(hook, event)
-            continue
-        if inspect.isawaitable(result):  # an async hook on a sync session: never awaited
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-            logger.error(
-                "hook %r returned an awaitable on a sync Session or Transport; it was not "
-                "awaited: give a plain function",
-                hook,
-                extra={"idempotently": {**fields(event), "hook": repr(hook)}},
-            )
-
-
-async def adeliver(event: Event, hooks: Iterable[AsyncHook]) -> None:
-    """Call every hook with ``event`` on the event loop, awaiting async ones; one that
-    raises is logged and skipped."""
-    for hook in hooks:
-        try:
-            result = hook(event)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            _hook_failed(hook, event)
-
-
-def check_hooks(hooks: object, *, asynchronous: bool) -> tuple[AsyncHook, ...]:
-    """``hooks=``: a list of callables (async ones only for an async session or transport)."""
-    if isinstance(hooks, (str, bytes)) or callable(hooks) or not isinstance(hooks, Iterable):
-        raise TypeError(
-            f"hooks must be a list of callables taking an event, not {type(hooks).__name__}"
-            + (" (wrap a single hook in a list: hooks=[hook])" if callable(hooks) else "")
-        )
-    checked = tuple(hooks)
-    for hook in checked:
-        if not callable(hook):
-            raise TypeError(f"hooks must hold callables taking an event, not {hook!r}")
-        if not asynchronous and inspect.iscoroutinefunction(hook):
-            raise TypeError(
-                f"hooks of a sync Session or Transport must be plain functions; {hook!r} is "
-                "async and would never run"
-            )
-    return checked
-
-
-class Unfinished:
-    """The operations a driver delivered ``OperationStarted`` for and no ``OperationFinished``.
-
-    A call that ends early (cancelled, Ctrl-C, an error raised by the flow) makes no
-    ``OperationFinished``; the driver then delivers one from its cleanup, so a hook
-    (an OpenTelemetry span, a metric) never waits for an end that will not come.
-    """
-
-    __slots__ = ("_open",)
-
-    def __init__(self) -> None:
-        # operation id -> (its start, attempts journaled, hooks, time.monotonic() at start)
-        self._open: dict[str, tuple[OperationStarted, int, tuple[AsyncHook, ...], float]] = {}
-
-    def saw(self, event: Event, hooks: Iterable[AsyncHook]) -> None:
-        if isinstance(event, OperationStarted):
-            self._open[event.operation_id] = (
-                event,
-                event.attempts,
-                tuple(hooks),
-                time.monotonic(),
-            )
-        elif isinstance(event, AttemptFinished) and event.operation_id in self._open:
-            started, _, known, since = self._open[event.operation_id]
-            self._open[event.operation_id] = (started, event.attempt, known, since)
-        elif isinstance(event, OperationFinished):
-            self._open.pop(event.operation_id, None)
-
-    def endings(self, status: Status) -> list[tuple[OperationFinished, tuple[AsyncHook, ...]]]:
-        """The ``OperationFinished`` of each operation left open, and whom to give it
-        (its ``elapsed`` is real time, whatever clock the session was given)."""
-        ended = [
-            (
-                OperationFinished(
-                    operation_id=started.operation_id,
-                    key=started.key,
-                    status=status,
-                    action="pending",
-                    reason="the call was interrupted (cancelled, stopped or failed) before it "
-                    "ended; what was sent is journaled and a later call or resume continues it",
-                    attempts=attempts,
-                    status_code=None,
-                    replayed=False,
-                    not_before=None,
-                    elapsed=time.monotonic() - since,
-                ),
-                hooks,
-            )
-            for started, attempts, hooks, since in self._open.values()
-        ]
-        self._open.clear()
-        return ended

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import attrs
 import httpx
-import tenacity as _t
 
 from idempotently._budget import RetryBudget
 from idempotently._numbers import as_float
@@ -36,6 +35,8 @@ from idempotently._text import storable_text
 from idempotently._vocabulary import Action, Delivery, Outcome
 
 if TYPE_CHECKING:
+    import tenacity as _t
+
     from idempotently._rows import Operation
 
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
@@ -61,24 +62,6 @@ DEFAULT_INITIAL_BACKOFF = 0.25
 DEFAULT_MAX_BACKOFF = 8.0
 DEFAULT_RETRY_AFTER_MAX = 30.0
 DEFAULT_IN_PROGRESS_RETRIES = 3
-
-
-class full_jitter(_t.wait.wait_base):
-    """Exponential backoff with full jitter: uniform in ``[0, min(maximum, initial * 2**(n-1))]``.
-
-    A tenacity wait strategy (it composes with ``+``) whose randomness is
-    injectable, so tests can fix it.
-    """
-
-    def __init__(
-        self, initial: float, maximum: float, rand: Callable[[], float] = random.random
-    ) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.rand = rand
-
-    def __call__(self, retry_state: _t.RetryCallState) -> float:
-        return jittered(self.initial, self.maximum, retry_state.attempt_number, self.rand)
 
 
 def jittered(initial: float, maximum: float, number: int, rand: Callable[[], float]) -> float:
@@ -182,27 +165,23 @@ class RetryPolicy:
 
     def backoff(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
         """The backoff before retry number ``retry_number`` (1 for the first retry)."""
-        return self._wait_strategy(rand)(_retry_call_state(retry_number, 0.0, 0.0))
+        from idempotently._waits import retry_call_state
+
+        return self._wait_strategy(rand)(retry_call_state(retry_number, 0.0, 0.0))
 
     def _wait_strategy(self, rand: Callable[[], float]) -> WaitStrategy:
         if self.wait is not None:
             return self.wait
+        from idempotently._waits import full_jitter  # tenacity: loaded on the first retry
+
         return full_jitter(self.initial_backoff, self.max_backoff, rand)
 
     def _stop_strategy(self) -> StopStrategy:
         if self.stop is not None:
             return self.stop
-        return _t.stop_after_attempt(self.max_attempts) | _t.stop_before_delay(self.deadline)
+        from idempotently._waits import stop_after
 
-
-def _retry_call_state(attempts: int, elapsed: float, upcoming_sleep: float) -> _t.RetryCallState:
-    """tenacity's view of a call: its strategies read only these fields."""
-    state = _t.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-    state.attempt_number = attempts
-    state.start_time = 0.0
-    state.outcome_timestamp = elapsed
-    state.upcoming_sleep = upcoming_sleep
-    return state
+        return stop_after(self.max_attempts, self.deadline)
 
 
 # -- classification: each answer once --------------------------------------------------
@@ -741,8 +720,10 @@ def _retry_or_stop(
     now: float,
     rand: Callable[[], float],
 ) -> Decision:
+    from idempotently._waits import retry_call_state
+
     elapsed = now - state.started_at
-    backoff = policy._wait_strategy(rand)(_retry_call_state(state.attempts, elapsed, 0.0))
+    backoff = policy._wait_strategy(rand)(retry_call_state(state.attempts, elapsed, 0.0))
     wait = max(server or 0.0, backoff)
     if state.deadline_at is not None and now + wait > state.deadline_at:
         return Decision(
@@ -758,7 +739,7 @@ def _retry_or_stop(
             state,
             not_before=now + server,
         )
-    if policy._stop_strategy()(_retry_call_state(state.attempts, elapsed, wait)):
+    if policy._stop_strategy()(retry_call_state(state.attempts, elapsed, wait)):
         stop = (
             f"{what}: stopped after {state.attempts} attempt"
             f"{'' if state.attempts == 1 else 's'} and {elapsed:.3g}s "

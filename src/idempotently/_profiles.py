@@ -6,7 +6,7 @@ import functools
 import importlib
 import json
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal
 
 import attrs
@@ -149,6 +149,12 @@ def check_key_expiry_margin(value: object, lifetime: float | None, name: str) ->
             "could ever be resent"
         )
     return margin
+
+
+def _as_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    """``tuple``, named: attrs reads each converter's signature as the class is made, and
+    reading a builtin's means tokenizing its text signature (15 M instructions at import)."""
+    return tuple(value)
 
 
 def _replay_marker_specs(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -347,13 +353,13 @@ class ServerProfile:
     an error sends them to needs_reconcile instead of running its handler again on each
     retry. Empty by default: 502, 503 and 504 are a gateway's."""
     replay_headers: tuple[str, ...] = attrs.field(
-        default=REPLAY_MARKER_HEADERS, converter=tuple, validator=_replay_marker_specs
+        default=REPLAY_MARKER_HEADERS, converter=_as_tuple, validator=_replay_marker_specs
     )
     """Response headers marking a stored answer replayed: a name (its value true, ?1 or
     1), or ``Name: value`` for a server that says it with another word
     (``X-Idempotency-Status: hit``); values are compared case-insensitively."""
     retry_hint_headers: tuple[str, ...] = attrs.field(
-        default=RETRY_HINT_HEADERS, converter=tuple, validator=_header_names
+        default=RETRY_HINT_HEADERS, converter=_as_tuple, validator=_header_names
     )
     """Response headers saying true/false to "should this be retried"."""
     classify: Classifier | None = attrs.field(

@@ -51,14 +51,14 @@ _MONTH = "(?P<month>" + "|".join(_MONTHS) + ")"
 _TIME = r"(?P<hour>\d{2}):(?P<minute>\d{2}):(?P<second>\d{2})"
 # RFC 9110 (section 5.6.7): two obsolete forms, which a recipient MUST accept. The
 # preferred IMF-fixdate goes through email.utils, as it always has.
-_RFC850 = re.compile(
+# Patterns, compiled by `re` (and kept in its cache) when a server first sends a date.
+_DATES = re.IGNORECASE | re.ASCII
+_RFC850 = (
     r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
-    rf"(?P<day>\d{{2}})-{_MONTH}-(?P<year>\d{{2}}) {_TIME} GMT",
-    re.IGNORECASE | re.ASCII,
+    rf"(?P<day>\d{{2}})-{_MONTH}-(?P<year>\d{{2}}) {_TIME} GMT"
 )
-_ASCTIME = re.compile(  # ``Sun Nov  6 08:49:37 1994``: GMT, though it says no zone
-    rf"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) {_MONTH} (?P<day>[ \d]?\d) {_TIME} (?P<year>\d{{4}})",
-    re.IGNORECASE | re.ASCII,
+_ASCTIME = (  # ``Sun Nov  6 08:49:37 1994``: GMT, though it says no zone
+    rf"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) {_MONTH} (?P<day>[ \d]?\d) {_TIME} (?P<year>\d{{4}})"
 )
 _FIFTY_YEARS = 50 * 365.25 * 24 * 60 * 60
 
@@ -84,7 +84,7 @@ def _parse_http_date(value: str, *, now: float) -> float | None:
 
 def _obsolete_date(value: str, *, now: float) -> float | None:
     """Seconds since the epoch of an RFC 850 or asctime date, or None if it is neither."""
-    found = _RFC850.fullmatch(value) or _ASCTIME.fullmatch(value)
+    found = re.fullmatch(_RFC850, value, _DATES) or re.fullmatch(_ASCTIME, value, _DATES)
     if found is None:
         return None
     parts = found.groupdict()

@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
 
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import FlowFactory, arun, arun_each, run, run_each
-from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow._checks import check_call_arguments, check_host_id, check_timeouts
 from idempotently._flow._config import DEFAULT_LEASE_DURATION, DEFAULT_WATCH_INTERVAL
 from idempotently._flow._engine import Engine
@@ -47,6 +46,7 @@ from idempotently._flow._leases import default_host_id
 from idempotently._flow._operation import Call, Held, ResumeResult, Settlement, profile_for
 from idempotently._flow._read import retried_read
 from idempotently._gate import alast_hook, keep_last, last_hook
+from idempotently._hooks import AsyncHook, Hook, check_hooks
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
 from idempotently._overrides import check_call_policy, overrides_json

@@ -17,14 +17,16 @@ REPLACEMENT = "\ufffd"
 """What a lone surrogate becomes: U+FFFD REPLACEMENT CHARACTER, as a decoder would write."""
 NUL_SYMBOL = "\u2400"
 """What a NUL becomes: U+2400 SYMBOL FOR NULL, visible where NUL would vanish or be refused."""
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATES = "[\ud800-\udfff]"
+"""Compiled on the first text that is not ASCII (by `re`'s own cache), not at import: its
+character set is the costliest pattern the package has."""
 
 
 def storable_text(text: str) -> str:
     """``text`` with lone surrogates as U+FFFD and NUL as U+2400; anything else unchanged."""
     if text.isascii():
         return text.replace("\x00", NUL_SYMBOL) if "\x00" in text else text
-    return _SURROGATE.sub(REPLACEMENT, text).replace("\x00", NUL_SYMBOL)
+    return re.sub(_SURROGATES, REPLACEMENT, text).replace("\x00", NUL_SYMBOL)
 
 
 def storable(text: str | None) -> str | None:

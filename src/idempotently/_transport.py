@@ -19,7 +19,6 @@ import httpx
 from idempotently import _httpx2
 from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._drivers import arun, run
-from idempotently._events import AsyncHook, Hook, check_hooks
 from idempotently._flow._checks import check_call_arguments, check_host_id, check_timeouts
 from idempotently._flow._config import DEFAULT_LEASE_DURATION
 from idempotently._flow._engine import Engine
@@ -27,6 +26,7 @@ from idempotently._flow._leases import default_host_id
 from idempotently._flow._operation import Call, Held
 from idempotently._flow._read import retried_read
 from idempotently._gate import alast_hook, last_hook
+from idempotently._hooks import AsyncHook, Hook, check_hooks
 from idempotently._keys import redaction_set
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ProfileRule, ServerProfile

@@ -13,8 +13,8 @@ from idempotently._answers import DEFAULT_MAX_RESPONSE_BYTES
 from idempotently._budget import BUDGETS, RetryBudgets
 from idempotently._codec import Codec
 from idempotently._commands import Lease
-from idempotently._events import AsyncHook
 from idempotently._flow._leases import _HOST, new_lease_owner
+from idempotently._hooks import AsyncHook
 from idempotently._keys import redaction_set
 from idempotently._pauses import PauseBoard
 from idempotently._policy import RetryPolicy

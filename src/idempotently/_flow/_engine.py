@@ -8,6 +8,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import httpx
@@ -33,17 +34,6 @@ from idempotently._commands import (
 from idempotently._credentials import (
     credential_names,
     credential_values,
-)
-from idempotently._events import (
-    AttemptFinished,
-    Event,
-    OperationFinished,
-    OperationStarted,
-    RetryRefused,
-    RetryScheduled,
-    finished_level,
-    heard,
-    log,
 )
 from idempotently._exceptions import (
     RESUME_HINT,
@@ -84,6 +74,7 @@ from idempotently._flow._operation import (
     times_from_now,
 )
 from idempotently._gate import Gate, GateRefusal, binding_differs
+from idempotently._hooks import finished_level, heard
 from idempotently._keys import (
     DIGEST_PREFIX,
     RequestHeaders,
@@ -124,6 +115,9 @@ from idempotently._secret_params import (
 )
 from idempotently._text import storable, storable_text
 from idempotently._vocabulary import STATUS_AFTER
+
+if TYPE_CHECKING:
+    from idempotently._events import Event
 
 _INFINITY = float("inf")
 
@@ -205,10 +199,14 @@ def _sent(reply: httpx.Response | httpx.TransportError, request: httpx.Request) 
         return request
 
 
-@attrs.define
 class Engine(Config):
     """One Session's or Transport's configuration (`Config`) with one call's path: the
     flows of the other use cases are functions taking the engine."""
+
+    # No attrs decorator: Engine adds methods, no fields, so Config's generated methods
+    # (and fields, for attrs.evolve) serve it as they are; decorating it again made
+    # attrs generate and compile them a second time at import (6 M instructions).
+    __slots__ = ()
 
     def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
         """This engine for one call with its own policy or profile (itself without)."""
@@ -599,8 +597,12 @@ class Engine(Config):
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
         if heard(hooks, logging.DEBUG):
+            # The events load with the first one made (`heard`: hooks, or a logger that
+            # listens), not with the package.
+            from idempotently import _events
+
             yield from self._emit(
-                OperationStarted(
+                _events.OperationStarted(
                     operation_id=operation_id,
                     key=key,
                     method=request.method,
@@ -766,8 +768,10 @@ class Engine(Config):
                     ),
                 }
             if heard(hooks, logging.DEBUG):
+                from idempotently import _events
+
                 yield from self._emit(
-                    AttemptFinished(
+                    _events.AttemptFinished(
                         operation_id=operation_id,
                         key=key,
                         attempt=attempts,
@@ -782,8 +786,10 @@ class Engine(Config):
                     )
                 )
             if decision.refused_by is not None:
+                from idempotently import _events
+
                 yield from self._emit(
-                    RetryRefused(
+                    _events.RetryRefused(
                         operation_id=operation_id,
                         key=key,
                         attempt=attempts,
@@ -792,8 +798,10 @@ class Engine(Config):
                     )
                 )
             if retrying:
+                from idempotently import _events
+
                 yield from self._emit(
-                    RetryScheduled(
+                    _events.RetryScheduled(
                         operation_id=operation_id,
                         key=key,
                         attempt=attempts,
@@ -804,8 +812,10 @@ class Engine(Config):
                 yield from self.sleep_on(profile, request, decision.wait, paused_until)
                 continue
             if heard(hooks, finished_level(record.status)):
+                from idempotently import _events
+
                 yield from self._emit(
-                    OperationFinished(
+                    _events.OperationFinished(
                         operation_id=operation_id,
                         key=key,
                         status=record.status,
@@ -1001,6 +1011,8 @@ class Engine(Config):
 
     def _emit(self, event: Event) -> Flow[None]:
         """Log ``event``; hand it to the hooks, if there are any (through the driver)."""
+        from idempotently._events import log
+
         log(event)
         if self.hooks:
             yield Emit(event, self.hooks)

@@ -8,14 +8,13 @@ import datetime
 import functools
 import json
 from collections.abc import Callable, Generator
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import httpx
 
 from idempotently._codec import Codec
 from idempotently._commands import (
-    Command,
     RebaseOperation,
     Record,
     Release,
@@ -70,10 +69,13 @@ from idempotently._vocabulary import (
     Status,
 )
 
+if TYPE_CHECKING:
+    from idempotently._commands import Command
+
 T = TypeVar("T")
 
 
-Flow = Generator[Command, Any, T]
+Flow = Generator["Command", Any, T]  # named, not evaluated: `Command` loads when used
 
 
 EXTENSION = "idempotently"

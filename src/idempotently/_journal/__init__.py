@@ -20,28 +20,22 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import anyio.to_thread
 import attrs
 import httpx
 
+from idempotently import _commands, _rows
 from idempotently._budget import origin_of
 from idempotently._codec import Codec, check_codec, decoded, unverified
 from idempotently._commands import (
-    Act,
-    AuditTrail,
     BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Find,
-    ForksTaken,
     Insert,
-    JournalCommand,
     JournalWrite,
-    LookUpLater,
     PauseOrigin,
     Pauses,
-    Queue,
     RebaseOperation,
     RebasePause,
     Record,
@@ -49,7 +43,6 @@ from idempotently._commands import (
     RenewLease,
     SetStatus,
     TakeLease,
-    Unpause,
     assert_never,
 )
 from idempotently._exceptions import (
@@ -71,9 +64,7 @@ from idempotently._rows import (
     MAX_WINDOW,
     Attempt,
     AttemptRecord,
-    AuditEntry,
     Durability,
-    JournalStats,
     NewOperation,
     Operation,
     OriginPause,
@@ -82,7 +73,10 @@ from idempotently._secret_params import check_param_names, secret_param_names
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
+    from idempotently._commands import JournalCommand
     from idempotently._operator import ActionName
+    from idempotently._rows_audit import AuditEntry as AuditEntry
+    from idempotently._rows_audit import JournalStats as JournalStats
 
 __all__ = [
     "DEFAULT_EXPIRING_WITHIN",
@@ -369,7 +363,7 @@ class Journal:
             raise ValueError(
                 f"{origin!r} is not an origin: give scheme://host[:port], e.g. https://api.example.com"
             )
-        lifted: list[OriginPause] = self._execute(Unpause(name))
+        lifted: list[OriginPause] = self._execute(_commands.Unpause(name))
         self._pause_board.remove(name)
         who = actor or default_actor()
         for pause in lifted:
@@ -623,23 +617,25 @@ class Journal:
                     return self._on_connection(command)
                 case Find():
                     return self._opened(self._store.find(command.operation_id, command.key))
-                case Queue():
-                    return self._opened_all(self._store.queue(command.statuses))
                 case Pauses():
                     return self._store.origin_pauses(now=command.now)
-                case AuditTrail():
+                case ClaimDue():
+                    return self._opened_all(self._writer.write(command))
+                case JournalWrite():  # every write goes to the one writer
+                    return self._writer.write(command)
+                # Last, and through the module: a call's commands never reach them, so the
+                # commands of resume and the operator's journal load with their rooms.
+                case _commands.Queue():
+                    return self._opened_all(self._store.queue(command.statuses))
+                case _commands.AuditTrail():
                     return self._store.audit(command.operation_id)
-                case ForksTaken():
+                case _commands.ForksTaken():
                     try:
                         return self._free_forks(
                             command.operation, self._forks_taken(command.operation)
                         )
                     except OperatorActionError as refused:
                         return refused
-                case ClaimDue():
-                    return self._opened_all(self._writer.write(command))
-                case JournalWrite():  # every write goes to the one writer
-                    return self._writer.write(command)
                 case _:
                     assert_never(command)
         except IdempotentlyError as error:
@@ -656,12 +652,20 @@ class Journal:
             match command:
                 case Find() | Enqueue() if command.connection is not None:
                     return await self._aon_connection(command)
-                case Find() | Queue() | Pauses() | AuditTrail() | ForksTaken():
-                    return await anyio.to_thread.run_sync(self._execute, command)
                 case ClaimDue():
                     return self._opened_all(await self._writer.awrite(command))
                 case JournalWrite():  # every write goes to the one writer
                     return await self._writer.awrite(command)
+                case (
+                    Find()
+                    | Pauses()
+                    | _commands.Queue()  # last, as in `_execute`
+                    | _commands.AuditTrail()
+                    | _commands.ForksTaken()
+                ):
+                    import anyio.to_thread  # loaded with the first async read (the package's)
+
+                    return await anyio.to_thread.run_sync(self._execute, command)
                 case _:
                     assert_never(command)
         except IdempotentlyError as error:
@@ -828,22 +832,22 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | Find()
             | TakeLease()
             | BindCredentials()
-            | Queue()
             | ClaimDue()
             | Pauses()
-            | AuditTrail()
-            | ForksTaken()
+            | _commands.Queue()
+            | _commands.AuditTrail()
+            | _commands.ForksTaken()
         ):
             return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
         case (
             Enqueue()
             | SetStatus()
-            | Act()
-            | LookUpLater()
             | PauseOrigin()
             | RebasePause()
             | RebaseOperation()
-            | Unpause()
+            | _commands.Act()
+            | _commands.LookUpLater()
+            | _commands.Unpause()
             | None
         ):
             return f"{closed}; this write was not journaled. Open the journal again to retry it"
@@ -861,3 +865,10 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def __getattr__(name: str) -> Any:
+    """`JournalStats` and `AuditEntry` (in ``__all__``), made when first named (`_rows`)."""
+    if name not in ("JournalStats", "AuditEntry"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(_rows, name)

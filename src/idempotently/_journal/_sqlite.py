@@ -30,18 +30,17 @@ from contextlib import closing, contextmanager, nullcontext, suppress
 from heapq import merge
 from itertools import islice
 from pathlib import Path
-from typing import Any, Final, NoReturn, cast, get_args
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, get_args
 
 import attrs
 
+from idempotently import _commands, _rows
 from idempotently._commands import (
-    Act,
     BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Insert,
-    LookUpLater,
     PauseOrigin,
     RebaseOperation,
     RebasePause,
@@ -50,8 +49,6 @@ from idempotently._commands import (
     RenewLease,
     SetStatus,
     TakeLease,
-    Unpause,
-    Write,
     assert_never,
 )
 from idempotently._exceptions import (
@@ -69,10 +66,8 @@ from idempotently._rows import (
     MAX_TIMESTAMP,
     MAX_WINDOW,
     Attempt,
-    AuditEntry,
     Durability,
     Failed,
-    JournalStats,
     NewOperation,
     Operation,
     OriginPause,
@@ -85,6 +80,10 @@ from idempotently._rows import (
 )
 from idempotently._special_files import refuse_special_file
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Outcome, Status
+
+if TYPE_CHECKING:
+    from idempotently._commands import Act, LookUpLater, Write
+    from idempotently._rows import AuditEntry, JournalStats
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """A journal path starting with one of these is a PostgreSQL URL (see _postgres.py)."""
@@ -1384,17 +1383,6 @@ class SqliteStore:
                     (write.origin, write.credentials),
                 ).fetchone()
                 return None if row is None else OriginPause(*tuple(row))
-            case Unpause():
-                lifted = [
-                    OriginPause(*tuple(row))
-                    for row in conn.execute(
-                        "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
-                        "WHERE origin = ?",
-                        (write.origin,),
-                    )
-                ]
-                conn.execute("DELETE FROM origin_pauses WHERE origin = ?", (write.origin,))
-                return lifted
             case SetStatus():
                 cursor = conn.execute(
                     """
@@ -1426,10 +1414,23 @@ class SqliteStore:
                 return extended
             case ClaimDue():
                 return self._claim(conn, write)
-            case Act():
+            # Last, and through the module: a call's writes never reach them, so the
+            # operator's commands load with the operator's rooms.
+            case _commands.Act():
                 return self._act(conn, write, counts)
-            case LookUpLater():
+            case _commands.LookUpLater():
                 return self._look_up_later(conn, write)
+            case _commands.Unpause():
+                lifted = [
+                    OriginPause(*tuple(row))
+                    for row in conn.execute(
+                        "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+                        "WHERE origin = ?",
+                        (write.origin,),
+                    )
+                ]
+                conn.execute("DELETE FROM origin_pauses WHERE origin = ?", (write.origin,))
+                return lifted
             case _:
                 assert_never(write)
 
@@ -1651,7 +1652,7 @@ class SqliteStore:
                     "aside and restore a backup",
                     operation_id=operation_id,
                 )
-            entries.append(AuditEntry(**row))
+            entries.append(_rows.AuditEntry(**row))
         return entries
 
     # -- the outbox: writes in the application's own transaction ----------------------
@@ -2113,7 +2114,7 @@ class SqliteStore:
             """,
             {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},
         )[0]
-        return JournalStats(
+        return _rows.JournalStats(
             counts=counts,
             operations=sum(counts.values()),
             attempts=attempts["attempts"],

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from idempotently._commands import Write
 from idempotently._rows import (
-    AuditEntry,
     Durability,
-    JournalStats,
     NewOperation,
     Operation,
     OriginPause,
 )
 from idempotently._vocabulary import Status
+
+if TYPE_CHECKING:
+    from idempotently._commands import Write
+    from idempotently._rows_audit import AuditEntry, JournalStats
 
 
 class Store(Protocol):

@@ -43,8 +43,6 @@ from contextlib import suppress
 from typing import Any
 
 import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import sniffio
 
 from idempotently._exceptions import JournalError, JournalWriteError
@@ -177,10 +175,16 @@ class Writer:
         Not abandoned on cancellation: once queued, the write is committed (or fails)
         before this returns, and a cancellation is delivered after, by the caller's
         next checkpoint."""
+        # anyio's submodules load with the first async call, not with the package: anyio 4.16
+        # loads its parts when first used, and these two cost 8 M instructions at import.
+        import anyio.lowlevel
+
         await anyio.lowlevel.checkpoint_if_cancelled()
         wake = _loop_wake()
         if wake is None:
             # Another async library: its own worker thread joins the writer as a sync caller.
+            import anyio.to_thread
+
             return await anyio.to_thread.run_sync(self.write, write)
         job = _Job(write, self._durable(write))
         job.wake, job.event = wake, anyio.Event()
