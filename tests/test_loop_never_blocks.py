@@ -481,7 +481,7 @@ async def test_no_journal_command_ever_runs_on_the_event_loop(
     store = journal._store
     threads: list[int] = []
     batches = commits(journal)
-    for name in ("find", "operations"):
+    for name in ("find", "operations", "queue"):
         real = getattr(store, name)
 
         def traced(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
