@@ -288,7 +288,7 @@ def carry_operation_id(
     return json, data
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # hashed on every call (the journaled spec's cache)
 class ServerProfile:
     """The server side of the contract, as one API implements it.
 

@@ -272,7 +272,18 @@ class _SessionBase(Generic[ClientT]):
             param_values=self._param_values,
             pauses=self.journal._pause_board,
             max_response_bytes=max_response_bytes,
+            quiet_client=self._quiet_client,
         )
+
+    def _quiet_client(self) -> bool:
+        """Whether nothing in the client can change a request between the journal and
+        the wire: no request hook but the library's own (`_gate.last_hook`), no ``auth``.
+        Then a request leaves as journaled, and an attempt whose key is bound to no
+        credentials is not gated (the gate would compare it with itself)."""
+        client = self.client
+        if client.auth is not None:
+            return False
+        return all(hook is last_hook or hook is alast_hook for hook in client.event_hooks["request"])
 
     def _param_values(self, name: str) -> Sequence[str] | None:
         """The live values of a redacted query parameter, for a resume: the session's

@@ -578,20 +578,26 @@ class Engine(Config):
         by its `Gate` as it leaves, after the client's request hooks and auth flow."""
         owner = held.lease[1] if held.lease is not None else None
         lease = None if owner is None else self.lease(operation_id, owner)  # one per call
-        gate = Gate(
-            request,
-            operation_id=operation_id,
-            key=key,
-            key_header=profile.key_header,
-            # A key the journal holds as bound stays bound, whatever profile resends it
-            # (`--force-profile`, a damaged row): its digest is checked, never ignored.
-            bind=profile.key_bound_to_credentials or binding is not None,
-            binding=binding,
-            owner=owner,
-            salt=self._salt(),
-            redact_headers=self.redact_headers,
-            secret_params=self.secret_params,
-            fingerprint_headers=self.fingerprint_headers,
+        # A key the journal holds as bound stays bound, whatever profile resends it
+        # (`--force-profile`, a damaged row): its digest is checked, never ignored.
+        bind = profile.key_bound_to_credentials or binding is not None
+        quiet = self.quiet_client
+        gate = (
+            None
+            if not bind and quiet is not None and quiet()
+            else Gate(
+                request,
+                operation_id=operation_id,
+                key=key,
+                key_header=profile.key_header,
+                bind=bind,
+                binding=binding,
+                owner=owner,
+                salt=self._salt(),
+                redact_headers=self.redact_headers,
+                secret_params=self.secret_params,
+                fingerprint_headers=self.fingerprint_headers,
+            )
         )
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
@@ -655,9 +661,10 @@ class Engine(Config):
             # within the bounds `_Reading` sets; an error while reading is the attempt's.
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             reading.body = None
-            gate.passes = 0
+            if gate is not None:
+                gate.passes = 0
             reply = yield Send(request, lease, reading, gate)
-            if isinstance(reply, (httpx.Response, httpx.TransportError)):
+            if gate is not None and isinstance(reply, (httpx.Response, httpx.TransportError)):
                 if gate.bind and gate.passes == 0:
                     reply = yield from self._checked_late(gate, reply, request, reading)
                 elif gate.passes and gate.changed_since(_sent(reply, request)):

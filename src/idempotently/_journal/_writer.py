@@ -128,6 +128,11 @@ class Writer:
         self._work = threading.Condition(lock)
         self._waiting: list[_Job] = []
         self._async_waiting = 0
+        # How many async writes the batch being committed holds (their loops are woken
+        # after it), and how many callers wait on ``_changed``: a lone caller's commit
+        # then wakes nobody, at no cost.
+        self._batch_async = 0
+        self._sleepers = 0
         self._committing = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -137,11 +142,34 @@ class Writer:
     # -- sync callers: leader/follower ----------------------------------------------------
 
     def write(self, write: Any) -> Any:
-        """Commit ``write`` (with whatever else is waiting); its result, or its error raised."""
-        (outcome,) = self.write_many([write])
-        if isinstance(outcome, Failed):
-            raise outcome.error
-        return outcome
+        """Commit ``write`` (with whatever else is waiting); its result, or its error raised.
+
+        `write_many` for one write (a call's every write), without its lists."""
+        self.refuse_reentry("write to")
+        job = _Job(write, self._durable(write))
+        lead: list[_Job] | None = None
+        with self._lock:
+            self._waiting.append(job)
+            if self._committing:
+                self._wait_for(job)
+            if not job.done:
+                lead = self._take()
+        if lead is not None:
+            self._lead(lead, (job,))
+        if job.error is not None:
+            # The caller's own copy: callers annotate the error they raise (operation
+            # id, key), and one object must not carry another's.
+            raise copy.copy(job.error)
+        return job.result
+
+    def _wait_for(self, job: _Job) -> None:
+        """Wait (under the lock) until ``job`` is committed or nobody commits."""
+        self._sleepers += 1
+        try:
+            while self._committing and not job.done:
+                self._changed.wait()
+        finally:
+            self._sleepers -= 1
 
     def write_many(self, writes: Sequence[Any]) -> list[Any]:
         """Commit ``writes`` together (with whatever else is waiting); each one's outcome.
@@ -155,8 +183,8 @@ class Writer:
         with self._lock:
             # Appended together, so one leader always takes all of them at once.
             self._waiting.extend(jobs)
-            while self._committing and not jobs[0].done:
-                self._changed.wait()
+            if self._committing:
+                self._wait_for(jobs[0])
             if not jobs[0].done:
                 lead = self._take()
         if lead is not None:
@@ -209,7 +237,7 @@ class Writer:
         """Become the leader of everything waiting (under the lock)."""
         self._committing = True
         batch, self._waiting = self._waiting, []
-        self._async_waiting = 0
+        self._batch_async, self._async_waiting = self._async_waiting, 0
         return batch
 
     def refuse_reentry(self, what: str) -> None:
@@ -258,10 +286,13 @@ class Writer:
                 for job in batch:
                     job.done = True
                 self._committing = False
-                self._changed.notify_all()
+                if self._sleepers:
+                    self._changed.notify_all()
                 if self._async_waiting:
                     self._work.notify()
-            _wake_loops(batch)
+                woken = self._batch_async
+            if woken:
+                _wake_loops(batch)
 
     def observe(self, before: Before | None, after: After | None) -> Callable[[], None]:
         """Call ``before``/``after`` around each batch; returns what stops it."""
@@ -349,8 +380,12 @@ class Writer:
             self._closed = True
             thread = self._thread
             self._work.notify_all()
-            while self._committing or self._waiting:
-                self._changed.wait()
+            self._sleepers += 1
+            try:
+                while self._committing or self._waiting:
+                    self._changed.wait()
+            finally:
+                self._sleepers -= 1
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
