@@ -173,6 +173,44 @@ def test_an_auth_flow_that_rebuilds_the_request_is_still_checked(
     assert [] == app.arrivals
 
 
+def test_an_auth_flow_set_after_the_first_call_is_checked(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A call whose client has no hook and no auth goes out unchecked (nothing could
+    change it); an ``auth`` given to the client afterwards is seen by the next call, and
+    the body it changes is refused, not sent."""
+    app, url = scripted
+    client = httpx.Client(base_url=url)
+    with idempotently.Session(tmp_path / "j.db", client=client) as session:
+        session.post("/v1/charges", json=CHARGE, operation_id="first")
+        client.auth = RebuildingAuth()
+        with pytest.raises(idempotently.RequestNotSentError, match="changed its body"):
+            session.post("/v1/charges", json=CHARGE, operation_id="second")
+    client.close()
+    assert 1 == len(app.arrivals)
+
+
+@pytest.mark.anyio
+async def test_async_a_hook_added_after_the_first_call_is_checked(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: a hook appended to the client after a first call
+    still runs before the check; its other body is refused, nothing sent."""
+    app, url = scripted
+
+    async def later_body(request: httpx.Request) -> None:
+        other_body(request)
+
+    client = httpx.AsyncClient(base_url=url)
+    async with idempotently.AsyncSession(tmp_path / "j.db", client=client) as session:
+        await session.post("/v1/charges", json=CHARGE, operation_id="first")
+        client.event_hooks["request"].append(later_body)
+        with pytest.raises(idempotently.RequestNotSentError, match="changed its body"):
+            await session.post("/v1/charges", json=CHARGE, operation_id="second")
+    await client.aclose()
+    assert 1 == len(app.arrivals)
+
+
 @pytest.mark.anyio
 async def test_async_an_async_hook_that_changes_the_body_is_refused_unsent(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
