@@ -382,6 +382,30 @@ def test_another_process_with_our_pid_and_host_id_is_alive() -> None:
     assert (False, True) == (lease_owner_alive(ours, "here"), lease_owner_alive(stranger, "here"))
 
 
+def test_lease_owners_are_unique_and_a_forked_child_makes_its_own() -> None:
+    """Every flow gets an owner no other flow of this process has; a child forked from
+    this process names its own pid and tag, so none of its owners is one of ours, and
+    its leases are told from ours (alive while its flows run, not ours to judge)."""
+    ours = [new_lease_owner("here") for _ in range(1000)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        made = [new_lease_owner("here") for _ in range(1000)]
+        os.write(write, "\n".join(made).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        theirs = pipe.read().decode().split("\n")
+    os.waitpid(pid, 0)
+    assert 1000 == len(set(ours)) == len(set(theirs))
+    assert not set(ours) & set(theirs)
+    assert {f"here:{os.getpid()}"} == {owner.rpartition(":")[0] for owner in ours}
+    assert {f"here:{pid}"} == {owner.rpartition(":")[0] for owner in theirs}
+    tags = {owner.rpartition(":")[2][:6] for owner in ours}
+    assert 1 == len(tags) and not tags & {owner.rpartition(":")[2][:6] for owner in theirs}
+
+
 def test_back_to_back_calls_reuse_one_heartbeat_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lease registered soon after the last one ended finds the writer's thread still
     running (no thread start per call), and the thread ends once idle for IDLE."""
