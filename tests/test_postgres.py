@@ -148,6 +148,7 @@ def test_the_tables_live_in_their_own_schema(journal: Journal, postgres_url: str
 
     assert [
         ("idempotently", "attempts"),
+        ("idempotently", "journal_counts"),
         ("idempotently", "journal_meta"),
         ("idempotently", "operation_audit"),
         ("idempotently", "operations"),
