@@ -342,3 +342,31 @@ def test_the_development_build_refuses_a_version_10_postgres_journal_unmodified(
         "reads up to version 3" in said,
     ), said
     assert before == postgres_journal_state(postgres_url)
+
+
+# -- columns this version does not know ---------------------------------------------------
+
+
+def test_a_column_added_by_a_later_version_changes_no_read(journal_target: str) -> None:
+    """Reads select the columns this version knows by name, never ``*``: a column a later
+    version adds (while this one still runs) changes no operation read, listed or claimed."""
+    from tests.journal_commands import claim_due
+    from tests.test_journal import NOW, insert, new_operation
+
+    with idempotently.Journal(journal_target) as journal:
+        insert(journal, new_operation("charge-1"))
+        before = journal.operation("charge-1")
+    if journal_target.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(journal_target, autocommit=True) as conn:
+            conn.execute("ALTER TABLE idempotently.operations ADD COLUMN later text DEFAULT 'x'")
+    else:
+        with contextlib.closing(sqlite3.connect(journal_target)) as conn:
+            conn.execute("ALTER TABLE operations ADD COLUMN later TEXT DEFAULT 'x'")
+    with idempotently.Journal(journal_target) as journal:
+        read = journal.operation("charge-1")
+        listed = journal.operations()
+        claimed = claim_due(journal, owner="worker", now=NOW + 10, lease_until=NOW + 60, limit=5)
+    assert (before, [before]) == (read, listed)
+    assert ["charge-1"] == [operation.operation_id for operation in claimed]
