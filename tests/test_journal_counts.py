@@ -362,8 +362,7 @@ def test_a_writer_killed_mid_batch_leaves_the_counts_exact(
         with psycopg.connect(journal_target, autocommit=True) as conn:
             for _ in range(200):  # the killed client's backend rolls back and leaves
                 if not conn.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(0.2)%' "
-                    "AND pid != pg_backend_pid()"
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
                 ).fetchall():
                     break
                 time.sleep(0.05)
@@ -405,3 +404,35 @@ def test_after_edits_by_hand_migrate_recount_makes_the_counts_exact(journal_targ
         with raw(journal_target) as execute:
             slots = execute("SELECT slot, succeeded FROM journal_counts WHERE succeeded != 0")
         assert [(0, 2)] == slots
+
+
+@pytest.mark.postgres
+def test_a_write_committed_while_a_recount_counts_is_counted_on_top_of_it(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recount reads the rows in one snapshot, then writes the slots: an answer journaled
+    in between (here while the recount sleeps, by a patch) waits for the recount's table
+    lock and lands on the recounted slots, never under them."""
+    import psycopg
+
+    from idempotently._journal import _postgres
+
+    slow = _postgres._RECOUNT + " WHERE (SELECT true FROM pg_sleep(2))"
+    monkeypatch.setattr(_postgres, "_RECOUNT", slow)
+    with Journal(postgres_url) as journal, psycopg.connect(postgres_url, autocommit=True) as conn:
+        insert(journal, new_operation("op-0"))
+        recounting = threading.Thread(target=journal._store.recount)
+        recounting.start()
+        while (
+            recounting.is_alive()
+            and not conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+            ).fetchall()
+        ):
+            time.sleep(0.01)
+        assert recounting.is_alive()  # the answer goes in while the recount sleeps
+        journal._execute(Record("op-0", answer(201, "succeeded"), NOW, OWNER))
+        recounting.join()
+        figures = kept(journal)
+    assert scanned(postgres_url) == figures
+    assert (1, 1) == (figures["succeeded"], figures["attempts"])
