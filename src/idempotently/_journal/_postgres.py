@@ -186,8 +186,12 @@ _COUNTERS: Final = (
 )
 """journal_counts' figures, as the SQLite journal's (its pending one is written by a
 recount only: pending operations are counted from operations_pending)."""
-_STATUS_COUNTERS: Final = (*(s for s in STATUSES if s != "pending"), "unknown_status")
+_STATUS_COUNTERS: Final = tuple(status for status in STATUSES if status != "pending")
+"""The statuses a write's change moves (unknown_status is written by a recount alone: the
+status column's CHECK keeps every other word out)."""
 _ATTEMPT_COUNTERS: Final = _COUNTERS[len(STATUSES) + 1 :]
+_CHANGED: Final = _STATUS_COUNTERS + _ATTEMPT_COUNTERS
+"""What a write's change is, in this order: the array `_counted` makes."""
 
 
 # Columns as in the SQLite journal (timestamps in seconds since the epoch,
@@ -396,11 +400,16 @@ WHERE operation_id = %(operation_id)s AND status = 'pending'
 # -- counts: each write's change, in its own statement ---------------------------------
 
 
-def _moved_by(counter: str, before: str, after: str) -> str:
-    """SQL: what ``counter`` changes by when a row's status goes from ``before`` to
-    ``after`` (SQL expressions; NULL: no row, as for a deleted one)."""
-    test = f"NOT IN ({_ddl(STATUSES)})" if counter == "unknown_status" else f"= '{counter}'"
-    return f"coalesce(({after}) {test}, false)::int - coalesce(({before}) {test}, false)::int"
+def _moved_by(status: str) -> str:
+    """SQL: what the count of ``status`` changes by over rows of ``changes`` whose status
+    went from ``before`` to ``after`` (NULL: no row, as for a deleted one)."""
+    return f"count(after = '{status}' OR NULL) - count(before = '{status}' OR NULL)"
+
+
+def _compact(sql: str) -> str:
+    """``sql`` without comments and runs of white space: psycopg parses a statement longer
+    than 4 KB again at every call (it caches shorter ones), which Record's would be."""
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
 
 
 _NOTED: Final = "idempotently.counts"
@@ -409,36 +418,30 @@ _NOTED: Final = "idempotently.counts"
 _NOTED_SO_FAR: Final = (
     f"string_to_array(nullif(current_setting('{_NOTED}', true), ''), ',')::bigint[]"
 )
-_NO_CHANGE: Final = "'{" + ",".join("0" for _ in _STATUS_COUNTERS + _ATTEMPT_COUNTERS) + "}'"
+_NO_CHANGE: Final = "'{" + ",".join("0" for _ in _CHANGED) + "}'::bigint[]"
 
 
 def _counted(changes: str) -> str:
-    """The CTEs ``delta`` (one row: each counter's change, from ``changes``, a query of
-    rows ``before, after, attempts, answered_attempts, replayed_attempts,
+    """The CTEs ``delta`` (``v``: the change of each of `_CHANGED`, from ``changes``, a
+    query of rows ``before, after, attempts, answered_attempts, replayed_attempts,
     in_progress_attempts``), ``counted``, which adds it to this connection's slot when
     ``%(here)s`` (a lone write), and ``noted``, which adds it to the batch's sum in
     `_NOTED` when not (`_ADD_NOTED` writes that once, at the batch's end). The main
-    query must read ``noted`` (``(SELECT count(*) FROM noted)``): a CTE that only reads
-    runs when read."""
-    sums = [
-        f"coalesce(sum({_moved_by(name, 'before', 'after')}), 0)::bigint AS {name}"
-        for name in _STATUS_COUNTERS
-    ] + [f"coalesce(sum({name}), 0)::bigint AS {name}" for name in _ATTEMPT_COUNTERS]
-    changed = _STATUS_COUNTERS + _ATTEMPT_COUNTERS
+    query must read ``noted`` (`_NOTED_READ`): a CTE that only reads runs when read."""
+    sums = [_moved_by(name) for name in _STATUS_COUNTERS] + [
+        f"coalesce(sum({name}), 0)" for name in _ATTEMPT_COUNTERS
+    ]
+    added = ", ".join(f"{name} = c.{name} + v[{index + 1}]" for index, name in enumerate(_CHANGED))
     return f"""delta AS (
-    SELECT {", ".join(sums)}
-    FROM ({changes}) AS changes
+    SELECT ARRAY[{", ".join(sums)}]::bigint[] AS v FROM ({changes}) AS changes
 ), counted AS (
-    UPDATE {SCHEMA}.journal_counts AS c
-    SET {", ".join(f"{name} = c.{name} + d.{name}" for name in changed)}
-    FROM delta AS d
-    WHERE c.slot = {_SLOT} AND %(here)s AND ({" OR ".join(f"d.{name} <> 0" for name in changed)})
+    UPDATE {SCHEMA}.journal_counts AS c SET {added}
+    FROM delta WHERE c.slot = {_SLOT} AND %(here)s AND v <> {_NO_CHANGE}
 ), noted AS (
-    SELECT set_config('{_NOTED}', array_to_string(ARRAY[{
-        ", ".join(f"so_far.a[{index + 1}] + d.{name}" for index, name in enumerate(changed))
-    }], ','), true)
-    FROM delta AS d, (SELECT coalesce({_NOTED_SO_FAR}, {_NO_CHANGE}::bigint[]) AS a) AS so_far
-    WHERE NOT %(here)s
+    SELECT set_config('{_NOTED}', array_to_string(ARRAY(
+        SELECT a + b FROM unnest(coalesce({_NOTED_SO_FAR}, {_NO_CHANGE}), v)
+            WITH ORDINALITY AS t(a, b, n) ORDER BY n), ','), true)
+    FROM delta WHERE NOT %(here)s
 )"""
 
 
@@ -447,12 +450,9 @@ _COUNTING: Final = (Record, SetStatus, Act)
 _NOTED_READ: Final = "(SELECT count(*) FROM noted) AS noted"
 _ADD_NOTED: Final = (
     f"UPDATE {SCHEMA}.journal_counts AS c SET "
-    + ", ".join(
-        f"{name} = c.{name} + noted.a[{index + 1}]"
-        for index, name in enumerate(_STATUS_COUNTERS + _ATTEMPT_COUNTERS)
-    )
+    + ", ".join(f"{name} = c.{name} + noted.a[{index + 1}]" for index, name in enumerate(_CHANGED))
     + f" FROM (SELECT {_NOTED_SO_FAR} AS a) AS noted"
-    + f" WHERE c.slot = pg_backend_pid() % {_SLOTS} AND noted.a <> {_NO_CHANGE}::bigint[]"
+    + f" WHERE c.slot = pg_backend_pid() % {_SLOTS} AND noted.a <> {_NO_CHANGE}"
 )
 """A batch's count changes (`_NOTED`), added to its connection's slot once, at its end,
 in the same pipeline as its writes: the slot's lock is the last one the batch takes."""
@@ -517,6 +517,11 @@ FROM (
 """
 
 
+def _if_held(column: str, value: str) -> str:
+    """``column`` set to ``value`` where the caller holds the lease (`before`), else as it was."""
+    return f"{column} = CASE WHEN held THEN {value} ELSE {column} END"
+
+
 def _if_first(column: str, value: str) -> str:
     """``column`` set to ``value`` by an operation's first attempt (attempt_count is the
     value before this UPDATE), else as it was."""
@@ -525,17 +530,17 @@ def _if_first(column: str, value: str) -> str:
 
 _FIRST_ATTEMPT: Final = ",\n        ".join(
     (
-        _if_first("attempt1_started_at", "%(started_at)s::double precision"),
-        _if_first("attempt1_elapsed", "%(elapsed)s::double precision"),
+        _if_first("attempt1_started_at", "%(started_at)s::float8"),
+        _if_first("attempt1_elapsed", "%(elapsed)s::float8"),
         _if_first(
             "attempt1_outcome",
             "CASE WHEN attempt1_outcome IS NULL THEN %(outcome)s::text "
             "ELSE 'attempt_count lowered by hand' END",
         ),
-        _if_first("attempt1_status_code", "%(status_code)s::integer"),
-        _if_first("attempt1_replayed", "%(replayed)s::integer"),
+        _if_first("attempt1_status_code", "%(status_code)s::int"),
+        _if_first("attempt1_replayed", "%(replayed)s::int"),
         _if_first("attempt1_error", "%(error)s::text"),
-        _if_first("attempt1_wait", "%(wait)s::double precision"),
+        _if_first("attempt1_wait", "%(wait)s::float8"),
     )
 )
 
@@ -547,62 +552,48 @@ _FIRST_ATTEMPT: Final = ",\n        ".join(
 # a word attempt1_outcome's CHECK refuses instead, so the write fails as a corrupt row.
 #
 # The counts need the status the state moved from, and RETURNING sees new values only:
-# `held` applies the state where the caller holds the lease (the row was pending: that
-# is the status it moved from), `other` journals the attempt alone where it does not
-# (nothing moved). Without an owner the state applies whatever the status, and `before`
-# reads it under the row's lock first (the rare path: a lone reconcile or settle).
-_RECORD_ATTEMPT: Final = f"""
+# `before` reads it, and whether the caller holds the lease, under the row's lock first
+# (the newest row version, which the UPDATE then writes: nothing moves in between).
+_RECORD_ATTEMPT: Final = _compact(f"""
 WITH before AS (
-    SELECT status FROM {SCHEMA}.operations
-    WHERE operation_id = %(operation_id)s AND %(owner)s::text IS NULL
-    FOR NO KEY UPDATE
-), held AS (
+    SELECT status AS old_status, (%(owner)s::text IS NULL
+        OR (status = 'pending' AND lease_owner = %(owner)s::text)) AS held
+    FROM {SCHEMA}.operations WHERE operation_id = %(operation_id)s FOR NO KEY UPDATE
+), op AS (
     UPDATE {SCHEMA}.operations SET
         attempt_count = attempt_count + 1,
-        updated_at = %(now)s::double precision,
-        status = %(status)s::text,
-        reason = %(reason)s::text,
-        not_before = %(not_before)s::double precision,
-        last_status_code = coalesce(%(status_code)s::integer, last_status_code),
-        response_status = %(response_status)s::integer,
-        response_headers = %(response_headers)s::text,
-        response_body = %(response_body)s::bytea,
-        lease_until = %(lease_until)s::double precision,
-        lease_owner = CASE WHEN %(lease_until)s::double precision <= 0 THEN NULL
+        {_if_held("updated_at", "%(now)s::float8")},
+        {_if_held("status", "%(status)s::text")},
+        {_if_held("reason", "%(reason)s::text")},
+        {_if_held("not_before", "%(not_before)s::float8")},
+        {_if_held("last_status_code", "coalesce(%(status_code)s::int, last_status_code)")},
+        {_if_held("response_status", "%(response_status)s::int")},
+        {_if_held("response_headers", "%(response_headers)s::text")},
+        {_if_held("response_body", "%(response_body)s::bytea")},
+        {_if_held("lease_until", "%(lease_until)s::float8")},
+        lease_owner = CASE WHEN held AND %(lease_until)s::float8 <= 0 THEN NULL
                            ELSE lease_owner END,
         {_FIRST_ATTEMPT}
-    WHERE operation_id = %(operation_id)s
-      AND CASE WHEN %(owner)s::text IS NULL THEN EXISTS (SELECT 1 FROM before)
-               ELSE status = 'pending' AND lease_owner = %(owner)s::text END
-    RETURNING operation_id, attempt_count, status
-), other AS (
-    UPDATE {SCHEMA}.operations SET
-        attempt_count = attempt_count + 1,
-        {_FIRST_ATTEMPT}
-    WHERE operation_id = %(operation_id)s AND NOT EXISTS (SELECT 1 FROM held)
-    RETURNING operation_id, attempt_count
-), op AS (
-    SELECT operation_id, attempt_count, status AS after FROM held
-    UNION ALL
-    SELECT operation_id, attempt_count, NULL FROM other
+    FROM before WHERE operation_id = %(operation_id)s
+    RETURNING operation_id, attempt_count, old_status,
+        CASE WHEN held THEN %(status)s::text ELSE old_status END AS new_status
 ), attempted AS (
     INSERT INTO {SCHEMA}.attempts (
         operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
     ) SELECT operation_id, attempt_count, %(started_at)s, %(elapsed)s, %(outcome)s,
-             %(status_code)s::integer, %(replayed)s, %(error)s::text, %(wait)s::double precision
+             %(status_code)s::int, %(replayed)s, %(error)s::text, %(wait)s::float8
     FROM op WHERE attempt_count > 1
 ), {
     _counted(
-        "SELECT moved.before, coalesce(op.after, moved.before) AS after, "
-        "1 AS attempts, "
-        "(%(status_code)s::integer IS NOT NULL)::int AS answered_attempts, "
-        "%(replayed)s::integer AS replayed_attempts, "
-        "coalesce(%(status_code)s::integer IN (409, 423), false)::int AS in_progress_attempts "
-        "FROM op, (SELECT coalesce((SELECT status FROM before), 'pending') AS before) AS moved"
+        "SELECT old_status AS before, new_status AS after, 1 AS attempts, "
+        "(%(status_code)s::int IS NOT NULL)::int AS answered_attempts, "
+        "%(replayed)s::int AS replayed_attempts, "
+        "coalesce(%(status_code)s::int IN (409, 423), false)::int AS in_progress_attempts "
+        "FROM op"
     )
 }
 SELECT {_NOTED_READ}
-"""
+""")
 
 _ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
 _ATTEMPTS_JOINED: Final = f"""
@@ -654,7 +645,7 @@ WITH due AS (
 
 # An operation a fork links to is kept (the fork goes first); audit entries go with
 # their operation.
-_PRUNE: Final = f"""
+_PRUNE: Final = _compact(f"""
 WITH doomed AS (
     SELECT operation_id FROM {SCHEMA}.operations
     WHERE {_FINISHED_SQL} AND updated_at < %(cutoff)s
@@ -679,13 +670,13 @@ WITH doomed AS (
     )
 }
 SELECT count(*) AS deleted FROM gone
-"""
+""")
 
 # -- the operator's journal: an action, a lookup's backoff, audit entries -------------
 
 # One statement (pipelined like every write): the compare-and-swap on the row as read,
 # the fork and the audit entries; nothing of it if the row changed or the fork is taken.
-_ACT: Final = f"""
+_ACT: Final = _compact(f"""
 WITH free AS (
     SELECT 1 WHERE %(fork_id)s::text IS NULL OR NOT EXISTS (
         SELECT 1 FROM {SCHEMA}.operations
@@ -740,9 +731,9 @@ WITH free AS (
 }
 SELECT (SELECT count(*) FROM acted) AS applied, (SELECT count(*) FROM forked) AS forks,
        (SELECT count(*) FROM audited) AS entries, {_NOTED_READ}
-"""
+""")
 
-_SET_STATUS: Final = f"""
+_SET_STATUS: Final = _compact(f"""
 WITH moved AS (
     UPDATE {SCHEMA}.operations SET status = %(status)s, reason = %(reason)s::text,
         updated_at = %(now)s, lease_owner = NULL, lease_until = 0
@@ -755,7 +746,7 @@ WITH moved AS (
     )
 }
 SELECT (SELECT count(*) FROM moved) AS applied, {_NOTED_READ}
-"""
+""")
 
 _LOOK_UP_LATER: Final = f"""
 WITH later AS (
