@@ -153,7 +153,9 @@ def run(journal: Journal, step: tuple[Any, ...], now: float) -> None:
         if found is not None:
             journal._execute(TakeLease(found, OWNER, now + 60, now))
     elif kind == "prune":
-        journal.prune(older_than=step[1], now=time.time() + 7200)
+        at = time.time() + 7200
+        expected = journal.prune(older_than=step[1], now=at, dry_run=True)
+        assert expected == journal.prune(older_than=step[1], now=at)
     elif kind == "batch":
         journal._store.commit([write_of(write, now) for write in step[1]], False)
     else:
@@ -198,7 +200,8 @@ def test_after_any_sequence_of_writes_the_counts_equal_a_scan_of_the_rows(
 ) -> None:
     """Keys, first and later attempts (with the lease, without an owner, after losing
     it), status changes, operator actions, forks, prune and batches in any order: every
-    figure of counts() and stats() equals a scan of the rows."""
+    figure of counts() and stats() equals a scan of the rows (and a prune deletes what
+    its dry run counted just before)."""
     target = fresh()
     with Journal(target) as journal:
         for number, step in enumerate(sequence):

@@ -767,12 +767,6 @@ _AUDIT: Final = (
     "WHERE operation_id = %s ORDER BY seq"
 )
 
-_UNFORKED: Final = (
-    f" AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.operations AS fork "
-    f"WHERE fork.forked_from = {SCHEMA}.operations.operation_id)"
-)
-"""Prune keeps an operation a fork still links to (the fork goes first)."""
-
 
 # What to do, by SQLSTATE (or by kind of failure).
 _ADVICE: Final = {
@@ -1974,15 +1968,21 @@ class PostgresStore:
             counters = self._counters(conn)
             counts: dict[str, int] = {status: counters[status] for status in STATUSES}
             # An enqueued operation not sent yet: its key's lifetime has not started.
-            unsent = "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)"
+            # operations_pending alone (it covers these columns) unless the expiring keys
+            # are asked for: key_expires_at is not in it, so each pending row is read.
+            expiring = (
+                "NULL"
+                if expiring_within is None
+                else "count(*) FILTER (WHERE key_expires_at <= %(soon)s "
+                "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL))"
+            )
             pending = self._rows(
                 conn,
                 f"""
                 SELECT min(created_at) AS oldest,
                        count(*) FILTER (WHERE lease_until < %(now)s AND updated_at < %(idle)s
                                         AND coalesce(not_before, 0) <= %(now)s) AS stuck,
-                       count(*) FILTER (WHERE key_expires_at <= %(soon)s
-                                        {unsent}) AS expiring
+                       {expiring} AS expiring
                 FROM {SCHEMA}.operations WHERE status = 'pending'
                 """,
                 {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},
@@ -2001,6 +2001,37 @@ class PostgresStore:
             expiring_within=expiring_within,
         )
 
+    def _count_prunable(self, conn: psycopg.Connection[dict[str, Any]], cutoff: float) -> int:
+        """How many finished operations prune would delete: those idle since before
+        ``cutoff``, less those a fork links to (kept). As on SQLite, operations_finished
+        is counted on whichever side of the cutoff looks smaller (judged from its ends),
+        and the newer side is taken off the counts: a usual window counts few entries."""
+        counters = self._counters(conn)
+        total = sum(counters[status] for status in FINISHED_STATUSES)
+        ends = self._rows(
+            conn,
+            f"SELECT min(updated_at) AS oldest, max(updated_at) AS newest "
+            f"FROM {SCHEMA}.operations WHERE {_FINISHED_SQL}",
+        )[0]
+        oldest, newest = ends["oldest"], ends["newest"]
+        if total == 0 or oldest is None or cutoff <= oldest:
+            return 0
+        count = f"SELECT count(*) AS n FROM {SCHEMA}.operations WHERE {_FINISHED_SQL} AND "
+        if cutoff > newest:
+            idle = total
+        elif cutoff - oldest <= newest - cutoff:
+            idle = int(self._rows(conn, count + "updated_at < %s", (cutoff,))[0]["n"])
+        else:
+            idle = total - int(self._rows(conn, count + "updated_at >= %s", (cutoff,))[0]["n"])
+        # The few a fork links to, found from the forks' own index.
+        linked = self._rows(
+            conn,
+            count + "updated_at < %s AND operation_id IN (SELECT forked_from FROM "
+            f"{SCHEMA}.operations WHERE forked_from IS NOT NULL)",
+            (cutoff,),
+        )[0]
+        return idle - int(linked["n"])
+
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
         """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
 
@@ -2012,13 +2043,7 @@ class PostgresStore:
         cutoff = now - older_than
         if dry_run:
             with self._read() as conn:
-                row = self._rows(
-                    conn,
-                    f"SELECT count(*) AS n FROM {SCHEMA}.operations "
-                    f"WHERE {_FINISHED_SQL} AND updated_at < %s" + _UNFORKED,
-                    (cutoff,),
-                )[0]
-            return int(row["n"])
+                return self._count_prunable(conn, cutoff)
         deleted = 0
         while True:
             with self._transaction(synchronous=True) as conn:
