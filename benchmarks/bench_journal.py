@@ -2,6 +2,7 @@
 
     python benchmarks/bench_journal.py [--operations 1000000] [--rebuild]
     python benchmarks/bench_journal.py --hot-path [--ops 250] [--rounds 40]
+    python benchmarks/bench_journal.py --store postgres [--postgres-url URL] [--operations N]
 
 The first form builds a journal of N operations once (1 % pending, 0.1 %
 needs_reconcile, 0.5 % failed, 0.05 % abandoned, the rest succeeded, ~1.3
@@ -9,7 +10,13 @@ attempts each), caches it under benchmarks/.data/, and times the read API the
 CLI is built on (milliseconds, best of 5), then prunes a copy in full and
 reports its longest transaction and what a concurrent writer waited.
 
-The second form times the two writes of every call, ``_insert_operation`` and
+The PostgreSQL form fills a journal of N operations in that database (or a throwaway
+server's, under benchmarks/.data/) with one ``INSERT ... SELECT generate_series``
+statement per table (the same mix), recounts it, and times the audits: counts,
+stats, ``list --status needs_reconcile --limit 20`` and a prune dry run, beside the
+``GROUP BY`` statements the counts took before journal_counts (best of 5, ms).
+
+The last form times the two writes of every call, ``_insert_operation`` and
 ``_record_attempt``, on fresh journals: the schema, and the schema without each of its
 partial indexes (median microseconds per call; the journals take turns, so a busy
 machine slows all alike).
@@ -360,6 +367,98 @@ def hot_path(ops: int, rounds: int) -> None:
             )
 
 
+def status_sql(i: str) -> str:
+    """`status_of` in SQL."""
+    return (
+        f"CASE WHEN {i} % 100 = 0 THEN 'pending' WHEN {i} % 1000 = 1 THEN 'needs_reconcile' "
+        f"WHEN {i} % 200 = 3 THEN 'failed' WHEN {i} % 2000 = 7 THEN 'abandoned' "
+        "ELSE 'succeeded' END"
+    )
+
+
+def fill_postgres(url: str, count: int) -> None:
+    """`fill`'s journal in PostgreSQL: one statement per table, then one recount."""
+    import psycopg
+
+    from idempotently._journal import _postgres
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {_postgres.SCHEMA} CASCADE")
+    Journal(url).close()
+    created = f"({NOW} - ({count} - i))"
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET search_path = idempotently")
+        conn.execute(
+            "INSERT INTO operations (operation_id, key, status, delivery, method, url, "
+            "request_headers, request_body, fingerprint, profile, key_header, created_at, "
+            "updated_at, key_expires_at, attempt_count, response_status, attempt1_started_at, "
+            "attempt1_elapsed, attempt1_outcome, attempt1_status_code, attempt1_replayed) "
+            f"SELECT 'order-' || i || ':charge', gen_random_uuid()::text, {status_sql('i')}, "
+            "'exactly_once', 'POST', 'http://127.0.0.1/v1/charges', "
+            f"$h${HEADERS}$h$, convert_to($b${BODY.decode()}$b$, 'UTF8'), repeat('f', 64), "
+            f"'generic', 'Idempotency-Key', {created}, {created}, {created} + {DAY}, "
+            f"1 + (i % 3 = 0)::int, CASE WHEN {status_sql('i')} = 'succeeded' THEN 201 END, "
+            f"{created}, 0.001, 'answered', CASE WHEN i % 3 = 0 THEN 409 ELSE 201 END, "
+            f"(i % 7 = 0)::int FROM generate_series(0, {count - 1}) AS i"
+        )
+        conn.execute(
+            "INSERT INTO attempts (operation_id, number, started_at, elapsed, outcome, "
+            f"status_code, replayed) SELECT 'order-' || i || ':charge', 2, {created}, 0.001, "
+            f"'answered', 201, (i % 7 = 0)::int FROM generate_series(0, {count - 1}) AS i "
+            "WHERE i % 3 = 0"
+        )
+        with Journal(url) as journal:
+            journal._store.recount()
+        conn.execute("VACUUM ANALYZE")
+    print(f"filled {count:,} operations in {time.perf_counter() - started:.1f} s")
+
+
+def audit_postgres(url: str, count: int, rebuild: bool) -> None:
+    import psycopg
+
+    with Journal(url) as journal:
+        if rebuild or count != sum(journal.counts().values()):
+            fill_postgres(url, count)
+    with Journal(url, readonly=True) as journal, psycopg.connect(url) as conn:
+        queries: dict[str, Callable[[], object]] = {
+            "counts()": journal.counts,
+            "stats()  [stats]": lambda: journal.stats(now=NOW),
+            "operations(status=needs_reconcile, limit=20)  [list]": lambda: journal.operations(
+                status="needs_reconcile", limit=20
+            ),
+            "prune(1 day, dry_run=True)": lambda: journal.prune(
+                older_than=DAY, now=NOW, dry_run=True
+            ),
+            "before: counts (GROUP BY status)": lambda: conn.execute(
+                "SELECT status, count(*) FROM idempotently.operations GROUP BY status"
+            ).fetchall(),
+            "before: stats' attempt figures (both tables scanned)": lambda: conn.execute(
+                "SELECT count(*), count(status_code), sum(replayed), "
+                "count(*) FILTER (WHERE status_code IN (409, 423)) FROM idempotently.attempts "
+                "UNION ALL SELECT count(attempt1_outcome), count(attempt1_status_code), "
+                "sum(attempt1_replayed), count(*) FILTER (WHERE attempt1_status_code "
+                "IN (409, 423)) FROM idempotently.operations"
+            ).fetchall(),
+        }
+        for name, call in queries.items():
+            print(f"{name:<62}{best_of(call):>9.1f} ms")
+
+
+def postgres_audit(args: argparse.Namespace) -> None:
+    if args.postgres_url:
+        audit_postgres(args.postgres_url, args.operations, args.rebuild)
+        return
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests.postgres_server import postgres_server
+
+    DATA.mkdir(exist_ok=True)
+    with postgres_server(parent=DATA) as server:
+        audit_postgres(server.url(), args.operations, True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--operations", type=int, default=1_000_000)
@@ -367,8 +466,12 @@ def main() -> None:
     parser.add_argument("--hot-path", action="store_true", help="time the writes of each call")
     parser.add_argument("--ops", type=int, default=250, help="calls per hot-path turn")
     parser.add_argument("--rounds", type=int, default=40, help="hot-path turns per journal")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--postgres-url", help="with --store postgres: fill this database")
     args = parser.parse_args()
-    if args.hot_path:
+    if args.store == "postgres":
+        postgres_audit(args)
+    elif args.hot_path:
         hot_path(args.ops, args.rounds)
     else:
         audit(args.operations, args.rebuild)

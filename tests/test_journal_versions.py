@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import idempotently
 from idempotently import JournalVersionError
-from idempotently._journal import _sqlite, migration_sql
+from idempotently._journal import AttemptRecord, _sqlite, migration_sql
 from idempotently.cli import cli
 
 DEVELOPMENT = Path(__file__).parent / "data" / "development_journals"
@@ -437,3 +437,88 @@ def test_a_development_journal_in_a_read_only_directory_is_refused_naming_its_ve
         after = digest(path)
     assert_refusal(" ".join(refused.value.message.split()), path, 5)
     assert before == after
+
+
+def postgres_journal_state(url: str) -> list[object]:
+    """`postgres_state` with the attempts and the counts: a version-10 journal's rows."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [
+            *postgres_state(url),
+            conn.execute("SELECT * FROM idempotently.attempts ORDER BY 1, 2").fetchall(),
+            conn.execute("SELECT * FROM idempotently.journal_counts ORDER BY slot").fetchall(),
+        ]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "opening",
+    [
+        "idempotently.Journal(sys.argv[1])",
+        "idempotently.Journal(sys.argv[1], readonly=True)",
+        "idempotently.Journal(sys.argv[1], create=False)",
+        "idempotently.cli.cli(['--journal', sys.argv[1], 'migrate'])",
+    ],
+    ids=["write", "readonly", "create=False", "migrate"],
+)
+def test_the_development_build_refuses_a_version_10_postgres_journal_unmodified(
+    postgres_url: str, development_build: Path, opening: str
+) -> None:
+    """The build at the tag (PostgreSQL schema 3) opens a version-10 PostgreSQL journal as
+    newer than it reads, says so, and leaves its tables, rows and counts as they were."""
+    from tests.journal_commands import record_attempt
+    from tests.test_journal import NOW, insert, new_operation
+
+    with idempotently.Journal(postgres_url) as journal:
+        insert(journal, new_operation("charge-1"))
+        record_attempt(
+            journal,
+            "charge-1",
+            AttemptRecord(
+                started_at=NOW, elapsed=0.1, outcome="answered", status_code=201, status="succeeded"
+            ),
+            now=NOW,
+        )
+    before = postgres_journal_state(postgres_url)
+    opened = subprocess.run(
+        [sys.executable, "-c", f"import sys, idempotently.cli; {opening}", postgres_url],
+        env={**os.environ, "PYTHONPATH": str(development_build)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = opened.stdout + opened.stderr
+    assert (True, True) == (
+        "has PostgreSQL journal schema version 10" in said,
+        "reads up to version 3" in said,
+    ), said
+    assert before == postgres_journal_state(postgres_url)
+
+
+# -- columns this version does not know ---------------------------------------------------
+
+
+def test_a_column_added_by_a_later_version_changes_no_read(journal_target: str) -> None:
+    """Reads select the columns this version knows by name, never ``*``: a column a later
+    version adds (while this one still runs) changes no operation read, listed or claimed."""
+    from tests.journal_commands import claim_due
+    from tests.test_journal import NOW, insert, new_operation
+
+    with idempotently.Journal(journal_target) as journal:
+        insert(journal, new_operation("charge-1"))
+        before = journal.operation("charge-1")
+    if journal_target.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(journal_target, autocommit=True) as conn:
+            conn.execute("ALTER TABLE idempotently.operations ADD COLUMN later text DEFAULT 'x'")
+    else:
+        with contextlib.closing(sqlite3.connect(journal_target)) as conn:
+            conn.execute("ALTER TABLE operations ADD COLUMN later TEXT DEFAULT 'x'")
+    with idempotently.Journal(journal_target) as journal:
+        read = journal.operation("charge-1")
+        listed = journal.operations()
+        claimed = claim_due(journal, owner="worker", now=NOW + 10, lease_until=NOW + 60, limit=5)
+    assert (before, [before]) == (read, listed)
+    assert ["charge-1"] == [operation.operation_id for operation in claimed]

@@ -148,10 +148,6 @@ class Operation:
     @classmethod
     def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
         values = dict(row)
-        if not values.keys() <= _OPERATION_FIELDS:
-            # Columns a later idempotently added while this process had the journal
-            # open (a rolling upgrade): read what this version knows.
-            values = {name: value for name, value in values.items() if name in _OPERATION_FIELDS}
         values["request_headers"] = headers_from_json(values["request_headers"])
         if values["response_headers"] is not None:
             values["response_headers"] = headers_from_json(values["response_headers"])

@@ -1653,11 +1653,7 @@ def migrate_command(
         refuse_special_file(path)
         if recount:
             with Journal(path, create=False) as journal:
-                recounted = getattr(journal._store, "recount", None)
-                if recounted is None:  # PostgreSQL counts from the rows at each read
-                    click.echo(f"{journal.path} counts from its rows: nothing to recount")
-                    return
-                recounted()
+                journal._store.recount()
                 counts = journal.counts()
             shown = ", ".join(f"{status} {number}" for status, number in counts.items())
             click.echo(f"recounted {journal.path}: {shown}")

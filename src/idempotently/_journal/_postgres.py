@@ -27,8 +27,17 @@ harmless. The setting is the connection's, set once when it connects: there is
 one pool for each (the ``on`` one opens its first connection at the first
 write that needs it).
 
-Counts come from ``GROUP BY status`` over an index, never from a counter row
-kept by triggers: one hot row would serialise every writer of a fleet.
+Counts (``counts()``, ``stats()``) are kept per write, not counted at each read
+(``GROUP BY status`` takes seconds at a million operations): every write that moves
+a status or journals an attempt adds its change to ``journal_counts`` in its own
+transaction. One counter row would serialise every writer of a fleet on its row
+lock, held through the commit's WAL flush: the table has 16 slots, each connection
+writes slot ``pg_backend_pid() % 16`` and a reader sums them. A lone write adds to
+its slot in its own statement; a batch sums its writes' changes in a
+transaction-local setting and adds them once, in the last statement of its pipeline
+(so the slot's lock is the last one any transaction takes: none waits for a slot while
+holding a row another holder of that slot needs). Pending operations are counted from their
+partial index, as on SQLite, so journaling a key writes no counter.
 """
 
 from __future__ import annotations
@@ -162,6 +171,29 @@ def _ddl(statuses: Sequence[str]) -> str:
     return ", ".join(f"'{status}'" for status in statuses)
 
 
+_SLOTS: Final = 16
+"""Rows of journal_counts: a connection adds to slot ``pg_backend_pid() % 16``, so two
+connections' commits wait for one another's row lock only when their slots collide."""
+_SLOT: Final = f"pg_backend_pid() %% {_SLOTS}"
+"""This connection's slot, in a statement with parameters (so its % doubled)."""
+_COUNTERS: Final = (
+    *STATUSES,
+    "unknown_status",
+    "attempts",
+    "answered_attempts",
+    "replayed_attempts",
+    "in_progress_attempts",
+)
+"""journal_counts' figures, as the SQLite journal's (its pending one is written by a
+recount only: pending operations are counted from operations_pending)."""
+_STATUS_COUNTERS: Final = tuple(status for status in STATUSES if status != "pending")
+"""The statuses a write's change moves (unknown_status is written by a recount alone: the
+status column's CHECK keeps every other word out)."""
+_ATTEMPT_COUNTERS: Final = _COUNTERS[len(STATUSES) + 1 :]
+_CHANGED: Final = _STATUS_COUNTERS + _ATTEMPT_COUNTERS
+"""What a write's change is, in this order: the array `_counted` makes."""
+
+
 # Columns as in the SQLite journal (timestamps in seconds since the epoch,
 # bodies as bytea, headers as JSON text), so rows decode the same way. `seq`
 # orders listings by creation, as SQLite's rowid does. A first attempt lives in its
@@ -260,6 +292,20 @@ CREATE TABLE {SCHEMA}.operation_audit (
     detail       text
 );
 CREATE INDEX operation_audit_by_operation ON {SCHEMA}.operation_audit (operation_id, seq);
+CREATE TABLE {SCHEMA}.journal_counts (
+    slot                 integer PRIMARY KEY CHECK (slot >= 0 AND slot < {_SLOTS}),
+    pending              bigint NOT NULL DEFAULT 0,
+    succeeded            bigint NOT NULL DEFAULT 0,
+    failed               bigint NOT NULL DEFAULT 0,
+    needs_reconcile      bigint NOT NULL DEFAULT 0,
+    abandoned            bigint NOT NULL DEFAULT 0,
+    unknown_status       bigint NOT NULL DEFAULT 0,
+    attempts             bigint NOT NULL DEFAULT 0,
+    answered_attempts    bigint NOT NULL DEFAULT 0,
+    replayed_attempts    bigint NOT NULL DEFAULT 0,
+    in_progress_attempts bigint NOT NULL DEFAULT 0
+) WITH (fillfactor = 20);
+INSERT INTO {SCHEMA}.journal_counts (slot) SELECT generate_series(0, {_SLOTS - 1});
 """
 
 _NAMESPACE_INSERT: Final = (
@@ -353,13 +399,130 @@ WHERE operation_id = %(operation_id)s AND status = 'pending'
 """The lease taken on the row as it was read (as the SQLite journal's: a row changed since
 the read fails the swap, and the reader reads it again)."""
 
-# The operation's row is updated (and so locked) first and the attempt takes
-# the number it returns: two writers can never both claim number n.
-_HOLDS = "(%(owner)s::text IS NULL OR (status = 'pending' AND lease_owner = %(owner)s::text))"
+
+# -- counts: each write's change, in its own statement ---------------------------------
 
 
-def _if_holds(column: str, value: str) -> str:
-    return f"{column} = CASE WHEN {_HOLDS} THEN {value} ELSE {column} END"
+def _moved_by(status: str) -> str:
+    """SQL: what the count of ``status`` changes by over rows of ``changes`` whose status
+    went from ``before`` to ``after`` (NULL: no row, as for a deleted one)."""
+    return f"count(after = '{status}' OR NULL) - count(before = '{status}' OR NULL)"
+
+
+def _compact(sql: str) -> str:
+    """``sql`` without comments and runs of white space: psycopg parses a statement longer
+    than 4 KB again at every call (it caches shorter ones), which Record's would be."""
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
+_NOTED: Final = "idempotently.counts"
+"""The transaction-local setting in which a batch's writes add up their count changes
+(a savepoint rolled back takes its write's change back with it)."""
+_NOTED_SO_FAR: Final = (
+    f"string_to_array(nullif(current_setting('{_NOTED}', true), ''), ',')::bigint[]"
+)
+_NO_CHANGE: Final = "'{" + ",".join("0" for _ in _CHANGED) + "}'::bigint[]"
+
+
+def _counted(changes: str) -> str:
+    """The CTEs ``delta`` (``v``: the change of each of `_CHANGED`, from ``changes``, a
+    query of rows ``before, after, attempts, answered_attempts, replayed_attempts,
+    in_progress_attempts``), ``counted``, which adds it to this connection's slot when
+    ``%(here)s`` (a lone write), and ``noted``, which adds it to the batch's sum in
+    `_NOTED` when not (`_ADD_NOTED` writes that once, at the batch's end). The main
+    query must read ``noted`` (`_NOTED_READ`): a CTE that only reads runs when read."""
+    sums = [_moved_by(name) for name in _STATUS_COUNTERS] + [
+        f"coalesce(sum({name}), 0)" for name in _ATTEMPT_COUNTERS
+    ]
+    added = ", ".join(f"{name} = c.{name} + v[{index + 1}]" for index, name in enumerate(_CHANGED))
+    return f"""delta AS (
+    SELECT ARRAY[{", ".join(sums)}]::bigint[] AS v FROM ({changes}) AS changes
+), counted AS (
+    UPDATE {SCHEMA}.journal_counts AS c SET {added}
+    FROM delta WHERE c.slot = {_SLOT} AND %(here)s AND v <> {_NO_CHANGE}
+), noted AS (
+    SELECT set_config('{_NOTED}', array_to_string(ARRAY(
+        SELECT a + b FROM unnest(coalesce({_NOTED_SO_FAR}, {_NO_CHANGE}), v)
+            WITH ORDINALITY AS t(a, b, n) ORDER BY n), ','), true)
+    FROM delta WHERE NOT %(here)s
+)"""
+
+
+_COUNTING: Final = (Record, SetStatus, Act)
+"""The writes that may change the counts (a status moved, an attempt journaled)."""
+_NOTED_READ: Final = "(SELECT count(*) FROM noted) AS noted"
+_ADD_NOTED: Final = (
+    f"UPDATE {SCHEMA}.journal_counts AS c SET "
+    + ", ".join(f"{name} = c.{name} + noted.a[{index + 1}]" for index, name in enumerate(_CHANGED))
+    + f" FROM (SELECT {_NOTED_SO_FAR} AS a) AS noted"
+    + f" WHERE c.slot = pg_backend_pid() % {_SLOTS} AND noted.a <> {_NO_CHANGE}"
+)
+"""A batch's count changes (`_NOTED`), added to its connection's slot once, at its end,
+in the same pipeline as its writes: the slot's lock is the last one the batch takes."""
+_SLOT_ROWS: Final = (
+    f"INSERT INTO {SCHEMA}.journal_counts (slot) SELECT generate_series(0, {_SLOTS - 1}) "
+    "ON CONFLICT (slot) DO NOTHING"
+)
+"""The 16 slots, wherever one was deleted by hand (a recount writes them all again)."""
+
+
+def _attempt_figures(prefix: str, sign: str = "") -> str:
+    """SQL: the attempt counters of an attempt held in columns ``prefix + "outcome"``
+    etc. ("attempt1_" for a first attempt, "" for a row of attempts), as a change of
+    the counts (``sign`` "-": taken off)."""
+    return (
+        f"{sign}({prefix}outcome IS NOT NULL)::int AS attempts, "
+        f"{sign}({prefix}status_code IS NOT NULL)::int AS answered_attempts, "
+        f"{sign}coalesce({prefix}replayed, 0) AS replayed_attempts, "
+        f"{sign}coalesce({prefix}status_code IN (409, 423), false)::int AS in_progress_attempts"
+    )
+
+
+_COUNTS: Final = (
+    "SELECT count(*) AS slots, "
+    + ", ".join(f"sum({name}) AS {name}" for name in _COUNTERS if name != "pending")
+    + f", (SELECT count(*) FROM {SCHEMA}.operations WHERE status = 'pending') AS pending "
+    f"FROM {SCHEMA}.journal_counts"
+)
+"""Every count: the 16 slots summed (a slot alone may be negative: a prune takes off
+its slot what others added), pending operations from operations_pending."""
+
+# The counts, from the rows (`idempotently migrate --recount`): slot 0 gets the totals,
+# the others zero. Updated in place, never deleted and inserted: a writer waiting for
+# the table's lock then adds its change to the recounted row.
+_RECOUNT: Final = f"""
+UPDATE {SCHEMA}.journal_counts AS c
+SET {", ".join(f"{name} = CASE WHEN c.slot = 0 THEN t.{name} ELSE 0 END" for name in _COUNTERS)}
+FROM (
+    SELECT s.*, o.attempts + a.attempts AS attempts,
+           o.answered_attempts + a.answered_attempts AS answered_attempts,
+           o.replayed_attempts + a.replayed_attempts AS replayed_attempts,
+           o.in_progress_attempts + a.in_progress_attempts AS in_progress_attempts
+    FROM (
+        SELECT {
+    ", ".join(f"count(*) FILTER (WHERE status = '{name}') AS {name}" for name in STATUSES)
+},
+               count(*) FILTER (WHERE status NOT IN ({_ddl(STATUSES)})) AS unknown_status
+        FROM {SCHEMA}.operations
+    ) AS s, (
+        SELECT count(attempt1_outcome) AS attempts,
+               count(attempt1_status_code) AS answered_attempts,
+               coalesce(sum(attempt1_replayed), 0) AS replayed_attempts,
+               count(*) FILTER (WHERE attempt1_status_code IN (409, 423)) AS in_progress_attempts
+        FROM {SCHEMA}.operations
+    ) AS o, (
+        SELECT count(*) AS attempts, count(status_code) AS answered_attempts,
+               coalesce(sum(replayed), 0) AS replayed_attempts,
+               count(*) FILTER (WHERE status_code IN (409, 423)) AS in_progress_attempts
+        FROM {SCHEMA}.attempts
+    ) AS a
+) AS t
+"""
+
+
+def _if_held(column: str, value: str) -> str:
+    """``column`` set to ``value`` where the caller holds the lease (`before`), else as it was."""
+    return f"{column} = CASE WHEN held THEN {value} ELSE {column} END"
 
 
 def _if_first(column: str, value: str) -> str:
@@ -368,49 +531,72 @@ def _if_first(column: str, value: str) -> str:
     return f"{column} = CASE WHEN attempt_count = 0 THEN {value} ELSE {column} END"
 
 
+_FIRST_ATTEMPT: Final = ",\n        ".join(
+    (
+        _if_first("attempt1_started_at", "%(started_at)s::float8"),
+        _if_first("attempt1_elapsed", "%(elapsed)s::float8"),
+        _if_first(
+            "attempt1_outcome",
+            "CASE WHEN attempt1_outcome IS NULL THEN %(outcome)s::text "
+            "ELSE 'attempt_count lowered by hand' END",
+        ),
+        _if_first("attempt1_status_code", "%(status_code)s::int"),
+        _if_first("attempt1_replayed", "%(replayed)s::int"),
+        _if_first("attempt1_error", "%(error)s::text"),
+        _if_first("attempt1_wait", "%(wait)s::float8"),
+    )
+)
+
 # A first attempt is journaled in its operation's row by the UPDATE that sets the state
 # after it (the common call: one row written); a later one is a row of attempts, whose
 # number is the attempt_count the UPDATE returns (the row is locked first: two writers
 # can never both claim number n). A row whose attempt_count was lowered by hand to 0
 # while its first attempt is journaled would have it overwritten: its outcome is set to
 # a word attempt1_outcome's CHECK refuses instead, so the write fails as a corrupt row.
-_RECORD_ATTEMPT: Final = f"""
-WITH op AS (
+#
+# The counts need the status the state moved from, and RETURNING sees new values only:
+# `before` reads it, and whether the caller holds the lease, under the row's lock first
+# (the newest row version, which the UPDATE then writes: nothing moves in between).
+_RECORD_ATTEMPT: Final = _compact(f"""
+WITH before AS (
+    SELECT status AS old_status, (%(owner)s::text IS NULL
+        OR (status = 'pending' AND lease_owner = %(owner)s::text)) AS held
+    FROM {SCHEMA}.operations WHERE operation_id = %(operation_id)s FOR NO KEY UPDATE
+), op AS (
     UPDATE {SCHEMA}.operations SET
         attempt_count = attempt_count + 1,
-        {_if_holds("updated_at", "%(now)s::double precision")},
-        {_if_holds("status", "%(status)s::text")},
-        {_if_holds("reason", "%(reason)s::text")},
-        {_if_holds("not_before", "%(not_before)s::double precision")},
-        {_if_holds("last_status_code", "coalesce(%(status_code)s::integer, last_status_code)")},
-        {_if_holds("response_status", "%(response_status)s::integer")},
-        {_if_holds("response_headers", "%(response_headers)s::text")},
-        {_if_holds("response_body", "%(response_body)s::bytea")},
-        {_if_holds("lease_until", "%(lease_until)s::double precision")},
-        lease_owner = CASE WHEN {_HOLDS} AND %(lease_until)s::double precision <= 0 THEN NULL
+        {_if_held("updated_at", "%(now)s::float8")},
+        {_if_held("status", "%(status)s::text")},
+        {_if_held("reason", "%(reason)s::text")},
+        {_if_held("not_before", "%(not_before)s::float8")},
+        {_if_held("last_status_code", "coalesce(%(status_code)s::int, last_status_code)")},
+        {_if_held("response_status", "%(response_status)s::int")},
+        {_if_held("response_headers", "%(response_headers)s::text")},
+        {_if_held("response_body", "%(response_body)s::bytea")},
+        {_if_held("lease_until", "%(lease_until)s::float8")},
+        lease_owner = CASE WHEN held AND %(lease_until)s::float8 <= 0 THEN NULL
                            ELSE lease_owner END,
-        {_if_first("attempt1_started_at", "%(started_at)s::double precision")},
-        {_if_first("attempt1_elapsed", "%(elapsed)s::double precision")},
-        {
-    _if_first(
-        "attempt1_outcome",
-        "CASE WHEN attempt1_outcome IS NULL THEN %(outcome)s::text "
-        "ELSE 'attempt_count lowered by hand' END",
+        {_FIRST_ATTEMPT}
+    FROM before WHERE operation_id = %(operation_id)s
+    RETURNING operation_id, attempt_count, old_status,
+        CASE WHEN held THEN %(status)s::text ELSE old_status END AS new_status
+), attempted AS (
+    INSERT INTO {SCHEMA}.attempts (
+        operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
+    ) SELECT operation_id, attempt_count, %(started_at)s, %(elapsed)s, %(outcome)s,
+             %(status_code)s::int, %(replayed)s, %(error)s::text, %(wait)s::float8
+    FROM op WHERE attempt_count > 1
+), {
+    _counted(
+        "SELECT old_status AS before, new_status AS after, 1 AS attempts, "
+        "(%(status_code)s::int IS NOT NULL)::int AS answered_attempts, "
+        "%(replayed)s::int AS replayed_attempts, "
+        "coalesce(%(status_code)s::int IN (409, 423), false)::int AS in_progress_attempts "
+        "FROM op"
     )
-},
-        {_if_first("attempt1_status_code", "%(status_code)s::integer")},
-        {_if_first("attempt1_replayed", "%(replayed)s::integer")},
-        {_if_first("attempt1_error", "%(error)s::text")},
-        {_if_first("attempt1_wait", "%(wait)s::double precision")}
-    WHERE operation_id = %(operation_id)s
-    RETURNING operation_id, attempt_count
-)
-INSERT INTO {SCHEMA}.attempts (
-    operation_id, number, started_at, elapsed, outcome, status_code, replayed, error, wait
-) SELECT operation_id, attempt_count, %(started_at)s, %(elapsed)s, %(outcome)s,
-         %(status_code)s::integer, %(replayed)s, %(error)s::text, %(wait)s::double precision
-FROM op WHERE attempt_count > 1
-"""
+}
+SELECT {_NOTED_READ}
+""")
 
 _ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
 _ATTEMPTS_JOINED: Final = f"""
@@ -472,7 +658,7 @@ WITH due AS (
 
 # An operation a fork links to is kept (the fork goes first); audit entries go with
 # their operation.
-_PRUNE: Final = f"""
+_PRUNE: Final = _compact(f"""
 WITH doomed AS (
     SELECT operation_id FROM {SCHEMA}.operations
     WHERE {_FINISHED_SQL} AND updated_at < %(cutoff)s
@@ -483,17 +669,27 @@ WITH doomed AS (
     FOR UPDATE SKIP LOCKED
 ), attempts_gone AS (
     DELETE FROM {SCHEMA}.attempts WHERE operation_id IN (SELECT operation_id FROM doomed)
+    RETURNING outcome, status_code, replayed
 ), audit_gone AS (
     DELETE FROM {SCHEMA}.operation_audit WHERE operation_id IN (SELECT operation_id FROM doomed)
-)
-DELETE FROM {SCHEMA}.operations WHERE operation_id IN (SELECT operation_id FROM doomed)
-"""
+), gone AS (
+    DELETE FROM {SCHEMA}.operations WHERE operation_id IN (SELECT operation_id FROM doomed)
+    RETURNING status, attempt1_outcome, attempt1_status_code, attempt1_replayed
+), {
+    _counted(
+        f"SELECT status AS before, NULL::text AS after, {_attempt_figures('attempt1_', '-')} "
+        "FROM gone UNION ALL "
+        f"SELECT NULL, NULL, {_attempt_figures('', '-')} FROM attempts_gone"
+    )
+}
+SELECT count(*) AS deleted FROM gone
+""")
 
 # -- the operator's journal: an action, a lookup's backoff, audit entries -------------
 
 # One statement (pipelined like every write): the compare-and-swap on the row as read,
 # the fork and the audit entries; nothing of it if the row changed or the fork is taken.
-_ACT: Final = f"""
+_ACT: Final = _compact(f"""
 WITH free AS (
     SELECT 1 WHERE %(fork_id)s::text IS NULL OR NOT EXISTS (
         SELECT 1 FROM {SCHEMA}.operations
@@ -540,10 +736,30 @@ WITH free AS (
                        %(audit_details)s::text[])
          AS entry(operation_id, actor, action, note, detail)
     RETURNING seq
-)
+), {
+    _counted(
+        "SELECT %(expect_status)s::text AS before, %(status)s::text AS after, 0 AS attempts, "
+        "0 AS answered_attempts, 0 AS replayed_attempts, 0 AS in_progress_attempts FROM acted"
+    )
+}
 SELECT (SELECT count(*) FROM acted) AS applied, (SELECT count(*) FROM forked) AS forks,
-       (SELECT count(*) FROM audited) AS entries
-"""
+       (SELECT count(*) FROM audited) AS entries, {_NOTED_READ}
+""")
+
+_SET_STATUS: Final = _compact(f"""
+WITH moved AS (
+    UPDATE {SCHEMA}.operations SET status = %(status)s, reason = %(reason)s::text,
+        updated_at = %(now)s, lease_owner = NULL, lease_until = 0
+    WHERE operation_id = %(operation_id)s AND status = %(expect)s
+    RETURNING operation_id
+), {
+    _counted(
+        "SELECT %(expect)s::text AS before, %(status)s::text AS after, 0 AS attempts, "
+        "0 AS answered_attempts, 0 AS replayed_attempts, 0 AS in_progress_attempts FROM moved"
+    )
+}
+SELECT (SELECT count(*) FROM moved) AS applied, {_NOTED_READ}
+""")
 
 _LOOK_UP_LATER: Final = f"""
 WITH later AS (
@@ -563,12 +779,6 @@ _AUDIT: Final = (
     f"SELECT seq, operation_id, at, actor, action, note, detail FROM {SCHEMA}.operation_audit "
     "WHERE operation_id = %s ORDER BY seq"
 )
-
-_UNFORKED: Final = (
-    f" AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.operations AS fork "
-    f"WHERE fork.forked_from = {SCHEMA}.operations.operation_id)"
-)
-"""Prune keeps an operation a fork still links to (the fork goes first)."""
 
 
 # What to do, by SQLSTATE (or by kind of failure).
@@ -999,9 +1209,10 @@ class PostgresStore:
             self._pool_for(synchronous).connection() as conn,
         ):
             if len(writes) == 1:
-                # Autocommit: the statement is its own transaction (Record's update and
-                # insert are one statement), committed as the connection's setting says.
-                return [self._result(writes[0], self._send(conn, writes[0]))]
+                # Autocommit: the statement is its own transaction (Record's update, its
+                # insert and its counts are one statement), committed as the connection's
+                # setting says.
+                return [self._result(writes[0], self._send(conn, writes[0], here=True))]
             try:
                 return self._commit_batch(conn, writes)
             except BaseException:
@@ -1016,11 +1227,14 @@ class PostgresStore:
         The server skips what follows a failed statement until the pipeline's end, so a
         write that fails ends the round: the writes before it stand, its savepoint
         undoes it, and the ones after it go again in the next round, in the same
-        transaction.
+        transaction. A batch that may change the counts adds its writes' changes (summed
+        in `_NOTED` as they run) to its slot in one statement before the commit, in the
+        same pipeline.
         """
         import psycopg
 
         results: list[Any] = [None] * len(writes)
+        counting = any(isinstance(write, _COUNTING) for write in writes)
         start, first = 0, True
         while True:
             sent: list[psycopg.Cursor[dict[str, Any]] | None] = []
@@ -1031,7 +1245,7 @@ class PostgresStore:
                     for index, write in enumerate(writes[start:]):
                         conn.execute(b"SAVEPOINT write")
                         try:
-                            sent.append(self._send(conn, write))
+                            sent.append(self._send(conn, write, here=False))
                         except (psycopg.DataError, psycopg.IntegrityError) as unsendable:
                             # A value psycopg cannot send (a NUL in text): nothing of it
                             # left; the round ends here, as after a server's refusal.
@@ -1039,6 +1253,8 @@ class PostgresStore:
                             break
                         conn.execute(b"RELEASE SAVEPOINT write")
                     else:
+                        if counting:
+                            conn.execute(_ADD_NOTED.encode())
                         conn.execute(b"COMMIT")
             except psycopg.Error as raised:
                 # The server refused a write: the first without a result.
@@ -1081,11 +1297,13 @@ class PostgresStore:
             return Failed(error)
 
     def _send(
-        self, conn: psycopg.Connection[dict[str, Any]], write: Write
+        self, conn: psycopg.Connection[dict[str, Any]], write: Write, *, here: bool
     ) -> psycopg.Cursor[dict[str, Any]] | None:
         """Send ``write``'s one statement; its cursor (None if there is nothing to send).
 
-        In a pipeline the cursor's results arrive later: `_result` reads them.
+        In a pipeline the cursor's results arrive later: `_result` reads them. ``here``:
+        a statement that changes the counts adds its change to the slot itself (a lone
+        write); else the batch adds them up at its end.
         """
         match write:
             case Insert():
@@ -1121,6 +1339,7 @@ class PostgresStore:
                         "replayed": int(record.replayed),
                         "error": record.error,
                         "wait": record.wait,
+                        "here": here,
                     },
                 )
             case PauseOrigin():
@@ -1174,12 +1393,15 @@ class PostgresStore:
                 )
             case SetStatus():
                 return conn.execute(
-                    f"""
-                    UPDATE {SCHEMA}.operations SET status = %s, reason = %s, updated_at = %s,
-                        lease_owner = NULL, lease_until = 0
-                    WHERE operation_id = %s AND status = %s
-                    """,
-                    (write.status, write.reason, write.now, write.operation_id, write.expect),
+                    _SET_STATUS,
+                    {
+                        "status": write.status,
+                        "reason": write.reason,
+                        "now": write.now,
+                        "operation_id": write.operation_id,
+                        "expect": write.expect,
+                        "here": here,
+                    },
                 )
             case TakeLease():
                 operation = write.operation
@@ -1233,7 +1455,7 @@ class PostgresStore:
                     },
                 )
             case Act():
-                return conn.execute(_ACT, self._act_parameters(write))
+                return conn.execute(_ACT, {**self._act_parameters(write), "here": here})
             case LookUpLater():
                 note = write.audit
                 return conn.execute(
@@ -1272,9 +1494,7 @@ class PostgresStore:
         match write:
             case Record() | Release() | PauseOrigin():
                 return None
-            case (
-                Insert() | Enqueue() | TakeLease() | SetStatus() | BindCredentials() | RenewLease()
-            ):
+            case Insert() | Enqueue() | TakeLease() | BindCredentials() | RenewLease():
                 assert cursor is not None
                 return cursor.rowcount == 1
             case Unpause():
@@ -1293,7 +1513,7 @@ class PostgresStore:
                 return None if row is None else OriginPause(**row)
             case ClaimDue():
                 return [] if cursor is None else self._with_attempts(cursor.fetchall(), listed=True)
-            case Act() | LookUpLater():
+            case SetStatus() | Act() | LookUpLater():
                 assert cursor is not None
                 row = cursor.fetchone()
                 return row is not None and int(row["applied"]) == 1
@@ -1715,13 +1935,42 @@ class PostgresStore:
             )
         return [OriginPause(**row) for row in rows]
 
-    def _counts(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[str, int]:
-        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
-        for row in self._rows(
-            conn, f"SELECT status, count(*) AS n FROM {SCHEMA}.operations GROUP BY status"
+    def _counters(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[str, int]:
+        """Every count the writes keep, summed over the 16 slots, and pending operations
+        counted from their index: a few rows, whatever the journal's size."""
+        row = conn.execute(_COUNTS).fetchone() or {}
+        values = {name: row.get(name) for name in _COUNTERS}
+        if row.get("slots") != _SLOTS or not all(
+            value is not None and int(value) >= 0 for value in values.values()
         ):
-            counts[row["status"]] = int(row["n"])
-        return counts
+            shown = {name: None if value is None else int(value) for name, value in values.items()}
+            raise JournalCorruptError(
+                f"{self.path} holds damaged counts ({row.get('slots')} of {_SLOTS} slots in "
+                f"{SCHEMA}.journal_counts, sums {short(shown)}); count them again from the "
+                "rows with `idempotently migrate --recount` (the operations are untouched)"
+            )
+        if values["unknown_status"]:
+            # The status CHECK keeps them out: a table altered by hand let one in.
+            raise JournalCorruptError(
+                f"{self.path} counts {values['unknown_status']} operations with an unknown "
+                f"status; repair those rows (psql, {SCHEMA}.operations) or restore a backup"
+            )
+        return {name: int(cast(int, value)) for name, value in values.items()}
+
+    def _counts(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[str, int]:
+        counters = self._counters(conn)
+        return {status: counters[status] for status in STATUSES}
+
+    def recount(self) -> None:
+        """Count the operations and attempts again from the rows, in one transaction:
+        slot 0 gets the totals, the others zero. The counts follow the journal's own
+        writes only, so after an edit by hand (psql) they may differ from the rows until
+        this runs. The table lock waits for every transaction that has changed the
+        counts and holds off the ones that would, until the commit: none is lost."""
+        with self._transaction(synchronous=True) as conn:
+            conn.execute(f"LOCK TABLE {SCHEMA}.journal_counts IN EXCLUSIVE MODE")
+            conn.execute(_SLOT_ROWS)
+            conn.execute(_RECOUNT)
 
     def stats(
         self,
@@ -1740,39 +1989,24 @@ class PostgresStore:
         if expiring_within is not None:
             check_number("expiring_within", expiring_within, integer=False, low=0, high=MAX_WINDOW)
         with self._read() as conn:
-            counts = self._counts(conn)
-            attempts = self._rows(
-                conn,
-                f"""
-                SELECT sum(attempts) AS attempts,
-                       sum(answered_attempts) AS answered_attempts,
-                       sum(replayed_attempts) AS replayed_attempts,
-                       sum(in_progress_attempts) AS in_progress_attempts
-                FROM (
-                    SELECT count(*) AS attempts,
-                           count(status_code) AS answered_attempts,
-                           coalesce(sum(replayed), 0) AS replayed_attempts,
-                           count(*) FILTER (WHERE status_code IN (409, 423))
-                               AS in_progress_attempts
-                    FROM {SCHEMA}.attempts
-                    UNION ALL
-                    SELECT count(attempt1_outcome), count(attempt1_status_code),
-                           coalesce(sum(attempt1_replayed), 0),
-                           count(*) FILTER (WHERE attempt1_status_code IN (409, 423))
-                    FROM {SCHEMA}.operations
-                ) AS both_tables
-                """,
-            )[0]
+            counters = self._counters(conn)
+            counts: dict[str, int] = {status: counters[status] for status in STATUSES}
             # An enqueued operation not sent yet: its key's lifetime has not started.
-            unsent = "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL)"
+            # operations_pending alone (it covers these columns) unless the expiring keys
+            # are asked for: key_expires_at is not in it, so each pending row is read.
+            expiring = (
+                "NULL"
+                if expiring_within is None
+                else "count(*) FILTER (WHERE key_expires_at <= %(soon)s "
+                "AND (first_send_at IS NOT NULL OR enqueued_at IS NULL))"
+            )
             pending = self._rows(
                 conn,
                 f"""
                 SELECT min(created_at) AS oldest,
                        count(*) FILTER (WHERE lease_until < %(now)s AND updated_at < %(idle)s
                                         AND coalesce(not_before, 0) <= %(now)s) AS stuck,
-                       count(*) FILTER (WHERE key_expires_at <= %(soon)s
-                                        {unsent}) AS expiring
+                       {expiring} AS expiring
                 FROM {SCHEMA}.operations WHERE status = 'pending'
                 """,
                 {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},
@@ -1780,16 +2014,47 @@ class PostgresStore:
         return JournalStats(
             counts=counts,
             operations=sum(counts.values()),
-            attempts=int(attempts["attempts"]),
-            answered_attempts=int(attempts["answered_attempts"]),
-            replayed_attempts=int(attempts["replayed_attempts"]),
-            in_progress_attempts=int(attempts["in_progress_attempts"]),
+            attempts=counters["attempts"],
+            answered_attempts=counters["answered_attempts"],
+            replayed_attempts=counters["replayed_attempts"],
+            in_progress_attempts=counters["in_progress_attempts"],
             oldest_pending_created_at=pending["oldest"],
             stuck=int(pending["stuck"]),
             now=now,
             expiring=None if expiring_within is None else int(pending["expiring"]),
             expiring_within=expiring_within,
         )
+
+    def _count_prunable(self, conn: psycopg.Connection[dict[str, Any]], cutoff: float) -> int:
+        """How many finished operations prune would delete: those idle since before
+        ``cutoff``, less those a fork links to (kept). As on SQLite, operations_finished
+        is counted on whichever side of the cutoff looks smaller (judged from its ends),
+        and the newer side is taken off the counts: a usual window counts few entries."""
+        counters = self._counters(conn)
+        total = sum(counters[status] for status in FINISHED_STATUSES)
+        ends = self._rows(
+            conn,
+            f"SELECT min(updated_at) AS oldest, max(updated_at) AS newest "
+            f"FROM {SCHEMA}.operations WHERE {_FINISHED_SQL}",
+        )[0]
+        oldest, newest = ends["oldest"], ends["newest"]
+        if total == 0 or oldest is None or cutoff <= oldest:
+            return 0
+        count = f"SELECT count(*) AS n FROM {SCHEMA}.operations WHERE {_FINISHED_SQL} AND "
+        if cutoff > newest:
+            idle = total
+        elif cutoff - oldest <= newest - cutoff:
+            idle = int(self._rows(conn, count + "updated_at < %s", (cutoff,))[0]["n"])
+        else:
+            idle = total - int(self._rows(conn, count + "updated_at >= %s", (cutoff,))[0]["n"])
+        # The few a fork links to, found from the forks' own index.
+        linked = self._rows(
+            conn,
+            count + "updated_at < %s AND operation_id IN (SELECT forked_from FROM "
+            f"{SCHEMA}.operations WHERE forked_from IS NOT NULL)",
+            (cutoff,),
+        )[0]
+        return idle - int(linked["n"])
 
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
         """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
@@ -1802,17 +2067,14 @@ class PostgresStore:
         cutoff = now - older_than
         if dry_run:
             with self._read() as conn:
-                row = self._rows(
-                    conn,
-                    f"SELECT count(*) AS n FROM {SCHEMA}.operations "
-                    f"WHERE {_FINISHED_SQL} AND updated_at < %s" + _UNFORKED,
-                    (cutoff,),
-                )[0]
-            return int(row["n"])
+                return self._count_prunable(conn, cutoff)
         deleted = 0
         while True:
             with self._transaction(synchronous=True) as conn:
-                batch = conn.execute(_PRUNE, {"cutoff": cutoff, "batch": _PRUNE_BATCH}).rowcount
+                pruned = conn.execute(
+                    _PRUNE, {"cutoff": cutoff, "batch": _PRUNE_BATCH, "here": True}
+                ).fetchone()
+                batch = 0 if pruned is None else int(pruned["deleted"])
             deleted += batch
             if batch < _PRUNE_BATCH:
                 return deleted

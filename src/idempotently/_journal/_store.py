@@ -121,6 +121,11 @@ class Store(Protocol):
         """Operations per status; every status is present, zero included."""
         ...
 
+    def recount(self) -> None:
+        """Count the operations and attempts again from the rows, in one transaction
+        (`idempotently migrate --recount`: the counts follow the journal's own writes)."""
+        ...
+
     def origin_pauses(self, *, now: float) -> list[OriginPause]:
         """The origin pauses still running at ``now``, soonest over first (none in a
         journal from before they were kept)."""
