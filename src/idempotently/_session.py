@@ -283,7 +283,8 @@ class _SessionBase(Generic[ClientT]):
         client = self.client
         if client.auth is not None:
             return False
-        return all(hook is last_hook or hook is alast_hook for hook in client.event_hooks["request"])
+        hooks = client.event_hooks["request"]
+        return all(hook is last_hook or hook is alast_hook for hook in hooks)
 
     def _param_values(self, name: str) -> Sequence[str] | None:
         """The live values of a redacted query parameter, for a resume: the session's

@@ -636,6 +636,60 @@ class _ClosedConnection:
         self._closed()
 
 
+class _Transaction:
+    """``with store._write(...) as conn:``: the lock, the synchronous level, BEGIN, then
+    COMMIT, or ROLLBACK on any error; a database error raised as the `JournalError` that
+    says what to do. A class, not a ``@contextmanager`` generator: it runs around every
+    write of every call."""
+
+    __slots__ = ("_begin", "_durable", "_store")
+
+    def __init__(self, store: SqliteStore, durable: bool, begin: bool) -> None:
+        self._store = store
+        self._durable = durable
+        self._begin = begin
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._check_writable()
+        store._lock.acquire()
+        try:
+            store._synchronous_for(self._durable)
+            if self._begin:
+                store._conn.execute("BEGIN IMMEDIATE")
+        except BaseException as error:
+            store._lock.release()
+            if isinstance(error, sqlite3.DatabaseError):
+                raise store._write_error(error) from error
+            raise
+        return store._conn
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: object
+    ) -> None:
+        store = self._store
+        conn = store._conn
+        try:
+            if kind is None and self._begin:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException as failed:
+                    error = failed
+            if kind is None and error is None:
+                return
+            # SQLite may already have rolled back (SQLITE_FULL does): a second ROLLBACK
+            # would hide the real error.
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if isinstance(error, sqlite3.DatabaseError):
+                raise store._write_error(error) from error
+            if kind is None and error is not None:
+                raise error
+        finally:
+            store._lock.release()
+
+
 class SqliteStore:
     """The journal in one SQLite file (WAL mode): a `Store`.
 
@@ -1160,31 +1214,12 @@ class SqliteStore:
             self._conn.execute(f"PRAGMA synchronous = {level}")
             self._synchronous = level
 
-    @contextmanager
-    def _write(self, *, durable: bool = False, begin: bool = True) -> Iterator[sqlite3.Connection]:
+    def _write(self, *, durable: bool = False, begin: bool = True) -> _Transaction:
         """One short write transaction; ``durable`` fsyncs the WAL at commit.
 
         ``begin=False`` for a lone one-statement write: SQLite commits it by itself.
         """
-        self._check_writable()
-        with self._lock:
-            try:
-                self._synchronous_for(durable)
-                if begin:
-                    self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._conn
-                    if begin:
-                        self._conn.execute("COMMIT")
-                except BaseException:
-                    # SQLite may already have rolled back (SQLITE_FULL does):
-                    # a second ROLLBACK would hide the real error.
-                    if self._conn.in_transaction:
-                        with suppress(sqlite3.Error):
-                            self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.DatabaseError as error:
-                raise self._write_error(error) from error
+        return _Transaction(self, durable, begin)
 
     def _write_error(self, error: sqlite3.DatabaseError) -> Exception:
         """The JournalError that says what went wrong with a write, and what to do."""
