@@ -77,8 +77,9 @@ class Config:
     quiet_client: Callable[[], bool] | None = None
     """Asked before each call's attempts: True when nothing between the journal and the
     wire can change a request (a Session's client with no request hook but the library's
-    and no ``auth``), so an attempt whose key is bound to no credentials needs no `Gate`.
-    None (a Transport: the client around it is unknown): every attempt is gated."""
+    and no ``auth``; a Transport, which journals after the client's hooks and auth flow
+    ran), so an attempt whose key is bound to no credentials needs no `Gate`. None: every
+    attempt is gated."""
 
     def new_owner(self) -> str:
         """A new lease owner of this engine's host."""
