@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 import idempotently
-from tests.scripted_server import ScriptedApp
+from tests.scripted_server import Answer, ScriptedApp
 
 CHARGE = {"amount": 1000}
 
@@ -188,6 +188,75 @@ def test_an_auth_flow_set_after_the_first_call_is_checked(
             session.post("/v1/charges", json=CHARGE, operation_id="second")
     client.close()
     assert 1 == len(app.arrivals)
+
+
+class AddsAHookWhileSending(httpx.BaseTransport):
+    """The real transport, while another thread gives the client a request hook: the
+    request left unchecked (nothing could change it when it was let out)."""
+
+    def __init__(self, client: list[httpx.Client]) -> None:
+        self.client = client
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.client:
+            self.client[0].event_hooks["request"].append(other_body)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_hook_given_to_the_client_while_a_request_is_sent_leaves_it_pending(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A client with no hook sends its request unchecked; a hook appended meanwhile (by
+    another thread) could have run on it after the journal recorded it, so the journal
+    does not vouch for the answer: the attempt is maybe delivered, the operation pending
+    with its key, and the next call sends it again under the same key, checked."""
+    app, url = scripted
+    holder: list[httpx.Client] = []
+    client = httpx.Client(base_url=url, transport=AddsAHookWhileSending(holder))
+    holder.append(client)
+    with idempotently.Session(
+        tmp_path / "j.db", client=client, policy=idempotently.RetryPolicy(max_attempts=1)
+    ) as session:
+        with pytest.raises(idempotently.OperationPendingError) as caught:
+            session.post("/v1/charges", json=CHARGE, operation_id="op")
+        operation = session.journal.operation("op")
+    client.close()
+    assert "op" == caught.value.operation_id and "may have been delivered" in str(caught.value)
+    assert operation is not None
+    assert ("pending", ["maybe_delivered"]) == (
+        operation.status,
+        [attempt.outcome for attempt in operation.attempts],
+    )
+    assert [operation.key] == [arrival.key for arrival in app.arrivals]
+
+
+def test_a_hook_given_to_the_client_between_attempts_checks_the_next_one(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A first attempt answered 503 went out unchecked; a hook that changes the body is
+    given to the client during the wait: the retry is checked and refused, not sent."""
+    app, url = scripted
+    app.answer(Answer(status=503))
+    client = httpx.Client(base_url=url)
+
+    def sleep(seconds: float) -> None:
+        client.event_hooks["request"].append(other_body)
+
+    with idempotently.Session(tmp_path / "j.db", client=client, sleep=sleep) as session:
+        with pytest.raises(idempotently.RequestNotSentError, match="changed its body"):
+            session.post("/v1/charges", json=CHARGE, operation_id="op")
+        operation = session.journal.operation("op")
+    client.close()
+    assert 1 == len(app.arrivals)
+    assert operation is not None
+    assert ("pending", ["answered", "not_sent"]) == (
+        operation.status,
+        [attempt.outcome for attempt in operation.attempts],
+    )
 
 
 @pytest.mark.anyio

@@ -65,13 +65,13 @@ else:
             pass
 
 
-
 def _nothing_runs_in_between() -> bool:
     """A Transport journals a request after the client's hooks and auth flow ran, and
     sends it on to the wrapped transport with nothing of the client's in between: the
     gate of an attempt whose key is bound to no credentials would compare the request
     with itself (`Config.quiet_client`)."""
     return True
+
 
 class _TransportBase:
     def __init__(

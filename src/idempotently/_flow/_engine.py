@@ -581,24 +581,10 @@ class Engine(Config):
         # A key the journal holds as bound stays bound, whatever profile resends it
         # (`--force-profile`, a damaged row): its digest is checked, never ignored.
         bind = profile.key_bound_to_credentials or binding is not None
-        quiet = self.quiet_client
-        gate = (
-            None
-            if not bind and quiet is not None and quiet()
-            else Gate(
-                request,
-                operation_id=operation_id,
-                key=key,
-                key_header=profile.key_header,
-                bind=bind,
-                binding=binding,
-                owner=owner,
-                salt=self._salt(),
-                redact_headers=self.redact_headers,
-                secret_params=self.secret_params,
-                fingerprint_headers=self.fingerprint_headers,
-            )
-        )
+        # Unbound, on a client where nothing can change the request on its way out, an
+        # attempt needs no gate: asked again before every attempt.
+        quiet = None if bind else self.quiet_client
+        gate: Gate | None = None
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
@@ -661,10 +647,28 @@ class Engine(Config):
             # within the bounds `_Reading` sets; an error while reading is the attempt's.
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             reading.body = None
+            if gate is None and (quiet is None or not quiet()):
+                gate = Gate(
+                    request,
+                    operation_id=operation_id,
+                    key=key,
+                    key_header=profile.key_header,
+                    bind=bind,
+                    binding=binding,
+                    owner=owner,
+                    salt=self._salt(),
+                    redact_headers=self.redact_headers,
+                    secret_params=self.secret_params,
+                    fingerprint_headers=self.fingerprint_headers,
+                )
             if gate is not None:
                 gate.passes = 0
             reply = yield Send(request, lease, reading, gate)
-            if gate is not None and isinstance(reply, (httpx.Response, httpx.TransportError)):
+            if gate is None and quiet is not None and not quiet():
+                # A hook or auth was given to the client while this request was sent
+                # (another thread): it may have run on it after the journal saw it.
+                reply = yield from self._unvouched(reply, reading)
+            elif gate is not None and isinstance(reply, (httpx.Response, httpx.TransportError)):
                 if gate.bind and gate.passes == 0:
                     reply = yield from self._checked_late(gate, reply, request, reading)
                 elif gate.passes and gate.changed_since(_sent(reply, request)):
@@ -869,6 +873,22 @@ class Engine(Config):
             )
             return refusal
         return reply
+
+    def _unvouched(
+        self, reply: httpx.Response | BaseException, reading: _Reading
+    ) -> Flow[BaseException]:
+        """An attempt sent unchecked while a request hook or ``auth`` was being added to
+        its client: whatever came back, the journal cannot vouch for what left under the
+        key, so the attempt is maybe delivered and the operation stays pending."""
+        if isinstance(reply, httpx.Response):
+            yield Discard(reply, reading.body)
+        return GateRefusal(
+            "a request hook or auth flow was given to the client while this request was "
+            "being sent, so it may have changed the request after the journal recorded it "
+            "and the server may have got under this key a request the journal cannot vouch "
+            "for: it may have been delivered, and the operation stays pending with its key",
+            outcome="maybe_delivered",
+        )
 
     def _unkept(self, body: AnswerBody) -> str:
         """Why a final answer's body is not kept: what stopped its reading."""
