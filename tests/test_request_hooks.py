@@ -12,6 +12,7 @@ operation's identity, as it is outside its fingerprint: sent as the hook set it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 import idempotently
-from tests.scripted_server import ScriptedApp
+from tests.scripted_server import Answer, ScriptedApp
 
 CHARGE = {"amount": 1000}
 
@@ -350,3 +351,92 @@ def test_a_request_hook_that_raises_before_anything_left_never_abandons_the_oper
         operation.status,
         [attempt.outcome for attempt in operation.attempts],
     )
+
+
+def test_a_hook_added_during_a_retry_wait_is_checked_before_the_next_attempt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A client quiet at the call's first attempt can gain a hook while the call waits
+    to retry (another thread's SDK setup): the next attempt is checked as it leaves, and
+    a key the hook replaced is refused, never sent under another key."""
+    app, url = scripted
+    app.script.append(Answer(status=503, headers=(("Retry-After", "1"),)))
+    client = httpx.Client(base_url=url)
+
+    def sleep(seconds: float) -> None:
+        client.event_hooks["request"].append(other_key)
+
+    with (
+        idempotently.Session(tmp_path / "j.db", client=client, sleep=sleep) as session,
+        pytest.raises(idempotently.IdempotentlyError, match="Idempotency-Key header"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    client.close()
+    assert [1] == [len({arrival.key for arrival in app.arrivals})]
+
+
+def test_an_auth_set_during_a_retry_wait_is_checked_before_the_next_attempt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """``client.auth`` given while a call waits to retry: the next attempt's body, which
+    the auth flow rebuilds, is refused, not sent."""
+    app, url = scripted
+    app.script.append(Answer(status=503, headers=(("Retry-After", "1"),)))
+    client = httpx.Client(base_url=url)
+
+    def sleep(seconds: float) -> None:
+        client.auth = RebuildingAuth()
+
+    with (
+        idempotently.Session(tmp_path / "j.db", client=client, sleep=sleep) as session,
+        pytest.raises(idempotently.IdempotentlyError, match="its body"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    client.close()
+    assert [CHARGE] == [json.loads(arrival.body) for arrival in app.arrivals]
+
+
+class KeyingClient(httpx.Client):
+    """An SDK's client that sets its own idempotency key on every request it sends."""
+
+    def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        request.headers["Idempotency-Key"] = "the-sdks-own-key"
+        return super().send(request, **kwargs)
+
+
+class AsyncKeyingClient(httpx.AsyncClient):
+    """`KeyingClient`, async."""
+
+    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        request.headers["Idempotency-Key"] = "the-sdks-own-key"
+        return await super().send(request, **kwargs)
+
+
+def test_a_client_subclass_that_changes_the_request_in_send_is_refused_unsent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A Client subclass overriding ``send`` has no hook and no auth, yet changes the
+    request after the journal saw it: it is checked as it leaves, nothing is sent."""
+    app, url = scripted
+    with (
+        KeyingClient(base_url=url) as client,
+        idempotently.Session(tmp_path / "j.db", client=client) as session,
+        pytest.raises(idempotently.RequestNotSentError, match="Idempotency-Key"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    assert [] == app.arrivals
+
+
+@pytest.mark.anyio
+async def test_async_a_client_subclass_that_changes_the_request_in_send_is_refused_unsent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: `KeyingClient`'s async twin is refused too."""
+    app, url = scripted
+    async with (
+        AsyncKeyingClient(base_url=url) as client,
+        idempotently.AsyncSession(tmp_path / "j.db", client=client) as session,
+    ):
+        with pytest.raises(idempotently.RequestNotSentError, match="Idempotency-Key"):
+            await session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    assert [] == app.arrivals

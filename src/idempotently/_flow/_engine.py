@@ -582,10 +582,9 @@ class Engine(Config):
         # (`--force-profile`, a damaged row): its digest is checked, never ignored.
         bind = profile.key_bound_to_credentials or binding is not None
         quiet = self.quiet_client
-        gate = (
-            None
-            if not bind and quiet is not None and quiet()
-            else Gate(
+
+        def gated() -> Gate:
+            return Gate(
                 request,
                 operation_id=operation_id,
                 key=key,
@@ -598,7 +597,8 @@ class Engine(Config):
                 secret_params=self.secret_params,
                 fingerprint_headers=self.fingerprint_headers,
             )
-        )
+
+        gate: Gate | None = None
         began = self.clock()
         # Events are built only when a hook or the logger would see them (``heard``).
         hooks = self.hooks
@@ -661,6 +661,11 @@ class Engine(Config):
             # within the bounds `_Reading` sets; an error while reading is the attempt's.
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             reading.body = None
+            # Asked as each attempt leaves, not once per call: a hook or an auth given to
+            # the client while the call waited (a retry's wait, an event hook, another
+            # thread) is checked like any other. Once gated, the call stays gated.
+            if gate is None and (bind or quiet is None or not quiet()):
+                gate = gated()
             if gate is not None:
                 gate.passes = 0
             reply = yield Send(request, lease, reading, gate)
