@@ -557,6 +557,20 @@ _WRITE_ADVICE = {
 }
 
 
+_LOCKED_AT_FORK: set[tuple[int, int]] = set()
+"""The journal files (device, inode) this process was forked in the middle of a write
+transaction on: SQLite's bookkeeping of the parent's lock came along and is never
+released here, so no connection of this process can write those files."""
+
+_FORKED_MID_WRITE = (
+    "this process was forked while its parent was committing to this journal, and SQLite "
+    "keeps the parent's lock in this process's memory, where nothing can release it: this "
+    "process can read the journal but never write it (other processes can). Open the "
+    "journal in a process started with multiprocessing's 'spawn' or 'forkserver', or fork "
+    "while no call or resume is running"
+)
+
+
 def _write_problem(error: sqlite3.Error) -> str:
     message = str(error).lower()
     if "locked" in message or "busy" in message:
@@ -710,6 +724,11 @@ class SqliteStore:
                 self._synchronous_for(durable=False)  # after a durable schema write
             if self.path != ":memory:":
                 self._file_id = self._file_identity()
+                if self._file_id in _LOCKED_AT_FORK:
+                    # Its writes can never take the lock: say so at once, not after
+                    # the busy timeout.
+                    self._busy_timeout = 0.0
+                    self._conn.execute("PRAGMA busy_timeout = 0")
         except BaseException:
             self._close_untouched()
             raise
@@ -1082,6 +1101,8 @@ class SqliteStore:
         so the Journal refuses every command in the child (see Journal._execute).
         """
         self._lock = threading.RLock()
+        if self._file_id is not None and self._conn.in_transaction:
+            _LOCKED_AT_FORK.add(self._file_id)
 
     @property
     def schema_version(self) -> int:
@@ -1206,9 +1227,15 @@ class SqliteStore:
             )
         if not isinstance(error, sqlite3.OperationalError):
             return error
+        problem = _write_problem(error)
+        advice = (
+            _FORKED_MID_WRITE
+            if problem == "locked" and self._file_id in _LOCKED_AT_FORK
+            else _WRITE_ADVICE.get(problem, _WRITE_ADVICE["other"])
+        )
         return JournalWriteError(
             f"cannot write the journal {self.path}: {error}; "
-            + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
+            + advice
             + " (nothing was lost: the previous state stands)"
         )
 
