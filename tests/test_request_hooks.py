@@ -440,3 +440,26 @@ async def test_async_a_client_subclass_that_changes_the_request_in_send_is_refus
         with pytest.raises(idempotently.RequestNotSentError, match="Idempotency-Key"):
             await session.post("/v1/charges", json=CHARGE, operation_id="op-1")
     assert [] == app.arrivals
+
+
+@pytest.mark.anyio
+async def test_async_a_hook_added_during_a_retry_wait_is_checked_before_the_next_attempt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: a hook the client gains while the call waits to
+    retry is checked as the next attempt leaves; its key is refused, never sent."""
+    app, url = scripted
+    app.script.append(Answer(status=503, headers=(("Retry-After", "1"),)))
+    client = httpx.AsyncClient(base_url=url)
+
+    async def other_key_async(request: httpx.Request) -> None:
+        other_key(request)
+
+    async def sleep(seconds: float) -> None:
+        client.event_hooks["request"].append(other_key_async)
+
+    async with idempotently.AsyncSession(tmp_path / "j.db", client=client, sleep=sleep) as session:
+        with pytest.raises(idempotently.IdempotentlyError, match="Idempotency-Key header"):
+            await session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    await client.aclose()
+    assert [1] == [len({arrival.key for arrival in app.arrivals})]
