@@ -164,24 +164,30 @@ def test_a_child_forked_mid_commit_is_told_at_once_why_it_cannot_write(tmp_path:
     journal = idempotently.Journal(path)
     with idempotently.Session(journal, transport=transport) as session:
         session.post(URL, json={"n": 1}, operation_id="in-parent")
-        connection = journal._store._conn  # type: ignore[attr-defined]
-        connection.execute("BEGIN IMMEDIATE")  # a batch being committed by another thread
         read, write = os.pipe()
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            # Another thread's batch, inside its BEGIN IMMEDIATE at the fork.
+            with journal._store._write():  # type: ignore[attr-defined]
+                held.set()
+                release.wait(timeout=10)
+            os.write(write, b"x")
 
         def child() -> object:
             os.read(read, 1)  # the parent's transaction is over: nobody holds the lock
             with idempotently.Session(path, transport=transport) as own:
                 return own.post(URL, json={"n": 2}, operation_id="in-child").status_code
 
-        def end_transaction() -> None:
-            connection.execute("ROLLBACK")
-            os.write(write, b"x")
-
-        ender = threading.Timer(0.2, end_transaction)
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(timeout=10)
+        ender = threading.Timer(0.2, release.set)
         ender.start()
         # Bounded below the busy timeout (30 s): a child that waits it out has hung.
         outcome = in_child(child, timeout=20)
         ender.join()
+        holder.join()
         os.close(read)
         os.close(write)
         session.post(URL, json={"n": 3}, operation_id="after")
@@ -192,3 +198,37 @@ def test_a_child_forked_mid_commit_is_told_at_once_why_it_cannot_write(tmp_path:
     assert "another process held" not in str(outcome["message"])
     assert [os.getpid(), os.getpid()] == sent
     assert ["after", "in-parent"] == journaled
+
+
+def test_a_child_forked_during_a_read_snapshot_writes_as_any_process(tmp_path: Path) -> None:
+    """The parent's connection was inside a read snapshot (its lock blocks no writer) at
+    the fork: a Session the child opens itself sends and journals as usual."""
+    path = tmp_path / "journal.db"
+    transport = httpx.MockTransport(lambda r: httpx.Response(201))
+    journal = idempotently.Journal(path)
+    with idempotently.Session(journal, transport=transport) as session:
+        session.post(URL, json={"n": 1}, operation_id="in-parent")
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with journal._store._snapshot():  # type: ignore[attr-defined]
+                journal._store._conn.execute("SELECT count(*) FROM operations").fetchone()  # type: ignore[attr-defined]
+                held.set()
+                release.wait(timeout=10)
+
+        def child() -> object:
+            with idempotently.Session(path, transport=transport) as own:
+                return own.post(URL, json={"n": 2}, operation_id="in-child").status_code
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(timeout=10)
+        try:
+            outcome = in_child(child, timeout=20)
+        finally:
+            release.set()
+            holder.join()
+        journaled = sorted(op.operation_id for op in journal.operations())
+    journal.close()
+    assert {"returned": "201"} == outcome
+    assert ["in-child", "in-parent"] == journaled

@@ -715,6 +715,8 @@ class SqliteStore:
                 "to the file your Session writes"
             )
         self._lock = threading.RLock()
+        self._writing = False
+        """Inside `_write`'s ``BEGIN IMMEDIATE`` transaction (the write lock held)."""
         self._synchronous = "NORMAL"  # the connection's setting now: changed only when needed
         self._conn = self._connect(busy_timeout)
         self._db: Any = None
@@ -1101,7 +1103,9 @@ class SqliteStore:
         so the Journal refuses every command in the child (see Journal._execute).
         """
         self._lock = threading.RLock()
-        if self._file_id is not None and self._conn.in_transaction:
+        # A write transaction (not a snapshot read, whose lock blocks no writer) was
+        # open at the fork.
+        if self._file_id is not None and self._writing and self._conn.in_transaction:
             _LOCKED_AT_FORK.add(self._file_id)
 
     @property
@@ -1193,6 +1197,7 @@ class SqliteStore:
                 self._synchronous_for(durable)
                 if begin:
                     self._conn.execute("BEGIN IMMEDIATE")
+                    self._writing = True  # the write lock is held: see after_fork
                 try:
                     yield self._conn
                     if begin:
@@ -1204,6 +1209,8 @@ class SqliteStore:
                         with suppress(sqlite3.Error):
                             self._conn.execute("ROLLBACK")
                     raise
+                finally:
+                    self._writing = False
             except sqlite3.DatabaseError as error:
                 raise self._write_error(error) from error
 
