@@ -150,3 +150,85 @@ def test_a_child_forked_while_the_journal_thread_runs_starts_clean(tmp_path: Pat
     assert running is not None and running.is_alive() is False  # ended by close()
     assert {"returned": "(None, 'yes', 201)"} == outcome
     assert {"in-parent": "succeeded", "in-child": "succeeded"} == statuses
+
+
+def test_a_child_forked_mid_commit_is_told_at_once_why_it_cannot_write(tmp_path: Path) -> None:
+    """The parent's connection was inside a write transaction at the fork: SQLite's note of
+    that lock lives on in the child, so no connection of the child can ever write the
+    file. A Session the child opens itself says so at once (not after the 30 s busy
+    timeout, not blaming another process), nothing is sent from the child, and the file
+    stays writable by the parent and by other processes."""
+    path = tmp_path / "journal.db"
+    sent: list[int] = []
+    transport = httpx.MockTransport(lambda r: sent.append(os.getpid()) or httpx.Response(201))
+    journal = idempotently.Journal(path)
+    with idempotently.Session(journal, transport=transport) as session:
+        session.post(URL, json={"n": 1}, operation_id="in-parent")
+        read, write = os.pipe()
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            # Another thread's batch, inside its BEGIN IMMEDIATE at the fork.
+            with journal._store._write():  # type: ignore[attr-defined]
+                held.set()
+                release.wait(timeout=10)
+            os.write(write, b"x")
+
+        def child() -> object:
+            os.read(read, 1)  # the parent's transaction is over: nobody holds the lock
+            with idempotently.Session(path, transport=transport) as own:
+                return own.post(URL, json={"n": 2}, operation_id="in-child").status_code
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(timeout=10)
+        ender = threading.Timer(0.2, release.set)
+        ender.start()
+        # Bounded below the busy timeout (30 s): a child that waits it out has hung.
+        outcome = in_child(child, timeout=20)
+        ender.join()
+        holder.join()
+        os.close(read)
+        os.close(write)
+        session.post(URL, json={"n": 3}, operation_id="after")
+        journaled = sorted(op.operation_id for op in journal.operations())
+    journal.close()
+    assert "JournalWriteError" == outcome["raised"]
+    assert "forked while its parent was committing" in str(outcome["message"])
+    assert "another process held" not in str(outcome["message"])
+    assert [os.getpid(), os.getpid()] == sent
+    assert ["after", "in-parent"] == journaled
+
+
+def test_a_child_forked_during_a_read_snapshot_writes_as_any_process(tmp_path: Path) -> None:
+    """The parent's connection was inside a read snapshot (its lock blocks no writer) at
+    the fork: a Session the child opens itself sends and journals as usual."""
+    path = tmp_path / "journal.db"
+    transport = httpx.MockTransport(lambda r: httpx.Response(201))
+    journal = idempotently.Journal(path)
+    with idempotently.Session(journal, transport=transport) as session:
+        session.post(URL, json={"n": 1}, operation_id="in-parent")
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with journal._store._snapshot():  # type: ignore[attr-defined]
+                journal._store._conn.execute("SELECT count(*) FROM operations").fetchone()  # type: ignore[attr-defined]
+                held.set()
+                release.wait(timeout=10)
+
+        def child() -> object:
+            with idempotently.Session(path, transport=transport) as own:
+                return own.post(URL, json={"n": 2}, operation_id="in-child").status_code
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(timeout=10)
+        try:
+            outcome = in_child(child, timeout=20)
+        finally:
+            release.set()
+            holder.join()
+        journaled = sorted(op.operation_id for op in journal.operations())
+    journal.close()
+    assert {"returned": "201"} == outcome
+    assert ["in-child", "in-parent"] == journaled

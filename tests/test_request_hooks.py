@@ -12,6 +12,7 @@ operation's identity, as it is outside its fingerprint: sent as the hook set it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -419,3 +420,146 @@ def test_a_request_hook_that_raises_before_anything_left_never_abandons_the_oper
         operation.status,
         [attempt.outcome for attempt in operation.attempts],
     )
+
+
+def test_a_hook_added_during_a_retry_wait_is_checked_before_the_next_attempt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A client quiet at the call's first attempt can gain a hook while the call waits
+    to retry (another thread's SDK setup): the next attempt is checked as it leaves, and
+    a key the hook replaced is refused, never sent under another key."""
+    app, url = scripted
+    app.script.append(Answer(status=503, headers=(("Retry-After", "1"),)))
+    client = httpx.Client(base_url=url)
+
+    def sleep(seconds: float) -> None:
+        client.event_hooks["request"].append(other_key)
+
+    with (
+        idempotently.Session(tmp_path / "j.db", client=client, sleep=sleep) as session,
+        pytest.raises(idempotently.IdempotentlyError, match="Idempotency-Key header"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    client.close()
+    assert [1] == [len({arrival.key for arrival in app.arrivals})]
+
+
+def test_an_auth_set_during_a_retry_wait_is_checked_before_the_next_attempt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """``client.auth`` given while a call waits to retry: the next attempt's body, which
+    the auth flow rebuilds, is refused, not sent."""
+    app, url = scripted
+    app.script.append(Answer(status=503, headers=(("Retry-After", "1"),)))
+    client = httpx.Client(base_url=url)
+
+    def sleep(seconds: float) -> None:
+        client.auth = RebuildingAuth()
+
+    with (
+        idempotently.Session(tmp_path / "j.db", client=client, sleep=sleep) as session,
+        pytest.raises(idempotently.IdempotentlyError, match="its body"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    client.close()
+    assert [CHARGE] == [json.loads(arrival.body) for arrival in app.arrivals]
+
+
+class KeyingClient(httpx.Client):
+    """An SDK's client that sets its own idempotency key on every request it sends."""
+
+    def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        request.headers["Idempotency-Key"] = "the-sdks-own-key"
+        return super().send(request, **kwargs)
+
+
+class AsyncKeyingClient(httpx.AsyncClient):
+    """`KeyingClient`, async."""
+
+    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        request.headers["Idempotency-Key"] = "the-sdks-own-key"
+        return await super().send(request, **kwargs)
+
+
+def test_a_client_subclass_that_changes_the_request_in_send_is_refused_unsent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A Client subclass overriding ``send`` has no hook and no auth, yet changes the
+    request after the journal saw it: it is checked as it leaves, nothing is sent."""
+    app, url = scripted
+    with (
+        KeyingClient(base_url=url) as client,
+        idempotently.Session(tmp_path / "j.db", client=client) as session,
+        pytest.raises(idempotently.RequestNotSentError, match="Idempotency-Key"),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    assert [] == app.arrivals
+
+
+@pytest.mark.anyio
+async def test_async_a_client_subclass_that_changes_the_request_in_send_is_refused_unsent(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: `KeyingClient`'s async twin is refused too."""
+    app, url = scripted
+    async with (
+        AsyncKeyingClient(base_url=url) as client,
+        idempotently.AsyncSession(tmp_path / "j.db", client=client) as session,
+    ):
+        with pytest.raises(idempotently.RequestNotSentError, match="Idempotency-Key"):
+            await session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    assert [] == app.arrivals
+
+
+@pytest.mark.anyio
+async def test_async_a_hook_added_during_a_retry_wait_is_checked_before_the_next_attempt(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: a hook the client gains while the call waits to
+    retry is checked as the next attempt leaves; its key is refused, never sent."""
+    app, url = scripted
+    app.script.append(Answer(status=503, headers=(("Retry-After", "1"),)))
+    client = httpx.AsyncClient(base_url=url)
+
+    async def other_key_async(request: httpx.Request) -> None:
+        other_key(request)
+
+    async def sleep(seconds: float) -> None:
+        client.event_hooks["request"].append(other_key_async)
+
+    async with idempotently.AsyncSession(tmp_path / "j.db", client=client, sleep=sleep) as session:
+        with pytest.raises(idempotently.IdempotentlyError, match="Idempotency-Key header"):
+            await session.post("/v1/charges", json=CHARGE, operation_id="op-1")
+    await client.aclose()
+    assert [1] == [len({arrival.key for arrival in app.arrivals})]
+
+
+def test_a_hook_another_thread_adds_as_a_quiet_attempt_leaves_is_never_left_unchecked(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client was quiet when the attempt asked; another thread appends a hook that
+    replaces the key just before httpx runs the hooks (simulated where the Session keeps
+    its own hook last): the request left under another key, so the operation stays
+    pending, maybe delivered, never succeeded as if the journal could vouch for it."""
+    from idempotently import _session
+
+    app, url = scripted
+    client = httpx.Client(base_url=url)
+    keep_last = _session.keep_last
+
+    def racing(client: Any, hook: Any) -> None:
+        keep_last(client, hook)
+        client.event_hooks["request"].append(other_key)  # the other thread, just now
+
+    monkeypatch.setattr(_session, "keep_last", racing)
+    policy = idempotently.RetryPolicy(max_attempts=1)
+    with (
+        idempotently.Session(tmp_path / "j.db", client=client, policy=policy) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post("/v1/charges", json=CHARGE, operation_id="op")
+    client.close()
+    with idempotently.Journal(tmp_path / "j.db", create=False) as journal:
+        operation = journal.operation("op")
+    assert operation is not None
+    assert ("pending", 1) == (operation.status, len(app.arrivals))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +19,9 @@ import idempotently
 from idempotently._commands import Record
 from idempotently.cli import cli
 from tests.faults import around_commit
+from tests.scripted_server import ScriptedApp
+
+SRC = str(Path(idempotently.__file__).resolve().parents[1])
 
 BASE = "https://api.example.test"
 OPERATIONS = 24
@@ -214,3 +219,33 @@ def test_cli_resume_options_out_of_range_are_usage_errors(
     with idempotently.Journal(path) as journal:
         operation = journal.operation("op-000")
     assert operation is not None and 1 == operation.attempt_count
+
+
+def test_two_resume_processes_at_concurrency_16_send_each_operation_once(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """Two `idempotently resume --concurrency 16` processes on one journal, started
+    together over 120 enqueued operations: the server gets exactly one POST per key,
+    and every operation ends succeeded (each resume reads its queue once and takes
+    each lease on the row it read: the other's lease makes its swap fail)."""
+    app, url = scripted
+    with idempotently.Session(journal_target, base_url=url) as session:
+        for n in range(120):
+            session.enqueue("POST", "/v1/charges", json={"n": n}, operation_id=f"op-{n:03}")
+        keys = {op.key for op in session.journal.operations()}
+    argv = [
+        sys.executable, "-m", "idempotently", "--journal", journal_target,
+        "resume", "--concurrency", "16",
+    ]  # fmt: skip
+    environment = {**os.environ, "PYTHONPATH": SRC}
+    resumes = [
+        subprocess.Popen(argv, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    for resume in resumes:
+        resume.communicate(timeout=300)
+    with idempotently.Journal(journal_target) as journal:
+        statuses = collections.Counter(op.status for op in journal.operations())
+    posts = collections.Counter(arrival.key for arrival in app.arrivals)
+    assert {key: 1 for key in keys} == dict(posts)
+    assert {"succeeded": 120} == dict(statuses)

@@ -255,6 +255,12 @@ class _SessionBase(Generic[ClientT]):
         self.host_id = host
         """This host's name in lease owners."""
         self._redacted_params = given_params
+        # A subclass of the client may change a request in its own ``send`` (an SDK that
+        # sets its own key or signs the URL), after the journal and before any hook: its
+        # attempts are always gated. Only httpx's (or httpx2's) own class can be quiet.
+        stock = type(self.client) is self._client_class or (
+            self._httpx2 and type(self.client) is getattr(_httpx2.httpx2_module(), name)
+        )
         self._engine = Engine(
             policy=self.policy,
             profile=profile,
@@ -272,7 +278,7 @@ class _SessionBase(Generic[ClientT]):
             param_values=self._param_values,
             pauses=self.journal._pause_board,
             max_response_bytes=max_response_bytes,
-            quiet_client=self._quiet_client,
+            quiet_client=self._quiet_client if stock else None,
         )
 
     def _quiet_client(self) -> bool:

@@ -647,6 +647,9 @@ class Engine(Config):
             # within the bounds `_Reading` sets; an error while reading is the attempt's.
             held.interrupted = (operation_id, key, owner, started, state.delivery)
             reading.body = None
+            # Asked as each attempt leaves, not once per call: a hook or an auth given to
+            # the client while the call waited (a retry's wait, an event hook, another
+            # thread) is checked like any other. Once gated, the call stays gated.
             if gate is None and (quiet is None or not quiet()):
                 gate = Gate(
                     request,

@@ -557,6 +557,20 @@ _WRITE_ADVICE = {
 }
 
 
+_LOCKED_AT_FORK: set[tuple[int, int]] = set()
+"""The journal files (device, inode) this process was forked in the middle of a write
+transaction on: SQLite's bookkeeping of the parent's lock came along and is never
+released here, so no connection of this process can write those files."""
+
+_FORKED_MID_WRITE = (
+    "this process was forked while its parent was committing to this journal, and SQLite "
+    "keeps the parent's lock in this process's memory, where nothing can release it: this "
+    "process can read the journal but never write it (other processes can). Open the "
+    "journal in a process started with multiprocessing's 'spawn' or 'forkserver', or fork "
+    "while no call or resume is running"
+)
+
+
 def _write_problem(error: sqlite3.Error) -> str:
     message = str(error).lower()
     if "locked" in message or "busy" in message:
@@ -657,6 +671,7 @@ class _Transaction:
             store._synchronous_for(self._durable)
             if self._begin:
                 store._conn.execute("BEGIN IMMEDIATE")
+                store._writing = True  # the write lock is held: see after_fork
         except BaseException as error:
             store._lock.release()
             if isinstance(error, sqlite3.DatabaseError):
@@ -687,6 +702,7 @@ class _Transaction:
             if kind is None and error is not None:
                 raise error
         finally:
+            store._writing = False
             store._lock.release()
 
 
@@ -755,6 +771,8 @@ class SqliteStore:
                 "to the file your Session writes"
             )
         self._lock = threading.RLock()
+        self._writing = False
+        """Inside `_write`'s ``BEGIN IMMEDIATE`` transaction (the write lock held)."""
         self._synchronous = "NORMAL"  # the connection's setting now: changed only when needed
         self._conn = self._connect(busy_timeout)
         self._db: Any = None
@@ -764,6 +782,11 @@ class SqliteStore:
                 self._synchronous_for(durable=False)  # after a durable schema write
             if self.path != ":memory:":
                 self._file_id = self._file_identity()
+                if self._file_id in _LOCKED_AT_FORK:
+                    # Its writes can never take the lock: say so at once, not after
+                    # the busy timeout.
+                    self._busy_timeout = 0.0
+                    self._conn.execute("PRAGMA busy_timeout = 0")
         except BaseException:
             self._close_untouched()
             raise
@@ -1136,6 +1159,10 @@ class SqliteStore:
         so the Journal refuses every command in the child (see Journal._execute).
         """
         self._lock = threading.RLock()
+        # A write transaction (not a snapshot read, whose lock blocks no writer) was
+        # open at the fork.
+        if self._file_id is not None and self._writing and self._conn.in_transaction:
+            _LOCKED_AT_FORK.add(self._file_id)
 
     @property
     def schema_version(self) -> int:
@@ -1241,9 +1268,15 @@ class SqliteStore:
             )
         if not isinstance(error, sqlite3.OperationalError):
             return error
+        problem = _write_problem(error)
+        advice = (
+            _FORKED_MID_WRITE
+            if problem == "locked" and self._file_id in _LOCKED_AT_FORK
+            else _WRITE_ADVICE.get(problem, _WRITE_ADVICE["other"])
+        )
         return JournalWriteError(
             f"cannot write the journal {self.path}: {error}; "
-            + _WRITE_ADVICE.get(_write_problem(error), _WRITE_ADVICE["other"])
+            + advice
             + " (nothing was lost: the previous state stands)"
         )
 
