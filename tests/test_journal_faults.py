@@ -924,12 +924,6 @@ def test_a_postgres_row_whose_attempts_disagree_with_its_count_is_refused(
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="PostgreSQL checks only that journal_meta exists when it opens a journal: a "
-    "version-10 schema missing a column is half-used (the SQLite store refuses it at "
-    "open); _postgres.py is being changed on another branch",
-)
 def test_a_postgres_journal_missing_a_column_is_refused_when_opened(postgres_url: str) -> None:
     """A version-10 PostgreSQL journal missing a column is refused at open, naming it."""
     import psycopg
@@ -939,6 +933,84 @@ def test_a_postgres_journal_missing_a_column_is_refused_when_opened(postgres_url
         conn.execute("ALTER TABLE idempotently.operations DROP COLUMN attempt1_wait")
     with pytest.raises(JournalCorruptError, match="attempt1_wait"):
         Journal(postgres_url).close()
+
+
+def postgres_schema(url: str) -> tuple[list[Any], list[Any]]:
+    """The journal's parts as PostgreSQL's catalog lists them, and its journal_meta rows."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        parts = conn.execute(
+            "SELECT c.relname, c.relkind, a.attname FROM pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped WHERE n.nspname = 'idempotently' ORDER BY 1, 2, 3"
+        ).fetchall()
+        meta = conn.execute("SELECT * FROM idempotently.journal_meta ORDER BY 1").fetchall()
+    return parts, meta
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("ALTER TABLE operations DROP COLUMN cap_reason", "operations.cap_reason"),
+        ("ALTER TABLE attempts DROP COLUMN wait", "attempts.wait"),
+        ("ALTER TABLE origin_pauses DROP COLUMN reason", "origin_pauses.reason"),
+        (
+            "ALTER TABLE journal_counts DROP COLUMN answered_attempts",
+            "journal_counts.answered_attempts",
+        ),
+        ("ALTER TABLE journal_meta DROP COLUMN value", "journal_meta.value"),
+        ("DROP INDEX operations_forks", "operations_forks"),
+        ("ALTER TABLE operations DROP CONSTRAINT operations_key_key", "operations_key_key"),
+        ("DROP TABLE operation_audit", "(schema idempotently: operation_audit)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "opener", ["write", "readonly", "show", "stats", "list", "resume --dry-run", "migrate"]
+)
+def test_a_version_10_postgres_journal_missing_a_part_is_refused_before_any_use(
+    postgres_url: str, damage: str, named: str, opener: str
+) -> None:
+    """As on SQLite: a PostgreSQL journal at this version missing a column, a table or an
+    index (its key's unique index included) is refused when it is opened, naming what is
+    missing (a table, not each of its columns), and left as it is."""
+    journal_with_two_attempts(postgres_url)
+    edit(postgres_url, damage)
+    before = postgres_schema(postgres_url)
+    if opener in ("write", "readonly"):
+        with pytest.raises(JournalCorruptError) as caught:
+            Journal(postgres_url, readonly=opener == "readonly")
+        message = caught.value.message
+    else:
+        arguments = [*opener.split(), *(["op-1"] if opener == "show" else [])]
+        result = CliRunner().invoke(cli, ["--journal", postgres_url, *arguments])
+        assert 1 == result.exit_code, result.output
+        message = " ".join(result.output.split())
+    assert postgres_url in message
+    assert named in message
+    assert "restore it from a backup" in message
+    assert before == postgres_schema(postgres_url)
+
+
+@pytest.mark.postgres
+def test_a_postgres_journal_is_checked_for_every_part_its_schema_makes(
+    postgres_url: str,
+) -> None:
+    """What opening checks is every table, column and index a new journal has (the
+    indexes of its PRIMARY KEY and UNIQUE constraints included): none goes unchecked."""
+    from idempotently._journal._postgres import _schema_parts
+
+    Journal(postgres_url).close()
+    parts, _ = postgres_schema(postgres_url)
+    made = {
+        name if kind != "r" or column is None else f"{name}.{column}"
+        for name, kind, column in parts
+        if kind in ("r", "i")
+    } | {name for name, kind, _ in parts if kind == "r"}
+
+    assert made == set(_schema_parts())
 
 
 def test_a_read_racing_a_writer_of_a_later_attempt_is_never_called_damaged(

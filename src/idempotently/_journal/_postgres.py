@@ -42,6 +42,7 @@ partial index, as on SQLite, so journaling a key writes no counter.
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.parse
 import uuid
@@ -314,6 +315,43 @@ _NAMESPACE_INSERT: Final = (
 )
 """The journal's random key namespace: a uuid4 bound by the store, drawn by the server
 (gen_random_uuid) in the script ``migrate --sql`` prints."""
+
+
+@functools.cache
+def _schema_parts() -> dict[str, str]:
+    """Every part of `_SCHEMA_DDL` as `_CATALOG` names it (each table, each
+    ``table.column``, each index, those its PRIMARY KEY and UNIQUE constraints make
+    included: a journal without operations_key_key would journal a key twice), with the
+    table it belongs to. What a journal at this version must have; made at the first
+    open, not at import."""
+    parts = {
+        index: table
+        for index, table in re.findall(rf"CREATE INDEX (\w+) ON {SCHEMA}\.(\w+)", _SCHEMA_DDL)
+    }
+    for table, body in re.findall(rf"CREATE TABLE {SCHEMA}\.(\w+) \((.*?)\n\)", _SCHEMA_DDL, re.S):
+        parts[table] = table
+        for line in body.strip().splitlines():
+            column = line.split()[0]
+            if column != "PRIMARY":
+                parts[f"{table}.{column}"] = table
+            if "PRIMARY KEY" in line:
+                parts[f"{table}_pkey"] = table
+            if " UNIQUE" in line:
+                parts[f"{table}_{column}_key"] = table
+    return parts
+
+
+_CATALOG: Final = """
+SELECT c.relname AS name, array_remove(array_agg(a.attname::text), NULL) AS columns
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_attribute AS a
+    ON a.attrelid = c.oid AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+WHERE n.nspname = %s AND c.relkind IN ('r', 'i')
+GROUP BY c.relname
+"""
+"""The tables in the journal's schema, each with its columns, and its indexes: one catalog
+query, which sees what committed before it (as a creator we waited for just did)."""
 
 
 def development_journal_error(path: str, store: str, version: int) -> JournalVersionError:
@@ -1020,27 +1058,48 @@ class PostgresStore:
             ) from error
 
     def _read_version(self, conn: psycopg.Connection[Any]) -> int | None:
-        """The schema version, or None when the database holds no journal."""
-        # pg_tables, not to_regclass(): a catalog query sees what committed
-        # before this statement, as a creator we waited for just did.
-        row = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables "
-            "WHERE schemaname = %s AND tablename = 'journal_meta') AS present",
-            (SCHEMA,),
-        ).fetchone()
-        if not row or not row["present"]:
+        """The schema version, or None when the database holds no journal. A journal at
+        this version missing a part of its schema is refused (`_check_parts`)."""
+        found = set()
+        for row in conn.execute(_CATALOG, (SCHEMA,)).fetchall():
+            found.add(row["name"])
+            found.update(f"{row['name']}.{column}" for column in row["columns"])
+        if "journal_meta" not in found:
             return None
+        if not {"journal_meta.name", "journal_meta.value"} <= found:
+            self._check_parts(found)  # its version cannot be read: name what is missing
         row = conn.execute(
             f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'schema_version'"
         ).fetchone()
         value = None if row is None else row["value"]
         try:
-            return 0 if value is None else int(value)
+            version = 0 if value is None else int(value)
         except ValueError:
             raise JournalCorruptError(
                 f"{self.path} has a damaged schema version ({short(value)}); restore "
                 f"{SCHEMA}.journal_meta from a backup"
             ) from None
+        if version == SCHEMA_VERSION:
+            self._check_parts(found)
+        return version
+
+    def _check_parts(self, found: set[str]) -> None:
+        """Refuse a journal at this version missing a table, a column or an index (a
+        damaged or half-made schema) before anything reads or writes it: never "column
+        does not exist" from the first statement that needs one, never a key journaled
+        twice for want of its unique index."""
+        parts = _schema_parts()
+        missing = parts.keys() - found
+        if missing:
+            # A missing table is named, not each of its columns and indexes.
+            named = sorted(
+                part for part in missing if part == parts[part] or parts[part] not in missing
+            )
+            raise JournalCorruptError(
+                f"{self.path} is missing parts of its journal (schema {SCHEMA}: "
+                f"{', '.join(named)}): a damaged or half-made journal; restore it from a "
+                "backup (it was left as it is)"
+            )
 
     def _newer(self, version: int) -> JournalVersionError:
         return JournalVersionError(
