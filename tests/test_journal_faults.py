@@ -39,7 +39,7 @@ def run(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-def assert_one_line_error(result: Result, path: Path, *words: str) -> None:
+def assert_one_line_error(result: Result, path: Path | str, *words: str) -> None:
     assert 1 == result.exit_code, result.output
     assert 1 == len(result.stderr.strip().splitlines()), result.stderr
     assert str(path) in result.stderr
@@ -57,6 +57,22 @@ def sql(path: Path, *statements: str) -> None:
             conn.execute(statement)
     finally:
         conn.close()
+
+
+def edit(target: str | Path, *statements: str) -> None:
+    """Raw writes, as another program (or a hand in psql) would make them: on PostgreSQL
+    in the journal's schema, its CHECK on attempt numbers dropped first (as SQLite's
+    ignore_check_constraints lets a wrong number in)."""
+    if not str(target).startswith("postgresql://"):
+        sql(Path(target), *statements)
+        return
+    import psycopg
+
+    with psycopg.connect(str(target), autocommit=True) as conn:
+        conn.execute("SET search_path TO idempotently")
+        conn.execute("ALTER TABLE attempts DROP CONSTRAINT IF EXISTS attempts_number_check")
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[call-overload]
 
 
 @pytest.fixture
@@ -767,7 +783,7 @@ ATTEMPT_EDITS = {
 }
 
 
-def two_pending_operations(path: Path, created_at: float = NOW) -> None:
+def two_pending_operations(path: Path | str, created_at: float = NOW) -> None:
     """op-1 and op-2, each answered 503 twice: pending, attempt 1 in its row, attempt 2
     in attempts."""
     with Journal(path, durability="os") as journal:
@@ -777,21 +793,23 @@ def two_pending_operations(path: Path, created_at: float = NOW) -> None:
                 record_attempt(journal, operation_id, answered_503(), now=created_at)
 
 
-@pytest.mark.parametrize("edit", list(ATTEMPT_EDITS))
+@pytest.mark.parametrize("change", list(ATTEMPT_EDITS))
 def test_a_row_whose_attempts_disagree_with_its_count_is_refused_naming_it(
-    path: Path, edit: str
+    journal_target: str, change: str
 ) -> None:
     """A first attempt is in its operation's row, later ones in attempts, and attempt_count
     says how many: a row edited so they disagree is never shown as a shorter or longer
     history. Reading it is a JournalCorruptError naming the operation, its key and what
     disagrees; `show` says so in one line; the other operations are shown and counted.
     Where the row alone shows it, a listing and a claim report it as damaged (never
-    sent); where only its attempts do, it is listed and claimed as it is, as before."""
-    two_pending_operations(path)
-    damage, problem, in_row = ATTEMPT_EDITS[edit]
-    sql(path, damage)
+    sent); where only its attempts do, it is listed and claimed as it is, as before.
+    PostgreSQL, which joins the attempts in the same read, says the same as SQLite."""
+    two_pending_operations(journal_target)
+    damage, problem, in_row = ATTEMPT_EDITS[change]
+    edit(journal_target, damage)
 
-    with Journal(path) as journal:
+    with Journal(journal_target) as journal:
+        shown_as = journal.path
         with pytest.raises(JournalCorruptError) as caught:
             journal.operation("op-1")
         healthy = journal.operation("op-2")
@@ -802,31 +820,64 @@ def test_a_row_whose_attempts_disagree_with_its_count_is_refused_naming_it(
                 journal, owner="worker", now=NOW + 100, lease_until=NOW + 200, limit=10
             )
         }
-    shown = run("--journal", str(path), "show", "op-1", "--json")
+    shown = run("--journal", journal_target, "show", "op-1", "--json")
 
     assert ("op-1", "key-op-1") == (caught.value.operation_id, caught.value.key)
     assert problem in caught.value.message
-    assert_one_line_error(shown, path, problem)
+    assert_one_line_error(shown, shown_as, problem)
     assert healthy is not None
     assert [1, 2] == [attempt.number for attempt in healthy.attempts]
     assert {"op-1": problem if in_row else None, "op-2": None} == listed == claimed
-    assert 0 == run("--journal", str(path), "stats").exit_code
+    assert 0 == run("--journal", journal_target, "stats").exit_code
 
 
-@pytest.mark.parametrize("edit", [edit for edit, (_, _, in_row) in ATTEMPT_EDITS.items() if in_row])
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("count", "problem"),
+    [
+        (1, "attempt_count is 1 but its later attempts are numbered [2]"),
+        (3, "attempt_count is 3 but its later attempts are numbered [2]"),
+    ],
+)
+def test_a_postgres_read_refuses_a_history_longer_or_shorter_than_its_count(
+    postgres_url: str, count: int, problem: str
+) -> None:
+    """PostgreSQL reads every attempt with its row: a count lowered below the attempts
+    journaled (which SQLite sees only at the next write) is refused by `show` as a count
+    raised above them is, and a call's read still reads it as it is."""
+    two_pending_operations(postgres_url)
+    edit(postgres_url, f"UPDATE operations SET attempt_count = {count} WHERE operation_id = 'op-1'")
+
+    with Journal(postgres_url) as journal:
+        with pytest.raises(JournalCorruptError) as caught:
+            journal.operation("op-1")
+        called = find(journal, "op-1", None)
+
+    assert ("op-1", "key-op-1", True) == (
+        caught.value.operation_id,
+        caught.value.key,
+        problem in caught.value.message,
+    )
+    assert called is not None
+    assert (count, [1, 2]) == (called.attempt_count, [a.number for a in called.attempts])
+
+
+@pytest.mark.parametrize(
+    "change", [change for change, (_, _, in_row) in ATTEMPT_EDITS.items() if in_row]
+)
 def test_a_resume_reports_a_row_whose_count_disagrees_and_resumes_the_others(
-    path: Path, scripted: tuple[scripted_server.ScriptedApp, str], edit: str
+    journal_target: str, scripted: tuple[scripted_server.ScriptedApp, str], change: str
 ) -> None:
     """One row whose attempt_count disagrees with its first attempt never stops a resume:
     it is reported, nothing of it is sent, and the other operation is resumed (a real
-    server sees one request)."""
+    server sees one request); on SQLite and PostgreSQL."""
     app, url = scripted
-    two_pending_operations(path, created_at=time.time())
-    damage, problem, _ = ATTEMPT_EDITS[edit]
-    sql(path, damage)
+    two_pending_operations(journal_target, created_at=time.time())
+    damage, problem, _ = ATTEMPT_EDITS[change]
+    edit(journal_target, damage)
     app.answer(scripted_server.Answer(status=201))
 
-    with idempotently.Session(path) as session:
+    with idempotently.Session(journal_target) as session:
         results = {result.operation_id: result for result in session.resume(base_url=url)}
 
     assert 1 == len(app.arrivals)  # op-2's resend; nothing of op-1
@@ -849,12 +900,6 @@ def journal_with_two_attempts(target: str) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="PostgreSQL reads do not compare attempt_count with the attempts they join: a "
-    "hand-edited count is shown as it is (the SQLite store refuses it); _postgres.py is "
-    "being changed on another branch",
-)
 @pytest.mark.parametrize(
     "damage",
     [
@@ -879,12 +924,6 @@ def test_a_postgres_row_whose_attempts_disagree_with_its_count_is_refused(
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="PostgreSQL checks only that journal_meta exists when it opens a journal: a "
-    "version-10 schema missing a column is half-used (the SQLite store refuses it at "
-    "open); _postgres.py is being changed on another branch",
-)
 def test_a_postgres_journal_missing_a_column_is_refused_when_opened(postgres_url: str) -> None:
     """A version-10 PostgreSQL journal missing a column is refused at open, naming it."""
     import psycopg
@@ -894,6 +933,84 @@ def test_a_postgres_journal_missing_a_column_is_refused_when_opened(postgres_url
         conn.execute("ALTER TABLE idempotently.operations DROP COLUMN attempt1_wait")
     with pytest.raises(JournalCorruptError, match="attempt1_wait"):
         Journal(postgres_url).close()
+
+
+def postgres_schema(url: str) -> tuple[list[Any], list[Any]]:
+    """The journal's parts as PostgreSQL's catalog lists them, and its journal_meta rows."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        parts = conn.execute(
+            "SELECT c.relname, c.relkind, a.attname FROM pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped WHERE n.nspname = 'idempotently' ORDER BY 1, 2, 3"
+        ).fetchall()
+        meta = conn.execute("SELECT * FROM idempotently.journal_meta ORDER BY 1").fetchall()
+    return parts, meta
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("ALTER TABLE operations DROP COLUMN cap_reason", "operations.cap_reason"),
+        ("ALTER TABLE attempts DROP COLUMN wait", "attempts.wait"),
+        ("ALTER TABLE origin_pauses DROP COLUMN reason", "origin_pauses.reason"),
+        (
+            "ALTER TABLE journal_counts DROP COLUMN answered_attempts",
+            "journal_counts.answered_attempts",
+        ),
+        ("ALTER TABLE journal_meta DROP COLUMN value", "journal_meta.value"),
+        ("DROP INDEX operations_forks", "operations_forks"),
+        ("ALTER TABLE operations DROP CONSTRAINT operations_key_key", "operations_key_key"),
+        ("DROP TABLE operation_audit", "(schema idempotently: operation_audit)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "opener", ["write", "readonly", "show", "stats", "list", "resume --dry-run", "migrate"]
+)
+def test_a_version_10_postgres_journal_missing_a_part_is_refused_before_any_use(
+    postgres_url: str, damage: str, named: str, opener: str
+) -> None:
+    """As on SQLite: a PostgreSQL journal at this version missing a column, a table or an
+    index (its key's unique index included) is refused when it is opened, naming what is
+    missing (a table, not each of its columns), and left as it is."""
+    journal_with_two_attempts(postgres_url)
+    edit(postgres_url, damage)
+    before = postgres_schema(postgres_url)
+    if opener in ("write", "readonly"):
+        with pytest.raises(JournalCorruptError) as caught:
+            Journal(postgres_url, readonly=opener == "readonly")
+        message = caught.value.message
+    else:
+        arguments = [*opener.split(), *(["op-1"] if opener == "show" else [])]
+        result = CliRunner().invoke(cli, ["--journal", postgres_url, *arguments])
+        assert 1 == result.exit_code, result.output
+        message = " ".join(result.output.split())
+    assert postgres_url in message
+    assert named in message
+    assert "restore it from a backup" in message
+    assert before == postgres_schema(postgres_url)
+
+
+@pytest.mark.postgres
+def test_a_postgres_journal_is_checked_for_every_part_its_schema_makes(
+    postgres_url: str,
+) -> None:
+    """What opening checks is every table, column and index a new journal has (the
+    indexes of its PRIMARY KEY and UNIQUE constraints included): none goes unchecked."""
+    from idempotently._journal._postgres import _schema_parts
+
+    Journal(postgres_url).close()
+    parts, _ = postgres_schema(postgres_url)
+    made = {
+        name if kind != "r" or column is None else f"{name}.{column}"
+        for name, kind, column in parts
+        if kind in ("r", "i")
+    } | {name for name, kind, _ in parts if kind == "r"}
+
+    assert made == set(_schema_parts())
 
 
 def test_a_read_racing_a_writer_of_a_later_attempt_is_never_called_damaged(

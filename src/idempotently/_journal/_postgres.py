@@ -42,6 +42,7 @@ partial index, as on SQLite, so journaling a key writes no counter.
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.parse
 import uuid
@@ -81,6 +82,7 @@ from idempotently._exceptions import (
     JournalVersionError,
     JournalWriteError,
 )
+from idempotently._journal._sqlite import _first_attempt_problem, _later_attempts_problem
 from idempotently._rows import (
     DURABILITIES,
     MAX_LIMIT,
@@ -313,6 +315,43 @@ _NAMESPACE_INSERT: Final = (
 )
 """The journal's random key namespace: a uuid4 bound by the store, drawn by the server
 (gen_random_uuid) in the script ``migrate --sql`` prints."""
+
+
+@functools.cache
+def _schema_parts() -> dict[str, str]:
+    """Every part of `_SCHEMA_DDL` as `_CATALOG` names it (each table, each
+    ``table.column``, each index, those its PRIMARY KEY and UNIQUE constraints make
+    included: a journal without operations_key_key would journal a key twice), with the
+    table it belongs to. What a journal at this version must have; made at the first
+    open, not at import."""
+    parts = {
+        index: table
+        for index, table in re.findall(rf"CREATE INDEX (\w+) ON {SCHEMA}\.(\w+)", _SCHEMA_DDL)
+    }
+    for table, body in re.findall(rf"CREATE TABLE {SCHEMA}\.(\w+) \((.*?)\n\)", _SCHEMA_DDL, re.S):
+        parts[table] = table
+        for line in body.strip().splitlines():
+            column = line.split()[0]
+            if column != "PRIMARY":
+                parts[f"{table}.{column}"] = table
+            if "PRIMARY KEY" in line:
+                parts[f"{table}_pkey"] = table
+            if " UNIQUE" in line:
+                parts[f"{table}_{column}_key"] = table
+    return parts
+
+
+_CATALOG: Final = """
+SELECT c.relname AS name, array_remove(array_agg(a.attname::text), NULL) AS columns
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_attribute AS a
+    ON a.attrelid = c.oid AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+WHERE n.nspname = %s AND c.relkind IN ('r', 'i')
+GROUP BY c.relname
+"""
+"""The tables in the journal's schema, each with its columns, and its indexes: one catalog
+query, which sees what committed before it (as a creator we waited for just did)."""
 
 
 def development_journal_error(path: str, store: str, version: int) -> JournalVersionError:
@@ -1019,27 +1058,48 @@ class PostgresStore:
             ) from error
 
     def _read_version(self, conn: psycopg.Connection[Any]) -> int | None:
-        """The schema version, or None when the database holds no journal."""
-        # pg_tables, not to_regclass(): a catalog query sees what committed
-        # before this statement, as a creator we waited for just did.
-        row = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables "
-            "WHERE schemaname = %s AND tablename = 'journal_meta') AS present",
-            (SCHEMA,),
-        ).fetchone()
-        if not row or not row["present"]:
+        """The schema version, or None when the database holds no journal. A journal at
+        this version missing a part of its schema is refused (`_check_parts`)."""
+        found = set()
+        for row in conn.execute(_CATALOG, (SCHEMA,)).fetchall():
+            found.add(row["name"])
+            found.update(f"{row['name']}.{column}" for column in row["columns"])
+        if "journal_meta" not in found:
             return None
+        if not {"journal_meta.name", "journal_meta.value"} <= found:
+            self._check_parts(found)  # its version cannot be read: name what is missing
         row = conn.execute(
             f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'schema_version'"
         ).fetchone()
         value = None if row is None else row["value"]
         try:
-            return 0 if value is None else int(value)
+            version = 0 if value is None else int(value)
         except ValueError:
             raise JournalCorruptError(
                 f"{self.path} has a damaged schema version ({short(value)}); restore "
                 f"{SCHEMA}.journal_meta from a backup"
             ) from None
+        if version == SCHEMA_VERSION:
+            self._check_parts(found)
+        return version
+
+    def _check_parts(self, found: set[str]) -> None:
+        """Refuse a journal at this version missing a table, a column or an index (a
+        damaged or half-made schema) before anything reads or writes it: never "column
+        does not exist" from the first statement that needs one, never a key journaled
+        twice for want of its unique index."""
+        parts = _schema_parts()
+        missing = parts.keys() - found
+        if missing:
+            # A missing table is named, not each of its columns and indexes.
+            named = sorted(
+                part for part in missing if part == parts[part] or parts[part] not in missing
+            )
+            raise JournalCorruptError(
+                f"{self.path} is missing parts of its journal (schema {SCHEMA}: "
+                f"{', '.join(named)}): a damaged or half-made journal; restore it from a "
+                "backup (it was left as it is)"
+            )
 
     def _newer(self, version: int) -> JournalVersionError:
         return JournalVersionError(
@@ -1176,16 +1236,19 @@ class PostgresStore:
         for column, value in row.items():
             problem = column_problem(column, value)
             if problem is not None:
-                named = row if operation is None else operation
-                operation_id, key = named.get("operation_id"), named.get("key")
-                raise JournalCorruptError(
-                    f"{self.path} holds a damaged operation: {problem}; repair that row "
-                    f"(psql, table {SCHEMA}.operations or {SCHEMA}.attempts) or restore a "
-                    "backup, or record what happened to it with `idempotently settle` or "
-                    "`abandon`; the other operations are still listed, shown and resumed",
-                    operation_id=operation_id if isinstance(operation_id, str) else None,
-                    key=key if isinstance(key, str) else None,
-                )
+                raise self._damaged_operation(row if operation is None else operation, problem)
+
+    def _damaged_operation(self, operation: dict[str, Any], problem: str) -> JournalCorruptError:
+        """The refusal of the damaged row of ``operation``, naming it and what is wrong."""
+        operation_id, key = operation.get("operation_id"), operation.get("key")
+        return JournalCorruptError(
+            f"{self.path} holds a damaged operation: {problem}; repair that row "
+            f"(psql, table {SCHEMA}.operations or {SCHEMA}.attempts) or restore a "
+            "backup, or record what happened to it with `idempotently settle` or "
+            "`abandon`; the other operations are still listed, shown and resumed",
+            operation_id=operation_id if isinstance(operation_id, str) else None,
+            key=key if isinstance(key, str) else None,
+        )
 
     # -- the writes -------------------------------------------------------------------
 
@@ -1772,27 +1835,44 @@ class PostgresStore:
     # -- reading ------------------------------------------------------------------------
 
     def _with_attempts(
-        self, rows: Sequence[dict[str, Any]], *, listed: bool = False
+        self,
+        rows: Sequence[dict[str, Any]],
+        *,
+        listed: bool = False,
+        whole_history: bool = False,
     ) -> list[Operation]:
-        """Operations from rows of an operation joined with its attempts (_WITH_ATTEMPTS).
+        """Operations from rows of an operation joined with its attempts (_ATTEMPTS_JOINED).
 
         Each operation's columns are checked once, each attempt's as it comes; an
-        operation without attempts is one row whose attempt columns are NULL. ``listed``
-        (a worker's claim): a damaged operation is its stand-in (`_listed`), not an error.
+        operation without attempts is one row whose attempt columns are NULL. Its
+        attempt_count must agree with attempt 1 in its row, as on SQLite. ``listed`` (the
+        resume queue, a worker's claim): a damaged operation is its stand-in (`_listed`),
+        not an error. ``whole_history`` (an audit's read: show, `Journal.operation`): the
+        later attempts must be numbered 2..attempt_count too. As on SQLite, a call's or a
+        resume's read does not refuse that (a listing cannot see it), and one statement
+        is one snapshot: a writer cannot make a sound row look damaged between two reads.
         """
-        found: dict[str, tuple[dict[str, Any], list[Attempt]]] = {}
+        found: dict[str, tuple[dict[str, Any], list[Attempt], list[dict[str, Any]]]] = {}
         damaged: dict[str, str] = {}
         for row in rows:
             entry = found.get(row["operation_id"])
             if entry is None:
                 operation = {column: row[column] for column in _OPERATION_COLUMNS}
+                values = {column.removeprefix("attempt1_"): row[column] for column in _ATTEMPT1}
+                first = None if values["outcome"] is None else values
                 if listed:
-                    damaged[row["operation_id"]] = row_problem(operation) or ""
+                    damaged[row["operation_id"]] = (
+                        row_problem(operation)
+                        or _first_attempt_problem(operation["attempt_count"], first)
+                        or ""
+                    )
                 else:
                     self._check_row(operation)
-                entry = found[row["operation_id"]] = (operation, [])
-                first = {column.removeprefix("attempt1_"): row[column] for column in _ATTEMPT1}
-                if first["outcome"] is not None and not damaged.get(row["operation_id"]):
+                    problem = _first_attempt_problem(operation["attempt_count"], first)
+                    if problem is not None:
+                        raise self._damaged_operation(operation, problem)
+                entry = found[row["operation_id"]] = (operation, [], [])
+                if first is not None and not damaged.get(row["operation_id"]):
                     first["number"] = 1
                     if listed and row_problem(first) is not None:
                         damaged[row["operation_id"]] = cast(str, row_problem(first))
@@ -1807,11 +1887,17 @@ class PostgresStore:
                 damaged[row["operation_id"]] = cast(str, row_problem(attempt))
                 continue
             self._check_row(attempt, entry[0])
+            entry[2].append(attempt)
             attempt["replayed"] = bool(attempt["replayed"])
             entry[1].append(Attempt(**attempt))
+        if whole_history:
+            for operation, _, later in found.values():
+                problem = _later_attempts_problem(operation["attempt_count"], later)
+                if problem is not None:
+                    raise self._damaged_operation(operation, problem)
         return [
             self._listed(operation, damaged.get(operation["operation_id"]), tuple(attempts))
-            for operation, attempts in found.values()
+            for operation, attempts, _ in found.values()
         ]
 
     def _listed(
@@ -1821,10 +1907,14 @@ class PostgresStore:
         attempts: tuple[Attempt, ...] = (),
     ) -> Operation:
         """A row of a listing (`operations`: list, the resume queue; a worker's claim):
-        one this version cannot decode is its damaged stand-in, reported by whoever reads
-        it, never an error that stops the listing. (A read of one operation by its id
-        stays strict: `_check_row`.)"""
+        one this version cannot decode, or whose attempt_count disagrees with attempt 1
+        in its row, is its damaged stand-in, reported by whoever reads it (never sent),
+        never an error that stops the listing. (A read of one operation by its id stays
+        strict: `_check_row`.)"""
+        journaled = row.pop("_attempt1", None)  # a listing's: is attempt 1 in the row?
         problem = problem or row_problem(row)
+        if not problem and journaled is not None:
+            problem = _first_attempt_problem(row["attempt_count"], {} if journaled else None)
         if problem:
             return Operation._damaged_row(row, problem)
         return Operation._from_row(row, attempts)
@@ -1832,12 +1922,20 @@ class PostgresStore:
     def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
         """One operation with all its attempts, by operation id or by key; with
         ``damaged``, a row that cannot be decoded as its stand-in (`_listed`)."""
-        return self.find(operation_id_or_key, operation_id_or_key, damaged=damaged)
+        return self.find(
+            operation_id_or_key, operation_id_or_key, damaged=damaged, whole_history=not damaged
+        )
 
     def find(
-        self, operation_id: str | None, key: str | None, *, damaged: bool = False
+        self,
+        operation_id: str | None,
+        key: str | None,
+        *,
+        damaged: bool = False,
+        whole_history: bool = False,
     ) -> Operation | None:
-        """The operation with this id, else the one with this key, with its attempts.
+        """The operation with this id, else the one with this key, with its attempts
+        (``damaged`` and ``whole_history``: `_with_attempts`' ``listed`` and its own).
 
         One statement, one round trip: the operation and its attempts, joined.
         """
@@ -1848,7 +1946,7 @@ class PostgresStore:
                 _FIND,
                 {"operation_id": operation_id, "key": key},
             ).fetchall()
-        found = self._with_attempts(rows, listed=damaged)
+        found = self._with_attempts(rows, listed=damaged, whole_history=whole_history)
         return found[0] if found else None
 
     def queue(self, statuses: Sequence[Status]) -> list[Operation]:
@@ -1910,7 +2008,10 @@ class PostgresStore:
         if since is not None:
             where.append("created_at >= %s")
             params.append(since)
-        sql = f"SELECT seq AS _seq, {_SELECT_OPERATION} FROM {SCHEMA}.operations"
+        sql = (
+            "SELECT seq AS _seq, attempt1_outcome IS NOT NULL AS _attempt1, "
+            f"{_SELECT_OPERATION} FROM {SCHEMA}.operations"
+        )
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq " + ("DESC" if newest_first else "ASC")
