@@ -161,8 +161,15 @@ class Tracker:
 
     def sent(self, index: int, key: str) -> None:
         """The aimed-at request is on the wire: the parent kills once the server answered."""
+        with self._lock:
+            meeting = self._meetings[index, AFTER_REQUEST_SENT]
         self._events.emit(
-            "sent", index=index, key=key, operation_id=self.operation_id(index), pid=os.getpid()
+            "sent",
+            index=index,
+            key=key,
+            operation_id=self.operation_id(index),
+            pid=os.getpid(),
+            meeting=meeting,
         )
 
     def operation_id(self, index: int) -> str:

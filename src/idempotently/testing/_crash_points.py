@@ -541,7 +541,9 @@ class _Harness:
             ) as child:
                 while (event := child.next_event()) is not None:
                     if event["event"] == "sent":
-                        self._wait_for_the_answer(server, str(event["key"]))
+                        self._wait_for_the_answer(
+                            server, str(event["key"]), int(event.get("meeting", 1))
+                        )
                         child.kill()
                 crashed = child.finish()
             charges_at_crash = len(server.charges())
@@ -578,11 +580,13 @@ class _Harness:
             directory=run_directory,
         )
 
-    def _wait_for_the_answer(self, server: MockServer, key: str) -> None:
-        """Until the server has answered the request carrying ``key`` (or the timeout)."""
+    def _wait_for_the_answer(self, server: MockServer, key: str, meeting: int = 1) -> None:
+        """Until the server has answered the request carrying ``key`` (or the timeout): its
+        ``meeting``-th with that key, so that a retry's is not taken for the first
+        attempt's (on a loaded machine the retry may not have arrived yet)."""
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
-            if any(entry.key == key for entry in server.requests):
+            if sum(entry.key == key for entry in server.requests) >= meeting:
                 return
             time.sleep(0.002)
 
