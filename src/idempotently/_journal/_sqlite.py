@@ -125,7 +125,8 @@ def development_journal_error(path: str, store: str, version: int) -> JournalVer
         "idempotently does not read; it was left as it is. Do not delete it while it holds "
         "pending, needs_reconcile or recently succeeded operations: their keys derive from "
         f"its namespace. To finish them, install the idempotently build at git tag "
-        f'{DEVELOPMENT_TAG} (pip install "git+<repository>@{DEVELOPMENT_TAG}"), run '
+        f"{DEVELOPMENT_TAG} (in a clone of idempotently's repository: `git checkout "
+        f"{DEVELOPMENT_TAG} && pip install .`), run "
         "`idempotently resume` and `idempotently reconcile` until `idempotently stats` shows "
         "none pending or needs_reconcile, then give this version a new journal"
     )
