@@ -37,7 +37,8 @@ import httpx
 
 import idempotently
 from idempotently import profiles
-from idempotently._commands import Insert, Queue, Record
+from idempotently._commands import Insert, Record
+from idempotently._commands_rare import Queue
 
 PHASES = ("before_commit", "before_send", "after_charge", "before_journal_update")
 USER = "shop_1"

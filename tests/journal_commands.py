@@ -18,13 +18,13 @@ from idempotently._commands import (
     ExtendLeases,
     Find,
     Insert,
-    JournalCommand,
     JournalWrite,
     Record,
     Release,
     SetStatus,
     TakeLease,
 )
+from idempotently._commands_rare import JournalCommand
 from idempotently._rows import AttemptRecord, Failed, NewOperation, Operation
 from idempotently._vocabulary import Status
 

@@ -12,17 +12,14 @@ from typing import Any
 import attrs
 
 from idempotently._commands import (
-    Act,
     BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Find,
     Insert,
-    LookUpLater,
     PauseOrigin,
     Pauses,
-    Queue,
     RebaseOperation,
     RebasePause,
     Record,
@@ -30,9 +27,8 @@ from idempotently._commands import (
     RenewLease,
     SetStatus,
     TakeLease,
-    Unpause,
-    Write,
 )
+from idempotently._commands_rare import Act, LookUpLater, Queue, Unpause, Write
 from idempotently._rows import (
     Attempt,
     AuditEntry,

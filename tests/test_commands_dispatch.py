@@ -17,23 +17,16 @@ import pytest
 
 from idempotently import _commands, _commands_rare
 from idempotently._commands import (
-    Act,
-    AuditNote,
-    AuditTrail,
     BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Find,
-    ForksTaken,
     Insert,
-    JournalCommand,
     Journaled,
     JournalWrite,
-    LookUpLater,
     PauseOrigin,
     Pauses,
-    Queue,
     RebaseOperation,
     RebasePause,
     Record,
@@ -41,6 +34,15 @@ from idempotently._commands import (
     RenewLease,
     SetStatus,
     TakeLease,
+)
+from idempotently._commands_rare import (
+    Act,
+    AuditNote,
+    AuditTrail,
+    ForksTaken,
+    JournalCommand,
+    LookUpLater,
+    Queue,
     Unpause,
     Write,
 )

@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from idempotently import IdempotentlyError, Journal
-from idempotently._commands import Record, SetStatus, TakeLease, Write
+from idempotently._commands import Record, SetStatus, TakeLease
+from idempotently._commands_rare import Write
 from idempotently._rows import AttemptRecord, Failed
 from idempotently.cli import cli
 from tests.test_journal import NOW, insert, new_operation

@@ -18,17 +18,8 @@ import pytest
 import idempotently
 from idempotently import profiles
 from idempotently._answers import read_answer
-from idempotently._commands import (
-    Command,
-    Insert,
-    Pauses,
-    ReadAnswer,
-    Record,
-    Release,
-    Report,
-    Send,
-    Sleep,
-)
+from idempotently._commands import Insert, Pauses, ReadAnswer, Record, Release, Send, Sleep
+from idempotently._commands_rare import Command, Report
 from idempotently._flow._engine import _FIRST_POLL, _MAX_POLL, Engine
 from idempotently._flow._operation import Call, Flow, Held, ResumeResult
 from idempotently._flow._resume import resume

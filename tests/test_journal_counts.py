@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from idempotently import IdempotentlyError, Journal
-from idempotently._commands import Enqueue, Insert, JournalCommand, Record, SetStatus
+from idempotently._commands import Enqueue, Insert, Record, SetStatus
+from idempotently._commands_rare import JournalCommand
 from idempotently._journal import _sqlite
 from idempotently._rows import AttemptRecord, Failed
 from idempotently._vocabulary import STATUSES, Status

@@ -12,22 +12,19 @@ import attrs
 import pytest
 
 from idempotently._commands import (
-    Act,
-    AuditNote,
     BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Insert,
-    LookUpLater,
     RebaseOperation,
     Record,
     Release,
     RenewLease,
     SetStatus,
     TakeLease,
-    Write,
 )
+from idempotently._commands_rare import Act, AuditNote, LookUpLater, Write
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
 from idempotently._rows import AttemptRecord, Failed, NewOperation

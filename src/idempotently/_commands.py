@@ -13,11 +13,11 @@ so mypy names each one that does not handle it yet. A write's traits (`JournalWr
 are set by its own class, never kept in a tuple of types elsewhere.
 
 The commands a call never yields (operator actions, lookups and reconciling, resume's
-queue, audit reads, unpausing) and the unions are defined in ``_commands_rare.py``, and
-load when one is first named (`__getattr__` below): each class costs attrs about 2.5 M
-instructions to make, which ``import idempotently`` would pay for every process. So a
-``match`` on a call's path names them last, as ``_commands.Act()``: a pattern is looked
-up only when the match reaches it.
+queue, audit reads, unpausing) and the unions are defined in ``_commands_rare.py``, which
+builds on this module, and a ``match`` on a call's path names them last through
+``_commands_lazy.py``, which loads them when one is first named: each class costs attrs
+about 2.5 M instructions to make, which ``import idempotently`` would pay for every
+process.
 """
 
 from __future__ import annotations
@@ -34,51 +34,6 @@ from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
     from idempotently._answers import AnswerBody
-    from idempotently._commands_rare import (
-        Act as Act,
-    )
-    from idempotently._commands_rare import (
-        AuditNote as AuditNote,
-    )
-    from idempotently._commands_rare import (
-        AuditTrail as AuditTrail,
-    )
-    from idempotently._commands_rare import (
-        Command as Command,
-    )
-    from idempotently._commands_rare import (
-        ForksTaken as ForksTaken,
-    )
-    from idempotently._commands_rare import (
-        JournalCommand as JournalCommand,
-    )
-    from idempotently._commands_rare import (
-        LookUpLater as LookUpLater,
-    )
-    from idempotently._commands_rare import (
-        PlanReconcile as PlanReconcile,
-    )
-    from idempotently._commands_rare import (
-        Queue as Queue,
-    )
-    from idempotently._commands_rare import (
-        Read as Read,
-    )
-    from idempotently._commands_rare import (
-        Reconcile as Reconcile,
-    )
-    from idempotently._commands_rare import (
-        ReconcilePlan as ReconcilePlan,
-    )
-    from idempotently._commands_rare import (
-        Report as Report,
-    )
-    from idempotently._commands_rare import (
-        Unpause as Unpause,
-    )
-    from idempotently._commands_rare import (
-        Write as Write,
-    )
     from idempotently._events import Event
     from idempotently._hooks import AsyncHook
     from idempotently._rows import AttemptRecord, NewOperation, Operation
@@ -468,35 +423,3 @@ class DigestCredentials:
 
 GateCommand = DigestCredentials | BindCredentials
 """What a request's gate (`_gate.Gate`) yields as the request leaves."""
-
-_RARE = frozenset(
-    {
-        "Act",
-        "AuditNote",
-        "AuditTrail",
-        "Command",
-        "ForksTaken",
-        "JournalCommand",
-        "LookUpLater",
-        "PlanReconcile",
-        "Queue",
-        "Read",
-        "Reconcile",
-        "ReconcilePlan",
-        "Report",
-        "Unpause",
-        "Write",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    """The commands a call never yields, and the unions: from ``_commands_rare.py``,
-    loaded the first time one is named (PEP 562)."""
-    if name not in _RARE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from idempotently import _commands_rare
-
-    value = getattr(_commands_rare, name)
-    globals()[name] = value
-    return value

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import httpx
 
-from idempotently import _commands
+from idempotently import _commands_lazy
 from idempotently._answers import aread_answer, read_answer
 from idempotently._commands import (
     BindCredentials,
@@ -46,7 +46,7 @@ from idempotently._journal import Journal
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
-    from idempotently._commands import Command
+    from idempotently._commands_rare import Command
     from idempotently._lookup import BoundReconciler
 
 T = TypeVar("T")
@@ -128,15 +128,15 @@ def run(
                     reply = compute_digest(command.key)
                 # Last, and through the module: a call never yields them (resume and
                 # reconcile do), so they load with those rooms.
-                case _commands.PlanReconcile():
+                case _commands_lazy.PlanReconcile():
                     reply = reconcile.plan(command.operation) if reconcile is not None else None
-                case _commands.Reconcile():
+                case _commands_lazy.Reconcile():
                     reply = (
                         reconcile(command.operation, command.request)
                         if reconcile is not None
                         else None
                     )
-                case _commands.Report():
+                case _commands_lazy.Report():
                     reply = report(command.result) if report is not None else None
                 case _:
                     assert_never(command)
@@ -248,15 +248,15 @@ async def arun(
                     # scrypt takes tens of milliseconds: never on the event loop.
                     reply = await anyio.to_thread.run_sync(compute_digest, command.key)
                 # Last, as in `run`.
-                case _commands.PlanReconcile():
+                case _commands_lazy.PlanReconcile():
                     reply = reconcile.plan(command.operation) if reconcile is not None else None
-                case _commands.Reconcile():
+                case _commands_lazy.Reconcile():
                     reply = (
                         await reconcile(command.operation, command.request)
                         if reconcile is not None
                         else None
                     )
-                case _commands.Report():
+                case _commands_lazy.Report():
                     reply = report(command.result) if report is not None else None
                 case _:
                     assert_never(command)

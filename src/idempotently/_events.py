@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 
 import attrs
 
-from idempotently._hooks import finished_level, logger
-from idempotently._vocabulary import Action, Delivery, Outcome, Status
+from idempotently._vocabulary import Action, Delivery, Outcome, Status, finished_level
+
+logger = logging.getLogger("idempotently")
 
 
 @attrs.frozen(kw_only=True)

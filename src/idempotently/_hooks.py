@@ -27,13 +27,6 @@ AsyncHook: TypeAlias = "Callable[[Event], Awaitable[object] | object]"
 """A hook of an async Session or Transport: a plain function or an async one."""
 
 
-def finished_level(status: Status) -> int:
-    """The log level of an `OperationFinished` with ``status``: what the caller did
-    not get (pending, needs reconciling, abandoned) is worth a line at INFO; a settled
-    answer is the caller's to report."""
-    return logging.DEBUG if status in ("succeeded", "failed") else logging.INFO
-
-
 def heard(hooks: tuple[AsyncHook, ...], level: int) -> bool:
     """Whether an event logged at ``level`` reaches anyone: a hook, or the logger.
 

@@ -30,7 +30,7 @@ import httpx
 
 from idempotently import _redirects
 from idempotently._answers import AnswerBody, aread_answer, read_answer
-from idempotently._commands import ReconcilePlan
+from idempotently._commands_rare import ReconcilePlan
 from idempotently._differences import shown_url
 from idempotently._exceptions import StoredProfileError
 from idempotently._keys import stored_header

@@ -3,7 +3,7 @@
 An operator paged at night acts on one operation (``Journal.settle``, ``abandon``,
 ``retry_now``, ``fork``; the CLI's ``settle``, ``abandon``, ``retry``, ``fork``).
 This module decides, from the operation as read, whether the action makes sense
-now and which one write (`idempotently._commands.Act`) carries it out,
+now and which one write (`idempotently._commands_rare.Act`) carries it out,
 audit entries included. The journal hands that write to its one writer, where it
 is a compare-and-swap on the row read: if anyone changed the operation meanwhile
 (another operator, a live call taking its lease), nothing is written and the
@@ -22,7 +22,7 @@ from typing import Literal
 
 import attrs
 
-from idempotently._commands import Act, AuditNote
+from idempotently._commands_rare import Act, AuditNote
 from idempotently._exceptions import (
     ErrorContext,
     OperationInProgressError,

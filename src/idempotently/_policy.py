@@ -64,14 +64,6 @@ DEFAULT_RETRY_AFTER_MAX = 30.0
 DEFAULT_IN_PROGRESS_RETRIES = 3
 
 
-def jittered(initial: float, maximum: float, number: int, rand: Callable[[], float]) -> float:
-    """The ``number``-th (from 1) exponential backoff with full jitter: uniform in
-    ``[0, min(maximum, initial * 2**(number-1))]`` (retries and lookups alike)."""
-    exponent = min(max(number, 1) - 1, 62)  # 2**62 is past any cap
-    ceiling = min(maximum, initial * (2.0**exponent))
-    return ceiling * rand()
-
-
 # Named converters (mypy's attrs plugin takes no other): each field read as a float
 # first, so an int past a float's range (10**400) is a ValueError naming it.
 def _deadline_seconds(value: float) -> float:

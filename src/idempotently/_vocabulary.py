@@ -7,6 +7,7 @@ never disagree about what happened.
 
 from __future__ import annotations
 
+import logging
 from typing import Final, Literal
 
 Delivery = Literal["exactly_once", "at_most_once"]
@@ -28,6 +29,14 @@ STATUSES: Final[tuple[Status, ...]] = (
     "abandoned",
 )
 FINISHED_STATUSES: Final[tuple[Status, ...]] = ("succeeded", "failed", "abandoned")
+
+
+def finished_level(status: Status) -> int:
+    """The log level of an operation's end with ``status``: what the caller did not get
+    (pending, needs reconciling, abandoned) is worth a line at INFO; a settled answer is
+    the caller's to report."""
+    return logging.DEBUG if status in ("succeeded", "failed") else logging.INFO
+
 
 Action = Literal[
     "succeed",

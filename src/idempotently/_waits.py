@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import tenacity as _t
 
-from idempotently._policy import jittered
+from idempotently._backoff import jittered
 
 
 class full_jitter(_t.wait.wait_base):

@@ -74,7 +74,7 @@ from idempotently._flow._operation import (
     times_from_now,
 )
 from idempotently._gate import Gate, GateRefusal, binding_differs
-from idempotently._hooks import finished_level, heard
+from idempotently._hooks import heard
 from idempotently._keys import (
     DIGEST_PREFIX,
     RequestHeaders,
@@ -114,7 +114,7 @@ from idempotently._secret_params import (
     redacted_url,
 )
 from idempotently._text import storable, storable_text
-from idempotently._vocabulary import STATUS_AFTER
+from idempotently._vocabulary import STATUS_AFTER, finished_level
 
 if TYPE_CHECKING:
     from idempotently._events import Event

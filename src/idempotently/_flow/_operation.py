@@ -70,7 +70,7 @@ from idempotently._vocabulary import (
 )
 
 if TYPE_CHECKING:
-    from idempotently._commands import Command
+    from idempotently._commands_rare import Command
 
 T = TypeVar("T")
 

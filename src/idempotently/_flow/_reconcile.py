@@ -7,11 +7,12 @@ from __future__ import annotations
 import attrs
 import httpx
 
+from idempotently._backoff import jittered
 from idempotently._codec import encoded
-from idempotently._commands import (
+from idempotently._commands import Find
+from idempotently._commands_rare import (
     AuditNote,
     AuditTrail,
-    Find,
     ForksTaken,
     LookUpLater,
     PlanReconcile,
@@ -45,10 +46,7 @@ from idempotently._lookup import (
 )
 from idempotently._operator import plan as plan_action
 from idempotently._pauses import PAUSE_STATUS_CODES
-from idempotently._policy import (
-    Answer,
-    jittered,
-)
+from idempotently._policy import Answer
 from idempotently._profiles import ServerProfile
 from idempotently._rows import Operation
 from idempotently._secret_params import journaled_answer_headers

@@ -8,12 +8,8 @@ import attrs
 import httpx
 
 from idempotently._budget import origin_of
-from idempotently._commands import (
-    Find,
-    Queue,
-    Report,
-    TakeLease,
-)
+from idempotently._commands import Find, TakeLease
+from idempotently._commands_rare import Queue, Report
 from idempotently._exceptions import (
     CodecError,
     IdempotentlyError,

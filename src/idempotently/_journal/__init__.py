@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 import httpx
 
-from idempotently import _commands, _rows
+from idempotently import _commands_lazy, _rows
 from idempotently._budget import origin_of
 from idempotently._codec import Codec, check_codec, decoded, unverified
 from idempotently._commands import (
@@ -73,7 +73,7 @@ from idempotently._secret_params import check_param_names, secret_param_names
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
-    from idempotently._commands import JournalCommand
+    from idempotently._commands_rare import JournalCommand
     from idempotently._operator import ActionName
     from idempotently._rows_audit import AuditEntry as AuditEntry
     from idempotently._rows_audit import JournalStats as JournalStats
@@ -363,7 +363,7 @@ class Journal:
             raise ValueError(
                 f"{origin!r} is not an origin: give scheme://host[:port], e.g. https://api.example.com"
             )
-        lifted: list[OriginPause] = self._execute(_commands.Unpause(name))
+        lifted: list[OriginPause] = self._execute(_commands_lazy.Unpause(name))
         self._pause_board.remove(name)
         who = actor or default_actor()
         for pause in lifted:
@@ -625,11 +625,11 @@ class Journal:
                     return self._writer.write(command)
                 # Last, and through the module: a call's commands never reach them, so the
                 # commands of resume and the operator's journal load with their rooms.
-                case _commands.Queue():
+                case _commands_lazy.Queue():
                     return self._opened_all(self._store.queue(command.statuses))
-                case _commands.AuditTrail():
+                case _commands_lazy.AuditTrail():
                     return self._store.audit(command.operation_id)
-                case _commands.ForksTaken():
+                case _commands_lazy.ForksTaken():
                     try:
                         return self._free_forks(
                             command.operation, self._forks_taken(command.operation)
@@ -659,9 +659,9 @@ class Journal:
                 case (
                     Find()
                     | Pauses()
-                    | _commands.Queue()  # last, as in `_execute`
-                    | _commands.AuditTrail()
-                    | _commands.ForksTaken()
+                    | _commands_lazy.Queue()  # last, as in `_execute`
+                    | _commands_lazy.AuditTrail()
+                    | _commands_lazy.ForksTaken()
                 ):
                     import anyio.to_thread  # loaded with the first async read (the package's)
 
@@ -834,9 +834,9 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | BindCredentials()
             | ClaimDue()
             | Pauses()
-            | _commands.Queue()
-            | _commands.AuditTrail()
-            | _commands.ForksTaken()
+            | _commands_lazy.Queue()
+            | _commands_lazy.AuditTrail()
+            | _commands_lazy.ForksTaken()
         ):
             return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
         case (
@@ -845,9 +845,9 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | PauseOrigin()
             | RebasePause()
             | RebaseOperation()
-            | _commands.Act()
-            | _commands.LookUpLater()
-            | _commands.Unpause()
+            | _commands_lazy.Act()
+            | _commands_lazy.LookUpLater()
+            | _commands_lazy.Unpause()
             | None
         ):
             return f"{closed}; this write was not journaled. Open the journal again to retry it"

@@ -55,13 +55,11 @@ from typing import TYPE_CHECKING, Any, Final, cast, get_args
 import attrs
 
 from idempotently._commands import (
-    Act,
     BindCredentials,
     ClaimDue,
     Enqueue,
     ExtendLeases,
     Insert,
-    LookUpLater,
     PauseOrigin,
     RebaseOperation,
     RebasePause,
@@ -70,10 +68,9 @@ from idempotently._commands import (
     RenewLease,
     SetStatus,
     TakeLease,
-    Unpause,
-    Write,
     assert_never,
 )
+from idempotently._commands_rare import Act, LookUpLater, Unpause, Write
 from idempotently._exceptions import (
     ErrorContext,
     JournalCorruptError,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, get_args
 
 import attrs
 
-from idempotently import _commands, _rows
+from idempotently import _commands_lazy, _rows
 from idempotently._commands import (
     BindCredentials,
     ClaimDue,
@@ -82,7 +82,7 @@ from idempotently._special_files import refuse_special_file
 from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Outcome, Status
 
 if TYPE_CHECKING:
-    from idempotently._commands import Act, LookUpLater, Write
+    from idempotently._commands_rare import Act, LookUpLater, Write
     from idempotently._rows import AuditEntry, JournalStats
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -1486,11 +1486,11 @@ class SqliteStore:
                 return self._claim(conn, write)
             # Last, and through the module: a call's writes never reach them, so the
             # operator's commands load with the operator's rooms.
-            case _commands.Act():
+            case _commands_lazy.Act():
                 return self._act(conn, write, counts)
-            case _commands.LookUpLater():
+            case _commands_lazy.LookUpLater():
                 return self._look_up_later(conn, write)
-            case _commands.Unpause():
+            case _commands_lazy.Unpause():
                 lifted = [
                     OriginPause(*tuple(row))
                     for row in conn.execute(

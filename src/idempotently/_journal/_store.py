@@ -21,7 +21,7 @@ from idempotently._rows import (
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
-    from idempotently._commands import Write
+    from idempotently._commands_rare import Write
     from idempotently._rows_audit import AuditEntry, JournalStats
 
 
