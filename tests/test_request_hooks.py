@@ -235,6 +235,51 @@ def test_a_hook_given_to_the_client_while_a_request_is_sent_leaves_it_pending(
     assert [operation.key] == [arrival.key for arrival in app.arrivals]
 
 
+class AddsAnAsyncHookWhileSending(httpx.AsyncBaseTransport):
+    """`AddsAHookWhileSending` for an AsyncClient."""
+
+    def __init__(self, client: list[httpx.AsyncClient]) -> None:
+        self.client = client
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        async def later_body(sent: httpx.Request) -> None:
+            other_body(sent)
+
+        if self.client:
+            self.client[0].event_hooks["request"].append(later_body)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.anyio
+async def test_async_a_hook_given_to_the_client_while_a_request_is_sent_leaves_it_pending(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """AsyncSession, asyncio and trio: the same as the sync client's: the attempt sent
+    unchecked while the client gained a hook is maybe delivered, the operation pending."""
+    app, url = scripted
+    holder: list[httpx.AsyncClient] = []
+    client = httpx.AsyncClient(base_url=url, transport=AddsAnAsyncHookWhileSending(holder))
+    holder.append(client)
+    async with idempotently.AsyncSession(
+        tmp_path / "j.db", client=client, policy=idempotently.RetryPolicy(max_attempts=1)
+    ) as session:
+        with pytest.raises(idempotently.OperationPendingError) as caught:
+            await session.post("/v1/charges", json=CHARGE, operation_id="op")
+        operation = session.journal.operation("op")
+    await client.aclose()
+    assert "op" == caught.value.operation_id and "may have been delivered" in str(caught.value)
+    assert operation is not None
+    assert ("pending", ["maybe_delivered"]) == (
+        operation.status,
+        [attempt.outcome for attempt in operation.attempts],
+    )
+    assert [operation.key] == [arrival.key for arrival in app.arrivals]
+
+
 def test_a_hook_given_to_the_client_between_attempts_checks_the_next_one(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:
