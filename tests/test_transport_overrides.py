@@ -17,6 +17,8 @@ import anyio
 import attrs
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import idempotently
 from idempotently import profiles
@@ -254,3 +256,27 @@ def test_reads_and_passed_through_requests_never_send_the_header(
     expected = (200, 2) if method == "GET" else (503, 1)
     assert expected == (response.status_code, len(app.arrivals))
     assert [None] * expected[1] == header_seen(app, "Idempotency-Policy")
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(name=st.text(st.characters(min_codepoint=0x21, max_codepoint=0xFF), min_size=1, max_size=80))
+def test_any_name_but_a_known_one_is_refused_and_shown_safely(name: str, tmp_path: Path) -> None:
+    """Whatever an SDK puts in Idempotency-Policy, a name not registered is a one-line
+    ValueError quoting at most 70 characters of it; nothing is journaled or sent."""
+    sent: list[httpx.Request] = []
+    mock = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(201))
+    journal = tmp_path / f"{len(sent)}-{abs(hash(name))}.db"
+    with httpx.Client(transport=transport(journal, transport=mock, policies={"p": PATIENT})) as c:
+        if name.strip(" \t") == "p":
+            return
+        with pytest.raises(ValueError, match="names no policy") as refused:
+            c.post(
+                "https://api.example.test/c",
+                json={},
+                headers={"Idempotency-Policy": name.encode("latin-1")},
+            )
+    message = str(refused.value)
+    assert ("\n" not in message, len(message) < 400) == (True, True)
+    assert ([], []) == (sent, idempotently.Journal(journal).operations())

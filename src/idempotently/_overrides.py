@@ -187,30 +187,29 @@ def request_overrides(
     and a resume applies them."""
     extensions = request.extensions
     given = extensions.get("idempotently")
-    headers = request.headers
-    named = headers.get_list(POLICY_HEADER) if POLICY_HEADER in headers else None
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
-    if given is not None or named is not None:
-        policy, profile = _asked(request, given, named, policies, fingerprint_headers)
+    if given is not None or POLICY_HEADER in request.headers:
+        policy, profile = _asked(request, given, policies, fingerprint_headers)
     if not journaled:
         return policy, profile, None
     timeouts = extensions.get("timeout")
+    if not isinstance(timeouts, dict):
+        return policy, profile, overrides_json(policy, None)
     if policy is None:
-        if not isinstance(timeouts, dict):
-            return None, profile, None
-        return None, profile, _timeouts_json(tuple(timeouts.get(p) for p in _TIMEOUT_PHASES))
-    return policy, profile, overrides_json(policy, timeouts if isinstance(timeouts, dict) else None)
+        get = timeouts.get
+        return None, profile, _timeouts_json(get("connect"), get("read"), get("write"), get("pool"))
+    return policy, profile, overrides_json(policy, timeouts)
 
 
 def _asked(
     request: httpx.Request,
     given: object,
-    named: list[str] | None,
     policies: Mapping[str, RetryPolicy],
     fingerprint_headers: Iterable[str],
 ) -> tuple[RetryPolicy | None, ServerProfile | None]:
     where = _where(request)
+    named = request.headers.get_list(POLICY_HEADER) or None
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
     if given is not None:
@@ -246,7 +245,7 @@ def _asked(
     if named is not None:
         del request.headers[POLICY_HEADER]
         known = ", ".join(map(repr, sorted(policies))) or "none: pass Transport(policies=...)"
-        if len(named) != 1 or named[0].strip() not in policies:
+        if len(named) != 1 or named[0].strip(" \t") not in policies:
             raise ValueError(
                 f"{POLICY_HEADER}: {', '.join(named)[:70]!r} names no policy of this "
                 f"Transport (it knows {known}){where}; nothing was journaled or sent"
@@ -256,7 +255,7 @@ def _asked(
                 f'{POLICY_HEADER} and request.extensions["idempotently"]["policy"] both give '
                 f"this request a policy{where}: give one; nothing was journaled or sent"
             )
-        policy = policies[named[0].strip()]
+        policy = policies[named[0].strip(" \t")]
     return policy, profile
 
 
@@ -271,7 +270,10 @@ def _where(request: httpx.Request) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _timeouts_json(values: tuple[Any, ...]) -> str:
+def _timeouts_json(
+    connect: float | None, read: float | None, write: float | None, pool: float | None
+) -> str:
     """`overrides_json` of timeouts alone, once per distinct value: an httpx client puts
     the same timeouts on every request it sends."""
-    return overrides_json(None, dict(zip(_TIMEOUT_PHASES, values, strict=True))) or ""
+    timeouts = {"connect": connect, "read": read, "write": write, "pool": pool}
+    return overrides_json(None, timeouts) or ""
