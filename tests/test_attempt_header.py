@@ -193,3 +193,18 @@ def test_the_profile_round_trips_through_the_journal() -> None:
     journaled as before."""
     assert COUNTED == profile_from_spec(profile_spec(COUNTED))
     assert "attempt_header" not in json.loads(profile_spec(profiles.GENERIC))
+
+
+def test_a_call_profile_with_a_fingerprinted_attempt_header_is_refused(tmp_path: Path) -> None:
+    """post(..., profile=) whose attempt header the session fingerprints: a ValueError
+    before anything is journaled or sent."""
+    sent: list[httpx.Request] = []
+    mock = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(201))
+    with (
+        idempotently.Session(
+            tmp_path / "j.db", transport=mock, fingerprint_headers=[HEADER]
+        ) as session,
+        pytest.raises(ValueError, match="leave it out of fingerprint_headers"),
+    ):
+        session.post("https://api.example.test/c", json={}, profile=COUNTED)
+    assert ([], []) == (sent, idempotently.Journal(tmp_path / "j.db").operations())
