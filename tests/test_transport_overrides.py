@@ -231,13 +231,14 @@ def test_a_profile_that_differs_from_the_journaled_one_is_refused_without_sendin
     with httpx.Client(transport=transport(tmp_path / "j.db")) as c:
         with pytest.raises(idempotently.OperationPendingError):
             c.post(f"{url}/c", json={}, headers=keyed)
-        with pytest.raises(idempotently.StoredProfileError, match="in_progress_timeout"):
+        with pytest.raises(idempotently.StoredProfileError, match="in_progress_timeout") as refused:
             c.post(
                 f"{url}/c",
                 json={},
                 headers=keyed,
                 extensions={"idempotently": {"profile": SLOW_SERVER}},
             )
+        assert 'leave "profile" out of the request' in refused.value.message
         assert 1 == len(app.arrivals)
         same = {"profile": profiles.GENERIC}
         response = c.post(f"{url}/c", json={}, headers=keyed, extensions={"idempotently": same})

@@ -803,7 +803,8 @@ def stored_profile(
             f"it was journaled under profile {_described(text)} and the profile given is "
             f"{_described(journaled_profile(given))}{_differences(text, given)}; nothing was "
             "sent (leave out --profile to use the stored one, or add --force-profile to read "
-            "it with the one given; in Python, profile_rule='stored' or 'forced')",
+            "it with the one given; in Python, profile_rule='stored' or 'forced'; through "
+            'a Transport, leave "profile" out of the request\'s extensions["idempotently"])',
             kind="disagrees",
             **ids,
         )
