@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,31 @@ def test_a_call_profile_with_a_fingerprinted_attempt_header_is_refused(tmp_path:
     ):
         session.post("https://api.example.test/c", json={}, profile=COUNTED)
     assert ([], []) == (sent, idempotently.Journal(tmp_path / "j.db").operations())
+
+
+def test_a_watch_worker_continues_the_count(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """A `watch` worker (a session with the generic profile) resumes an operation two
+    attempts in: it sends attempt 3, by the operation's journaled profile."""
+    app, url = scripted
+    app.answer(Answer(503), Answer(503), Answer(201))
+    two = attrs.evolve(POLICY, max_attempts=2)
+    with (
+        idempotently.Session(tmp_path / "j.db", profile=COUNTED, policy=two) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post(f"{url}/charges", json={"amount": 1}, operation_id="order-1")
+    stop = threading.Event()
+    results: list[idempotently.ResumeResult] = []
+
+    def finished(result: idempotently.ResumeResult) -> None:
+        results.append(result)
+        stop.set()
+
+    with idempotently.Session(tmp_path / "j.db", policy=POLICY, host_id="worker-1") as worker:
+        worker.watch(stop, interval=0.05, on_result=finished)
+    assert (["succeeded"], ["1", "2", "3"]) == (
+        [result.action for result in results],
+        attempts_seen(app),
+    )
