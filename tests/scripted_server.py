@@ -56,6 +56,8 @@ class Arrival:
     """The raw query string as it reached the server."""
     method: str = ""
     path: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Every request header as it arrived (names lowercased), in order."""
 
 
 @attrs.define
@@ -112,6 +114,7 @@ class ScriptedApp:
                 query=scope.get("query_string", b""),
                 method=scope.get("method", ""),
                 path=scope.get("path", ""),
+                headers=tuple((k.decode().lower(), v.decode()) for k, v in scope["headers"]),
             )
         )
         answer = self.script.popleft() if self.script else Answer()

@@ -213,6 +213,28 @@ def _header_names(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
         )
 
 
+def _attempt_header(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A header name of its own: not the key header, nor one the profile reads."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
+        raise ValueError(
+            f"attempt_header must be an HTTP header name (letters, digits, -) or None, not "
+            f"{value!r}"
+        )
+    taken = {instance.key_header.lower(): "key_header"}
+    taken.update((name.lower(), "retry_hint_headers") for name in instance.retry_hint_headers)
+    taken.update(
+        (marker.partition(":")[0].strip().lower(), "replay_headers")
+        for marker in instance.replay_headers
+    )
+    if value.lower() in taken:
+        raise ValueError(
+            f"attempt_header {value!r} is already the profile's {taken[value.lower()]}: "
+            "name a header of its own, such as 'Idempotency-Attempt'"
+        )
+
+
 def _statuses(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, frozenset) or not all(
         isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599
@@ -392,6 +414,14 @@ class ServerProfile:
     ``metadata[operation_id]``), never overwriting a value the caller set; None adds
     nothing. A lookup reconciler finds the object by it. Session and AsyncSession only:
     a Transport sends the bytes its SDK rendered, as they are."""
+    attempt_header: str | None = attrs.field(default=None, validator=_attempt_header)
+    """A request header that carries each attempt's number, counted from the journal
+    across processes and resumes (``3``), and ``; max=M`` when a maximum applies
+    (``3; max=5``), so the server can tell a retry from a new request; None (the
+    default) sends none. Outside the request's fingerprint and its journaled headers: it
+    is the one part of a resend that differs from the first attempt (a server that
+    hashes every header reads a changed one as another payload). A value the caller
+    set is replaced. No built-in profile sends it."""
     _replay_markers: frozenset[tuple[bytes, bytes | None]] = attrs.field(
         init=False, repr=False, eq=False
     )
@@ -643,7 +673,9 @@ _CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
 ``module:qualname`` resume imports."""
 
 
-_OMITTED_AT_DEFAULT = frozenset({"classify", "pause_origin", "key_expiry_margin", "handler_errors"})
+_OMITTED_AT_DEFAULT = frozenset(
+    {"classify", "pause_origin", "key_expiry_margin", "handler_errors", "attempt_header"}
+)
 """Fields a spec leaves out at their default."""
 
 
@@ -771,7 +803,8 @@ def stored_profile(
             f"it was journaled under profile {_described(text)} and the profile given is "
             f"{_described(journaled_profile(given))}{_differences(text, given)}; nothing was "
             "sent (leave out --profile to use the stored one, or add --force-profile to read "
-            "it with the one given; in Python, profile_rule='stored' or 'forced')",
+            "it with the one given; in Python, profile_rule='stored' or 'forced'; through "
+            'a Transport, leave "profile" out of the request\'s extensions["idempotently"])',
             kind="disagrees",
             **ids,
         )

@@ -49,7 +49,7 @@ from idempotently._gate import alast_hook, keep_last, last_hook
 from idempotently._hooks import AsyncHook, Hook, check_hooks
 from idempotently._journal import Journal, Operation
 from idempotently._keys import redaction_set
-from idempotently._overrides import check_call_policy, overrides_json
+from idempotently._overrides import check_attempt_header, check_call_policy, overrides_json
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import (
     GENERIC,
@@ -127,6 +127,7 @@ def check_engine_options(
         for header in names:
             if not isinstance(header, str) or not header:
                 raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
+    check_attempt_header(profile, fingerprint_headers)  # type: ignore[arg-type]  # checked above
     if profile_rule not in PROFILE_RULES:
         raise ValueError(
             f"profile_rule must be one of {', '.join(map(repr, PROFILE_RULES))}, not "
@@ -440,6 +441,8 @@ class _SessionBase(Generic[ClientT]):
                 else dict(live.extensions.get("timeout") or {}),
             ),
         )
+        if profile is not None:
+            check_attempt_header(profile, self._engine.fingerprint_headers)
         return call, self._engine.overridden(policy, profile)
 
     def _enqueue_request(

@@ -10,10 +10,11 @@ bodies, send through the wrapped transport and sleep.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 import anyio
+import attrs
 import httpx
 
 from idempotently import _httpx2
@@ -28,6 +29,11 @@ from idempotently._flow._read import retried_read
 from idempotently._gate import alast_hook, last_hook
 from idempotently._hooks import AsyncHook, Hook, check_hooks
 from idempotently._keys import redaction_set
+from idempotently._overrides import (
+    POLICY_HEADER,
+    check_policies,
+    request_overrides,
+)
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import GENERIC, ProfileRule, ServerProfile
 from idempotently._redirects import aread_redirect, read_redirect
@@ -93,6 +99,7 @@ class _TransportBase:
         retry_idempotent_methods: bool = False,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         profile_rule: ProfileRule = "stored",
+        policies: Mapping[str, RetryPolicy] | None = None,
     ) -> None:
         if not isinstance(retry_idempotent_methods, bool):
             raise TypeError(
@@ -124,6 +131,8 @@ class _TransportBase:
             raise TypeError(f"methods must be a collection of method names, not {methods!r}")
         if delivery not in DELIVERIES:
             raise ValueError(f"delivery must be 'exactly_once' or 'at_most_once', not {delivery!r}")
+        self.policies = check_policies(policies)
+        """Policies a request picks by name with the ``Idempotency-Policy`` header."""
         host = default_host_id() if host_id is None else check_host_id(host_id)
         checked_hooks = check_hooks(hooks, asynchronous=isinstance(self, httpx.AsyncBaseTransport))
         self.journal, self._owns_journal = open_journal(journal)
@@ -159,7 +168,20 @@ class _TransportBase:
     def _retried(self, request: httpx.Request) -> bool:
         return request.method.upper() in self.retried_methods
 
-    def _call(self, request: httpx.Request) -> Call:
+    def _overridden(self, request: httpx.Request, *, journaled: bool) -> tuple[Engine, str | None]:
+        """The engine that sends ``request`` (this Transport's, or one with the policy and
+        profile the request asks for: `request_overrides`) and the overrides to journal.
+        A profile asked for is checked against an existing operation's journaled one, as
+        ``resume --profile`` is: one that differs is refused before anything is sent."""
+        policy, profile, overrides = request_overrides(
+            request, self.policies, self._engine.fingerprint_headers, journaled=journaled
+        )
+        engine = self._engine.overridden(policy, profile)
+        if profile is not None and engine.profile_rule != "forced":
+            engine = attrs.evolve(engine, profile_rule="checked")
+        return engine, overrides
+
+    def _call(self, request: httpx.Request) -> tuple[Call, Engine]:
         """The call a request (its body read) stands for: its key, operation and delivery.
 
         Without ``Idempotency-Operation-Id`` the key names the operation: the
@@ -175,15 +197,18 @@ class _TransportBase:
         )
         # The client's timeout, as a Session's: checked before the operation is journaled.
         check_timeouts(request)
-        key = adopted_key(self.profile, request, None)
-        return Call(
+        engine, overrides = self._overridden(request, journaled=True)
+        key = adopted_key(engine.profile, request, None)
+        call = Call(
             request,
             operation_id=operation_id,
             key=key,
             keep_journaled_key=operation_id is not None,
             delivery=delivery,
             new_operation_id=None if key is None else f"key:{key}",
+            overrides=overrides,
         )
+        return call, engine
 
     def _build(self, request: httpx.Request) -> Callable[..., httpx.Request]:
         extensions = request.extensions
@@ -255,6 +280,13 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             policy's deadline, is journaled with its status and headers only, and
             the request raises `AnswerNotReadError`; an answer that may be retried
             (5xx, 408, 409, 425, 429) is read no further than a 64 KiB excerpt.
+        policies: Named policies a request picks with the header
+            ``Idempotency-Policy: NAME`` (for SDKs that can pass only headers); the
+            header is removed before the request is sent or journaled, and a name not
+            here is refused before anything is journaled. A request may instead carry
+            ``extensions={"idempotently": {"policy": ..., "profile": ...}}``; its
+            timeouts (httpx's ``extensions["timeout"]``) are journaled with the
+            operation, so a resume applies them, as a Session call's ``timeout=``.
     """
 
     def __init__(
@@ -277,6 +309,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
         retry_idempotent_methods: bool = False,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         profile_rule: ProfileRule = "stored",
+        policies: Mapping[str, RetryPolicy] | None = None,
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_request"):
             raise TypeError(
@@ -300,6 +333,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             retry_idempotent_methods=retry_idempotent_methods,
             max_response_bytes=max_response_bytes,
             profile_rule=profile_rule,
+            policies=policies,
         )
         # Without transport=, requests go out through the library they came from:
         # httpx's HTTPTransport, or httpx2's for an httpx2 client (made on first use).
@@ -330,9 +364,12 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             request.read()
             live = _as_httpx(request)
             check_timeouts(live)
+            engine, _ = self._overridden(live, journaled=False)
+            if from_httpx2:
+                request.headers.pop(POLICY_HEADER, None)
             try:
                 response = run(
-                    retried_read(self._engine, live),
+                    retried_read(engine, live),
                     Held(),
                     self.journal,
                     send=lambda sent: self._send(inner, sent),
@@ -357,6 +394,7 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
                     response.close()
             return _returned(response, request)
         if not self._journaled(request):
+            request.headers.pop(POLICY_HEADER, None)  # ours, never the server's
             if from_httpx2 == _httpx2.is_httpx2(inner):
                 return inner.handle_request(request)
             request.read()
@@ -368,13 +406,14 @@ class Transport(_TransportBase, httpx.BaseTransport, _Httpx2SyncBase):
             return _returned(response, request)
         request.read()
         live = _as_httpx(request)
-        call = self._call(live)
+        call, engine = self._call(live)
         if from_httpx2:
             request.headers.pop(DELIVERY_HEADER, None)
+            request.headers.pop(POLICY_HEADER, None)
         held = Held()
         try:
             response = run(
-                self._engine.call(call, self._build(live), held),
+                engine.call(call, self._build(live), held),
                 held,
                 self.journal,
                 send=lambda sent: self._send(inner, sent),
@@ -430,6 +469,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         hooks: Plain or async functions called with every event.
         retry_idempotent_methods: As for `Transport`.
         max_response_bytes: As for `Transport`.
+        policies: As for `Transport`.
     """
 
     def __init__(
@@ -452,6 +492,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
         retry_idempotent_methods: bool = False,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         profile_rule: ProfileRule = "stored",
+        policies: Mapping[str, RetryPolicy] | None = None,
     ) -> None:
         if transport is not None and not _is_transport(transport, "handle_async_request"):
             raise TypeError(
@@ -475,6 +516,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             retry_idempotent_methods=retry_idempotent_methods,
             max_response_bytes=max_response_bytes,
             profile_rule=profile_rule,
+            policies=policies,
         )
         self.transport: httpx.AsyncBaseTransport | Any = (
             transport if transport is not None else httpx.AsyncHTTPTransport()
@@ -503,13 +545,16 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             await request.aread()
             live = _as_httpx(request)
             check_timeouts(live)
+            engine, _ = self._overridden(live, journaled=False)
+            if from_httpx2:
+                request.headers.pop(POLICY_HEADER, None)
 
             async def send_read(sent: httpx.Request) -> httpx.Response:
                 return await self._send(inner, sent)
 
             try:
                 response = await arun(
-                    retried_read(self._engine, live),
+                    retried_read(engine, live),
                     Held(),
                     self.journal,
                     send=send_read,
@@ -531,6 +576,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
                     await response.aclose()
             return _returned(response, request)
         if not self._journaled(request):
+            request.headers.pop(POLICY_HEADER, None)  # ours, never the server's
             if from_httpx2 == _httpx2.is_httpx2(inner):
                 return await inner.handle_async_request(request)
             await request.aread()
@@ -542,9 +588,10 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
             return _returned(response, request)
         await request.aread()
         live = _as_httpx(request)
-        call = self._call(live)
+        call, engine = self._call(live)
         if from_httpx2:
             request.headers.pop(DELIVERY_HEADER, None)
+            request.headers.pop(POLICY_HEADER, None)
         held = Held()
 
         async def send(sent: httpx.Request) -> httpx.Response:
@@ -552,7 +599,7 @@ class AsyncTransport(_TransportBase, httpx.AsyncBaseTransport, _Httpx2AsyncBase)
 
         try:
             response = await arun(
-                self._engine.call(call, self._build(live), held),
+                engine.call(call, self._build(live), held),
                 held,
                 self.journal,
                 send=send,

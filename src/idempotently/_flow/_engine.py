@@ -221,6 +221,11 @@ class Engine(Config):
     def read_request(self, request: httpx.Request) -> tuple[RequestHeaders, str]:
         """The request's headers as the journal sees them, and its digest: one reading
         for a call and an enqueue, so the two journal the same request alike."""
+        attempt_header = self.profile.attempt_header
+        if attempt_header is not None and attempt_header in request.headers:
+            # Set by the flow on each send: a caller's value is neither journaled nor
+            # fingerprinted, and is replaced (`_attempt_header`).
+            del request.headers[attempt_header]
         headers = read_request_headers(
             request.headers,
             self.redact_headers,
@@ -666,6 +671,10 @@ class Engine(Config):
                 )
             if gate is not None:
                 gate.passes = 0
+            if profile.attempt_header is not None:
+                from idempotently._attempt_header import mark_attempt
+
+                mark_attempt(request, profile.attempt_header, attempts + 1, self.policy)
             reply = yield Send(request, lease, reading, gate)
             if gate is None and quiet is not None and not quiet():
                 # A hook or auth was given to the client while this request was sent
