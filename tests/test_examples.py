@@ -19,10 +19,10 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
 def runnable(example: Path) -> bool:
-    """Whether the SDK a recipe needs is installed (the tests extra has them; openai,
-    anthropic and httpx2 need Python 3.11+)."""
-    for sdk in ("stripe", "openai", "anthropic", "httpx2"):
-        imported = re.search(rf"^import {sdk}$", example.read_text(), re.MULTILINE)
+    """Whether the SDK (or ORM) a recipe needs is installed (the tests extra has them;
+    openai, anthropic and httpx2 need Python 3.11+)."""
+    for sdk in ("stripe", "openai", "anthropic", "httpx2", "sqlalchemy", "django"):
+        imported = re.search(rf"^(?:import|from) {sdk}\b", example.read_text(), re.MULTILINE)
         if imported and importlib.util.find_spec(sdk) is None:
             return False
     return True
