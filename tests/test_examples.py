@@ -117,3 +117,18 @@ def test_the_recipes_page_names_an_install_command_for_each_sdk() -> None:
         "pip install 'idempotently[httpx2]' anthropic",
     ):
         assert command in page
+
+
+def test_the_outbox_pages_django_idiom_is_what_the_django_example_runs() -> None:
+    """docs/outbox.md's Django block (saved, not run: Django's settings are the process's)
+    says what examples/outbox_django.py runs: its atomic block, line for line."""
+    page = (ROOT / "docs" / "outbox.md").read_text(encoding="utf-8")
+    block = re.search(r'^```python title="orders\.py"\n(.*?)^```', page, re.DOTALL | re.M)
+    assert block is not None
+    shown = block.group(1)
+    atomic = shown[shown.index("with transaction.atomic()") :].splitlines()
+    example = {
+        line.strip() for line in (ROOT / "examples" / "outbox_django.py").read_text().splitlines()
+    }
+    assert [] == [line.strip() for line in atomic if line.strip() not in example]
+    assert "from django.db import connection, transaction" in shown
