@@ -12,6 +12,9 @@ real SQLite files and a real PostgreSQL.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -411,3 +414,31 @@ async def test_sync_and_async_objects_go_to_their_own_enqueue(
                 await aenqueue(a, "bad", connection)
         assert a.journal.operation("bad:charge") is None
     engine.dispose()
+
+
+def test_a_driver_connections_enqueue_imports_no_orm(tmp_path: Path) -> None:
+    """An application without SQLAlchemy or Django never loads them: ORM objects are told
+    apart by what the application has already imported."""
+    path = tmp_path / "journal.db"
+    probe = f"""
+import sqlite3, sys
+import idempotently
+session = idempotently.Session({str(path)!r}, base_url="http://shop.invalid")
+db = sqlite3.connect({str(path)!r})
+with db:
+    session.enqueue("POST", "/v1/charges", json={{}}, operation_id="o-1", connection=db)
+    session.enqueue("POST", "/v1/charges", json={{}}, operation_id="o-1", connection=db)
+try:
+    session.enqueue("POST", "/v1/charges", json={{}}, operation_id="o-2", connection=object())
+except TypeError:
+    pass
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("sqlalchemy", "django")))
+"""
+    shown = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert "[]\n" == shown.stdout

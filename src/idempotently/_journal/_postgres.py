@@ -1816,10 +1816,15 @@ class PostgresStore:
                 hint = "a psycopg.Connection goes to Session.enqueue"
             else:
                 hint = f"not {type(connection).__name__}"
+            orms = (
+                "a SQLAlchemy AsyncSession or AsyncConnection"
+                if asynchronous
+                else "a SQLAlchemy Session or Connection, or Django's connection"
+            )
             raise TypeError(
-                f"connection must be the psycopg.{wanted.__name__} your transaction runs on, "
-                f"connected to the journal's database {self.path} ({hint}); nothing was "
-                "journaled"
+                f"connection must be the psycopg.{wanted.__name__} (or {orms}) your "
+                f"transaction runs on, connected to the journal's database {self.path} "
+                f"({hint}); nothing was journaled"
             )
         self._check_writable()
         if connection.closed:
