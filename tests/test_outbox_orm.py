@@ -442,3 +442,22 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("sqlalchemy", "django
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert "[]\n" == shown.stdout
+
+
+@pytest.mark.anyio
+async def test_a_closed_async_sqlalchemy_connection_is_refused(
+    tmp_path: Path, api: MockServer, user: str, anyio_backend: str
+) -> None:
+    """A closed AsyncConnection given to AsyncSession.enqueue: refused in one line."""
+    asyncio_only(anyio_backend)
+    path = str(tmp_path / "journal.db")
+    engine = create_async_engine(sqlalchemy_url(path, asynchronous=True))
+    async with idempotently.AsyncSession(path, base_url=api.url) as a:
+        closed = await engine.connect()
+        await closed.close()
+        with pytest.raises(idempotently.JournalError, match="is closed") as raised:
+            await aenqueue(a, "bad", closed)
+        assert a.journal.operation("bad:charge") is None
+    await engine.dispose()
+    assert "bad:charge" == raised.value.operation_id
+    assert "\n" not in str(raised.value)

@@ -103,8 +103,6 @@ async def run_async(connection: object, ids: ErrorContext, work: Callable[[OrmCo
             "Session.enqueue; AsyncSession.enqueue takes an AsyncSession or AsyncConnection; "
             f"{_NOTHING}"
         )
-    if getattr(connection, "closed", False) is True:  # AsyncConnection's
-        raise JournalError(_closed(f"SQLAlchemy {type(connection).__name__}"), **ids)
     run: Callable[[Callable[[Any], T]], Awaitable[T]] = connection.run_sync  # type: ignore[attr-defined]
     return await run(lambda sync: work(_SqlAlchemyConnection(sync, ids)))
 
