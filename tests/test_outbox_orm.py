@@ -358,14 +358,23 @@ def test_a_closed_or_autocommit_sqlalchemy_connection_is_refused(
 def test_a_failed_postgres_transaction_is_refused(
     postgres_url: str, api: MockServer, user: str
 ) -> None:
-    """A SQLAlchemy transaction whose statement already failed cannot commit anything:
-    refused, saying to roll it back."""
+    """A SQLAlchemy transaction, or a Django atomic block, whose statement already failed
+    (caught by the application) cannot commit anything: refused, saying to roll it back."""
+    from django.db import DatabaseError, connections, transaction
+
     idempotently.Journal(postgres_url).close()
     engine = sqlalchemy_engine(postgres_url)
-    with session(postgres_url, api, user) as s, engine.begin() as db:
-        with pytest.raises(sqlalchemy.exc.DBAPIError):
-            db.execute(text("SELECT 1 / 0"))
-        refused(s, db, idempotently.JournalError, "already failed")
+    alias = django_alias(postgres_url)
+    with session(postgres_url, api, user) as s:
+        with engine.begin() as db:
+            with pytest.raises(sqlalchemy.exc.DBAPIError):
+                db.execute(text("SELECT 1 / 0"))
+            refused(s, db, idempotently.JournalError, "already failed")
+        with transaction.atomic(using=alias):  # its COMMIT rolls back: no error either
+            with pytest.raises(DatabaseError), connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")
+            refused(s, connections[alias], idempotently.JournalError, "already failed")
+    connections[alias].close()
     engine.dispose()
 
 

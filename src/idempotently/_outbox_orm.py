@@ -118,7 +118,7 @@ class OrmConnection:
     """The application's ORM connection, checked usable, running a store's steps."""
 
     name: str
-    """What it is, for messages ("SQLAlchemy Session", "Django's connection")."""
+    """What it is, for messages ("SQLAlchemy Session", "Django connection")."""
     dialect: str
     """Its database: "sqlite", "postgresql", or another the stores refuse."""
 
@@ -296,7 +296,7 @@ class _DjangoConnection(OrmConnection):
     def __init__(self, given: Any, ids: ErrorContext) -> None:
         from django.db import connections
 
-        self.name = "Django's connection"
+        self.name = "Django connection"
         # `django.db.connection` is a proxy to this thread's connection of its alias.
         self._connection = connection = connections[given.alias]
         self.dialect = connection.vendor
@@ -341,12 +341,18 @@ class _DjangoConnection(OrmConnection):
 
     @contextmanager
     def _savepoint(self) -> Iterator[None]:
+        import django.db
         from django.db import transaction
 
         # A nested atomic block is Django's savepoint: an error rolls back to it and
-        # leaves the application's block as it was.
-        with transaction.atomic(using=self._connection.alias):
-            yield
+        # leaves the application's block as it was. Its own SAVEPOINT or RELEASE failing
+        # (a transaction that already failed) is a statement's error too.
+        try:
+            with transaction.atomic(using=self._connection.alias):
+                yield
+        except django.db.DatabaseError as error:
+            driver = error.__cause__ if error.__cause__ is not None else error
+            raise StatementError(driver, _sqlstate(driver)) from error
 
 
 def _first_line(error: BaseException) -> str:
