@@ -414,13 +414,14 @@ async def test_sync_and_async_objects_go_to_their_own_enqueue(
         refused(s, AsyncSession(async_engine), TypeError, r"goes to AsyncSession\.enqueue")
         refused(s, async_engine.connect(), TypeError, r"goes to AsyncSession\.enqueue")
     async with idempotently.AsyncSession(path, base_url=api.url) as a:
-        for connection, match in (
-            (Session(engine), r"goes to Session\.enqueue"),
-            (engine.connect(), r"goes to Session\.enqueue"),
-            (connections[alias], "synchronous"),
-        ):
-            with pytest.raises(TypeError, match=match):
-                await aenqueue(a, "bad", connection)
+        with Session(engine) as db, engine.connect() as conn:
+            for connection, match in (
+                (db, r"goes to Session\.enqueue"),
+                (conn, r"goes to Session\.enqueue"),
+                (connections[alias], "synchronous"),
+            ):
+                with pytest.raises(TypeError, match=match):
+                    await aenqueue(a, "bad", connection)
         assert a.journal.operation("bad:charge") is None
     engine.dispose()
 
