@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from idempotently._exceptions import ErrorContext, JournalError
 
@@ -103,7 +103,7 @@ async def run_async(connection: object, ids: ErrorContext, work: Callable[[OrmCo
             "Session.enqueue; AsyncSession.enqueue takes an AsyncSession or AsyncConnection; "
             f"{_NOTHING}"
         )
-    run: Callable[[Callable[[Any], T]], Awaitable[T]] = connection.run_sync  # type: ignore[attr-defined]
+    run: Callable[[Callable[[Any], T]], Awaitable[T]] = cast(Any, connection).run_sync
     return await run(lambda sync: work(_SqlAlchemyConnection(sync, ids)))
 
 
@@ -200,14 +200,14 @@ class _SqlAlchemyConnection(OrmConnection):
     def __init__(self, given: Any, ids: ErrorContext) -> None:
         import sqlalchemy.exc
         from sqlalchemy.engine import Connection
-        from sqlalchemy.orm import Session
 
         self._ids = ids
         kind = type(given).__name__
         self.name = f"SQLAlchemy {kind}"
-        if isinstance(given, Session):
+        if isinstance(given, _loaded("sqlalchemy.orm", "Session")):  # a Core app has no ORM
+            session: Any = given
             try:
-                connection = given.connection()
+                connection = session.connection()
             except sqlalchemy.exc.PendingRollbackError:
                 raise JournalError(
                     f"cannot enqueue on the {self.name} given: its transaction has already "
