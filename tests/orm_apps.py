@@ -13,8 +13,11 @@ SYNC_DRIVERS = {
     "psycopg": "postgresql+psycopg",
     "psycopg2": "postgresql+psycopg2",
 }
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "psycopg": "postgresql+psycopg_async"}
-ASYNC_DRIVERS["asyncpg"] = "postgresql+asyncpg"
+ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "psycopg": "postgresql+psycopg_async",
+    "asyncpg": "postgresql+asyncpg",
+}
 
 
 def is_postgres(target: str) -> bool:
