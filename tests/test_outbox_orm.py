@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import idempotently
 from idempotently.testing import MockServer, serve
@@ -329,6 +329,31 @@ def test_a_sqlalchemy_session_on_another_database_is_refused(
         assert ("bad:charge", True) == (error.operation_id, bool(error.key))
     with engine.connect() as db:
         assert [("still usable",)] == db.execute(text("SELECT id FROM orders")).fetchall()
+    engine.dispose()
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class OrderRow(Base):
+    __tablename__ = "orders"
+    id: Mapped[str] = mapped_column(primary_key=True)
+
+
+def test_a_sqlalchemy_session_whose_flush_failed_is_refused(
+    journal_target: str, orders: str, api: MockServer, user: str
+) -> None:
+    """A Session whose flush failed has rolled its transaction back: refused until the
+    application rolls it back too, saying so."""
+    engine = sqlalchemy_engine(journal_target)
+    with session(journal_target, api, user) as s, Session(engine) as db:
+        db.add(OrderRow(id="o-9"))
+        db.flush()
+        db.add(OrderRow(id="o-9"))
+        with pytest.raises(sqlalchemy.exc.IntegrityError):
+            db.flush()
+        refused(s, db, idempotently.JournalError, "already failed")
     engine.dispose()
 
 
