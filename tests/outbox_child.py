@@ -6,6 +6,10 @@ PostgreSQL database) it inserts the order's row and enqueues its charge, then
 commits. With ``--kill-after-commit K`` it SIGKILLs itself right after order
 K's commit returns, before anything else happens.
 
+``--orm sqlalchemy`` takes each order in a SQLAlchemy Session's transaction instead
+(an AsyncSession on aiosqlite or asyncpg under ``--backend asyncio``), ``--orm django``
+in Django's ``transaction.atomic()`` (sync only).
+
 ``relay`` runs ``Session.resume()``, printing one line per result as soon as
 it is known (the test SIGKILLs it mid-batch). ``--backend asyncio|trio`` does
 either through AsyncSession instead.
@@ -52,6 +56,98 @@ def connect(journal: str, table: str) -> Any:
         conn.execute("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY)")
     conn.commit()
     return conn
+
+
+def orm_shop(
+    session: idempotently.Session,
+    journal: str,
+    user: str,
+    orders: int,
+    kill_after: int | None,
+    orm: str,
+) -> None:
+    """``shop`` in a SQLAlchemy Session's transaction, or Django's atomic block."""
+    from orm_apps import django_alias, is_postgres, sqlalchemy_engine  # beside this file
+
+    table = f"public.orders_{user}" if is_postgres(journal) else "orders"
+    create = f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY)"
+    if orm == "django":
+        from django.db import connections, transaction
+
+        alias = django_alias(journal)
+        with connections[alias].cursor() as cursor:
+            cursor.execute(create)
+
+        def take(order: int) -> idempotently.Operation:
+            with transaction.atomic(using=alias):
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(f"INSERT INTO {table} VALUES (%s)", [f"order-{order}"])
+                return enqueue_charge(session, order, connections[alias])
+
+    else:
+        from sqlalchemy import text
+        from sqlalchemy.orm import Session
+
+        engine = sqlalchemy_engine(journal)
+        with engine.begin() as db:
+            db.execute(text(create))
+
+        def take(order: int) -> idempotently.Operation:
+            with Session(engine) as db, db.begin():
+                db.execute(text(f"INSERT INTO {table} VALUES (:id)"), {"id": f"order-{order}"})
+                return enqueue_charge(session, order, db)
+
+    for order in range(orders):
+        operation = take(order)  # committed when it returns
+        if order == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        emit("committed", order=order, operation_id=operation.operation_id, key=operation.key)
+    emit("done")
+
+
+def enqueue_charge(
+    session: idempotently.Session, order: int, connection: Any
+) -> idempotently.Operation:
+    return session.enqueue(
+        "POST",
+        "/v1/charges",
+        json=charge_body(order),
+        operation_id=f"order-{order}:charge",
+        connection=connection,
+    )
+
+
+async def aorm_shop(
+    session: idempotently.AsyncSession,
+    journal: str,
+    user: str,
+    orders: int,
+    kill_after: int | None,
+) -> None:
+    """``orm_shop`` in a SQLAlchemy AsyncSession's transaction (aiosqlite, asyncpg)."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from orm_apps import async_sqlalchemy_engine, is_postgres
+
+    table = f"public.orders_{user}" if is_postgres(journal) else "orders"
+    engine = async_sqlalchemy_engine(journal, "asyncpg")
+    async with engine.begin() as db:
+        await db.execute(text(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY)"))
+    for order in range(orders):
+        async with AsyncSession(engine) as db, db.begin():
+            await db.execute(text(f"INSERT INTO {table} VALUES (:id)"), {"id": f"order-{order}"})
+            operation = await session.enqueue(
+                "POST",
+                "/v1/charges",
+                json=charge_body(order),
+                operation_id=f"order-{order}:charge",
+                connection=db,
+            )
+        if order == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        emit("committed", order=order, operation_id=operation.operation_id, key=operation.key)
+    emit("done")
 
 
 def shop(
@@ -135,7 +231,9 @@ async def amain(args: argparse.Namespace) -> None:
         headers={"Authorization": f"Bearer {args.user}"},
         timeout=60.0,
     ) as session:
-        if args.mode == "shop":
+        if args.mode == "shop" and args.orm == "sqlalchemy":
+            await aorm_shop(session, args.journal, args.user, args.orders, args.kill_after_commit)
+        elif args.mode == "shop":
             await ashop(session, args.journal, args.user, args.orders, args.kill_after_commit)
         else:
             await arelay(session)
@@ -160,6 +258,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=3)
     parser.add_argument("--kill-after-commit", type=int, default=None)
     parser.add_argument("--backend", choices=("sync", "asyncio", "trio"), default="sync")
+    parser.add_argument("--orm", choices=("none", "sqlalchemy", "django"), default="none")
     args = parser.parse_args()
     if args.backend != "sync":
         anyio.run(amain, args, backend=args.backend)
@@ -170,7 +269,11 @@ def main() -> None:
         headers={"Authorization": f"Bearer {args.user}"},
         timeout=60.0,
     ) as session:
-        if args.mode == "shop":
+        if args.mode == "shop" and args.orm != "none":
+            orm_shop(
+                session, args.journal, args.user, args.orders, args.kill_after_commit, args.orm
+            )
+        elif args.mode == "shop":
             shop(session, args.journal, args.user, args.orders, args.kill_after_commit)
         else:
             relay(session)

@@ -32,10 +32,12 @@ SOURCE = REPO / "src" / "idempotently"
 
 EXTRA_OF_MODULE = {
     "cryptography": "fernet",
+    "django": "django",
     "httpx2": "httpx2",
     "opentelemetry": "otel",
     "psycopg": "postgres",
     "psycopg_pool": "postgres",
+    "sqlalchemy": "sqlalchemy",
     "starlette": "mock",
     "uvicorn": "mock",
 }

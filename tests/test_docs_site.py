@@ -214,8 +214,12 @@ def test_docs_and_examples_use_the_default_journal_name() -> None:
         for path in shown
         for name in re.findall(r"[\w./-]+\.db\b", path.read_text(encoding="utf-8"))
         # `*-api.db`: an example's stand-in API keeping its own records, not a journal;
-        # `shop.db`: the outbox's journal is the application's own database, named so.
-        if Path(name).name not in (DEFAULT_JOURNAL, "shop.db") and not name.endswith("-api.db")
+        # `shop.db` (`shop-sqlalchemy.db`, `shop-django.db`: the ORM examples'): the
+        # outbox's journal is the application's own database, named so.
+        if Path(name).name
+        not in (DEFAULT_JOURNAL, "shop.db", "shop-sqlalchemy.db", "shop-django.db")
+        and not name.endswith("-api.db")
+        and name != "django.db"  # Django's module (`from django.db import ...`), no file
     }
     # One page shows --journal choosing another file, which is what the option is for;
     # one shows a second journal beside the first, encrypted with a codec.

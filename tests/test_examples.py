@@ -19,10 +19,10 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
 def runnable(example: Path) -> bool:
-    """Whether the SDK a recipe needs is installed (the tests extra has them; openai,
-    anthropic and httpx2 need Python 3.11+)."""
-    for sdk in ("stripe", "openai", "anthropic", "httpx2"):
-        imported = re.search(rf"^import {sdk}$", example.read_text(), re.MULTILINE)
+    """Whether the SDK (or ORM) a recipe needs is installed (the tests extra has them;
+    openai, anthropic and httpx2 need Python 3.11+)."""
+    for sdk in ("stripe", "openai", "anthropic", "httpx2", "sqlalchemy", "django"):
+        imported = re.search(rf"^(?:import|from) {sdk}\b", example.read_text(), re.MULTILINE)
         if imported and importlib.util.find_spec(sdk) is None:
             return False
     return True
@@ -117,3 +117,18 @@ def test_the_recipes_page_names_an_install_command_for_each_sdk() -> None:
         "pip install 'idempotently[httpx2]' anthropic",
     ):
         assert command in page
+
+
+def test_the_outbox_pages_django_idiom_is_what_the_django_example_runs() -> None:
+    """docs/outbox.md's Django block (saved, not run: Django's settings are the process's)
+    says what examples/outbox_django.py runs: its atomic block, line for line."""
+    page = (ROOT / "docs" / "outbox.md").read_text(encoding="utf-8")
+    block = re.search(r'^```python title="orders\.py"\n(.*?)^```', page, re.DOTALL | re.M)
+    assert block is not None
+    shown = block.group(1)
+    atomic = shown[shown.index("with transaction.atomic()") :].splitlines()
+    example = {
+        line.strip() for line in (ROOT / "examples" / "outbox_django.py").read_text().splitlines()
+    }
+    assert [] == [line.strip() for line in atomic if line.strip() not in example]
+    assert "from django.db import connection, transaction" in shown

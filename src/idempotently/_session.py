@@ -770,8 +770,10 @@ class Session(_SessionBase[httpx.Client]):
 
         With ``connection`` (your own open connection, inside your own transaction, on
         the journal's database: a ``sqlite3.Connection`` or ``sqlite_utils.Database`` on
-        the journal's file, a ``psycopg.Connection`` for a PostgreSQL journal), the
-        operation commits or rolls back with your own writes; nothing is committed here.
+        the journal's file, a ``psycopg.Connection`` for a PostgreSQL journal, a
+        SQLAlchemy ``Session`` or ``Connection``, or Django's connection inside
+        ``transaction.atomic()``), the operation commits or rolls back with your own
+        writes; nothing is committed here.
         Without it, the operation is its own durable transaction. ``resume`` (or
         ``idempotently resume --watch``) sends it, once. Until a send begins it is not
         "maybe delivered", and its key's lifetime starts at that first send.
@@ -1307,8 +1309,9 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
     ) -> Operation:
         """Journal an operation to be sent later; see `Session.enqueue`.
 
-        ``connection`` is a ``psycopg.AsyncConnection`` for a PostgreSQL journal (its
-        statements are awaited on this event loop), or a ``sqlite3.Connection`` on the
+        ``connection`` is a ``psycopg.AsyncConnection`` for a PostgreSQL journal or a
+        SQLAlchemy ``AsyncSession`` or ``AsyncConnection`` on either (their statements
+        are awaited on this event loop), or a ``sqlite3.Connection`` on the
         journal's file, used where you use it: on the loop's thread, as your own
         statements on it are (it commits nothing, so it never waits for an fsync).
         Without ``connection`` the write runs off the loop, as every journal write does.

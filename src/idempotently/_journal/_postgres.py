@@ -106,6 +106,9 @@ if TYPE_CHECKING:
     import psycopg
     import psycopg_pool
 
+    from idempotently._outbox_orm import OrmConnection
+    from idempotently._outbox_orm import StatementError as OrmStatementError
+
 URL_SCHEMES: Final = ("postgresql://", "postgres://")
 INSTALL_HINT: Final = "pip install 'idempotently[postgres]'"
 
@@ -863,6 +866,18 @@ def _problem(error: Exception) -> str:
     if sqlstate is None and ("connection" in message or "server" in message):
         return "connect"
     return "other"
+
+
+def _orm_given(connection: object) -> bool:
+    """Whether ``connection`` is a SQLAlchemy or Django object (the outbox's ORM room)."""
+    from idempotently import _outbox_orm
+
+    return _outbox_orm.is_orm(connection)
+
+
+def _ids(new: NewOperation | None) -> ErrorContext:
+    """The ids an outbox error names: the operation's, when there is one."""
+    return {} if new is None else {"operation_id": new.operation_id, "key": new.key}
 
 
 def _psycopg() -> tuple[Any, Any]:
@@ -1649,6 +1664,9 @@ class PostgresStore:
     def enqueue_on(self, connection: object, new: NewOperation) -> bool:
         """Insert ``new`` (enqueued, unleased) in the application's open transaction on
         ``connection``; False if the id or key is taken. Nothing is committed here."""
+        orm = self._orm(connection, new)
+        if orm is not None:
+            return cast(bool, self._run_orm(orm, self._enqueue_steps(new), new))
         conn = self._application_connection(connection, new, asynchronous=False)
         return cast(bool, self._run_on(conn, self._enqueue_steps(new), new))
 
@@ -1656,21 +1674,106 @@ class PostgresStore:
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
         """`find`, read in the application's transaction on ``connection``."""
+        orm = self._orm(connection, None)
+        if orm is not None:
+            return cast("Operation | None", self._run_orm(orm, self._find_steps(operation_id, key)))
         conn = self._application_connection(connection, None, asynchronous=False)
         return cast("Operation | None", self._run_on(conn, self._find_steps(operation_id, key)))
 
     async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
-        """`enqueue_on` on psycopg's AsyncConnection, awaited on its event loop."""
+        """`enqueue_on` on psycopg's AsyncConnection (or a SQLAlchemy AsyncSession or
+        AsyncConnection), awaited on its event loop."""
+        if _orm_given(connection):
+            from idempotently import _outbox_orm
+
+            return cast(
+                bool,
+                await _outbox_orm.run_async(
+                    connection,
+                    _ids(new),
+                    lambda orm: self._run_orm(self._orm_usable(orm), self._enqueue_steps(new), new),
+                ),
+            )
         conn = self._application_connection(connection, new, asynchronous=True)
         return cast(bool, await self._arun_on(conn, self._enqueue_steps(new), new))
 
     async def afind_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
-        """`find_on` on psycopg's AsyncConnection."""
+        """`find_on` on psycopg's AsyncConnection (or a SQLAlchemy async one)."""
+        if _orm_given(connection):
+            from idempotently import _outbox_orm
+
+            return cast(
+                "Operation | None",
+                await _outbox_orm.run_async(
+                    connection,
+                    {},
+                    lambda orm: self._run_orm(
+                        self._orm_usable(orm), self._find_steps(operation_id, key)
+                    ),
+                ),
+            )
         conn = self._application_connection(connection, None, asynchronous=True)
         return cast(
             "Operation | None", await self._arun_on(conn, self._find_steps(operation_id, key))
+        )
+
+    # An ORM's connection (_outbox_orm): the same steps (the namespace read that proves
+    # it is on the journal's database, then the insert), through the ORM's own API, in a
+    # savepoint of the application's transaction.
+
+    def _orm(self, connection: object, new: NewOperation | None) -> OrmConnection | None:
+        """``connection`` as a checked ORM connection, or None if it is no ORM's."""
+        if not _orm_given(connection):
+            return None
+        from idempotently import _outbox_orm
+
+        return self._orm_usable(_outbox_orm.opened(connection, _ids(new)))
+
+    def _orm_usable(self, orm: OrmConnection) -> OrmConnection:
+        if orm.dialect != "postgresql":
+            raise TypeError(
+                f"connection is a {orm.name} on {orm.dialect}, not on the journal's PostgreSQL "
+                f"database {self.path}; nothing was journaled"
+            )
+        self._check_writable()
+        return orm
+
+    def _run_orm(self, orm: OrmConnection, steps: _Steps, new: NewOperation | None = None) -> Any:
+        from idempotently._outbox_orm import StatementError
+
+        try:
+            return orm.run(steps, "format", savepoint=True)
+        except StatementError as error:
+            raise self._orm_error(error, new) from None
+
+    def _orm_error(self, error: OrmStatementError, new: NewOperation | None) -> JournalError:
+        """A failed statement on an ORM's connection as `_application_errors` says it of
+        psycopg's, by its SQLSTATE (whatever the driver)."""
+        if error.sqlstate == "42P01":  # undefined_table
+            return JournalError(
+                "the connection given to enqueue is on a database without the journal's "
+                f"tables (schema {SCHEMA}), so not on {self.path}: connect it to the "
+                "journal's database, or create the tables there with `idempotently --journal "
+                "URL migrate`; nothing was journaled, your transaction is as it was",
+                **_ids(new),
+            )
+        if error.sqlstate == "25P02":  # in_failed_sql_transaction
+            return JournalError(
+                "cannot enqueue on the connection given: its transaction has already failed "
+                "(a statement in it raised): roll it back and run it again; nothing was "
+                "journaled",
+                **_ids(new),
+            )
+        reason = (str(error.driver_error).strip().splitlines() or ["error"])[0]
+        if self._secret:
+            reason = reason.replace(self._secret, "***")
+        return JournalError(
+            f"cannot journal the operation in your transaction on {self.path}: {reason}; "
+            "nothing was journaled, and your transaction is as it was (or, if the connection "
+            "broke, gone): roll it back and run it again",
+            **_ids(new),
         )
 
     def _enqueue_steps(self, new: NewOperation) -> _Steps:
@@ -1713,10 +1816,15 @@ class PostgresStore:
                 hint = "a psycopg.Connection goes to Session.enqueue"
             else:
                 hint = f"not {type(connection).__name__}"
+            orms = (
+                "a SQLAlchemy AsyncSession or AsyncConnection"
+                if asynchronous
+                else "a SQLAlchemy Session or Connection, or Django's connection"
+            )
             raise TypeError(
-                f"connection must be the psycopg.{wanted.__name__} your transaction runs on, "
-                f"connected to the journal's database {self.path} ({hint}); nothing was "
-                "journaled"
+                f"connection must be the psycopg.{wanted.__name__} (or {orms}) your "
+                f"transaction runs on, connected to the journal's database {self.path} "
+                f"({hint}); nothing was journaled"
             )
         self._check_writable()
         if connection.closed:

@@ -83,6 +83,9 @@ from idempotently._vocabulary import FINISHED_STATUSES, STATUSES, Outcome, Statu
 
 if TYPE_CHECKING:
     from idempotently._commands_rare import Act, LookUpLater, Write
+    from idempotently._outbox_orm import OrmConnection
+    from idempotently._outbox_orm import StatementError as OrmStatementError
+    from idempotently._outbox_orm import Steps as _Steps
     from idempotently._rows import AuditEntry, JournalStats
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -324,6 +327,11 @@ def _later_attempts_problem(count: Any, later: list[dict[str, Any]]) -> str | No
     if type(count) is not int or numbers == list(range(2, count + 1)):
         return None
     return f"attempt_count is {count} but its later attempts are numbered {short(numbers)}"
+
+
+def _ids(new: NewOperation | None) -> ErrorContext:
+    """The ids an outbox error names: the operation's, when there is one."""
+    return {} if new is None else {"operation_id": new.operation_id, "key": new.key}
 
 
 # The counts, from the rows (`idempotently migrate --recount`, after an edit by hand).
@@ -1731,6 +1739,11 @@ class SqliteStore:
         """Insert ``new`` (enqueued, unleased) on the application's ``connection``, inside
         its open transaction; False if the id or key is taken. Nothing is committed
         here: the operation commits or rolls back with the application's own writes."""
+        if not isinstance(connection, sqlite3.Connection):
+            from idempotently import _outbox_orm
+
+            if _outbox_orm.is_orm(connection):
+                return self._enqueue_orm(_outbox_orm.opened(connection, _ids(new)), new)
         conn = self._application_connection(connection, new)
         try:
             return conn.execute(_INSERT_OPERATION, new.row(None, 0.0)).rowcount == 1
@@ -1741,6 +1754,11 @@ class SqliteStore:
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
         """`find`, read on the application's ``connection`` (its transaction's view)."""
+        if not isinstance(connection, sqlite3.Connection):
+            from idempotently import _outbox_orm
+
+            if _outbox_orm.is_orm(connection):
+                return self._find_orm(_outbox_orm.opened(connection, {}), operation_id, key)
         return self.find(operation_id, key, self._application_connection(connection, None))
 
     async def aenqueue_on(self, connection: object, new: NewOperation) -> bool:
@@ -1748,14 +1766,107 @@ class SqliteStore:
         where the application runs its own statements on that connection (a sqlite3
         connection is bound to the thread that made it). It commits nothing, so it never
         waits for an fsync; it waits for the write lock only if the application's
-        transaction has not written yet, as the application's own next statement would."""
+        transaction has not written yet, as the application's own next statement would.
+        A SQLAlchemy AsyncSession or AsyncConnection runs it awaited on its loop."""
+        if not isinstance(connection, sqlite3.Connection):
+            from idempotently import _outbox_orm
+
+            if _outbox_orm.is_orm(connection):
+                return await _outbox_orm.run_async(
+                    connection, _ids(new), lambda orm: self._enqueue_orm(orm, new)
+                )
         return self.enqueue_on(connection, new)
 
     async def afind_on(
         self, connection: object, operation_id: str | None, key: str | None
     ) -> Operation | None:
         """`find_on` for an async session (on the calling thread, as above)."""
+        if not isinstance(connection, sqlite3.Connection):
+            from idempotently import _outbox_orm
+
+            if _outbox_orm.is_orm(connection):
+                return await _outbox_orm.run_async(
+                    connection, {}, lambda orm: self._find_orm(orm, operation_id, key)
+                )
         return self.find_on(connection, operation_id, key)
+
+    # An ORM's connection (_outbox_orm): the same statements and the same proof that it is
+    # on the journal's file, run through the ORM's own API.
+
+    def _enqueue_orm(self, orm: OrmConnection, new: NewOperation) -> bool:
+        self._orm_usable(orm, new)
+        return cast(bool, self._run_orm(orm, self._enqueue_steps(new), new))
+
+    def _find_orm(
+        self, orm: OrmConnection, operation_id: str | None, key: str | None
+    ) -> Operation | None:
+        from idempotently._outbox_orm import StatementError
+
+        self._orm_usable(orm, None)
+        try:
+            return self.find(operation_id, key, orm)
+        except StatementError as error:
+            raise self._orm_error(error, None) from error
+
+    def _enqueue_steps(self, new: NewOperation) -> _Steps:
+        rows, _ = yield "PRAGMA database_list", ()
+        self._check_same_file(rows, _ids(new))
+        _, inserted = yield _INSERT_OPERATION, new.row(None, 0.0)
+        return inserted == 1
+
+    def _run_orm(self, orm: OrmConnection, steps: _Steps, new: NewOperation | None) -> Any:
+        # No savepoint on SQLite: RELEASE of a savepoint opened before the application's
+        # first write would commit (and a failed insert leaves SQLite's transaction as
+        # it was, as on a sqlite3 connection).
+        from idempotently._outbox_orm import StatementError
+
+        try:
+            return orm.run(steps, "qmark", savepoint=False)
+        except StatementError as error:
+            raise self._orm_error(error, new) from error
+
+    def _orm_error(self, error: OrmStatementError, new: NewOperation | None) -> Exception:
+        if isinstance(error.driver_error, sqlite3.DatabaseError):
+            return self._enqueue_error(error.driver_error, new)
+        return JournalError(
+            f"cannot journal the operation in your transaction on {self.path}: "
+            f"{short(str(error.driver_error))}; the operation was not journaled: roll your "
+            "transaction back and run it again",
+            **_ids(new),
+        )
+
+    def _orm_usable(self, orm: OrmConnection, new: NewOperation | None) -> None:
+        if orm.dialect != "sqlite":
+            raise TypeError(
+                f"connection is a {orm.name} on {orm.dialect}, not on the journal's SQLite "
+                f"file {self.path}; nothing was journaled"
+            )
+        self._check_writable()
+        if self._file_id is None:
+            raise JournalError(
+                f"the journal {self.path} is an in-memory database, which no other connection "
+                "can open: enqueue with a connection needs a journal file; nothing was journaled",
+                **_ids(new),
+            )
+
+    def _check_same_file(self, rows: list[dict[str, Any]], ids: ErrorContext) -> None:
+        """The proof that the application's connection is on the journal's own file: its
+        main database (``PRAGMA database_list``) is the journal's file (the same inode on
+        the same device), else a clear error."""
+        main = next((str(row["file"]) for row in rows if row["name"] == "main"), "")
+        try:
+            same = bool(main) and _identity(main) == self._file_id
+        except OSError:
+            same = False
+        if not same:
+            raise JournalError(
+                f"the connection given to enqueue is open on {main or 'an in-memory database'!r}, "
+                f"not on the journal's file {self._abspath}: the operation could not commit "
+                "with your transaction; open your connection on the journal's file (your "
+                "tables and the journal's live in one database), or leave connection out; "
+                "nothing was journaled",
+                **ids,
+            )
 
     def _application_connection(
         self, connection: object, new: NewOperation | None
@@ -1770,8 +1881,9 @@ class SqliteStore:
             connection = connection.conn  # sqlite-utils wrapping the application's connection
         if not isinstance(connection, sqlite3.Connection):
             raise TypeError(
-                f"connection must be the sqlite3.Connection (or sqlite_utils.Database) your "
-                f"transaction runs on, opened on the journal's file {self.path}, not "
+                f"connection must be the sqlite3.Connection (or sqlite_utils.Database, "
+                f"SQLAlchemy Session or Connection, or Django connection) your transaction "
+                f"runs on, opened on the journal's file {self.path}, not "
                 f"{type(connection).__name__}; nothing was journaled"
             )
         self._check_writable()
@@ -1795,20 +1907,7 @@ class SqliteStore:
             ) from None
         except sqlite3.DatabaseError as error:
             raise self._enqueue_error(error, new) from error
-        main = next((str(row[2]) for row in rows if row[1] == "main"), "")
-        try:
-            same = bool(main) and _identity(main) == self._file_id
-        except OSError:
-            same = False
-        if not same:
-            raise JournalError(
-                f"the connection given to enqueue is open on {main or 'an in-memory database'!r}, "
-                f"not on the journal's file {self._abspath}: the operation could not commit "
-                "with your transaction; open your connection on the journal's file (your "
-                "tables and the journal's live in one database), or leave connection out; "
-                "nothing was journaled",
-                **ids,
-            )
+        self._check_same_file([{"name": row[1], "file": row[2]} for row in rows], ids)
         # Python 3.12's autocommit=True, or the legacy isolation_level=None: no implicit
         # transaction. (autocommit=False always has one open.)
         autocommit = getattr(connection, "autocommit", -1) is True or (
@@ -1844,12 +1943,20 @@ class SqliteStore:
         self,
         sql: str,
         params: Sequence[Any] | dict[str, Any] = (),
-        conn: sqlite3.Connection | None = None,
+        conn: sqlite3.Connection | OrmConnection | None = None,
         *,
         checked: bool = True,
     ) -> list[dict[str, Any]]:
         """Rows as dicts, each checked (unless a listing checks them, `_listed`); on
         ``conn`` (an application's connection) if given."""
+        if conn is not None and not isinstance(conn, sqlite3.Connection):
+            # An ORM's connection: its own statements, never under this store's lock (an
+            # async one's run_sync yields to the loop mid-statement).
+            rows = conn.rows(sql, params, "qmark")
+            if checked:
+                for row in rows:
+                    self._check_row(row)
+            return rows
         with self._lock:
             cursor = None
             try:
@@ -1903,7 +2010,11 @@ class SqliteStore:
         return Operation._damaged_row(row, problem)
 
     def _later_attempts(
-        self, row: dict[str, Any], conn: sqlite3.Connection | None, *, checked: bool = True
+        self,
+        row: dict[str, Any],
+        conn: sqlite3.Connection | OrmConnection | None,
+        *,
+        checked: bool = True,
     ) -> list[dict[str, Any]]:
         """The rows of attempts 2..n: read only when the operation counts more than one."""
         count = row["attempt_count"]
@@ -1977,7 +2088,7 @@ class SqliteStore:
     def _with_attempts(
         self,
         row: dict[str, Any],
-        conn: sqlite3.Connection | None = None,
+        conn: sqlite3.Connection | OrmConnection | None = None,
         *,
         whole_history: bool = False,
     ) -> Operation:
@@ -2016,7 +2127,10 @@ class SqliteStore:
         return self._operation(row, first, later)
 
     def find(
-        self, operation_id: str | None, key: str | None, conn: sqlite3.Connection | None = None
+        self,
+        operation_id: str | None,
+        key: str | None,
+        conn: sqlite3.Connection | OrmConnection | None = None,
     ) -> Operation | None:
         """The operation with this id, else the one with this key, with its attempts."""
         try:
