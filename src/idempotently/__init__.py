@@ -44,6 +44,7 @@ from idempotently._journal import (
     Operation,
     OriginPause,
 )
+from idempotently._pauses import Breaker
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
@@ -107,6 +108,7 @@ __all__ = [
     "Attempt",
     "AttemptFinished",
     "AuditEntry",
+    "Breaker",
     "Codec",
     "CodecError",
     "CredentialsMismatchError",

@@ -38,6 +38,7 @@ from idempotently._commands import (
     Send,
     SetStatus,
     Sleep,
+    SwapPause,
     TakeLease,
 )
 from idempotently._vocabulary import Status
@@ -168,6 +169,7 @@ Write = (
     | LookUpLater
     | PauseOrigin
     | RebasePause
+    | SwapPause
     | RebaseOperation
     | Unpause
 )

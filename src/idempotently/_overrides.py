@@ -13,7 +13,10 @@ import json
 import math
 from typing import Any
 
+import attrs
+
 from idempotently._budget import RetryBudget
+from idempotently._pauses import Breaker
 from idempotently._policy import RetryPolicy
 
 _POLICY_FIELDS = (
@@ -55,6 +58,10 @@ def overrides_json(policy: RetryPolicy | None, timeouts: Timeouts | None) -> str
             if budget is None
             else {"ratio": budget.ratio, "min_per_second": budget.min_per_second}
         )
+        breaker = policy.breaker
+        if breaker is not None:
+            # Only when set: an operation journaled without one reads as before.
+            fields["breaker"] = attrs.asdict(breaker)
         document["policy"] = fields
     if timeouts is not None:
         document["timeout"] = {phase: timeouts.get(phase) for phase in _TIMEOUT_PHASES}
@@ -76,11 +83,16 @@ def read_overrides(text: str) -> tuple[RetryPolicy | None, Timeouts | None]:
     policy = None
     if "policy" in document:
         fields = document["policy"]
-        if not isinstance(fields, dict) or set(fields) - {*_POLICY_FIELDS, "budget"}:
+        if not isinstance(fields, dict) or set(fields) - {*_POLICY_FIELDS, "budget", "breaker"}:
             raise ValueError("its journaled policy holds fields this version does not know")
         budget = fields.pop("budget", None)
+        breaker = fields.pop("breaker", None)
         try:
-            policy = RetryPolicy(**fields, budget=None if budget is None else RetryBudget(**budget))
+            policy = RetryPolicy(
+                **fields,
+                budget=None if budget is None else RetryBudget(**budget),
+                breaker=None if breaker is None else Breaker(**breaker),
+            )
         except (TypeError, ValueError) as error:
             raise ValueError(f"its journaled policy is not valid ({error})") from None
     timeouts = None

@@ -42,6 +42,7 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
+    SwapPause,
     TakeLease,
     assert_never,
 )
@@ -844,6 +845,7 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | SetStatus()
             | PauseOrigin()
             | RebasePause()
+            | SwapPause()
             | RebaseOperation()
             | _commands_lazy.Act()
             | _commands_lazy.LookUpLater()

@@ -48,6 +48,7 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
+    SwapPause,
     TakeLease,
     assert_never,
 )
@@ -1453,6 +1454,8 @@ class SqliteStore:
                     (write.origin, write.credentials),
                 ).fetchone()
                 return None if row is None else OriginPause(*tuple(row))
+            case SwapPause():
+                return self._swap_pause(conn, write)
             case SetStatus():
                 cursor = conn.execute(
                     """
@@ -1503,6 +1506,25 @@ class SqliteStore:
                 return lifted
             case _:
                 assert_never(write)
+
+    def _swap_pause(self, conn: sqlite3.Connection, write: SwapPause) -> OriginPause | None:
+        """A circuit breaker's compare-and-swap on its pause row (`SwapPause`)."""
+        where = "WHERE origin = ? AND credentials = ? AND reason = ? AND (? IS NULL OR until <= ?)"
+        match = (write.origin, write.credentials, write.expect, write.ended_by, write.ended_by)
+        new = write.new
+        if new is None:
+            conn.execute("DELETE FROM origin_pauses " + where, match)
+        else:
+            conn.execute(
+                "UPDATE origin_pauses SET until = ?, reason = ?, set_at = ? " + where,
+                (new.until, new.reason, new.set_at, *match),
+            )
+        row = conn.execute(
+            "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+            "WHERE origin = ? AND credentials = ?",
+            (write.origin, write.credentials),
+        ).fetchone()
+        return None if row is None else OriginPause(*tuple(row))
 
     def _record(self, conn: sqlite3.Connection, write: Record, counts: dict[str, int]) -> None:
         """The attempt and the operation's new state.
@@ -2383,7 +2405,7 @@ class SqliteStore:
         with self._snapshot():
             rows = self._query(
                 "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
-                "WHERE until > ? ORDER BY until",
+                "WHERE until > ? OR reason LIKE 'circuit breaker%' ORDER BY until",
                 (now,),
             )
         return [OriginPause(**dict(row)) for row in rows]

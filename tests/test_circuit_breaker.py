@@ -1,0 +1,294 @@
+"""The circuit breaker: an origin's failures in a row pause it, journaled, for everyone.
+
+`RetryPolicy(breaker=Breaker(...))` counts network errors and 5xx answers without
+Retry-After per origin and credentials; at ``failures`` in a row within ``window`` it
+opens a journaled origin pause (one mechanism with a server's Retry-After pause) that
+every thread, process and resume sharing the journal waits out. When it ends one caller
+takes the probe by compare-and-swap on the pause row; answered, the breaker closes;
+failed, it opens again for twice as long, capped. Unit tests run on scripted transports
+with an injected clock (no sleeps); end to end ones on a loopback server.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import idempotently
+from idempotently import Breaker
+from tests.support import FakeTime
+
+URL = "https://api.example.test/v1/charges"
+ORIGIN = "https://api.example.test:443"
+BREAKER = Breaker(failures=3, window=30.0, min_open=5.0, max_open=40.0)
+POLICY = idempotently.RetryPolicy(
+    max_attempts=10, initial_backoff=0.01, max_backoff=0.01, budget=None, breaker=BREAKER
+)
+
+
+class Origin:
+    """A scripted origin: answers ``status`` (or fails to connect) and notes when each
+    request arrived on the fake clock."""
+
+    def __init__(self, fake_time: FakeTime, status: int | None = 503) -> None:
+        self.fake_time, self.status, self.arrived = fake_time, status, []  # type: list[float]
+        self.arrived: list[float] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.arrived.append(self.fake_time.now)
+        if self.status is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(self.status)
+
+
+def session(
+    tmp_path: Path, fake_time: FakeTime, origin: Origin, **options: Any
+) -> idempotently.Session:
+    options.setdefault("policy", POLICY)
+    return idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(origin),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        **options,
+    )
+
+
+# -- the argument ------------------------------------------------------------------------
+
+BAD_NUMBERS = [0, -1, -0.0, math.nan, math.inf, -math.inf, 10**400, True, "5", None]
+
+
+@pytest.mark.parametrize("field", ["failures", "window", "min_open", "max_open"])
+@pytest.mark.parametrize("value", BAD_NUMBERS, ids=lambda value: repr(value)[:12])
+def test_a_breaker_refuses_every_bad_number_naming_it(field: str, value: Any) -> None:
+    """0, negative, -0.0, NaN, ±inf, 10**400, a bool, no number: one line naming the field."""
+    with pytest.raises((TypeError, ValueError)) as error:
+        Breaker(**{field: value})
+    assert f"Breaker {field}" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_failures_must_be_a_whole_number() -> None:
+    """2.5 failures in a row is no count."""
+    with pytest.raises(TypeError, match="Breaker failures must be a whole number"):
+        Breaker(failures=2.5)  # type: ignore[arg-type]
+
+
+def test_min_open_may_not_exceed_max_open() -> None:
+    """An open length that starts above its cap is refused."""
+    with pytest.raises(ValueError, match=r"min_open \(60s\) must not exceed max_open \(30s\)"):
+        Breaker(min_open=60, max_open=30)
+
+
+def test_the_breaker_is_off_by_default_and_a_policy_takes_only_a_breaker() -> None:
+    """RetryPolicy().breaker is None; anything but a Breaker is refused."""
+    assert None is idempotently.RetryPolicy().breaker
+    assert Breaker(5, 30.0, 5.0, 300.0) == Breaker()
+    with pytest.raises(TypeError):
+        idempotently.RetryPolicy(breaker={"failures": 5})  # type: ignore[arg-type]
+
+
+# -- opening -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [503, 500, None], ids=["503", "500", "refused"])
+def test_failures_in_a_row_open_it_and_the_next_retry_is_not_sent(
+    tmp_path: Path, fake_time: FakeTime, status: int | None
+) -> None:
+    """Three 5xx without Retry-After (or refused connections) in a row: the breaker opens,
+    the fourth attempt is not sent, the operation stays pending and RetryLaterError names
+    the origin, the operation, its key and `unpause`."""
+    origin = Origin(fake_time, status)
+    with session(tmp_path, fake_time, origin) as s:
+        with pytest.raises(idempotently.RetryLaterError) as error:
+            s.post(URL, json={}, operation_id="op-1")
+        assert 3 == len(origin.arrived)
+        assert "op-1" == error.value.operation_id
+        assert s.journal.operation("op-1").key == error.value.key
+        assert "idempotently unpause https://api.example.test:443" in str(error.value)
+        assert "pending" == s.journal.operation("op-1").status
+        assert 3 == s.journal.operation("op-1").attempt_count
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        assert (ORIGIN, 5.0) == (pause.origin, pause.until - pause.set_at)
+        assert (pause.reason or "").startswith("circuit breaker open 5s: 3 failures in a row")
+
+
+def test_an_answer_between_failures_resets_the_count(tmp_path: Path, fake_time: FakeTime) -> None:
+    """Failures must come in a row: an answer between them starts the count again."""
+    origin = Origin(fake_time, 503)
+    with session(
+        tmp_path,
+        fake_time,
+        origin,
+        policy=POLICY.__class__(
+            max_attempts=2, budget=None, breaker=BREAKER, initial_backoff=0.01, max_backoff=0.01
+        ),
+    ) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={}, operation_id="op-1")  # two failures
+        origin.status = 201
+        s.post(URL, json={}, operation_id="op-2")
+        origin.status = 503
+        with pytest.raises(idempotently.OperationPendingError) as error:
+            s.post(URL, json={}, operation_id="op-3")  # two more: not three in a row
+        assert not isinstance(error.value, idempotently.RetryLaterError)
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+
+
+def test_failures_further_apart_than_the_window_do_not_open_it(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """Three failures in a row spread over more than the window: still closed."""
+    origin = Origin(fake_time, 503)
+    one = POLICY.__class__(max_attempts=1, budget=None, breaker=BREAKER)
+    with session(tmp_path, fake_time, origin, policy=one) as s:
+        for n in range(3):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={}, operation_id=f"op-{n}")
+            fake_time.now += 20
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+
+
+def test_a_503_with_retry_after_is_the_servers_pause_not_a_failure(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A 503 that says when to come back pauses the origin as it says; it does not count."""
+    origin = Origin(fake_time, 201)
+    answers = iter([httpx.Response(503, headers={"Retry-After": "1"})] * 4 + [httpx.Response(201)])
+
+    def server(request: httpx.Request) -> httpx.Response:
+        origin.arrived.append(fake_time.now)
+        return next(answers)
+
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=POLICY,
+    ) as s:
+        assert 201 == s.post(URL, json={}, operation_id="op-1").status_code
+    assert 5 == len(origin.arrived)
+
+
+def test_a_breaker_off_sends_every_retry(tmp_path: Path, fake_time: FakeTime) -> None:
+    """breaker=None: ten 503s in a row are ten attempts, nothing paused."""
+    origin = Origin(fake_time, 503)
+    off = POLICY.__class__(max_attempts=10, budget=None, initial_backoff=0.01, max_backoff=0.01)
+    with session(tmp_path, fake_time, origin, policy=off) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={}, operation_id="op-1")
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert 10 == len(origin.arrived)
+
+
+# -- while open, half-open, the probe ---------------------------------------------------
+
+
+def test_while_open_nothing_is_sent_and_then_one_probe_closes_it(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A call made while the breaker is open waits it out without sending; when it ends
+    the call is the probe, answered: the breaker closes (its row is gone)."""
+    origin = Origin(fake_time, 503)
+    with session(tmp_path, fake_time, origin) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        origin.status = 201
+        assert 201 == s.post(URL, json={}, operation_id="op-2").status_code
+        assert origin.arrived[-1] >= pause.until
+        assert 4 == len(origin.arrived)
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+
+
+def test_a_failed_probe_reopens_it_doubled_up_to_max_open(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """Each failed probe opens it again for twice as long: 5, 10, 20, 40, 40 (max_open)."""
+    origin = Origin(fake_time, 503)
+    lengths = []
+    with session(
+        tmp_path,
+        fake_time,
+        origin,
+        policy=POLICY.__class__(
+            max_attempts=10,
+            budget=None,
+            breaker=BREAKER,
+            initial_backoff=0.01,
+            max_backoff=0.01,
+            max_retry_after=60,
+        ),
+    ) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        for n in range(5):
+            [pause] = s.journal.origin_pauses(now=fake_time.now)
+            lengths.append(pause.until - pause.set_at)
+            fake_time.now = pause.until
+            with pytest.raises(idempotently.RetryLaterError) as error:
+                s.post(URL, json={}, operation_id=f"probe-{n}")
+            assert "its probe answered 503" in str(error.value)
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        lengths.append(pause.until - pause.set_at)
+    assert [5.0, 10.0, 20.0, 40.0, 40.0, 40.0] == lengths
+    assert 3 + 5 == len(origin.arrived)
+
+
+def test_the_open_length_never_exceeds_max_retry_after(tmp_path: Path, fake_time: FakeTime) -> None:
+    """max_retry_after=8: the pause doubles 5 -> 8, not 10, so no queue waits past it."""
+    origin = Origin(fake_time, 503)
+    policy = POLICY.__class__(
+        max_attempts=10,
+        budget=None,
+        breaker=BREAKER,
+        initial_backoff=0.01,
+        max_backoff=0.01,
+        max_retry_after=8,
+    )
+    with session(tmp_path, fake_time, origin, policy=policy) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        fake_time.now = pause.until
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="probe")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+    assert 8.0 == pause.until - pause.set_at
+
+
+# -- resume ------------------------------------------------------------------------------
+
+
+def test_a_resume_of_an_origin_that_is_down_stops_at_the_breaker(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """Resuming ten operations against a dead origin (a resume always runs with a breaker,
+    Breaker() unless its policy has one): after five failures in a row the origin is
+    paused and the rest stay pending unsent; once the server is back and the pause over,
+    a resume sends them all."""
+    origin = Origin(fake_time, 503)
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None)
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        for n in range(10):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={"n": n}, operation_id=f"op-{n}")
+    origin.arrived.clear()
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        results = s.resume()
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+    assert 5 == len(origin.arrived)
+    assert ["still_pending"] * 10 == [result.action for result in results]
+    assert all(result.detail.startswith(f"not sent: {ORIGIN} is paused") for result in results[5:])
+    assert "circuit breaker open 5s: 5 failures in a row" in results[9].detail
+    origin.status = 201
+    fake_time.now = pause.until
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        assert ["succeeded"] * 10 == [result.action for result in s.resume()]
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
