@@ -11,15 +11,29 @@ with an injected clock (no sleeps); end to end ones on a loopback server.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 import idempotently
-from idempotently import Breaker
+from idempotently import Breaker, OriginPause
+from idempotently._budget import origin_of
+from idempotently._commands import PauseOrigin
+from idempotently._pauses import opened_reason, probe_claim
+from idempotently.cli import cli
+from tests.scripted_server import Answer, ScriptedApp
 from tests.support import FakeTime
 
 URL = "https://api.example.test/v1/charges"
@@ -46,11 +60,12 @@ class Origin:
 
 
 def session(
-    tmp_path: Path, fake_time: FakeTime, origin: Origin, **options: Any
+    where: Path | str, fake_time: FakeTime, origin: Origin, **options: Any
 ) -> idempotently.Session:
+    """A Session on the journal in directory ``where`` (or at URL/path ``where``)."""
     options.setdefault("policy", POLICY)
     return idempotently.Session(
-        tmp_path / "journal.db",
+        where / "journal.db" if isinstance(where, Path) else where,
         transport=httpx.MockTransport(origin),
         clock=fake_time.clock,
         sleep=fake_time.sleep,
@@ -292,3 +307,229 @@ def test_a_resume_of_an_origin_that_is_down_stops_at_the_breaker(
     with session(tmp_path, fake_time, origin, policy=once) as s:
         assert ["succeeded"] * 10 == [result.action for result in s.resume()]
         assert [] == s.journal.origin_pauses(now=fake_time.now)
+
+
+# -- across callers: the probe is one, taken by compare-and-swap -------------------------
+
+
+def write_breaker(journal: str, origin: str, *, set_at: float, length: float) -> OriginPause:
+    """A breaker's row as an engine writes it when it opens (``length`` seconds at
+    ``set_at``): the journal's state after failures in a row."""
+    pause = OriginPause(origin, "", set_at + length, opened_reason(length, "test"), set_at)
+    with idempotently.Journal(journal) as opened:
+        opened._execute(PauseOrigin(origin, "", pause.until, pause.reason or "", set_at))
+    return pause
+
+
+CLAIM = textwrap.dedent(
+    """
+    import json, sys
+    import idempotently
+    from idempotently._pauses import probe_claim
+    journal, now = sys.argv[1], float(sys.argv[2])
+    with idempotently.Journal(journal) as opened:
+        [row] = opened.origin_pauses(now=now)
+        claim = probe_claim(row, now, 5.0)
+        print(json.dumps(opened._execute(claim) == claim.new))
+    """
+)
+
+
+def claimers(journal: str, now: float, count: int) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIM, journal, repr(now)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(idempotently.__file__).parents[1])},
+        )
+        for _ in range(count)
+    ]
+
+
+@pytest.mark.slow
+def test_exactly_one_process_takes_the_probe(journal_target: str) -> None:
+    """Four processes on one journal (SQLite, PostgreSQL) race for the probe of an ended
+    breaker: the compare-and-swap on its row gives it to exactly one."""
+    now = time.time()
+    write_breaker(journal_target, ORIGIN, set_at=now - 10, length=5.0)
+    won = []
+    for child in claimers(journal_target, now, 4):
+        out, err = child.communicate(timeout=120)
+        assert 0 == child.returncode, err
+        won.append(json.loads(out))
+    assert 1 == won.count(True)
+    with idempotently.Journal(journal_target) as journal:
+        [row] = journal.origin_pauses(now=now)
+    assert (now + 5.0, True) == (
+        row.until,
+        "half-open 5s: one probe in flight" in (row.reason or ""),
+    )
+
+
+def test_exactly_one_thread_takes_the_probe(journal_target: str) -> None:
+    """Eight threads, each with its own Journal (its own view of the pauses), race for the
+    probe: exactly one compare-and-swap wins."""
+    now = time.time()
+    write_breaker(journal_target, ORIGIN, set_at=now - 10, length=5.0)
+    barrier, won = threading.Barrier(8), []
+
+    def claim() -> None:
+        with idempotently.Journal(journal_target) as journal:
+            [row] = journal.origin_pauses(now=now)
+            swap = probe_claim(row, now, 5.0)
+            barrier.wait(timeout=60)
+            won.append(journal._execute(swap) == swap.new)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert [True] + [False] * 7 == sorted(won, reverse=True)
+
+
+class Spy(httpx.HTTPTransport):
+    """A real socket transport that notes, as each request leaves, what the journal says
+    of the origin's breaker at that moment."""
+
+    def __init__(self, journal: str, seen: list[str]) -> None:
+        super().__init__()
+        self.journal, self.seen = journal, seen
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with idempotently.Journal(self.journal) as journal:
+            rows = journal.origin_pauses(now=time.time())
+        self.seen.append(rows[0].reason or "" if rows else "closed")
+        return super().handle_request(request)
+
+
+@pytest.mark.slow
+def test_threads_send_one_probe_and_the_rest_after_it_closed(
+    journal_target: str, scripted: tuple[ScriptedApp, str]
+) -> None:
+    """A loopback server; six threads, each its own Session, call an origin whose breaker
+    has just ended: exactly one request leaves while the breaker is half-open (the probe,
+    answered 201: it closes); every other leaves after it closed."""
+    app, url = scripted
+    origin = origin_of(httpx.URL(url))
+    write_breaker(journal_target, origin, set_at=time.time() - 10, length=2.0)
+    seen: list[str] = []
+    barrier = threading.Barrier(6)
+    statuses: list[int] = []
+
+    def call(n: int) -> None:
+        with idempotently.Session(
+            journal_target, transport=Spy(journal_target, seen), policy=POLICY
+        ) as s:
+            barrier.wait(timeout=60)
+            statuses.append(s.post(f"{url}/charges", json={}, operation_id=f"op-{n}").status_code)
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert [201] * 6 == statuses
+    assert 6 == len(app.arrivals)
+    assert 1 == sum("half-open" in reason for reason in seen)
+    assert 5 == seen.count("closed")
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import idempotently
+    journal, url = sys.argv[1], sys.argv[2]
+    policy = idempotently.RetryPolicy(
+        max_attempts=1, max_retry_after=1, breaker=idempotently.Breaker(failures=3)
+    )
+    with idempotently.Session(journal, policy=policy) as s:
+        try:
+            print(json.dumps({"status": s.post(url, json={}, operation_id="child").status_code}))
+        except idempotently.RetryLaterError as error:
+            print(json.dumps({"retry_later": str(error)}))
+    """
+)
+
+
+def run_child(journal: str, url: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, journal, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(idempotently.__file__).parents[1])},
+    )
+    assert 0 == done.returncode, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [503, None], ids=["503", "refused"])
+def test_another_process_sends_nothing_while_open_until_unpause_closes_it(
+    journal_target: str, scripted: tuple[ScriptedApp, str], status: int | None
+) -> None:
+    """A loopback server answering 503 without Retry-After (or a port that refuses
+    connections): three failures open the breaker; a second process on the journal
+    (SQLite, PostgreSQL) sends nothing while it is open; `idempotently unpause` closes
+    it, and the second process is answered."""
+    app, url = scripted
+    if status is None:
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    else:
+        app.answer(*[Answer(status=503)] * 3)
+        dead = url
+    with (
+        idempotently.Session(journal_target, policy=POLICY) as s,
+        pytest.raises(idempotently.RetryLaterError) as error,
+    ):
+        s.post(f"{dead}/charges", json={}, operation_id="parent")
+    assert f"idempotently unpause {origin_of(httpx.URL(dead))}" in str(error.value)
+    assert (3 if status else 0) == len(app.arrivals)
+    refused = run_child(journal_target, f"{dead}/charges")
+    assert "circuit breaker open 5s" in refused["retry_later"]
+    assert (3 if status else 0) == len(app.arrivals)
+    result = CliRunner().invoke(cli, ["--journal", journal_target, "unpause", dead])
+    assert 0 == result.exit_code, result.output
+    if status is not None:
+        assert {"status": 201} == run_child(journal_target, f"{url}/charges")
+        assert 4 == len(app.arrivals)
+
+
+# -- a probe holder that died, a clock behind the writer -------------------------------
+
+
+def test_a_crashed_probe_holders_claim_expires(journal_target: str, fake_time: FakeTime) -> None:
+    """A caller took the probe and died before sending: its claim holds the others off
+    only for its length; then the next caller takes the probe, is answered and closes it."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    with idempotently.Journal(journal_target) as journal:
+        [row] = journal.origin_pauses(now=fake_time.now)
+        dead = probe_claim(row, fake_time.now, 7.0)
+        assert dead.new == journal._execute(dead)
+    origin = Origin(fake_time, 201)
+    with session(journal_target, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="op-1").status_code
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert dead.new is not None
+    assert [dead.new.until] == [at for at in origin.arrived if at >= dead.new.until]
+    assert 1 == len(origin.arrived)
+
+
+def test_a_breaker_written_by_a_clock_ahead_lasts_no_longer_than_its_length(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A breaker opened for 5 s by a host ten years ahead: this reader waits 5 s (counted
+    from its own now), not ten years, then probes."""
+    journal = str(tmp_path / "journal.db")
+    write_breaker(journal, ORIGIN, set_at=fake_time.now + 10 * 365 * 86400, length=5.0)
+    origin = Origin(fake_time, 201)
+    started = fake_time.now
+    with session(tmp_path, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="op-1").status_code
+    assert 1 == len(origin.arrived)
+    assert started + 5.0 <= origin.arrived[0] <= started + 5.0 + 1.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
@@ -222,7 +223,7 @@ def after_attempt(
     if probe is not None:
         # The probe failed: open again, twice as long (never beyond the caps).
         ceiling = min(breaker.max_open, max_retry_after) if breaker else max_retry_after
-        length = max(0.0, min(2 * (probe.until - probe.set_at), ceiling))
+        length = max(0.0, min(2 * open_length(probe), ceiling))
         reopened = OriginPause(
             origin, credentials, now + length, opened_reason(length, f"its probe {failure}"), now
         )
@@ -259,15 +260,26 @@ def after_attempt(
     )
 
 
-def probe_claim(pause: OriginPause, now: float) -> SwapPause:
+_LENGTH = re.compile(r"circuit breaker (?:open|half-open) ([0-9.e+]+)s:")
+
+
+def open_length(pause: OriginPause) -> float:
+    """How long a breaker's pause was open (its reason says; else its row's length)."""
+    found = _LENGTH.match(pause.reason or "")
+    length = float(found.group(1)) if found else pause.until - pause.set_at
+    return length if 0 <= length < math.inf else 0.0
+
+
+def probe_claim(pause: OriginPause, now: float, hold: float) -> SwapPause:
     """The compare-and-swap that makes this caller the one probe of an ended breaker:
-    the row, as read, becomes a pause for as long as it was open (the others keep
-    waiting, and a claim whose holder died ends then), marked with a probe of its own."""
-    length = max(pause.until - pause.set_at, 0.0)
+    the row, as read, becomes a pause for as long as it was open or the probe may take
+    (``hold``), whichever is longer, so the others keep waiting and a claim whose holder
+    died ends then; its reason keeps the open length and marks the probe as its own."""
+    length = open_length(pause)
     claimed = OriginPause(
         pause.origin,
         pause.credentials,
-        now + length,
+        now + max(length, hold),
         f"{BREAKER} half-open {length:g}s: one probe in flight ({uuid.uuid4().hex[:12]})",
         now,
     )

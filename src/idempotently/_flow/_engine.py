@@ -963,14 +963,17 @@ class Engine(Config):
             pause = rebased if rebased.until > now or is_breaker(rebased) else None
         if pause is not None and pause.until <= now:
             # A circuit breaker's pause that ended: half-open (`_pauses.probe_claim`).
-            pause = yield from self._half_open(pause, now)
+            pause = yield from self._half_open(pause, request, now)
         return pause
 
-    def _half_open(self, pause: OriginPause, now: float) -> Flow[OriginPause | None]:
+    def _half_open(
+        self, pause: OriginPause, request: httpx.Request, now: float
+    ) -> Flow[OriginPause | None]:
         """Claim the one probe of a half-open breaker by a compare-and-swap on its row:
         None when this caller sends it (or the breaker closed meanwhile), else the pause
         the others keep waiting on."""
-        board, claim = self.pauses, probe_claim(pause, now)
+        hold = min(longest_timeout(request.extensions.get("timeout")), self.policy.max_retry_after)
+        board, claim = self.pauses, probe_claim(pause, now, hold)
         row: OriginPause | None = yield claim
         if row is None:
             board.remove_pause(pause)
