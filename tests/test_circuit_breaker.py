@@ -533,3 +533,37 @@ def test_a_breaker_written_by_a_clock_ahead_lasts_no_longer_than_its_length(
         assert 201 == s.post(URL, json={}, operation_id="op-1").status_code
     assert 1 == len(origin.arrived)
     assert started + 5.0 <= origin.arrived[0] <= started + 5.0 + 1.0
+
+
+# -- what operators see ------------------------------------------------------------------
+
+
+def test_stats_shows_the_open_breaker_and_unpause_closes_it(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """`stats` (text, --json, Prometheus) counts the open breaker and lists its pause;
+    `idempotently unpause ORIGIN` closes it (audited as any unpause) and a call is sent."""
+    fake_time.now = time.time()
+    origin = Origin(fake_time, 503)
+    path = str(tmp_path / "journal.db")
+    with session(tmp_path, fake_time, origin) as s, pytest.raises(idempotently.RetryLaterError):
+        s.post(URL, json={}, operation_id="op-1")
+    runner = CliRunner()
+    text = runner.invoke(cli, ["--journal", path, "stats"]).output
+    assert "open breakers\t1" in text
+    assert f"{ORIGIN}\tuntil" in text and "circuit breaker open 5s: 3 failures in a row" in text
+    data = json.loads(runner.invoke(cli, ["--journal", path, "stats", "--json"]).output)
+    assert (1, [True]) == (
+        data["open_breakers"],
+        [pause["breaker"] for pause in data["paused_origins"]],
+    )
+    metrics = runner.invoke(cli, ["--journal", path, "stats", "--format", "prometheus"]).output
+    assert f'idempotently_open_breakers{{journal="{path}",origin="{ORIGIN}"}} 1' in metrics
+    lifted = runner.invoke(cli, ["--journal", path, "unpause", ORIGIN, "--actor", "ops"])
+    assert (0, True) == (lifted.exit_code, f"unpaused {ORIGIN}" in lifted.output)
+    assert "open breakers\t0" in runner.invoke(cli, ["--journal", path, "stats"]).output
+    origin.status = 201
+    fake_time.now += 2  # past the engine's one-second view of the pauses
+    with session(tmp_path, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="op-2").status_code
+    assert 4 == len(origin.arrived)
