@@ -567,3 +567,95 @@ def test_stats_shows_the_open_breaker_and_unpause_closes_it(
     with session(tmp_path, fake_time, origin) as s:
         assert 201 == s.post(URL, json={}, operation_id="op-2").status_code
     assert 4 == len(origin.arrived)
+
+
+# -- asyncio and trio, a per-call breaker, hooks ------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_async_session_opens_waits_and_probes(tmp_path: Path, fake_time: FakeTime) -> None:
+    """AsyncSession (asyncio and trio): three failures open it, the retry is not sent; the
+    next call waits it out without sending, probes, is answered, and it closes."""
+    origin = Origin(fake_time, 503)
+    async with idempotently.AsyncSession(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(origin),
+        policy=POLICY,
+        clock=fake_time.clock,
+        sleep=fake_time.async_sleep,
+    ) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            await s.post(URL, json={}, operation_id="op-1")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        origin.status = 201
+        assert 201 == (await s.post(URL, json={}, operation_id="op-2")).status_code
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert 4 == len(origin.arrived)
+    assert origin.arrived[-1] >= pause.until
+
+
+def test_a_per_call_breaker_is_journaled_and_a_resume_applies_it(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """post(..., policy=RetryPolicy(breaker=Breaker(failures=2))) journals the breaker
+    with the operation: a resume of three such operations against a dead origin sends
+    two (its breaker opens there), not the five of a resume's default Breaker()."""
+    origin = Origin(fake_time, 503)
+    own = idempotently.RetryPolicy(max_attempts=1, budget=None, breaker=Breaker(failures=2))
+    with session(tmp_path, fake_time, origin, policy=idempotently.RetryPolicy(budget=None)) as s:
+        for n in range(3):
+            fake_time.now += 60  # apart: no breaker opens while they are made
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={"n": n}, operation_id=f"op-{n}", policy=own)
+        assert 3 == len(origin.arrived)
+        assert '"breaker":{"failures":2,' in (s.journal.operation("op-0").overrides or "")
+    origin.arrived.clear()
+    fake_time.now += 60
+    with session(tmp_path, fake_time, origin, policy=idempotently.RetryPolicy(budget=None)) as s:
+        results = s.resume()
+    assert 2 == len(origin.arrived)
+    assert "circuit breaker open 5s: 2 failures in a row" in results[2].detail
+
+
+def test_hooks_hear_the_breaker_open_and_close(tmp_path: Path, fake_time: FakeTime) -> None:
+    """A hook receives BreakerChanged: opened (with until), then closed by the probe."""
+    events: list[idempotently.BreakerChanged] = []
+
+    def hook(event: Any) -> None:
+        if isinstance(event, idempotently.BreakerChanged):
+            events.append(event)
+
+    origin = Origin(fake_time, 503)
+    with session(tmp_path, fake_time, origin, hooks=[hook]) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        origin.status = 201
+        s.post(URL, json={}, operation_id="op-2")
+    assert [("opened", "op-1", ORIGIN), ("closed", "op-2", ORIGIN)] == [
+        (event.change, event.operation_id, event.origin) for event in events
+    ]
+    assert events[0].until is not None and events[1].until is None
+
+
+def test_opentelemetry_counts_breaker_changes_by_origin(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """idempotently.breaker.changes counts openings, reopenings and closings by origin."""
+    from tests.test_retry_budget import telemetry as make_telemetry
+
+    telemetry = make_telemetry.__wrapped__()  # type: ignore[attr-defined]
+    origin = Origin(fake_time, 503)
+    with session(tmp_path, fake_time, origin, hooks=[telemetry.hook]) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        fake_time.now = pause.until
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-2")  # the probe fails: reopened
+        origin.status = 201
+        s.post(URL, json={}, operation_id="op-3")
+    points = sorted(
+        (labels["idempotently.breaker.change"], value)
+        for labels, value in telemetry.points()["idempotently.breaker.changes"]
+    )
+    assert [("closed", 1), ("opened", 1), ("reopened", 1)] == points

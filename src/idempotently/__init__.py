@@ -44,14 +44,15 @@ from idempotently._journal import (
     Operation,
     OriginPause,
 )
-from idempotently._pauses import Breaker
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
 
 if _typing.TYPE_CHECKING:
+    from idempotently._breaker import Breaker
     from idempotently._events import (
         AttemptFinished,
+        BreakerChanged,
         Event,
         OperationFinished,
         OperationStarted,
@@ -73,6 +74,8 @@ _LAZY = {
     "AuditEntry": "idempotently._rows_audit",
     "JournalStats": "idempotently._rows_audit",
     "AttemptFinished": "idempotently._events",
+    "Breaker": "idempotently._breaker",
+    "BreakerChanged": "idempotently._events",
     "Event": "idempotently._events",
     "OperationFinished": "idempotently._events",
     "OperationStarted": "idempotently._events",
@@ -109,6 +112,7 @@ __all__ = [
     "AttemptFinished",
     "AuditEntry",
     "Breaker",
+    "BreakerChanged",
     "Codec",
     "CodecError",
     "CredentialsMismatchError",

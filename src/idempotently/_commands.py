@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from idempotently._answers import AnswerBody
     from idempotently._events import Event
     from idempotently._hooks import AsyncHook
-    from idempotently._rows import AttemptRecord, NewOperation, Operation, OriginPause
+    from idempotently._rows import AttemptRecord, NewOperation, Operation
 
 if sys.version_info >= (3, 11):
     from typing import assert_never
@@ -311,24 +311,6 @@ class RebasePause(JournalWrite):
     origin: str
     credentials: str
     now: float
-
-
-@attrs.frozen
-class SwapPause(JournalWrite):
-    """A compare-and-swap on a circuit breaker's pause row: if the row of (origin,
-    credentials) still has the reason ``expect`` (and, with ``ended_by``, ended by then),
-    it becomes ``new`` (None: deleted). Replies the row as it stands after (None: none)."""
-
-    durable: ClassVar[bool] = False
-    starts_send: ClassVar[bool] = False
-    one_statement: ClassVar[bool] = False
-    synchronous: ClassVar[bool] = True
-
-    origin: str
-    credentials: str
-    expect: str
-    ended_by: float | None
-    new: OriginPause | None
 
 
 @attrs.frozen

@@ -38,13 +38,12 @@ from idempotently._commands import (
     Send,
     SetStatus,
     Sleep,
-    SwapPause,
     TakeLease,
 )
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
-    from idempotently._rows import NewOperation, Operation
+    from idempotently._rows import NewOperation, Operation, OriginPause
 
 # -- journal commands ---------------------------------------------------------------------
 
@@ -140,6 +139,24 @@ class ForksTaken(Journaled):
     made is still in the journal (returned, not raised, for the flow to report)."""
 
     operation: Operation
+
+
+@attrs.frozen
+class SwapPause(JournalWrite):
+    """A compare-and-swap on a circuit breaker's pause row: if the row of (origin,
+    credentials) still has the reason ``expect`` (and, with ``ended_by``, ended by then),
+    it becomes ``new`` (None: deleted). Replies the row as it stands after (None: none)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
+
+    origin: str
+    credentials: str
+    expect: str
+    ended_by: float | None
+    new: OriginPause | None
 
 
 @attrs.frozen

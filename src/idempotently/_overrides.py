@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 
 from idempotently._budget import RetryBudget
-from idempotently._pauses import Breaker
 from idempotently._policy import RetryPolicy
 
 _POLICY_FIELDS = (
@@ -87,6 +86,8 @@ def read_overrides(text: str) -> tuple[RetryPolicy | None, Timeouts | None]:
             raise ValueError("its journaled policy holds fields this version does not know")
         budget = fields.pop("budget", None)
         breaker = fields.pop("breaker", None)
+        from idempotently._breaker import Breaker  # loaded with the first journaled one
+
         try:
             policy = RetryPolicy(
                 **fields,

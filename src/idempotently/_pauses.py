@@ -18,12 +18,16 @@ import re
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from idempotently._commands import PauseOrigin, SwapPause
-from idempotently._numbers import as_float
+from idempotently._commands import PauseOrigin
 from idempotently._rows import OriginPause
+
+if TYPE_CHECKING:
+    from idempotently._breaker import Breaker
+    from idempotently._commands_rare import SwapPause
 
 REFRESH = 1.0
 """Seconds an engine trusts its last read of the journal's pauses."""
@@ -108,74 +112,6 @@ Retry-After pause (which the store keeps only while it runs, and a breaker's unt
 closed)."""
 
 
-def _breaker_seconds(name: str, value: object) -> float:
-    """A Breaker's number as a float above 0, or a clear error naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Breaker {name} must be a number, not {type(value).__name__} ({value!r})")
-    number = as_float(value, f"Breaker {name}")
-    if not (0 < number < math.inf):
-        raise ValueError(f"Breaker {name} must be a finite number above 0, not {value!r}")
-    return number
-
-
-MAX_FAILURES = 1_000_000
-"""More failures in a row than any window sees: a larger count is a mistake."""
-
-
-def _failures(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"Breaker failures must be a whole number, not {type(value).__name__} ({value!r})"
-        )
-    if not 1 <= value <= MAX_FAILURES:
-        shown = value if value < 10**20 else f"an integer of {value.bit_length()} bits"
-        raise ValueError(f"Breaker failures must be from 1 to {MAX_FAILURES:,}, not {shown}")
-    return value
-
-
-def _window(value: object) -> float:
-    return _breaker_seconds("window", value)
-
-
-def _min_open(value: object) -> float:
-    return _breaker_seconds("min_open", value)
-
-
-def _max_open(value: object) -> float:
-    return _breaker_seconds("max_open", value)
-
-
-@attrs.frozen
-class Breaker:
-    """A circuit breaker per origin and credentials, journaled as an origin pause.
-
-    ``failures`` network errors or 5xx answers without Retry-After in a row from one
-    origin (for one set of credentials), all within ``window`` seconds, open it: the
-    origin is paused for ``min_open`` seconds for every thread, process and resume
-    sharing the journal. When that ends, one caller across them all takes the probe
-    (a compare-and-swap on the pause's row) while the others keep waiting: answered,
-    the breaker closes; failed, it opens again for twice as long, up to ``max_open``
-    and never longer than the policy's ``max_retry_after``. ``idempotently unpause
-    ORIGIN`` closes it at once.
-    """
-
-    failures: int = attrs.field(default=5, converter=_failures)
-    """Failures in a row that open it."""
-    window: float = attrs.field(default=30.0, converter=_window)
-    """Seconds those failures must fall within."""
-    min_open: float = attrs.field(default=5.0, converter=_min_open)
-    """Seconds it stays open the first time."""
-    max_open: float = attrs.field(default=300.0, converter=_max_open)
-    """Seconds it stays open at most, however many probes failed."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.min_open > self.max_open:
-            raise ValueError(
-                f"Breaker min_open ({self.min_open:g}s) must not exceed max_open "
-                f"({self.max_open:g}s)"
-            )
-
-
 def is_breaker(pause: OriginPause) -> bool:
     """Whether ``pause`` is a circuit breaker's (kept until closed), not a server's."""
     return pause.reason is not None and pause.reason.startswith(BREAKER)
@@ -185,13 +121,23 @@ def opened_reason(length: float, why: str) -> str:
     return f"{BREAKER} open {length:g}s: {why}"
 
 
-@attrs.frozen
 class BreakerStep:
     """What an attempt's outcome does to its origin's breaker: the journal write (None:
     none) and the pause that now holds the origin back (None: nothing refuses a retry)."""
 
-    write: SwapPause | PauseOrigin | None
-    pause: OriginPause | None
+    # A plain class: made only on a failure's path, it costs `import idempotently`
+    # nothing (an attrs class compiles its methods at import).
+    __slots__ = ("change", "pause", "write")
+
+    def __init__(
+        self,
+        write: SwapPause | PauseOrigin | None,
+        pause: OriginPause | None,
+        change: Literal["opened", "reopened", "closed"] | None = None,
+    ) -> None:
+        self.write, self.pause = write, pause
+        self.change = change
+        """What the write does to the breaker, for the `BreakerChanged` event."""
 
 
 def _scope(origin: str, credentials: str) -> tuple[str, str]:
@@ -209,6 +155,8 @@ def after_attempt(
 ) -> BreakerStep | None:
     """What one attempt's outcome (``failure``: why it failed, None: answered) does to
     the breaker of its origin and credentials; None: nothing."""
+    from idempotently._commands_rare import SwapPause
+
     scope = _scope(origin, credentials)
     probe = board.probes.pop(scope, None) if board.probes else None
     if failure is None:
@@ -219,7 +167,9 @@ def after_attempt(
             return None
         # The probe was answered: the origin is back, the breaker closes.
         board.remove_pause(probe)
-        return BreakerStep(SwapPause(origin, credentials, probe.reason or "", None, None), None)
+        return BreakerStep(
+            SwapPause(origin, credentials, probe.reason or "", None, None), None, "closed"
+        )
     if probe is not None:
         # The probe failed: open again, twice as long (never beyond the caps).
         ceiling = min(breaker.max_open, max_retry_after) if breaker else max_retry_after
@@ -229,7 +179,7 @@ def after_attempt(
         )
         board.add(reopened)
         return BreakerStep(
-            SwapPause(origin, credentials, probe.reason or "", None, reopened), reopened
+            SwapPause(origin, credentials, probe.reason or "", None, reopened), reopened, "reopened"
         )
     if breaker is None:
         return None
@@ -256,16 +206,17 @@ def after_attempt(
     )
     board.add(opened)
     return BreakerStep(
-        PauseOrigin(origin, credentials, opened.until, opened.reason or "", now), opened
+        PauseOrigin(origin, credentials, opened.until, opened.reason or "", now), opened, "opened"
     )
 
 
-_LENGTH = re.compile(r"circuit breaker (?:open|half-open) ([0-9.e+]+)s:")
+_LENGTH = r"circuit breaker (?:open|half-open) ([0-9.e+]+)s:"
+"""Compiled on first use (re's cache), not at import."""
 
 
 def open_length(pause: OriginPause) -> float:
     """How long a breaker's pause was open (its reason says; else its row's length)."""
-    found = _LENGTH.match(pause.reason or "")
+    found = re.match(_LENGTH, pause.reason or "")
     length = float(found.group(1)) if found else pause.until - pause.set_at
     return length if 0 <= length < math.inf else 0.0
 
@@ -275,6 +226,8 @@ def probe_claim(pause: OriginPause, now: float, hold: float) -> SwapPause:
     the row, as read, becomes a pause for as long as it was open or the probe may take
     (``hold``), whichever is longer, so the others keep waiting and a claim whose holder
     died ends then; its reason keeps the open length and marks the probe as its own."""
+    from idempotently._commands_rare import SwapPause
+
     length = open_length(pause)
     claimed = OriginPause(
         pause.origin,

@@ -24,7 +24,6 @@ import httpx
 
 from idempotently._budget import RetryBudget
 from idempotently._numbers import as_float
-from idempotently._pauses import Breaker
 from idempotently._profiles import (
     VERDICTS,
     ServerProfile,
@@ -38,6 +37,7 @@ from idempotently._vocabulary import Action, Delivery, Outcome
 if TYPE_CHECKING:
     import tenacity as _t
 
+    from idempotently._breaker import Breaker
     from idempotently._rows import Operation, OriginPause
 
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
@@ -161,7 +161,7 @@ class RetryPolicy:
     None: every retry this policy allows is sent."""
     breaker: Breaker | None = attrs.field(
         default=None,
-        validator=attrs.validators.optional(attrs.validators.instance_of(Breaker)),
+        validator=lambda policy, attribute, value: _check_breaker(value),
     )
     """The circuit breaker per origin and credentials (`idempotently.Breaker`),
     journaled as an origin pause; None (the default): off for calls. A resume without
@@ -482,6 +482,18 @@ def refused(decision: Decision, origin: str) -> Decision:
         decision.state,
         refused_by=origin,
     )
+
+
+def _check_breaker(value: object) -> None:
+    """None or an `idempotently.Breaker` (its class loaded only when one is given)."""
+    if value is None:
+        return
+    from idempotently._breaker import Breaker
+
+    if not isinstance(value, Breaker):
+        raise TypeError(
+            f"breaker must be an idempotently.Breaker or None, not {type(value).__name__}"
+        )
 
 
 def breaker_refused(decision: Decision, pause: OriginPause) -> Decision:

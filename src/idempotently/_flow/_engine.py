@@ -126,8 +126,9 @@ from idempotently._text import storable, storable_text
 from idempotently._vocabulary import STATUS_AFTER, finished_level
 
 if TYPE_CHECKING:
+    from idempotently._breaker import Breaker
     from idempotently._events import Event
-    from idempotently._pauses import Breaker, BreakerStep
+    from idempotently._pauses import BreakerStep
 
 _INFINITY = float("inf")
 
@@ -776,6 +777,23 @@ class Engine(Config):
             yield Record(operation_id, record, now, owner, key)
             if step is not None and step.write is not None:
                 yield step.write
+                if step.change is not None and heard(hooks, logging.INFO):
+                    from idempotently import _events
+
+                    yield from self._emit(
+                        _events.BreakerChanged(
+                            operation_id=operation_id,
+                            key=key,
+                            origin=origin_of(request.url),
+                            change=step.change,
+                            until=None if step.pause is None else step.pause.until,
+                            reason=(
+                                "its probe was answered"
+                                if step.pause is None
+                                else step.pause.reason or ""
+                            ),
+                        )
+                    )
             if (
                 answer is not None
                 and answer.server_wait
@@ -996,6 +1014,8 @@ class Engine(Config):
         answer as the origin answering; an attempt that never left counts as neither."""
         if isinstance(signal, Answer):
             failed = signal.status_code >= 500 and not signal.server_wait
+            if not failed and not self.pauses.failing and not self.pauses.probes:
+                return None  # the happy path: no failure counted, no probe held
             failure = f"answered {signal.status_code}" if failed else None
         elif signal.unsendable or signal.refused or signal.unreadable:
             return None

@@ -37,7 +37,6 @@ from idempotently._flow._operation import (
 from idempotently._flow._reconcile import reconcile_one
 from idempotently._keys import secret_values
 from idempotently._overrides import read_overrides
-from idempotently._pauses import Breaker
 from idempotently._rows import Operation
 from idempotently._secret_params import MissingParams
 from idempotently._vocabulary import (
@@ -272,6 +271,8 @@ def _resume_one(
         # A resume meets dead origins more than any call (that is what it is for): it
         # always runs with a circuit breaker, so an origin that is down is paused after
         # a few failures and the rest of its operations stay pending unsent (`_pauses`).
+        from idempotently._breaker import Breaker
+
         sending = sending.overridden(attrs.evolve(sending.policy, breaker=Breaker()), None)
     # A claimed lease is renewed by the same compare-and-swap on the row just read:
     # it fails only if the claim expired and another caller took the operation.

@@ -42,7 +42,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    SwapPause,
     TakeLease,
     assert_never,
 )
@@ -845,11 +844,11 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | SetStatus()
             | PauseOrigin()
             | RebasePause()
-            | SwapPause()
             | RebaseOperation()
             | _commands_lazy.Act()
             | _commands_lazy.LookUpLater()
             | _commands_lazy.Unpause()
+            | _commands_lazy.SwapPause()
             | None
         ):
             return f"{closed}; this write was not journaled. Open the journal again to retry it"

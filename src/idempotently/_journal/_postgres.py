@@ -67,11 +67,10 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    SwapPause,
     TakeLease,
     assert_never,
 )
-from idempotently._commands_rare import Act, LookUpLater, Unpause, Write
+from idempotently._commands_rare import Act, LookUpLater, SwapPause, Unpause, Write
 from idempotently._exceptions import (
     ErrorContext,
     JournalCorruptError,

@@ -48,7 +48,6 @@ from idempotently._commands import (
     Release,
     RenewLease,
     SetStatus,
-    SwapPause,
     TakeLease,
     assert_never,
 )
@@ -1454,8 +1453,6 @@ class SqliteStore:
                     (write.origin, write.credentials),
                 ).fetchone()
                 return None if row is None else OriginPause(*tuple(row))
-            case SwapPause():
-                return self._swap_pause(conn, write)
             case SetStatus():
                 cursor = conn.execute(
                     """
@@ -1493,6 +1490,8 @@ class SqliteStore:
                 return self._act(conn, write, counts)
             case _commands_lazy.LookUpLater():
                 return self._look_up_later(conn, write)
+            case _commands_lazy.SwapPause():
+                return self._swap_pause(conn, write)
             case _commands_lazy.Unpause():
                 lifted = [
                     OriginPause(*tuple(row))
@@ -1507,7 +1506,9 @@ class SqliteStore:
             case _:
                 assert_never(write)
 
-    def _swap_pause(self, conn: sqlite3.Connection, write: SwapPause) -> OriginPause | None:
+    def _swap_pause(
+        self, conn: sqlite3.Connection, write: _commands_lazy.SwapPause
+    ) -> OriginPause | None:
         """A circuit breaker's compare-and-swap on its pause row (`SwapPause`)."""
         where = "WHERE origin = ? AND credentials = ? AND reason = ? AND (? IS NULL OR until <= ?)"
         match = (write.origin, write.credentials, write.expect, write.ended_by, write.ended_by)
