@@ -659,3 +659,57 @@ def test_opentelemetry_counts_breaker_changes_by_origin(
         for labels, value in telemetry.points()["idempotently.breaker.changes"]
     )
     assert [("closed", 1), ("opened", 1), ("reopened", 1)] == points
+
+
+def test_a_watch_worker_sends_nothing_while_it_is_open_and_parks(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A `resume --watch` worker meets an open breaker: it sends nothing to the origin and
+    parks its operations (still_pending), as for any pause."""
+    origin = Origin(fake_time, 503)
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None)
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        for n in range(2):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={"n": n}, operation_id=f"op-{n}")
+    write_breaker(str(tmp_path / "journal.db"), ORIGIN, set_at=fake_time.now, length=300.0)
+    origin.arrived.clear()
+    fake_time.now += 1
+    stop, batches = threading.Event(), []
+
+    def on_batch(batch: idempotently.WatchBatch) -> None:
+        batches.append(batch)
+        stop.set()
+
+    with session(tmp_path, fake_time, origin, policy=once, host_id="worker-1") as worker:
+        worker.watch(stop, interval=10.0, concurrency=1, on_result=None, on_batch=on_batch)
+    assert [] == origin.arrived
+    [batch] = batches
+    assert {("op-0", "still_pending"), ("op-1", "still_pending")} == {
+        (result.operation_id, result.action) for result in batch.results
+    }
+
+
+def test_reads_through_a_transport_count_and_probe_too(tmp_path: Path, fake_time: FakeTime) -> None:
+    """GETs through a Transport count for the origin's breaker as writes do: three failed
+    reads open it (the third's retry not sent, its answer returned); a read once it has
+    ended takes the probe, and its answer closes the breaker."""
+    origin = Origin(fake_time, 503)
+    wrapped = idempotently.Transport(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(origin),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=POLICY,
+    )
+    with httpx.Client(transport=wrapped) as client:
+        assert 503 == client.get(URL).status_code
+        assert 3 == len(origin.arrived)
+        with idempotently.Journal(tmp_path / "journal.db") as journal:
+            [pause] = journal.origin_pauses(now=fake_time.now)
+        origin.status = 200
+        fake_time.now = pause.until
+        assert 200 == client.get(URL).status_code
+        with idempotently.Journal(tmp_path / "journal.db") as journal:
+            assert [] == journal.origin_pauses(now=fake_time.now)
+    assert 4 == len(origin.arrived)

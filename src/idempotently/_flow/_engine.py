@@ -722,7 +722,7 @@ class Engine(Config):
                 decision = refused(decision, origin)
             step = None
             if breaker is not None or self.pauses.probes:
-                step = self._breaker_step(request, signal, now, breaker)
+                step = self.breaker_step(request, signal, now, breaker)
                 if step is not None and step.pause is not None and decision.action == "retry":
                     decision = breaker_refused(decision, step.pause)
             state = decision.state
@@ -1006,7 +1006,7 @@ class Engine(Config):
         # after a slice of waiting, as at the board's next read.
         return attrs.evolve(row, until=now + REFRESH)
 
-    def _breaker_step(
+    def breaker_step(
         self, request: httpx.Request, signal: Signal, now: float, breaker: Breaker | None
     ) -> BreakerStep | None:
         """What one attempt's outcome does to its origin's circuit breaker (`_pauses`):
