@@ -117,6 +117,11 @@ def is_breaker(pause: OriginPause) -> bool:
     return pause.reason is not None and pause.reason.startswith(BREAKER)
 
 
+def is_probing(pause: OriginPause) -> bool:
+    """Whether ``pause`` is a half-open breaker's, its one probe in flight."""
+    return pause.reason is not None and pause.reason.startswith(f"{BREAKER} half-open")
+
+
 def opened_reason(length: float, why: str) -> str:
     return f"{BREAKER} open {length:g}s: {why}"
 

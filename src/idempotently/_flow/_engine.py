@@ -96,6 +96,7 @@ from idempotently._pauses import (
     after_attempt,
     credentials_digest,
     is_breaker,
+    is_probing,
     probe_claim,
 )
 from idempotently._policy import (
@@ -982,6 +983,11 @@ class Engine(Config):
         if pause is not None and pause.until <= now:
             # A circuit breaker's pause that ended: half-open (`_pauses.probe_claim`).
             pause = yield from self._half_open(pause, request, now)
+        if pause is not None and is_probing(pause):
+            # Another caller's probe is in flight: wait for its answer a second at a
+            # time, as long as this call may wait, never refused for the claim's length
+            # (which covers the probe's whole timeout, longer than most calls wait).
+            pause = attrs.evolve(pause, until=min(pause.until, now + REFRESH))
         return pause
 
     def _half_open(
@@ -1000,11 +1006,9 @@ class Engine(Config):
         if row == claim.new:
             board.probes[(row.origin, row.credentials)] = row
             return None
-        if row.until > now:
-            return row
-        # Another caller's swap is under way (or its claim's reply raced ours): look again
-        # after a slice of waiting, as at the board's next read.
-        return attrs.evolve(row, until=now + REFRESH)
+        # Another caller's probe (or, its claim's reply racing ours, a swap under way):
+        # look again after a slice of waiting, as at the board's next read.
+        return row if row.until > now else attrs.evolve(row, until=now + REFRESH)
 
     def breaker_step(
         self, request: httpx.Request, signal: Signal, now: float, breaker: Breaker | None
