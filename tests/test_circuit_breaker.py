@@ -32,13 +32,14 @@ import idempotently
 from idempotently import Breaker, OriginPause
 from idempotently._budget import origin_of
 from idempotently._commands import PauseOrigin
-from idempotently._pauses import opened_reason, probe_claim
+from idempotently._pauses import open_length, opened_reason, probe_claim
 from idempotently.cli import cli
 from tests.scripted_server import Answer, ScriptedApp
 from tests.support import FakeTime
 
 URL = "https://api.example.test/v1/charges"
 ORIGIN = "https://api.example.test:443"
+NOW = 1_800_000_000.0
 BREAKER = Breaker(failures=3, window=30.0, min_open=5.0, max_open=40.0)
 POLICY = idempotently.RetryPolicy(
     max_attempts=10, initial_backoff=0.01, max_backoff=0.01, budget=None, breaker=BREAKER
@@ -722,3 +723,19 @@ def test_reads_through_a_transport_count_and_probe_too(tmp_path: Path, fake_time
         with idempotently.Journal(tmp_path / "journal.db") as journal:
             assert [] == journal.origin_pauses(now=fake_time.now)
     assert 4 == len(origin.arrived)
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("circuit breaker open 20s: 5 failures in a row", 20.0),
+        ("circuit breaker half-open 40s: one probe in flight (abc)", 40.0),
+        ("circuit breaker open 1.2.3s: damaged", 5.0),
+        ("circuit breaker open 1e999s: damaged", 0.0),
+        ("circuit breaker open nans: damaged", 5.0),
+    ],
+)
+def test_a_damaged_reason_never_breaks_the_open_length(reason: str, expected: float) -> None:
+    """The open length is read from the reason; one that is no length falls back to the
+    row's own (5 s here), and an endless one to 0: never an error, never inf."""
+    assert expected == open_length(OriginPause(ORIGIN, "", NOW + 5, reason, NOW))

@@ -178,7 +178,8 @@ def after_attempt(
     if probe is not None:
         # The probe failed: open again, twice as long (never beyond the caps).
         ceiling = min(breaker.max_open, max_retry_after) if breaker else max_retry_after
-        length = max(0.0, min(2 * open_length(probe), ceiling))
+        floor = breaker.min_open if breaker else 0.0  # a damaged row's 0 s still grows
+        length = max(0.0, min(max(2 * open_length(probe), floor), ceiling))
         reopened = OriginPause(
             origin, credentials, now + length, opened_reason(length, f"its probe {failure}"), now
         )
@@ -222,7 +223,10 @@ _LENGTH = r"circuit breaker (?:open|half-open) ([0-9.e+]+)s:"
 def open_length(pause: OriginPause) -> float:
     """How long a breaker's pause was open (its reason says; else its row's length)."""
     found = re.match(_LENGTH, pause.reason or "")
-    length = float(found.group(1)) if found else pause.until - pause.set_at
+    try:
+        length = float(found.group(1)) if found else pause.until - pause.set_at
+    except ValueError:  # a damaged reason ("1.2.3s"): the row's own length
+        length = pause.until - pause.set_at
     return length if 0 <= length < math.inf else 0.0
 
 
