@@ -28,7 +28,7 @@ from idempotently._commands import (
     SetStatus,
     TakeLease,
 )
-from idempotently._commands_rare import Act, LookUpLater, Queue, Unpause, Write
+from idempotently._commands_rare import Act, LookUpLater, Queue, SwapPause, Unpause, Write
 from idempotently._rows import (
     Attempt,
     AuditEntry,
@@ -119,6 +119,19 @@ class MemoryStore:
                 )
                 self.pauses[(write.origin, write.credentials)] = known
             return known
+        if isinstance(write, SwapPause):
+            scope = (write.origin, write.credentials)
+            known = self.pauses.get(scope)
+            if (
+                known is not None
+                and known.reason == write.expect
+                and (write.ended_by is None or known.until <= write.ended_by)
+            ):
+                if write.new is None:
+                    del self.pauses[scope]
+                else:
+                    self.pauses[scope] = write.new
+            return self.pauses.get(scope)
         if isinstance(write, Unpause):
             lifted = [pause for pause in self.pauses.values() if pause.origin == write.origin]
             for pause in lifted:
@@ -364,7 +377,11 @@ class MemoryStore:
 
     def origin_pauses(self, *, now: float) -> list[OriginPause]:
         with self._lock:
-            running = [pause for pause in self.pauses.values() if pause.until > now]
+            running = [
+                pause
+                for pause in self.pauses.values()
+                if pause.until > now or (pause.reason or "").startswith("circuit breaker")
+            ]
         return sorted(running, key=lambda pause: pause.until)
 
     def _execute(self, command: Any) -> Any:

@@ -43,6 +43,7 @@ from idempotently._commands_rare import (
     JournalCommand,
     LookUpLater,
     Queue,
+    SwapPause,
     Unpause,
     Write,
 )
@@ -90,6 +91,7 @@ def writes(operation: Operation) -> list[Write]:
         RebaseOperation("op-1", operation.updated_at, NOW),
         PauseOrigin(ORIGIN, "credentials", NOW + 60, "429", NOW),
         RebasePause(ORIGIN, "credentials", NOW),
+        SwapPause(ORIGIN, "credentials", "429", NOW, None),
         Unpause(ORIGIN),
         Record(
             "op-1",
@@ -269,6 +271,7 @@ CLOSED_MESSAGES = {
         "PauseOrigin",
         "RebasePause",
         "RebaseOperation",
+        "SwapPause",
         "Unpause",
     },
 }

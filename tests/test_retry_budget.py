@@ -287,37 +287,6 @@ def test_a_transport_spends_the_same_budget(tmp_path: Path, fake_time: FakeTime)
     assert 3 == len(sent)
 
 
-def test_a_resume_stops_sending_to_an_origin_whose_budget_is_spent(
-    tmp_path: Path, fake_time: FakeTime
-) -> None:
-    """Resuming ten operations against a dead origin: once its budget is spent, the rest
-    stay pending unsent instead of being tried in turn; later, with the server back and
-    the window passed, a resume sends them."""
-    transport, sent = dead_server()
-    no_budget = idempotently.RetryPolicy(max_attempts=1, budget=None)
-    with session(tmp_path, fake_time, transport, policy=no_budget) as s:
-        for n in range(10):
-            with pytest.raises(idempotently.OperationPendingError):
-                s.post(URL, json={"n": n}, operation_id=f"op-{n}")
-    assert 10 == len(sent)
-    sent.clear()
-    with session(tmp_path, fake_time, transport) as s:
-        results = s.resume()
-    # op-0: its first send and the one retry in reserve (its next retry refused); the
-    # other nine are not sent at all.
-    assert 2 == len(sent)
-    assert ["still_pending"] * 10 == [result.action for result in results]
-    assert all("retry budget" in result.detail for result in results)
-    assert all(result.detail.startswith("not sent") for result in results[1:])
-
-    def healthy(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(201)
-
-    fake_time.now += WINDOW
-    with session(tmp_path, fake_time, httpx.MockTransport(healthy)) as s:
-        assert ["succeeded"] * 10 == [result.action for result in s.resume()]
-
-
 def test_a_loopback_server_sees_no_more_than_the_budget(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:

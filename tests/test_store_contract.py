@@ -17,6 +17,7 @@ from idempotently._commands import (
     Enqueue,
     ExtendLeases,
     Insert,
+    PauseOrigin,
     RebaseOperation,
     Record,
     Release,
@@ -24,10 +25,10 @@ from idempotently._commands import (
     SetStatus,
     TakeLease,
 )
-from idempotently._commands_rare import Act, AuditNote, LookUpLater, Write
+from idempotently._commands_rare import Act, AuditNote, LookUpLater, SwapPause, Write
 from idempotently._journal._sqlite import SqliteStore
 from idempotently._journal._store import Store
-from idempotently._rows import AttemptRecord, Failed, NewOperation
+from idempotently._rows import AttemptRecord, Failed, NewOperation, OriginPause
 from idempotently._vocabulary import Status
 from tests.memory_store import MemoryStore
 
@@ -165,6 +166,26 @@ def test_a_lease_is_taken_by_one_compare_and_swap_only(store: Store) -> None:
     assert (True, False) == (first, second)
     held = store.find("op-1", None)
     assert held is not None and "a" == held.lease_owner
+
+
+def test_a_breakers_row_is_swapped_only_as_read_and_kept_until_closed(store: Store) -> None:
+    """A circuit breaker's pause row: listed while it runs and after it ended (until it is
+    closed); a probe's claim swaps it only if its reason is the one read and it has
+    ended, so of two claims of the same read exactly one wins; a swap that loses replies
+    the row as it stands; closing deletes it."""
+    origin = "https://api.example.test:443"
+    opened = "circuit breaker open 5s: 5 failures in a row"
+    one(store, PauseOrigin(origin, "", NOW + 5, opened, NOW))
+    assert [opened] == [pause.reason for pause in store.origin_pauses(now=NOW + 60)]
+    early = OriginPause(origin, "", NOW + 6, "circuit breaker half-open 5s: a", NOW + 1)
+    assert opened == one(store, SwapPause(origin, "", opened, NOW + 1, early)).reason
+    mine = OriginPause(origin, "", NOW + 15, "circuit breaker half-open 5s: a", NOW + 10)
+    theirs = OriginPause(origin, "", NOW + 15, "circuit breaker half-open 5s: b", NOW + 10)
+    first = one(store, SwapPause(origin, "", opened, NOW + 10, mine))
+    second = one(store, SwapPause(origin, "", opened, NOW + 10, theirs))
+    assert (mine, mine) == (first, second)
+    assert None is one(store, SwapPause(origin, "", mine.reason or "", None, None))
+    assert [] == store.origin_pauses(now=NOW)
 
 
 def test_a_lease_is_renewed_only_by_its_owner_and_only_while_pending(store: Store) -> None:

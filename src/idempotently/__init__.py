@@ -49,8 +49,10 @@ from idempotently._profiles import ServerProfile
 from idempotently._session import AsyncSession, Session
 
 if _typing.TYPE_CHECKING:
+    from idempotently._breaker import Breaker
     from idempotently._events import (
         AttemptFinished,
+        BreakerChanged,
         Event,
         OperationFinished,
         OperationStarted,
@@ -72,6 +74,8 @@ _LAZY = {
     "AuditEntry": "idempotently._rows_audit",
     "JournalStats": "idempotently._rows_audit",
     "AttemptFinished": "idempotently._events",
+    "Breaker": "idempotently._breaker",
+    "BreakerChanged": "idempotently._events",
     "Event": "idempotently._events",
     "OperationFinished": "idempotently._events",
     "OperationStarted": "idempotently._events",
@@ -107,6 +111,8 @@ __all__ = [
     "Attempt",
     "AttemptFinished",
     "AuditEntry",
+    "Breaker",
+    "BreakerChanged",
     "Codec",
     "CodecError",
     "CredentialsMismatchError",

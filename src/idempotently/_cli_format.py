@@ -12,6 +12,7 @@ import io
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from idempotently._cli_durations import format_age, format_duration
 from idempotently._credentials import described, read_record
 from idempotently._differences import shown_url
 from idempotently._keys import SENSITIVE_HEADERS
+from idempotently._pauses import is_breaker
 from idempotently._policy import may_have_been_delivered, never_sent
 from idempotently._profiles import profile_label
 from idempotently._rows import (
@@ -846,6 +848,7 @@ def stats_fields(
             )
         )
     fields.append(("paused origins", str(len(pauses))))
+    breakers = sum(is_breaker(pause) for pause in pauses)
     fields.extend(
         (
             f"  {printable(pause.origin)}",
@@ -860,6 +863,9 @@ def stats_fields(
         )
         for pause in pauses
     )
+    # A breaker is a pause (listed above, its reason saying open or half-open): counted
+    # apart too, as the circuit breakers' own figure.
+    fields.append(("open breakers", str(breakers)))
     return fields
 
 
@@ -872,6 +878,7 @@ def pause_json(pause: OriginPause, now: float | None = None) -> dict[str, Any]:
         "until_iso": iso(pause.until),
         "set_at_iso": iso(pause.set_at),
         "length": pause.until - pause.set_at,
+        "breaker": is_breaker(pause),
         **ahead,
     }
 
@@ -885,7 +892,9 @@ def _sample(value: float) -> str:
     return str(value) if isinstance(value, int) else repr(float(value))
 
 
-def stats_prometheus(stats: JournalStats, path: str) -> str:
+def stats_prometheus(
+    stats: JournalStats, path: str, pauses: Sequence[OriginPause] | None = None
+) -> str:
     """``stats`` in the Prometheus text exposition format, for node-exporter's textfile collector.
 
     Every metric is a gauge labelled with the journal's path; operations are
@@ -932,6 +941,20 @@ def stats_prometheus(stats: JournalStats, path: str) -> str:
                 "Pending operations whose key expires within --expiring-within (default "
                 "the key-expiry margin, 1 h: resume will not resend them) or has expired.",
                 [(journal, stats.expiring)],
+            )
+        )
+    if pauses is not None:
+        metrics.append(
+            (
+                "open_breakers",
+                "Circuit breakers open or half-open, by origin (RetryPolicy(breaker=...)).",
+                [
+                    (f'{journal},origin="{_label(origin)}"', count)
+                    for origin, count in sorted(
+                        Counter(pause.origin for pause in pauses if is_breaker(pause)).items()
+                    )
+                ]
+                or [(journal, 0)],
             )
         )
     lines: list[str] = []

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
         Report as Report,
     )
     from idempotently._commands_rare import (
+        SwapPause as SwapPause,
+    )
+    from idempotently._commands_rare import (
         Unpause as Unpause,
     )
     from idempotently._commands_rare import (
@@ -73,6 +76,7 @@ _RARE = frozenset(
         "Reconcile",
         "ReconcilePlan",
         "Report",
+        "SwapPause",
         "Unpause",
         "Write",
     }

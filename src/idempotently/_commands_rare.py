@@ -43,7 +43,7 @@ from idempotently._commands import (
 from idempotently._vocabulary import Status
 
 if TYPE_CHECKING:
-    from idempotently._rows import NewOperation, Operation
+    from idempotently._rows import NewOperation, Operation, OriginPause
 
 # -- journal commands ---------------------------------------------------------------------
 
@@ -142,6 +142,24 @@ class ForksTaken(Journaled):
 
 
 @attrs.frozen
+class SwapPause(JournalWrite):
+    """A compare-and-swap on a circuit breaker's pause row: if the row of (origin,
+    credentials) still has the reason ``expect`` (and, with ``ended_by``, ended by then),
+    it becomes ``new`` (None: deleted). Replies the row as it stands after (None: none)."""
+
+    durable: ClassVar[bool] = False
+    starts_send: ClassVar[bool] = False
+    one_statement: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = True
+
+    origin: str
+    credentials: str
+    expect: str
+    ended_by: float | None
+    new: OriginPause | None
+
+
+@attrs.frozen
 class Unpause(JournalWrite):
     """Lift every pause of ``origin``; replies the pauses it lifted."""
 
@@ -168,6 +186,7 @@ Write = (
     | LookUpLater
     | PauseOrigin
     | RebasePause
+    | SwapPause
     | RebaseOperation
     | Unpause
 )

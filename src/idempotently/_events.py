@@ -16,7 +16,7 @@ checked and called, and the logger) is ``_hooks.py``, loaded with the package.
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -142,8 +142,35 @@ class RetryRefused:
     """Why, in words (the budget's figures)."""
 
 
-Event = OperationStarted | AttemptFinished | RetryScheduled | OperationFinished | RetryRefused
-"""One of the five events a hook receives."""
+@attrs.frozen
+class BreakerChanged:
+    """An attempt's outcome opened, reopened or closed its origin's circuit breaker
+    (`idempotently.Breaker`), journaled for every process sharing the journal."""
+
+    name: ClassVar[str] = "breaker_changed"
+    operation_id: str
+    """The operation whose attempt changed it."""
+    key: str
+    """Its idempotency key."""
+    origin: str
+    """``scheme://host:port`` whose breaker changed."""
+    change: Literal["opened", "reopened", "closed"]
+    """Opened by failures in a row, reopened by a failed probe, closed by an answered one."""
+    until: float | None
+    """When the open breaker's pause ends (seconds since the epoch; None: closed)."""
+    reason: str
+    """Why, in words."""
+
+
+Event = (
+    OperationStarted
+    | AttemptFinished
+    | RetryScheduled
+    | OperationFinished
+    | RetryRefused
+    | BreakerChanged
+)
+"""One of the six events a hook receives."""
 
 
 def fields(event: Event) -> dict[str, Any]:
@@ -153,7 +180,7 @@ def fields(event: Event) -> dict[str, Any]:
 
 def log(event: Event) -> None:
     """One log record on the ``idempotently`` logger, its fields at ``record.idempotently``."""
-    if isinstance(event, (RetryScheduled, RetryRefused)):
+    if isinstance(event, (RetryScheduled, RetryRefused, BreakerChanged)):
         level = logging.INFO
     elif isinstance(event, OperationFinished):
         level = finished_level(event.status)
@@ -199,6 +226,15 @@ def log(event: Event) -> None:
             *ids,
             event.attempt,
             event.origin,
+            extra=extra,
+        )
+    elif isinstance(event, BreakerChanged):
+        logger.info(
+            "operation %s (key %s): circuit breaker of %s %s: %s",
+            *ids,
+            event.origin,
+            event.change,
+            event.reason,
             extra=extra,
         )
     else:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
 import httpx
 
 from idempotently._budget import RetryBudget
@@ -64,6 +65,10 @@ def overrides_json(policy: RetryPolicy | None, timeouts: Timeouts | None) -> str
             if budget is None
             else {"ratio": budget.ratio, "min_per_second": budget.min_per_second}
         )
+        breaker = policy.breaker
+        if breaker is not None:
+            # Only when set: an operation journaled without one reads as before.
+            fields["breaker"] = attrs.asdict(breaker)
         document["policy"] = fields
     if timeouts is not None:
         document["timeout"] = {phase: timeouts.get(phase) for phase in _TIMEOUT_PHASES}
@@ -85,11 +90,18 @@ def read_overrides(text: str) -> tuple[RetryPolicy | None, Timeouts | None]:
     policy = None
     if "policy" in document:
         fields = document["policy"]
-        if not isinstance(fields, dict) or set(fields) - {*_POLICY_FIELDS, "budget"}:
+        if not isinstance(fields, dict) or set(fields) - {*_POLICY_FIELDS, "budget", "breaker"}:
             raise ValueError("its journaled policy holds fields this version does not know")
         budget = fields.pop("budget", None)
+        breaker = fields.pop("breaker", None)
+        from idempotently._breaker import Breaker  # loaded with the first journaled one
+
         try:
-            policy = RetryPolicy(**fields, budget=None if budget is None else RetryBudget(**budget))
+            policy = RetryPolicy(
+                **fields,
+                budget=None if budget is None else RetryBudget(**budget),
+                breaker=None if breaker is None else Breaker(**breaker),
+            )
         except (TypeError, ValueError) as error:
             raise ValueError(f"its journaled policy is not valid ({error})") from None
     timeouts = None

@@ -37,7 +37,8 @@ from idempotently._vocabulary import Action, Delivery, Outcome
 if TYPE_CHECKING:
     import tenacity as _t
 
-    from idempotently._rows import Operation
+    from idempotently._breaker import Breaker
+    from idempotently._rows import Operation, OriginPause
 
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
     StopStrategy: TypeAlias = Callable[[_t.RetryCallState], bool]
@@ -101,6 +102,10 @@ class RetryPolicy:
     ``budget=`` bounds the retries of the whole process per origin (default
     ``RetryBudget()``; None turns it off): a retry it refuses is not sent, and
     `idempotently.RetryBudgetError` says which origin's budget ran out.
+
+    ``breaker=`` (`idempotently.Breaker`, default None: off) opens a journaled pause of
+    an origin after failures in a row: the retry it refuses is not sent, the operation
+    stays pending and `idempotently.RetryLaterError` names the origin.
     """
 
     max_attempts: int = attrs.field(
@@ -154,6 +159,13 @@ class RetryPolicy:
     )
     """The process's retry budget per origin (`idempotently.RetryBudget`);
     None: every retry this policy allows is sent."""
+    breaker: Breaker | None = attrs.field(
+        default=None,
+        validator=lambda policy, attribute, value: _check_breaker(value),
+    )
+    """The circuit breaker per origin and credentials (`idempotently.Breaker`),
+    journaled as an origin pause; None (the default): off for calls. A resume without
+    one runs with ``Breaker()``'s defaults."""
 
     def backoff(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
         """The backoff before retry number ``retry_number`` (1 for the first retry)."""
@@ -469,6 +481,30 @@ def refused(decision: Decision, origin: str) -> Decision:
         "it from this process in the last 10s); the retry was not sent",
         decision.state,
         refused_by=origin,
+    )
+
+
+def _check_breaker(value: object) -> None:
+    """None or an `idempotently.Breaker` (its class loaded only when one is given)."""
+    if value is None:
+        return
+    from idempotently._breaker import Breaker
+
+    if not isinstance(value, Breaker):
+        raise TypeError(
+            f"breaker must be an idempotently.Breaker or None, not {type(value).__name__}"
+        )
+
+
+def breaker_refused(decision: Decision, pause: OriginPause) -> Decision:
+    """The retry ``decision`` was, refused because its origin's circuit breaker is open
+    (or another pause holds it): not sent, the operation stays pending until it ends."""
+    return Decision(
+        "retry_later",
+        f"{decision.reason}: {pause.origin} is paused ({pause.reason}), so the retry was "
+        f"not sent; `idempotently unpause {pause.origin}` lifts the pause",
+        decision.state,
+        not_before=pause.until,
     )
 
 

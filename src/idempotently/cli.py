@@ -488,10 +488,11 @@ def stats_command(
                 **stats.to_json(),
                 "stuck_after": stuck_after,
                 "paused_origins": [pause_json(pause, stats.now) for pause in pauses],
+                "open_breakers": sum(pause_json(pause)["breaker"] for pause in pauses),
             }
         )
     elif output_format == "prometheus":
-        click.echo(stats_prometheus(stats, journal.path), nl=False)
+        click.echo(stats_prometheus(stats, journal.path, pauses), nl=False)
     elif not _cli_watch.stdout_is_terminal():
         fields = stats_fields(stats, journal.path, stuck_after, pauses)
         echo_records_tsv((name.strip(), value) for name, value in fields)

@@ -11,7 +11,9 @@ Each time a call or a resume sends an operation: one span ``idempotently.operati
 (a child of the caller's current span) with one child ``idempotently.attempt``
 per attempt. Metrics: the
 counters ``idempotently.attempts``, ``idempotently.retries``,
-``idempotently.replays`` and ``idempotently.operations`` (by final status), and
+``idempotently.replays``, ``idempotently.operations`` (by final status) and
+``idempotently.breaker.changes`` (circuit breakers opened, reopened and closed, by
+origin), and
 the histogram ``idempotently.operation.duration`` (seconds). Metric attributes
 are low-cardinality (outcome, status, HTTP status code): operation ids and keys
 go on spans only.
@@ -34,6 +36,7 @@ except ImportError as error:  # pragma: no cover - exercised with the module hid
 from idempotently import __version__
 from idempotently._events import (
     AttemptFinished,
+    BreakerChanged,
     Event,
     OperationFinished,
     OperationStarted,
@@ -60,6 +63,7 @@ DELIVERY = "idempotently.delivery"
 METHOD = "http.request.method"
 STATUS_CODE = "http.response.status_code"
 ORIGIN = "idempotently.origin"
+BREAKER_CHANGE = "idempotently.breaker.change"
 
 
 def _nanoseconds(seconds: float) -> int:
@@ -94,6 +98,11 @@ class OpenTelemetryHook:
             unit="{retry}",
             description="Retries the process's retry budget refused, by origin",
         )
+        self._breakers = meter.create_counter(
+            "idempotently.breaker.changes",
+            unit="{change}",
+            description="Circuit breakers opened, reopened (a failed probe) and closed, by origin",
+        )
         self._replays = meter.create_counter(
             "idempotently.replays",
             unit="{response}",
@@ -125,6 +134,8 @@ class OpenTelemetryHook:
             self._finished(event)
         elif isinstance(event, RetryRefused):
             self._refusals.add(1, {ORIGIN: event.origin})
+        elif isinstance(event, BreakerChanged):
+            self._breakers.add(1, {ORIGIN: event.origin, BREAKER_CHANGE: event.change})
 
     def _started(self, event: OperationStarted) -> None:
         span = self._tracer.start_span(

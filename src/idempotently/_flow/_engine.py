@@ -90,12 +90,22 @@ from idempotently._keys import (
     same_body,
     stored_header,
 )
-from idempotently._pauses import PAUSE_STATUS_CODES, REFRESH, credentials_digest
+from idempotently._pauses import (
+    PAUSE_STATUS_CODES,
+    REFRESH,
+    after_attempt,
+    credentials_digest,
+    is_breaker,
+    is_probing,
+    probe_claim,
+)
 from idempotently._policy import (
     Answer,
     CallState,
     Failure,
     RetryPolicy,
+    Signal,
+    breaker_refused,
     capped_timeouts,
     classify,
     classify_error,
@@ -117,7 +127,9 @@ from idempotently._text import storable, storable_text
 from idempotently._vocabulary import STATUS_AFTER, finished_level
 
 if TYPE_CHECKING:
+    from idempotently._breaker import Breaker
     from idempotently._events import Event
+    from idempotently._pauses import BreakerStep
 
 _INFINITY = float("inf")
 
@@ -611,6 +623,7 @@ class Engine(Config):
             )
         budget = self.policy.budget
         origin = None if budget is None else origin_of(request.url)
+        breaker = self.policy.breaker if profile.pause_origin else None
         first = True
         limit = self.time_limit(state)
         timeouts = request.extensions.get("timeout")
@@ -717,6 +730,11 @@ class Engine(Config):
                 and not self.budgets.try_retry(budget, origin, now)
             ):
                 decision = refused(decision, origin)
+            step = None
+            if breaker is not None or self.pauses.probes:
+                step = self.breaker_step(request, signal, now, breaker)
+                if step is not None and step.pause is not None and decision.action == "retry":
+                    decision = breaker_refused(decision, step.pause)
             state = decision.state
             action = decision.action
             retrying = action == "retry"
@@ -767,6 +785,25 @@ class Engine(Config):
                 ),
             )
             yield Record(operation_id, record, now, owner, key)
+            if step is not None and step.write is not None:
+                yield step.write
+                if step.change is not None and heard(hooks, logging.INFO):
+                    from idempotently import _events
+
+                    yield from self._emit(
+                        _events.BreakerChanged(
+                            operation_id=operation_id,
+                            key=key,
+                            origin=origin_of(request.url),
+                            change=step.change,
+                            until=None if step.pause is None else step.pause.until,
+                            reason=(
+                                "its probe was answered"
+                                if step.pause is None
+                                else step.pause.reason or ""
+                            ),
+                        )
+                    )
             if (
                 answer is not None
                 and answer.server_wait
@@ -951,8 +988,61 @@ class Engine(Config):
                 board.remove_pause(pause)
                 return None
             board.add(rebased)
-            pause = rebased if rebased.until > now else None
+            pause = rebased if rebased.until > now or is_breaker(rebased) else None
+        if pause is not None and pause.until <= now:
+            # A circuit breaker's pause that ended: half-open (`_pauses.probe_claim`).
+            pause = yield from self._half_open(pause, request, now)
+        if pause is not None and is_probing(pause):
+            # Another caller's probe is in flight: wait for its answer a second at a
+            # time, as long as this call may wait, never refused for the claim's length
+            # (which covers the probe's whole timeout, longer than most calls wait).
+            pause = attrs.evolve(pause, until=min(pause.until, now + REFRESH))
         return pause
+
+    def _half_open(
+        self, pause: OriginPause, request: httpx.Request, now: float
+    ) -> Flow[OriginPause | None]:
+        """Claim the one probe of a half-open breaker by a compare-and-swap on its row:
+        None when this caller sends it (or the breaker closed meanwhile), else the pause
+        the others keep waiting on."""
+        hold = min(longest_timeout(request.extensions.get("timeout")), self.policy.max_retry_after)
+        board, claim = self.pauses, probe_claim(pause, now, hold)
+        row: OriginPause | None = yield claim
+        if row is None:
+            board.remove_pause(pause)
+            return None
+        board.add(row)
+        if row == claim.new:
+            board.probes[(row.origin, row.credentials)] = row
+            return None
+        # Another caller's probe (or, its claim's reply racing ours, a swap under way):
+        # look again after a slice of waiting, as at the board's next read.
+        return row if row.until > now else attrs.evolve(row, until=now + REFRESH)
+
+    def breaker_step(
+        self, request: httpx.Request, signal: Signal, now: float, breaker: Breaker | None
+    ) -> BreakerStep | None:
+        """What one attempt's outcome does to its origin's circuit breaker (`_pauses`):
+        a network error or a 5xx without Retry-After counts as a failure, any other
+        answer as the origin answering; an attempt that never left counts as neither."""
+        if isinstance(signal, Answer):
+            failed = signal.status_code >= 500 and not signal.server_wait
+            if not failed and not self.pauses.failing and not self.pauses.probes:
+                return None  # the happy path: no failure counted, no probe held
+            failure = f"answered {signal.status_code}" if failed else None
+        elif signal.unsendable or signal.refused or signal.unreadable:
+            return None
+        else:
+            failure = f"failed ({signal.text.split(':', 1)[0]})"
+        return after_attempt(
+            self.pauses,
+            breaker,
+            origin_of(request.url),
+            self._pause_scope(request),
+            failure,
+            now,
+            self.policy.max_retry_after,
+        )
 
     def _pause_scope(self, request: httpx.Request) -> str:
         """The digest of the request's credentials a pause is scoped to: the same

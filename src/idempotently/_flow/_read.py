@@ -82,7 +82,24 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
             paused_until = yield from engine.pause(request, signal, now)
         decision = decide_read(engine.policy, state, signal, now=now, rand=engine.rand)
         state = decision.state
-        if (
+        breaker = engine.policy.breaker if profile.pause_origin else None
+        step = None
+        if breaker is not None or engine.pauses.probes:
+            # A read's outcome counts for its origin's breaker as a write's does, and a
+            # read that took the probe closes or reopens it (`_pauses.after_attempt`).
+            step = engine.breaker_step(request, signal, now, breaker)
+            if step is not None and step.write is not None:
+                yield step.write
+        if decision.action == "retry" and step is not None and step.pause is not None:
+            logger.info(
+                "a %s to %s is not retried: %s is paused (%s); its last answer or error "
+                "is returned",
+                request.method,
+                step.pause.origin,
+                step.pause.origin,
+                step.pause.reason,
+            )
+        elif (
             decision.action == "retry"
             and budget is not None
             and origin is not None

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import attrs
 import httpx
 
-from idempotently._budget import origin_of
 from idempotently._commands import Find, TakeLease
 from idempotently._commands_rare import Queue, Report
 from idempotently._exceptions import (
@@ -231,20 +230,6 @@ def _resume_one(
             f"the journaled request cannot be rebuilt ({type(error).__name__}): it keeps "
             f"its state; see `idempotently show {operation.operation_id}`",
         )
-    budget = engine.policy.budget
-    if budget is not None:
-        # What the origin's retries have met so far in this process: nothing but
-        # failures (the budget spent). A resume then leaves the rest of that origin's
-        # operations pending instead of trying every one in turn.
-        origin = origin_of(request.url)
-        if engine.budgets.spent(budget, origin, engine.clock()):
-            return ResumeResult.of(
-                operation,
-                "pending",
-                "still_pending",
-                f"not sent: the retry budget of {origin} is spent (its recent retries "
-                "met only failures); it stays pending with its key for a later resume",
-            )
     secrets = secret_values(request.headers, engine.redact_headers, request.url)
     pause = yield from engine.origin_pause(profile, request, engine.clock(), operation.operation_id)
     if pause is not None:
@@ -282,6 +267,13 @@ def _resume_one(
         sending = engine.overridden(policy, None)
         if timeouts is not None:
             request.extensions = {**request.extensions, "timeout": timeouts}
+    if sending.policy.breaker is None:
+        # A resume meets dead origins more than any call (that is what it is for): it
+        # always runs with a circuit breaker, so an origin that is down is paused after
+        # a few failures and the rest of its operations stay pending unsent (`_pauses`).
+        from idempotently._breaker import Breaker
+
+        sending = sending.overridden(attrs.evolve(sending.policy, breaker=Breaker()), None)
     # A claimed lease is renewed by the same compare-and-swap on the row just read:
     # it fails only if the claim expired and another caller took the operation.
     owner = claimed_by if claimed_by is not None and claimed else engine.new_owner()

@@ -341,7 +341,8 @@ class Journal:
 
     def origin_pauses(self, *, now: float | None = None) -> list[OriginPause]:
         """The origins a server asked to leave alone (429 or 503 with Retry-After) whose
-        pause still runs at ``now`` (default: the time now), soonest over first."""
+        pause still runs at ``now`` (default: the time now), and every circuit breaker
+        not yet closed (open, or half-open: its reason says), soonest over first."""
         self._check_usable()
         return self._store.origin_pauses(now=time.time() if now is None else now)
 
@@ -848,6 +849,7 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | _commands_lazy.Act()
             | _commands_lazy.LookUpLater()
             | _commands_lazy.Unpause()
+            | _commands_lazy.SwapPause()
             | None
         ):
             return f"{closed}; this write was not journaled. Open the journal again to retry it"

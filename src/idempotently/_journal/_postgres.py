@@ -70,7 +70,7 @@ from idempotently._commands import (
     TakeLease,
     assert_never,
 )
-from idempotently._commands_rare import Act, LookUpLater, Unpause, Write
+from idempotently._commands_rare import Act, LookUpLater, SwapPause, Unpause, Write
 from idempotently._exceptions import (
     ErrorContext,
     JournalCorruptError,
@@ -1460,6 +1460,42 @@ class PostgresStore:
                     """,
                     {"now": write.now, "origin": write.origin, "credentials": write.credentials},
                 )
+            case SwapPause():
+                # A circuit breaker's compare-and-swap on its row; the row as it stands
+                # after: the swapped one, or (not swapped) the one that stopped it.
+                new = write.new
+                match = {
+                    "origin": write.origin,
+                    "credentials": write.credentials,
+                    "expect": write.expect,
+                    "ended_by": write.ended_by,
+                }
+                where = (
+                    "WHERE origin = %(origin)s AND credentials = %(credentials)s AND "
+                    "reason = %(expect)s AND (%(ended_by)s::float8 IS NULL "
+                    "OR until <= %(ended_by)s::float8)"
+                )
+                if new is None:
+                    return conn.execute(
+                        f"DELETE FROM {SCHEMA}.origin_pauses {where} RETURNING origin", match
+                    )
+                return conn.execute(
+                    f"""
+                    WITH swapped AS (
+                        UPDATE {SCHEMA}.origin_pauses
+                        SET until = %(until)s, reason = %(reason)s, set_at = %(set_at)s
+                        {where}
+                        RETURNING origin, credentials, until, reason, set_at
+                    )
+                    SELECT * FROM swapped
+                    UNION ALL
+                    SELECT origin, credentials, until, reason, set_at
+                    FROM {SCHEMA}.origin_pauses
+                    WHERE origin = %(origin)s AND credentials = %(credentials)s
+                      AND NOT EXISTS (SELECT 1 FROM swapped)
+                    """,
+                    {**match, "until": new.until, "reason": new.reason, "set_at": new.set_at},
+                )
             case Unpause():
                 return conn.execute(
                     f"DELETE FROM {SCHEMA}.origin_pauses WHERE origin = %s "
@@ -1584,6 +1620,11 @@ class PostgresStore:
                     float(row["lease_until"]),
                 )
             case RebasePause():
+                row = None if cursor is None else cursor.fetchone()
+                return None if row is None else OriginPause(**row)
+            case SwapPause():
+                if write.new is None:
+                    return None
                 row = None if cursor is None else cursor.fetchone()
                 return None if row is None else OriginPause(**row)
             case ClaimDue():
@@ -2136,7 +2177,7 @@ class PostgresStore:
             rows = self._rows(
                 conn,
                 f"SELECT origin, credentials, until, reason, set_at FROM {SCHEMA}.origin_pauses "
-                "WHERE until > %s ORDER BY until",
+                "WHERE until > %s OR reason LIKE 'circuit breaker%%' ORDER BY until",
                 (now,),
             )
         return [OriginPause(**row) for row in rows]

@@ -1498,6 +1498,8 @@ class SqliteStore:
                 return self._act(conn, write, counts)
             case _commands_lazy.LookUpLater():
                 return self._look_up_later(conn, write)
+            case _commands_lazy.SwapPause():
+                return self._swap_pause(conn, write)
             case _commands_lazy.Unpause():
                 lifted = [
                     OriginPause(*tuple(row))
@@ -1511,6 +1513,27 @@ class SqliteStore:
                 return lifted
             case _:
                 assert_never(write)
+
+    def _swap_pause(
+        self, conn: sqlite3.Connection, write: _commands_lazy.SwapPause
+    ) -> OriginPause | None:
+        """A circuit breaker's compare-and-swap on its pause row (`SwapPause`)."""
+        where = "WHERE origin = ? AND credentials = ? AND reason = ? AND (? IS NULL OR until <= ?)"
+        match = (write.origin, write.credentials, write.expect, write.ended_by, write.ended_by)
+        new = write.new
+        if new is None:
+            conn.execute("DELETE FROM origin_pauses " + where, match)
+        else:
+            conn.execute(
+                "UPDATE origin_pauses SET until = ?, reason = ?, set_at = ? " + where,
+                (new.until, new.reason, new.set_at, *match),
+            )
+        row = conn.execute(
+            "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
+            "WHERE origin = ? AND credentials = ?",
+            (write.origin, write.credentials),
+        ).fetchone()
+        return None if row is None else OriginPause(*tuple(row))
 
     def _record(self, conn: sqlite3.Connection, write: Record, counts: dict[str, int]) -> None:
         """The attempt and the operation's new state.
@@ -2497,7 +2520,7 @@ class SqliteStore:
         with self._snapshot():
             rows = self._query(
                 "SELECT origin, credentials, until, reason, set_at FROM origin_pauses "
-                "WHERE until > ? ORDER BY until",
+                "WHERE until > ? OR reason LIKE 'circuit breaker%' ORDER BY until",
                 (now,),
             )
         return [OriginPause(**dict(row)) for row in rows]

@@ -127,8 +127,8 @@ class Store(Protocol):
         ...
 
     def origin_pauses(self, *, now: float) -> list[OriginPause]:
-        """The origin pauses still running at ``now``, soonest over first (none in a
-        journal from before they were kept)."""
+        """The origin pauses still running at ``now`` and the circuit breakers' not yet
+        closed, soonest over first (none in a journal from before they were kept)."""
         ...
 
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
