@@ -352,6 +352,7 @@ class Engine(Config):
                 secrets,
                 codec_of(self, operation),
                 binding=operation.credentials_digest,
+                journaled=operation,
             )
             return self._finish(end)
 
@@ -508,6 +509,12 @@ class Engine(Config):
             "key": end.key,
             "response": end.response,
         }
+        if decision.cap_reason is not None:
+            from idempotently._flow._cap import cap_error
+
+            raise cap_error(
+                STATUS_AFTER[action], decision.reason, decision.cap_reason, ids
+            ) from end.error
         if action in ("succeed", "fail") and end.response is not None:
             if end.unkept is not None:
                 raise AnswerNotReadError(
@@ -570,12 +577,27 @@ class Engine(Config):
         codec: Codec | None = None,
         *,
         binding: str | None = None,
+        journaled: Operation | None = None,
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt.
 
         ``binding`` is the credentials record the operation's key is bound to (None: not
         bound yet, or its profile does not bind keys): each attempt's request is checked
-        by its `Gate` as it leaves, after the client's request hooks and auth flow."""
+        by its `Gate` as it leaves, after the client's request hooks and auth flow.
+        ``journaled``: the operation as read (None: new), whose attempts count towards
+        the policy's ``max_total_attempts``."""
+        cap = self.policy.max_total_attempts
+        counted = 0
+        if cap is not None:
+            from idempotently._flow import _cap
+
+            counted = yield from _cap.journaled_count(operation_id, journaled)
+            if counted >= cap:
+                return (
+                    yield from _cap.before_send(
+                        self, operation_id, key, state, cap, counted, held, attempts
+                    )
+                )
         owner = held.lease[1] if held.lease is not None else None
         lease = None if owner is None else self.lease(operation_id, owner)  # one per call
         # A key the journal holds as bound stays bound, whatever profile resends it
@@ -708,10 +730,18 @@ class Engine(Config):
                 and not self.budgets.try_retry(budget, origin, now)
             ):
                 decision = refused(decision, origin)
+            if cap is not None:
+                counted += signal.outcome != "not_sent"
+                if counted >= cap and decision.action in _cap.GOES_ON:
+                    decision = _cap.at_cap(decision.state, cap, counted, decision.reason)
             state = decision.state
             action = decision.action
             retrying = action == "retry"
-            keep = response is not None and action in ("succeed", "fail", "reconcile")
+            keep = (
+                response is not None
+                and action in ("succeed", "fail", "reconcile")
+                and decision.cap_reason is None
+            )
             if body is not None and not body.complete:
                 if keep and unkept is None:
                     # Only an excerpt was read, and the answer is kept: read the rest.
@@ -756,6 +786,7 @@ class Engine(Config):
                     if keep and response and unkept is None
                     else None
                 ),
+                cap_reason=decision.cap_reason,
             )
             yield Record(operation_id, record, now, owner, key)
             if (

@@ -634,6 +634,14 @@ WITH before AS (
 SELECT {_NOTED_READ}
 """)
 
+_CAPPED_RECORD: Final = _RECORD_ATTEMPT.replace(
+    "attempt_count = attempt_count + 1,",
+    "attempt_count = attempt_count + 1, " + _if_held("cap_reason", "%(cap_reason)s::text") + ",",
+    1,
+)
+"""`_RECORD_ATTEMPT` for the attempt that brings its operation to ``max_total_attempts``:
+the reason written with the state (another statement, so the common one binds nothing more)."""
+
 _ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
 _ATTEMPTS_JOINED: Final = f"""
 SELECT {", ".join(f"o.{column}" for column in (*_OPERATION_COLUMNS, *_ATTEMPT1))},
@@ -796,6 +804,13 @@ WITH moved AS (
 }
 SELECT (SELECT count(*) FROM moved) AS applied, {_NOTED_READ}
 """)
+
+_CAPPED_STATUS: Final = _SET_STATUS.replace(
+    "lease_owner = NULL, lease_until = 0",
+    "lease_owner = NULL, lease_until = 0, cap_reason = %(cap_reason)s::text",
+    1,
+)
+"""`_SET_STATUS` for a move made for the policy's ``max_total_attempts``."""
 
 _LOOK_UP_LATER: Final = f"""
 WITH later AS (
@@ -1380,8 +1395,9 @@ class PostgresStore:
                     else headers_json(record.response_headers)
                 )
                 return conn.execute(
-                    _RECORD_ATTEMPT,
+                    _RECORD_ATTEMPT if record.cap_reason is None else _CAPPED_RECORD,
                     {
+                        "cap_reason": record.cap_reason,
                         "operation_id": write.operation_id,
                         "owner": write.owner,
                         "now": write.now,
@@ -1453,8 +1469,9 @@ class PostgresStore:
                 )
             case SetStatus():
                 return conn.execute(
-                    _SET_STATUS,
+                    _SET_STATUS if write.cap_reason is None else _CAPPED_STATUS,
                     {
+                        "cap_reason": write.cap_reason,
                         "status": write.status,
                         "reason": write.reason,
                         "now": write.now,

@@ -469,6 +469,16 @@ _RECORD_FIRST_ONLY: Final = (
 _RECORD_STATE: Final = f"UPDATE operations SET {_STATE} WHERE operation_id = ?"
 """The state after a later attempt (the caller appends its lease condition)."""
 
+
+def _set_cap_reason(conn: sqlite3.Connection, operation_id: str, reason: str) -> None:
+    """Why the write just made moved the operation for its ``max_total_attempts``: a
+    statement of its own in the same transaction, made only then (a common call's answer
+    stays one statement)."""
+    conn.execute(
+        "UPDATE operations SET cap_reason = ? WHERE operation_id = ?", (reason, operation_id)
+    )
+
+
 # A later attempt's number is the operation's next one, read in the same
 # transaction: two writers can never both claim number n.
 _INSERT_ATTEMPT = """
@@ -1464,6 +1474,8 @@ class SqliteStore:
                 )
                 if cursor.rowcount == 1:
                     _moved(counts, write.expect, write.status)
+                    if write.cap_reason is not None:
+                        _set_cap_reason(conn, write.operation_id, write.cap_reason)
                 return cursor.rowcount == 1
             case Release():
                 conn.execute(
@@ -1549,6 +1561,8 @@ class SqliteStore:
         held = () if owner is None else (owner,)
         if conn.execute(_RECORD_FIRST + holds, (*state, *attempt, operation_id, *held)).rowcount:
             _moved(counts, before, record.status)
+            if record.cap_reason is not None:
+                _set_cap_reason(conn, operation_id, record.cap_reason)
         elif conn.execute(_RECORD_FIRST_ONLY, (*attempt, operation_id)).rowcount:
             pass  # a first attempt that outlived its lease: in the row, nothing else changed
         elif conn.execute(_INSERT_ATTEMPT, (*attempt, operation_id)).rowcount == 0:
@@ -1561,6 +1575,8 @@ class SqliteStore:
         else:
             if conn.execute(_RECORD_STATE + holds, (*state, operation_id, *held)).rowcount:
                 _moved(counts, before, record.status)
+                if record.cap_reason is not None:
+                    _set_cap_reason(conn, operation_id, record.cap_reason)
             else:
                 # Not ours any more: count the attempt, keep whoever holds it now. Its
                 # updated_at stays the holder's, the write time of the holder's lease and

@@ -1,0 +1,289 @@
+"""RetryPolicy(max_total_attempts=N): a cap on attempts across restarts, from the journal.
+
+Only attempts that reached the server count (answered or maybe delivered), whichever
+call, process, resume or watch worker made them; at the cap the operation goes to
+needs_reconcile (failed when no attempt can have acted) with its cap_reason, and is
+never sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import idempotently
+from tests.scripted_server import RESET, Answer, ScriptedApp
+from tests.support import FakeTime
+
+UNAVAILABLE = Answer(status=503)
+
+
+def capped(cap: int | None, **options: Any) -> idempotently.RetryPolicy:
+    """Two attempts a call, no waits, no budget, and the cap ``cap``."""
+    options.setdefault("max_attempts", 2)
+    return idempotently.RetryPolicy(
+        initial_backoff=0.0, budget=None, max_total_attempts=cap, **options
+    )
+
+
+def session(
+    journal: str | Path, fake_time: FakeTime, policy: idempotently.RetryPolicy, **options: Any
+) -> idempotently.Session:
+    return idempotently.Session(
+        journal, policy=policy, clock=fake_time.clock, sleep=fake_time.sleep, **options
+    )
+
+
+def operation(journal: str | Path, operation_id: str) -> idempotently.Operation:
+    with idempotently.Journal(journal) as j:
+        found = j.operation(operation_id)
+    assert found is not None
+    return found
+
+
+# -- the policy field ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (10**400, ValueError),
+        (1_000_001, ValueError),
+        (True, TypeError),
+        (False, TypeError),
+        (2.0, TypeError),
+        (-0.0, TypeError),
+        (float("nan"), TypeError),
+        (float("inf"), TypeError),
+        (float("-inf"), TypeError),
+        ("3", TypeError),
+    ],
+)
+def test_a_cap_that_is_no_count_of_attempts_is_refused(value: object, error: type) -> None:
+    """max_total_attempts is None or an int from 1 to 1,000,000; anything else is a clear
+    one-line error naming the field."""
+    with pytest.raises(error) as raised:
+        idempotently.RetryPolicy(max_total_attempts=value)  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert "max_total_attempts must be an int from 1 to 1000000 or None" in message
+    assert "\n" not in message and len(message) < 200
+
+
+def test_the_cap_is_off_by_default_and_takes_one() -> None:
+    """None by default; 1 is the smallest cap."""
+    assert None is idempotently.RetryPolicy().max_total_attempts
+    assert 1 == idempotently.RetryPolicy(max_total_attempts=1).max_total_attempts
+
+
+def test_a_refused_cap_on_a_call_journals_nothing(tmp_path: Path, fake_time: FakeTime) -> None:
+    """A bad cap is refused as the policy is built, before a call can journal anything."""
+    with (
+        session(tmp_path / "j.db", fake_time, capped(None)) as s,
+        pytest.raises(ValueError, match="max_total_attempts"),
+    ):
+        s.post("http://127.0.0.1:9/x", json={}, policy=capped(0))
+        assert [] == list(s.journal.operations())
+
+
+# -- the count across restarts -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_ten_resumes_of_a_503_stop_at_the_cap(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime, store: str
+) -> None:
+    """The issue's example: an operation answered 503 at every attempt, resumed ten
+    times with two attempts a run, reaches the server 5 times in all (not 22), then is
+    needs_reconcile with the reason shown, and no resume sends it again."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 40)
+    with session(journal_target, fake_time, capped(5)) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(f"{url}/charges", json={"n": 1}, operation_id="order-1")
+        results = [s.resume() for _ in range(10)]
+    assert 5 == len(app.arrivals)
+    # The call's two, the first resume's two, the second resume's one: at the cap.
+    assert [["still_pending"], ["needs_reconcile"]] + [[]] * 8 == [
+        [result.action for result in run] for run in results
+    ]
+    row = operation(journal_target, "order-1")
+    assert ("needs_reconcile", 5) == (row.status, row.attempt_count)
+    assert row.cap_reason is not None and "max_total_attempts=5 reached" in row.cap_reason
+    assert row.reason is not None and "max_total_attempts=5 reached" in row.reason
+
+
+def test_the_call_raises_the_cap_error_naming_what_to_do(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """A call that brings its operation to the cap raises AttemptsCapError: the cap was
+    reached, the operation may have been delivered, its id and key, and reconcile/settle;
+    a call again with its id raises the same, sending nothing."""
+    app, url = scripted
+    app.answer(UNAVAILABLE, UNAVAILABLE, UNAVAILABLE)
+    with session(tmp_path / "j.db", fake_time, capped(2, max_attempts=5)) as s:
+        with pytest.raises(idempotently.AttemptsCapError) as raised:
+            s.post(f"{url}/charges", json={}, operation_id="order-1")
+        with pytest.raises(idempotently.AttemptsCapError) as again:
+            s.post(f"{url}/charges", json={}, operation_id="order-1")
+    error = raised.value
+    assert 2 == len(app.arrivals)
+    assert ("needs_reconcile", 2, 2) == (error.status, error.attempts, error.max_total_attempts)
+    text = str(error)
+    for said in (
+        "reached its cap on attempts",
+        "max_total_attempts=2",
+        "may have been delivered",
+        "settle",
+        "order-1",
+        str(error.key),
+    ):
+        assert said in text
+    assert ("needs_reconcile", error.key) == (again.value.status, again.value.key)
+
+
+def test_a_cap_failed_only_when_nothing_can_have_acted(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """An operation answered 429 at every attempt (the server says it did not act) is
+    failed at the cap; one answered 503 once among them is needs_reconcile."""
+    app, url = scripted
+    limited = Answer(status=429)
+    app.answer(limited, limited, limited, UNAVAILABLE, limited)
+    with session(tmp_path / "j.db", fake_time, capped(2)) as s:
+        with pytest.raises(idempotently.AttemptsCapError) as failed:
+            s.post(f"{url}/charges", json={"n": 1}, operation_id="limited")
+        with pytest.raises(idempotently.AttemptsCapError) as unknown:
+            s.post(f"{url}/charges", json={"n": 2}, operation_id="mixed")
+    assert ("failed", "needs_reconcile") == (failed.value.status, unknown.value.status)
+    assert "no attempt can have been acted on" in str(failed.value)
+    assert ("failed", "needs_reconcile") == (
+        operation(tmp_path / "j.db", "limited").status,
+        operation(tmp_path / "j.db", "mixed").status,
+    )
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on: a connection to it is refused before any byte."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_an_outage_never_dead_letters_an_outbox_order(
+    journal_target: str, fake_time: FakeTime, store: str
+) -> None:
+    """Connections refused before any byte (not_sent) never count: an enqueued order
+    resumed through an outage many times more than its cap stays pending."""
+    url = f"http://127.0.0.1:{_refused_port()}/orders"
+    with session(journal_target, fake_time, capped(2)) as s:
+        s.enqueue("POST", url, json={"sku": 1}, operation_id="order-1")
+        for _ in range(5):
+            s.resume()
+    row = operation(journal_target, "order-1")
+    assert ("pending", None) == (row.status, row.cap_reason)
+    assert row.attempt_count >= 5
+    assert {"not_sent"} == {attempt.outcome for attempt in row.attempts}
+
+
+def test_a_lost_answer_counts(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """An attempt whose connection broke after the request was read (maybe delivered)
+    counts like an answered one."""
+    app, url = scripted
+    app.answer(RESET, RESET, RESET)
+    with (
+        session(tmp_path / "j.db", fake_time, capped(2, max_attempts=5)) as s,
+        pytest.raises(idempotently.AttemptsCapError) as raised,
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="lost")
+    assert (2, "needs_reconcile") == (len(app.arrivals), raised.value.status)
+
+
+# -- per call, journaled; a resume applies the stricter -------------------------------------
+
+
+def test_a_call_cap_is_journaled_and_applied_by_resume(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """policy=RetryPolicy(max_total_attempts=3) on one call is journaled in overrides; a
+    resume by a session without a cap applies it."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 10)
+    path = tmp_path / "j.db"
+    with (
+        session(path, fake_time, capped(None)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="op", policy=capped(3))
+    assert 3 == json.loads(str(operation(path, "op").overrides))["policy"]["max_total_attempts"]
+    with session(path, fake_time, capped(None, max_attempts=5)) as s:
+        [result] = s.resume()
+    assert ("needs_reconcile", 3) == (result.action, len(app.arrivals))
+
+
+@pytest.mark.parametrize(
+    ("journaled", "given", "sent"),
+    [(4, 2, 2), (2, 4, 2), (None, 3, 3), (3, None, 3)],
+)
+def test_a_resume_applies_the_stricter_cap(
+    tmp_path: Path,
+    scripted: tuple[ScriptedApp, str],
+    fake_time: FakeTime,
+    journaled: int | None,
+    given: int | None,
+    sent: int,
+) -> None:
+    """The journaled cap (a call's) and the resume's own: the smaller one stops it."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 10)
+    path = tmp_path / "j.db"
+    with (
+        session(path, fake_time, capped(None, max_attempts=1)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(
+            f"{url}/charges",
+            json={},
+            operation_id="op",
+            policy=capped(journaled, max_attempts=1),
+        )
+    with session(path, fake_time, capped(given, max_attempts=10)) as s:
+        # The journaled policy allows one attempt a run (the stricter max_attempts too).
+        actions = [[result.action for result in s.resume()] for _ in range(5)]
+    assert ["needs_reconcile"] == actions[sent - 2]
+    assert (sent, "needs_reconcile") == (len(app.arrivals), operation(path, "op").status)
+
+
+def test_a_resume_stricter_than_the_count_sends_nothing(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """An operation with three attempts counted, resumed under a cap of 2: nothing is
+    sent, it moves to needs_reconcile with the reason."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 3)
+    path = tmp_path / "j.db"
+    with (
+        session(path, fake_time, capped(None, max_attempts=3)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="op")
+    with session(path, fake_time, capped(2)) as s:
+        [result] = s.resume()
+    row = operation(path, "op")
+    assert (3, "needs_reconcile", "needs_reconcile") == (
+        len(app.arrivals),
+        result.action,
+        row.status,
+    )
+    assert (
+        row.cap_reason == "max_total_attempts=2 reached: 3 attempts reached the server, "
+        "counted from the journal across every call, process and resume"
+    )
