@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import idempotently
+from idempotently.cli import cli
 from tests.scripted_server import RESET, Answer, ScriptedApp
 from tests.support import FakeTime
 
@@ -287,3 +289,84 @@ def test_a_resume_stricter_than_the_count_sends_nothing(
         row.cap_reason == "max_total_attempts=2 reached: 3 attempts reached the server, "
         "counted from the journal across every call, process and resume"
     )
+
+
+# -- what the operator sees -----------------------------------------------------------------
+
+
+def _invoke(journal: str, *args: str) -> str:
+    result = CliRunner().invoke(cli, ["--journal", journal, *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.output
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_show_list_and_stats_say_the_cap(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime, store: str
+) -> None:
+    """show (text and --json) gives the cap's reason; list --status needs_reconcile marks
+    it (and --json gives the reason); stats (text, --json, Prometheus) counts it; a
+    prune of a capped failed operation and a recount keep that count true."""
+    app, url = scripted
+    app.answer(UNAVAILABLE, UNAVAILABLE, Answer(status=429), Answer(status=429))
+    with session(journal_target, fake_time, capped(2)) as s:
+        for operation_id in ("capped", "limited"):
+            with pytest.raises(idempotently.AttemptsCapError):
+                s.post(f"{url}/charges", json={"n": operation_id}, operation_id=operation_id)
+        app.answer(Answer(status=201))
+        s.post(f"{url}/charges", json={}, operation_id="fine")
+    reason = operation(journal_target, "capped").cap_reason
+    assert reason is not None and reason.startswith("max_total_attempts=2 reached: 2 attempts")
+    shown = json.loads(_invoke(journal_target, "show", "capped", "--json"))
+    assert (reason, "needs_reconcile") == (shown["cap_reason"], shown["status"])
+    assert f"attempts cap\t{reason}" in _invoke(journal_target, "show", "capped")
+    listed = json.loads(_invoke(journal_target, "list", "--status", "needs_reconcile", "--json"))
+    assert [("capped", reason)] == [(row["operation_id"], row["cap_reason"]) for row in listed]
+    with idempotently.Journal(journal_target) as journal:
+        from idempotently._cli_format import operations_table
+
+        table = operations_table(journal.operations(status="needs_reconcile"), fake_time.now)
+        assert "needs_reconcile (attempts cap)" in "\n".join(table)
+        assert 2 == journal.stats(now=fake_time.now).capped
+    assert 2 == json.loads(_invoke(journal_target, "stats", "--json"))["capped"]
+    assert "attempts cap\t2 (operations that reached max_total_attempts)" in _invoke(
+        journal_target, "stats"
+    )
+    prometheus = _invoke(journal_target, "stats", "--format", "prometheus")
+    assert f'idempotently_capped_operations{{journal="{journal_target}"}} 2' in prometheus
+    with idempotently.Journal(journal_target) as journal:
+        assert 2 == journal.prune(older_than=0.0, now=fake_time.now + 10)  # limited and fine
+        assert 1 == journal.stats(now=fake_time.now).capped
+    _invoke(journal_target, "migrate", "--recount")
+    with idempotently.Journal(journal_target) as journal:
+        assert 1 == journal.stats(now=fake_time.now).capped
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_damaged_count_of_capped_operations_names_the_recount(
+    journal_target: str, fake_time: FakeTime, store: str
+) -> None:
+    """A count of capped operations edited by hand into no number makes stats a clear
+    error saying to recount, and the recount repairs it."""
+    with idempotently.Journal(journal_target) as journal:
+        journal.stats(now=fake_time.now)  # created
+    table = "journal_meta" if store == "sqlite" else "idempotently.journal_meta"
+    sql = f"INSERT INTO {table} (name, value) VALUES ('capped_operations', 'x')"
+    if store == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(journal_target) as conn:
+            conn.execute(sql)
+    else:
+        import psycopg
+
+        with psycopg.connect(journal_target, autocommit=True) as conn:
+            conn.execute(sql)
+    with (
+        idempotently.Journal(journal_target) as journal,
+        pytest.raises(idempotently.JournalCorruptError, match="migrate --recount"),
+    ):
+        journal.stats(now=fake_time.now)
+    assert "recounted" in _invoke(journal_target, "migrate", "--recount")
+    with idempotently.Journal(journal_target) as journal:
+        assert 0 == journal.stats(now=fake_time.now).capped

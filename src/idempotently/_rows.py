@@ -355,6 +355,32 @@ class AttemptRecord:
     to the row with the state, by the same transaction (only then: no cost otherwise)."""
 
 
+CAPPED_META: Final = "capped_operations"
+"""The journal_meta row counting the operations that reached their ``max_total_attempts``
+(its cap_reason set): kept by the writes that set one, prune and a recount, since schema
+version 10 has no column for it in journal_counts. No row: none yet."""
+
+
+def capped_count(value: object, path: str) -> int:
+    """The `CAPPED_META` row's value as a count (None: 0), or a JournalCorruptError
+    saying how to count it again."""
+    if value is None:
+        return 0
+    try:
+        count = int(str(value))
+    except ValueError:
+        count = -1
+    if count < 0:
+        from idempotently._exceptions import JournalCorruptError
+
+        raise JournalCorruptError(
+            f"{path} holds a damaged count of operations at their attempts cap "
+            f"({short(value)}), as after an edit by hand; run `idempotently --journal {path} "
+            "migrate --recount` to count them again from the rows"
+        )
+    return count
+
+
 MAX_TIMESTAMP = 1e11
 """Seconds since the epoch in the year 5138: any later time is a mistake."""
 MAX_WINDOW = 100 * 366 * 86400.0

@@ -61,6 +61,7 @@ from idempotently._exceptions import (
     JournalWriteError,
 )
 from idempotently._rows import (
+    CAPPED_META,
     DURABILITIES,
     MAX_LIMIT,
     MAX_TIMESTAMP,
@@ -72,6 +73,7 @@ from idempotently._rows import (
     Operation,
     OriginPause,
     audit_entry_problem,
+    capped_count,
     check_number,
     column_problem,
     headers_json,
@@ -471,11 +473,27 @@ _RECORD_STATE: Final = f"UPDATE operations SET {_STATE} WHERE operation_id = ?"
 
 
 def _set_cap_reason(conn: sqlite3.Connection, operation_id: str, reason: str) -> None:
-    """Why the write just made moved the operation for its ``max_total_attempts``: a
-    statement of its own in the same transaction, made only then (a common call's answer
-    stays one statement)."""
+    """Why the write just made moved the operation for its ``max_total_attempts``, and
+    one more in the count of such operations (the first time only): statements of their
+    own in the same transaction, made only then (a common call's answer stays one)."""
+    if conn.execute(
+        "UPDATE operations SET cap_reason = ? WHERE operation_id = ? AND cap_reason IS NULL",
+        (reason, operation_id),
+    ).rowcount:
+        _add_capped(conn, 1)
+    else:
+        conn.execute(
+            "UPDATE operations SET cap_reason = ? WHERE operation_id = ?", (reason, operation_id)
+        )
+
+
+def _add_capped(conn: sqlite3.Connection, change: int) -> None:
+    """Add ``change`` to the `CAPPED_META` count (a damaged value is left for stats to
+    name, never made a number here)."""
     conn.execute(
-        "UPDATE operations SET cap_reason = ? WHERE operation_id = ?", (reason, operation_id)
+        "INSERT INTO journal_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
+        "SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT) WHERE value GLOB '[0-9]*'",
+        (CAPPED_META, str(max(change, 0)), change),
     )
 
 
@@ -2212,7 +2230,13 @@ class SqliteStore:
             now=now,
             expiring=pending["expiring"],
             expiring_within=expiring_within,
+            capped=self._capped(),
         )
+
+    def _capped(self) -> int:
+        """How many operations reached their ``max_total_attempts`` (`CAPPED_META`)."""
+        rows = self._query("SELECT value FROM journal_meta WHERE name = ?", (CAPPED_META,))
+        return capped_count(rows[0]["value"] if rows else None, self.path)
 
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
         """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
@@ -2244,6 +2268,13 @@ class SqliteStore:
                         ids = [operation_id for _, operation_id in chunk]
                         rowids = [rowid for rowid, _ in chunk]
                         # What the deleted rows counted, taken off the counts with them.
+                        capped = conn.execute(
+                            "SELECT count(*) FROM operations "
+                            f"WHERE rowid IN ({marks}) AND cap_reason IS NOT NULL",
+                            rowids,
+                        ).fetchone()[0]
+                        if capped:
+                            _add_capped(conn, -int(capped))
                         for source, column, where, params in (
                             ("operations", "status", f"rowid IN ({marks})", rowids),
                             ("operations", "attempt1_", f"rowid IN ({marks})", rowids),
@@ -2385,6 +2416,11 @@ class SqliteStore:
         shell) they may differ from the rows until this runs."""
         with self._write(durable=True) as conn:
             conn.execute(_RECOUNT)
+            conn.execute(
+                "INSERT OR REPLACE INTO journal_meta (name, value) "
+                "SELECT ?, CAST(count(cap_reason) AS TEXT) FROM operations",
+                (CAPPED_META,),
+            )
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
