@@ -9,10 +9,16 @@ never sent again.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from click.testing import CliRunner
 
@@ -370,3 +376,173 @@ def test_a_damaged_count_of_capped_operations_names_the_recount(
     assert "recounted" in _invoke(journal_target, "migrate", "--recount")
     with idempotently.Journal(journal_target) as journal:
         assert 0 == journal.stats(now=fake_time.now).capped
+
+
+# -- every caller shares the count -----------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_async_tasks_stop_at_the_cap_a_sync_call_counted_towards(
+    journal_target: str,
+    scripted: tuple[ScriptedApp, str],
+    fake_time: FakeTime,
+    anyio_backend: str,
+    store: str,
+) -> None:
+    """asyncio and trio: attempts a sync Session made count for an AsyncSession's call
+    of the same operation, which stops at the cap and raises AttemptsCapError; tasks
+    running at once each stop at their own operation's cap."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 20)
+    with (
+        session(journal_target, fake_time, capped(3)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={"n": 0}, operation_id="shared")
+    errors: dict[str, idempotently.AttemptsCapError] = {}
+    async with idempotently.AsyncSession(
+        journal_target,
+        policy=capped(3, max_attempts=5),
+        clock=fake_time.clock,
+        sleep=fake_time.async_sleep,
+    ) as a:
+
+        async def work(n: int) -> None:
+            try:
+                await a.post(f"{url}/charges", json={"n": n}, operation_id=names[n])
+            except idempotently.AttemptsCapError as error:
+                errors[names[n]] = error
+
+        names = ["shared", "task-1", "task-2"]
+        async with anyio.create_task_group() as group:
+            for n in range(3):
+                group.start_soon(work, n)
+    assert {"shared": 3, "task-1": 3, "task-2": 3} == {
+        name: error.attempts for name, error in errors.items()
+    }
+    assert 2 + 1 + 3 + 3 == len(app.arrivals)
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import idempotently
+    journal, url, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    policy = idempotently.RetryPolicy(max_attempts=5, initial_backoff=0.0, budget=None,
+                                      max_total_attempts=cap)
+    with idempotently.Session(journal, policy=policy) as s:
+        try:
+            s.post(url, json={"n": 1}, operation_id="order-1")
+            print(json.dumps({"sent": True}))
+        except idempotently.AttemptsCapError as error:
+            print(json.dumps({"status": error.status, "attempts": error.attempts}))
+        except idempotently.OperationPendingError:
+            print(json.dumps({"pending": True}))
+    """
+)
+
+
+def run_child(journal: str, url: str, cap: int) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, journal, url, str(cap)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
+    assert 0 == done.returncode, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_processes_on_one_journal_share_the_count(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime, store: str
+) -> None:
+    """This process makes two attempts of an operation; another process on the same
+    journal (SQLite or PostgreSQL) calling it again under a cap of 3 sends once more,
+    then stops: three reached the server in all."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 10)
+    with (
+        session(journal_target, fake_time, capped(None)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={"n": 1}, operation_id="order-1")
+    assert {"status": "needs_reconcile", "attempts": 3} == run_child(
+        journal_target, f"{url}/charges", 3
+    )
+    assert 3 == len(app.arrivals)
+    assert {"status": "needs_reconcile", "attempts": 3} == run_child(
+        journal_target, f"{url}/charges", 3
+    )
+    assert 3 == len(app.arrivals)
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_watch_worker_honours_the_cap(
+    journal_target: str, scripted: tuple[ScriptedApp, str], store: str
+) -> None:
+    """A `resume --watch` worker (Session.watch) resuming an operation answered 503 round
+    after round stops at the cap: needs_reconcile, and nothing more is sent."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 20)
+    fake = FakeTime()
+    with (
+        session(journal_target, fake, capped(4, max_attempts=1)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="order-1")
+    stop = threading.Event()
+    results: list[idempotently.ResumeResult] = []
+
+    def on_result(result: idempotently.ResumeResult) -> None:
+        results.append(result)
+        # A round claims nothing once the operation is settled; a bound on a bug.
+        if result.action == "needs_reconcile" or len(results) > 10:
+            stop.set()
+
+    def on_batch(batch: idempotently.WatchBatch) -> None:
+        fake.now += 3600  # past any park: the next round takes it again
+
+    with session(journal_target, fake, capped(4, max_attempts=1), host_id="worker-1") as s:
+        s.watch(stop, interval=1.0, on_result=on_result, on_batch=on_batch)
+        assert [] == s.resume()  # nothing left to send
+    assert ["still_pending", "still_pending", "needs_reconcile"] == [
+        result.action for result in results
+    ]
+    assert 4 == len(app.arrivals)
+    assert "needs_reconcile" == operation(journal_target, "order-1").status
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_resume_max_total_attempts_on_the_command_line(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime, store: str
+) -> None:
+    """`idempotently resume --max-total-attempts 3` counts the attempts already journaled:
+    one more is sent, then the operation is needs_reconcile (exit 1, the reason shown);
+    0 or a word is a usage error, nothing sent."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 10)
+    with (
+        session(journal_target, fake_time, capped(None)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="order-1")
+    for bad in ("0", "-1", "1.5", "x", str(10**400)):
+        result = CliRunner().invoke(
+            cli, ["--journal", journal_target, "resume", "--max-total-attempts", bad]
+        )
+        assert 2 == result.exit_code, result.output
+        assert "--max-total-attempts" in result.output
+    assert 2 == len(app.arrivals)
+    result = CliRunner().invoke(
+        cli,
+        ["--journal", journal_target, "resume", "--max-total-attempts", "3", "--format", "json"],
+    )
+    assert 1 == result.exit_code, result.output
+    [line], _ = json.JSONDecoder().raw_decode(result.output)
+    assert "needs_reconcile" == line["action"]
+    assert "max_total_attempts=3 reached" in line["detail"]
+    assert 3 == len(app.arrivals)
