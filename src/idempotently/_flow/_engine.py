@@ -737,11 +737,7 @@ class Engine(Config):
             state = decision.state
             action = decision.action
             retrying = action == "retry"
-            keep = (
-                response is not None
-                and action in ("succeed", "fail", "reconcile")
-                and decision.cap_reason is None
-            )
+            keep = response is not None and action in ("succeed", "fail", "reconcile")
             if body is not None and not body.complete:
                 if keep and unkept is None:
                     # Only an excerpt was read, and the answer is kept: read the rest.
