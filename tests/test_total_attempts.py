@@ -546,3 +546,39 @@ def test_resume_max_total_attempts_on_the_command_line(
     assert "needs_reconcile" == line["action"]
     assert "max_total_attempts=3 reached" in line["detail"]
     assert 3 == len(app.arrivals)
+
+
+@pytest.mark.parametrize("stored", ["0", "true", "2.5", '"3"', "1" + "0" * 400])
+def test_a_damaged_journaled_cap_keeps_its_operation_and_the_resume_goes_on(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime, stored: str
+) -> None:
+    """A journaled cap that is no count (edited by hand, or written by no version of
+    ours) leaves its operation pending and unsent, says why, and the next one is resumed."""
+    app, url = scripted
+    app.answer(UNAVAILABLE, UNAVAILABLE)
+    path = tmp_path / "j.db"
+    with session(path, fake_time, capped(None, max_attempts=1)) as s:
+        for operation_id in ("damaged", "sound"):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(
+                    f"{url}/charges",
+                    json={"n": operation_id},
+                    operation_id=operation_id,
+                    policy=capped(5, max_attempts=1),
+                )
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE operations SET overrides = replace(overrides, "
+            "'\"max_total_attempts\":5', ?) WHERE operation_id = 'damaged'",
+            (f'"max_total_attempts":{stored}',),
+        )
+    app.answer(Answer(status=201))
+    with session(path, fake_time, capped(None)) as s:
+        results = {result.operation_id: result for result in s.resume()}
+    assert ("not_sent", "succeeded") == (results["damaged"].action, results["sound"].action)
+    assert "its journaled policy is not valid (max_total_attempts must be" in str(
+        results["damaged"].detail
+    )
+    assert 3 == len(app.arrivals)
