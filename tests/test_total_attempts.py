@@ -582,3 +582,18 @@ def test_a_damaged_journaled_cap_keeps_its_operation_and_the_resume_goes_on(
         results["damaged"].detail
     )
     assert 3 == len(app.arrivals)
+
+
+def test_a_call_again_applies_the_journaled_cap(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """An operation whose call journaled max_total_attempts=3, called again with its id by
+    a session without a cap, stops at 3 attempts in all."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 10)
+    with session(tmp_path / "j.db", fake_time, capped(None, max_attempts=5)) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(f"{url}/charges", json={}, operation_id="op", policy=capped(3, max_attempts=2))
+        with pytest.raises(idempotently.AttemptsCapError) as raised:
+            s.post(f"{url}/charges", json={}, operation_id="op")
+    assert (3, 3, 3) == (len(app.arrivals), raised.value.attempts, raised.value.max_total_attempts)

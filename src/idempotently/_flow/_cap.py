@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final, Literal
 
+import attrs
+
 from idempotently._commands import Find, SetStatus
 from idempotently._exceptions import AttemptsCapError, ErrorContext
 from idempotently._flow._operation import End, Flow, Held
@@ -24,6 +26,7 @@ from idempotently._vocabulary import STATUS_AFTER, Action, Status
 
 if TYPE_CHECKING:
     from idempotently._flow._config import Config
+    from idempotently._flow._engine import Engine
 
 GOES_ON: Final[frozenset[Action]] = frozenset({"retry", "pending", "retry_later", "unresolved"})
 """The actions that leave the operation pending to be sent again: at the cap, none of
@@ -142,3 +145,20 @@ def before_send(
     )
     held.lease = None
     return End(operation_id, key, decision, attempts)
+
+
+def with_journaled_cap(engine: Engine, overrides: str) -> Engine:
+    """``engine`` for a call again of an operation whose ``overrides`` journaled a cap:
+    under the stricter of that cap and its own. Overrides that cannot be read change
+    nothing here (a resume reports them)."""
+    from idempotently._overrides import read_overrides
+
+    try:
+        policy, _ = read_overrides(overrides)
+    except ValueError:
+        return engine
+    own = engine.policy.max_total_attempts
+    cap = stricter(None if policy is None else policy.max_total_attempts, own)
+    if cap == own:
+        return engine
+    return engine.overridden(attrs.evolve(engine.policy, max_total_attempts=cap), None)

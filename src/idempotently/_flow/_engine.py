@@ -341,7 +341,13 @@ class Engine(Config):
                 yield Sleep(poll)
                 poll = min(poll * 2, _MAX_POLL)
                 continue
-            end = yield from self.attempts(
+            sending = self
+            if operation.overrides is not None:
+                # A cap its first call journaled binds a call again too (the stricter).
+                from idempotently._flow._cap import with_journaled_cap
+
+                sending = with_journaled_cap(self, operation.overrides)
+            end = yield from sending.attempts(
                 operation.operation_id,
                 operation.key,
                 rebuild(self, operation, build, live=request),
