@@ -221,6 +221,7 @@ def test_stats_prometheus_parses_and_matches_the_json(tmp_path: Path) -> None:
         "idempotently_oldest_pending_age_seconds",
         "idempotently_expiring_keys",
         "idempotently_open_breakers",
+        "idempotently_capped_operations",
     } == set(families)
     assert all("gauge" == family.type and family.documentation for family in families.values())
     samples = [sample for family in families.values() for sample in family.samples]
@@ -239,6 +240,7 @@ def test_stats_prometheus_parses_and_matches_the_json(tmp_path: Path) -> None:
     assert figures["expiring"] == value("expiring_keys")
     assert figures["attempts"] == value("attempts")
     assert figures["open_breakers"] == value("open_breakers")
+    assert figures["capped"] == value("capped_operations")
     assert abs(figures["oldest_pending_age"] - value("oldest_pending_age_seconds")) < 5
     # The textfile collector wants each HELP and TYPE once, before its samples.
     assert len(families) == text.count("# TYPE ") == text.count("# HELP ")

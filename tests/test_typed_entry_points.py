@@ -149,6 +149,8 @@ def make(cls: type[idempotently.IdempotentlyError], **context: Any) -> Any:
         return cls("come back later", not_before=1_800_000_123.5, **context)
     if issubclass(cls, idempotently.RetryBudgetError):
         return cls("budget spent", origin="https://api.example.com:443", **context)
+    if issubclass(cls, idempotently.AttemptsCapError):
+        return cls("at the cap", status="failed", attempts=3, max_total_attempts=3, **context)
     return cls("it went wrong", **context)
 
 
@@ -169,6 +171,8 @@ def test_every_error_survives_a_pickle_round_trip(
     )
     assert getattr(error, "not_before", None) == getattr(copy, "not_before", None)
     assert getattr(error, "origin", None) == getattr(copy, "origin", None)
+    for name in ("status", "attempts", "max_total_attempts"):
+        assert getattr(error, name, None) == getattr(copy, name, None)
     assert str(error) == str(copy)
     assert error.args == copy.args
 

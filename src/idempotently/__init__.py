@@ -15,6 +15,7 @@ from idempotently._budget import RetryBudget
 from idempotently._codec import Codec, FernetCodec
 from idempotently._exceptions import (
     AnswerNotReadError,
+    AttemptsCapError,
     CodecError,
     CredentialsMismatchError,
     IdempotentlyError,
@@ -110,6 +111,7 @@ __all__ = [
     "AsyncTransport",
     "Attempt",
     "AttemptFinished",
+    "AttemptsCapError",
     "AuditEntry",
     "Breaker",
     "BreakerChanged",

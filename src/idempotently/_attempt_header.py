@@ -1,7 +1,8 @@
 """Attempt metadata on the wire: ``ServerProfile(attempt_header=...)``.
 
 Each send of a journaled operation carries its attempt's number, counted from the
-journal (the operation's journaled attempts + 1, across processes and resumes), and
+journal (the operation's journaled attempts that reached the server + 1, across
+processes and resumes: those `max_total_attempts` counts, so ``n`` never exceeds ``M``), and
 ``; max=M`` only when a cross-process maximum applies. Loaded by the flow only when a
 profile names the header: nothing is paid when it is off.
 """
@@ -21,8 +22,7 @@ def attempt_maximum(policy: RetryPolicy) -> int | None:
     stricter of the journaled and the given one before the policy reaches here);
     ``max_attempts`` bounds one call, not the operation, so it is no ``M``.
     """
-    maximum = getattr(policy, "max_total_attempts", None)
-    return maximum if isinstance(maximum, int) and not isinstance(maximum, bool) else None
+    return policy.max_total_attempts
 
 
 def attempt_value(attempt: int, maximum: int | None) -> str:

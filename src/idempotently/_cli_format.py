@@ -188,6 +188,7 @@ def operation_json(operation: Operation) -> dict[str, Any]:
         "key_expires_at": iso(operation.key_expires_at),
         "lease_owner": operation.lease_owner,
         "lease_until": iso(operation.lease_until) if operation.lease_until else None,
+        "cap_reason": operation.cap_reason,
     }
 
 
@@ -251,6 +252,8 @@ def operation_fields(op: Operation, now: float) -> list[tuple[str, str]]:
     if op.lease_until > now:
         fields.append(("leased by", f"{op.lease_owner} until {when(op.lease_until, now)}"))
     fields.append(("attempts", str(op.attempt_count)))
+    if op.cap_reason is not None:
+        fields.append(("attempts cap", op.cap_reason))
     fields += at_rest_fields(op)
     return fields
 
@@ -703,7 +706,7 @@ def operations_table(
         (
             (
                 op.operation_id,
-                op.status,
+                listed_status(op),
                 op.method,
                 shown_url(op.url),
                 op.attempt_count,
@@ -718,6 +721,12 @@ def operations_table(
         give=(("url", floor), ("operation", 0)),
         own_line="operation",
     )
+
+
+def listed_status(op: Operation) -> str:
+    """An operation's status in ``list``'s table: one its ``max_total_attempts`` ended
+    says so (the whole reason is in ``show`` and ``list --json``)."""
+    return op.status if op.cap_reason is None else f"{op.status} (attempts cap)"
 
 
 def short_age(timestamp: float, now: float) -> str:
@@ -758,6 +767,7 @@ OPERATION_FIELDS = (
     "key_expires_at",
     "lease_owner",
     "lease_until",
+    "cap_reason",
 )
 """The keys of `operation_json`, in order: the columns of ``list --format csv``."""
 
@@ -847,6 +857,7 @@ def stats_fields(
                 f"{format_duration(stats.expiring_within)} or has expired)",
             )
         )
+    fields.append(("attempts cap", f"{stats.capped} (operations that reached max_total_attempts)"))
     fields.append(("paused origins", str(len(pauses))))
     breakers = sum(is_breaker(pause) for pause in pauses)
     fields.extend(
@@ -934,6 +945,14 @@ def stats_prometheus(
             [(journal, round(stats.oldest_pending_age or 0.0, 3))],
         ),
     ]
+    metrics.append(
+        (
+            "capped_operations",
+            "Operations that reached their policy's max_total_attempts (needs_reconcile, "
+            "or failed when none can have acted), whatever their status now.",
+            [(journal, stats.capped)],
+        )
+    )
     if stats.expiring is not None:
         metrics.append(
             (

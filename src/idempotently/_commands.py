@@ -173,6 +173,8 @@ class SetStatus(JournalWrite):
     now: float
     expect: Status = "pending"
     """The status it moves from: nothing changes unless the operation has it."""
+    cap_reason: str | None = None
+    """Set when the move is for the policy's ``max_total_attempts``: written with it."""
 
 
 @attrs.frozen

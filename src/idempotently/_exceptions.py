@@ -207,6 +207,33 @@ class NeedsReconcileError(IdempotentlyError):
     """
 
 
+class AttemptsCapError(IdempotentlyError):
+    """The operation reached its policy's ``max_total_attempts``: the attempts that
+    reached the server, counted from the journal across every call, process and resume.
+
+    It is never sent again. ``status`` is ``needs_reconcile`` when an attempt may have
+    been delivered (look the object up on the server, then settle it), else
+    ``failed`` (no attempt can have acted: a 408, 425 or 429 each time). ``attempts``
+    is the count reached, ``max_total_attempts`` the cap that applied.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: Literal["needs_reconcile", "failed"],
+        attempts: int,
+        max_total_attempts: int,
+        operation_id: str | None = None,
+        key: str | None = None,
+        response: httpx.Response | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, key=key, response=response)
+        self.status = status
+        self.attempts = attempts
+        self.max_total_attempts = max_total_attempts
+
+
 class OperationAbandonedError(IdempotentlyError):
     """An at-most-once operation may have been delivered; it is never resent."""
 

@@ -69,6 +69,9 @@ def overrides_json(policy: RetryPolicy | None, timeouts: Timeouts | None) -> str
         if breaker is not None:
             # Only when set: an operation journaled without one reads as before.
             fields["breaker"] = attrs.asdict(breaker)
+        if policy.max_total_attempts is not None:
+            # Only when set: an entry without it reads the same in an older version.
+            fields["max_total_attempts"] = policy.max_total_attempts
         document["policy"] = fields
     if timeouts is not None:
         document["timeout"] = {phase: timeouts.get(phase) for phase in _TIMEOUT_PHASES}
@@ -90,7 +93,12 @@ def read_overrides(text: str) -> tuple[RetryPolicy | None, Timeouts | None]:
     policy = None
     if "policy" in document:
         fields = document["policy"]
-        if not isinstance(fields, dict) or set(fields) - {*_POLICY_FIELDS, "budget", "breaker"}:
+        if not isinstance(fields, dict) or set(fields) - {
+            *_POLICY_FIELDS,
+            "budget",
+            "breaker",
+            "max_total_attempts",
+        }:
             raise ValueError("its journaled policy holds fields this version does not know")
         budget = fields.pop("budget", None)
         breaker = fields.pop("breaker", None)

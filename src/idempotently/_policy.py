@@ -83,6 +83,28 @@ def _max_retry_after_seconds(value: float) -> float:
     return as_float(value, "max_retry_after")
 
 
+MAX_TOTAL_ATTEMPTS_LIMIT = 1_000_000
+"""The largest ``max_total_attempts``: a cap past it would never be reached."""
+
+
+def _check_total_attempts(_: object, __: object, value: int | None) -> None:
+    """``max_total_attempts`` is None or an int from 1 to `MAX_TOTAL_ATTEMPTS_LIMIT`: a
+    bool, a float or an int past that is refused here, before anything is journaled."""
+    if value is None:
+        return
+    if type(value) is not int:
+        raise TypeError(
+            f"max_total_attempts must be an int from 1 to {MAX_TOTAL_ATTEMPTS_LIMIT} or None "
+            f"(no cap), not {type(value).__name__}"
+        )
+    if not 1 <= value <= MAX_TOTAL_ATTEMPTS_LIMIT:
+        shown = repr(value) if value.bit_length() < 64 else "an integer that large"
+        raise ValueError(
+            f"max_total_attempts must be an int from 1 to {MAX_TOTAL_ATTEMPTS_LIMIT} or None "
+            f"(no cap), not {shown}"
+        )
+
+
 @attrs.frozen
 class RetryPolicy:
     """How hard one call tries before it leaves the operation pending.
@@ -106,6 +128,8 @@ class RetryPolicy:
     ``breaker=`` (`idempotently.Breaker`, default None: off) opens a journaled pause of
     an origin after failures in a row: the retry it refuses is not sent, the operation
     stays pending and `idempotently.RetryLaterError` names the origin.
+    ``max_total_attempts=`` caps the attempts an operation makes across restarts (off
+    by default): counted from the journal, over every call, process and resume.
     """
 
     max_attempts: int = attrs.field(
@@ -166,6 +190,14 @@ class RetryPolicy:
     """The circuit breaker per origin and credentials (`idempotently.Breaker`),
     journaled as an origin pause; None (the default): off for calls. A resume without
     one runs with ``Breaker()``'s defaults."""
+    max_total_attempts: int | None = attrs.field(default=None, validator=_check_total_attempts)
+    """Attempts that reached the server the operation may make in all, counted from the
+    journal across every call, process, resume and watch worker (None: no cap). Only
+    attempts answered or maybe delivered count; one not sent, or a send refused by the
+    budget or a pause, never does. At the cap the operation goes to ``needs_reconcile``
+    (``failed`` when no attempt may have been acted on) with its ``cap_reason``, and
+    `idempotently.AttemptsCapError` says so. A resume applies the smaller of the cap
+    journaled with the operation and its own."""
 
     def backoff(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
         """The backoff before retry number ``retry_number`` (1 for the first retry)."""
@@ -470,6 +502,8 @@ class Decision:
     not_before: float | None = None
     refused_by: str | None = None
     """The origin whose retry budget refused the retry this decision would have been."""
+    cap_reason: str | None = None
+    """Set when the operation reached its ``max_total_attempts`` (`_flow._cap`)."""
 
 
 def refused(decision: Decision, origin: str) -> Decision:

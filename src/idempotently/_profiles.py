@@ -415,13 +415,13 @@ class ServerProfile:
     nothing. A lookup reconciler finds the object by it. Session and AsyncSession only:
     a Transport sends the bytes its SDK rendered, as they are."""
     attempt_header: str | None = attrs.field(default=None, validator=_attempt_header)
-    """A request header that carries each attempt's number, counted from the journal
-    across processes and resumes (``3``), and ``; max=M`` when a maximum applies
-    (``3; max=5``), so the server can tell a retry from a new request; None (the
-    default) sends none. Outside the request's fingerprint and its journaled headers: it
-    is the one part of a resend that differs from the first attempt (a server that
-    hashes every header reads a changed one as another payload). A value the caller
-    set is replaced. No built-in profile sends it."""
+    """A request header that carries each attempt's number, counted from the journal across
+    processes and resumes among the attempts that reached the server (``3``), and ``;
+    max=M`` when a maximum applies (``3; max=5``), so the server can tell a retry from a
+    new request; None (the default) sends none. Outside the request's fingerprint and
+    its journaled headers: it is the one part of a resend that differs from the first
+    attempt (a server that hashes every header reads a changed one as another payload).
+    A value the caller set is replaced. No built-in profile sends it."""
     _replay_markers: frozenset[tuple[bytes, bytes | None]] = attrs.field(
         init=False, repr=False, eq=False
     )

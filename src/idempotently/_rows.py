@@ -144,6 +144,10 @@ class Operation:
     are what could be read (the damaged ones emptied), for reporting it only."""
     attempts: tuple[Attempt, ...] = ()
     """Filled in by `Journal.operation`; empty in listings."""
+    # Schema version 10: retry control, round 2.
+    cap_reason: str | None = None
+    """Why the operation reached its policy's ``max_total_attempts`` (None: it did not):
+    the cap and the attempts counted when it went to ``needs_reconcile`` or ``failed``."""
 
     @classmethod
     def _from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Operation:
@@ -347,6 +351,35 @@ class AttemptRecord:
     response_status: int | None = None
     response_headers: Sequence[tuple[str, str]] | None = None
     response_body: bytes | None = None
+    cap_reason: str | None = None
+    """Set when this attempt brought the operation to its ``max_total_attempts``: written
+    to the row with the state, by the same transaction (only then: no cost otherwise)."""
+
+
+CAPPED_META: Final = "capped_operations"
+"""The journal_meta row counting the operations that reached their ``max_total_attempts``
+(its cap_reason set): kept by the writes that set one, prune and a recount, since schema
+version 10 has no column for it in journal_counts. No row: none yet."""
+
+
+def capped_count(value: object, path: str) -> int:
+    """The `CAPPED_META` row's value as a count (None: 0), or a JournalCorruptError
+    saying how to count it again."""
+    if value is None:
+        return 0
+    try:
+        count = int(str(value))
+    except ValueError:
+        count = -1
+    if count < 0:
+        from idempotently._exceptions import JournalCorruptError
+
+        raise JournalCorruptError(
+            f"{path} holds a damaged count of operations at their attempts cap "
+            f"({short(value)}), as after an edit by hand; run `idempotently --journal {path} "
+            "migrate --recount` to count them again from the rows"
+        )
+    return count
 
 
 MAX_TIMESTAMP = 1e11
@@ -437,6 +470,7 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "secret_params": (_TEXT, True, ()),
     "credentials_digest": (_TEXT, True, ()),
     "body_digest": (_BLOB, True, ()),  # schema version 5
+    "cap_reason": (_TEXT, True, ()),  # schema version 10
 }
 _HEADER_COLUMNS = ("request_headers", "response_headers")
 _PLAIN: dict[str, frozenset[type]] = {

@@ -44,6 +44,9 @@ class JournalStats:
     None when `Journal.stats` was not given ``expiring_within``."""
     expiring_within: float | None = None
     """The window `expiring` was counted with, in seconds, or None."""
+    capped: int = 0
+    """Operations that reached their policy's ``max_total_attempts`` (their ``cap_reason``
+    set), whatever their status now; pruning removes some."""
 
     @property
     def replay_rate(self) -> float:
@@ -76,6 +79,7 @@ class JournalStats:
             "needs_reconcile": self.counts["needs_reconcile"],
             "expiring": self.expiring,
             "expiring_within": self.expiring_within,
+            "capped": self.capped,
         }
 
 

@@ -67,7 +67,13 @@ from idempotently._lookup import (
     Lookup,
 )
 from idempotently._operator import ActionName
-from idempotently._policy import DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, RetryPolicy, key_born_at
+from idempotently._policy import (
+    DEFAULT_DEADLINE,
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_TOTAL_ATTEMPTS_LIMIT,
+    RetryPolicy,
+    key_born_at,
+)
 from idempotently._profiles import (
     BUILTIN_PROFILES,
     GENERIC,
@@ -878,6 +884,14 @@ def host_id_option(ctx: click.Context, param: click.Parameter, value: str | None
     help=f"Attempts per operation in this run (default {DEFAULT_MAX_ATTEMPTS}).",
 )
 @click.option(
+    "--max-total-attempts",
+    type=click.IntRange(1, MAX_TOTAL_ATTEMPTS_LIMIT),
+    metavar="N",
+    help="Cap on the attempts that reached the server per operation, counted from the "
+    "journal across every run and process: at the cap it goes to needs_reconcile (failed "
+    "when none can have acted). With a cap journaled by the call, the smaller applies.",
+)
+@click.option(
     "--deadline",
     type=DURATION,
     metavar="DURATION",
@@ -942,6 +956,7 @@ def resume_command(
     force_profile: bool,
     concurrency: int,
     max_attempts: int | None,
+    max_total_attempts: int | None,
     deadline: float | None,
     watch: bool,
     interval: float,
@@ -1008,6 +1023,7 @@ def resume_command(
     policy = RetryPolicy(
         max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
         deadline=deadline or DEFAULT_DEADLINE,
+        max_total_attempts=max_total_attempts,
     )
     # An attempt in flight is never cut short by the policy: the client's timeout
     # bounds it, so a dead host costs the deadline, not the default five seconds per try.

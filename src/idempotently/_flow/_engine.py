@@ -358,7 +358,13 @@ class Engine(Config):
                 yield Sleep(poll)
                 poll = min(poll * 2, _MAX_POLL)
                 continue
-            end = yield from self.attempts(
+            sending = self
+            if operation.overrides is not None:
+                # A cap its first call journaled binds a call again too (the stricter).
+                from idempotently._flow._cap import with_journaled_cap
+
+                sending = with_journaled_cap(self, operation.overrides)
+            end = yield from sending.attempts(
                 operation.operation_id,
                 operation.key,
                 rebuild(self, operation, build, live=request),
@@ -369,6 +375,7 @@ class Engine(Config):
                 secrets,
                 codec_of(self, operation),
                 binding=operation.credentials_digest,
+                journaled=operation,
             )
             return self._finish(end)
 
@@ -525,6 +532,12 @@ class Engine(Config):
             "key": end.key,
             "response": end.response,
         }
+        if decision.cap_reason is not None:
+            from idempotently._flow._cap import cap_error
+
+            raise cap_error(
+                STATUS_AFTER[action], decision.reason, decision.cap_reason, ids
+            ) from end.error
         if action in ("succeed", "fail") and end.response is not None:
             if end.unkept is not None:
                 raise AnswerNotReadError(
@@ -587,12 +600,30 @@ class Engine(Config):
         codec: Codec | None = None,
         *,
         binding: str | None = None,
+        journaled: Operation | None = None,
     ) -> Flow[End]:
         """Send until the decision is anything but a retry; journal every attempt.
 
         ``binding`` is the credentials record the operation's key is bound to (None: not
         bound yet, or its profile does not bind keys): each attempt's request is checked
-        by its `Gate` as it leaves, after the client's request hooks and auth flow."""
+        by its `Gate` as it leaves, after the client's request hooks and auth flow.
+        ``journaled``: the operation as read (None: new), whose attempts count towards
+        the policy's ``max_total_attempts``."""
+        cap = self.policy.max_total_attempts
+        # Attempts that reached the server (answered or maybe delivered), counted from the
+        # journal across processes: what the cap bounds and what the attempt header numbers.
+        counted = 0
+        count = cap is not None or profile.attempt_header is not None
+        if count:
+            from idempotently._flow import _cap
+
+            counted = yield from _cap.journaled_count(operation_id, journaled)
+            if cap is not None and counted >= cap:
+                return (
+                    yield from _cap.before_send(
+                        self, operation_id, key, state, cap, counted, held, attempts
+                    )
+                )
         owner = held.lease[1] if held.lease is not None else None
         lease = None if owner is None else self.lease(operation_id, owner)  # one per call
         # A key the journal holds as bound stays bound, whatever profile resends it
@@ -687,7 +718,7 @@ class Engine(Config):
             if profile.attempt_header is not None:
                 from idempotently._attempt_header import mark_attempt
 
-                mark_attempt(request, profile.attempt_header, attempts + 1, self.policy)
+                mark_attempt(request, profile.attempt_header, counted + 1, self.policy)
             reply = yield Send(request, lease, reading, gate)
             if gate is None and quiet is not None and not quiet():
                 # A hook or auth was given to the client while this request was sent
@@ -730,6 +761,10 @@ class Engine(Config):
                 and not self.budgets.try_retry(budget, origin, now)
             ):
                 decision = refused(decision, origin)
+            if count:
+                counted += signal.outcome != "not_sent"
+                if cap is not None and counted >= cap and decision.action in _cap.GOES_ON:
+                    decision = _cap.at_cap(decision.state, cap, counted, decision.reason)
             step = None
             if breaker is not None or self.pauses.probes:
                 step = self.breaker_step(request, signal, now, breaker)
@@ -783,6 +818,7 @@ class Engine(Config):
                     if keep and response and unkept is None
                     else None
                 ),
+                cap_reason=decision.cap_reason,
             )
             yield Record(operation_id, record, now, owner, key)
             if step is not None and step.write is not None:

@@ -579,6 +579,10 @@ def rebuild(
 def stored_response(engine: Config, operation: Operation, build: BuildRequest) -> httpx.Response:
     """The stored answer of a finished operation, or the error that ended it."""
     ids = _ids(operation)
+    if operation.cap_reason is not None and operation.status in ("needs_reconcile", "failed"):
+        from idempotently._flow._cap import cap_error
+
+        raise cap_error(operation.status, operation.reason or "", operation.cap_reason, ids)
     if operation.status == "needs_reconcile":
         raise NeedsReconcileError(
             f"operation needs reconciling ({operation.reason}); it is never resent: look "

@@ -15,6 +15,7 @@ from idempotently._exceptions import (
     JournalCorruptError,
     StoredProfileError,
 )
+from idempotently._flow._cap import stricter
 from idempotently._flow._engine import Engine
 from idempotently._flow._operation import (
     EXTENSION,
@@ -263,6 +264,9 @@ def _resume_one(
                 policy,
                 max_attempts=min(policy.max_attempts, engine.policy.max_attempts),
                 deadline=min(policy.deadline, engine.policy.deadline),
+                max_total_attempts=stricter(
+                    policy.max_total_attempts, engine.policy.max_total_attempts
+                ),
             )
         sending = engine.overridden(policy, None)
         if timeouts is not None:
@@ -298,6 +302,7 @@ def _resume_one(
         secrets,
         codec_of(engine, operation),
         binding=operation.credentials_digest,
+        journaled=operation,
     )
     decision = end.decision
     code = None if end.response is None else end.response.status_code

@@ -81,6 +81,7 @@ from idempotently._exceptions import (
 )
 from idempotently._journal._sqlite import _first_attempt_problem, _later_attempts_problem
 from idempotently._rows import (
+    CAPPED_META,
     DURABILITIES,
     MAX_LIMIT,
     MAX_TIMESTAMP,
@@ -94,6 +95,7 @@ from idempotently._rows import (
     Operation,
     OriginPause,
     audit_entry_problem,
+    capped_count,
     check_number,
     column_problem,
     headers_json,
@@ -637,6 +639,42 @@ WITH before AS (
 SELECT {_NOTED_READ}
 """)
 
+
+def _capped_once(source: str) -> str:
+    """A CTE adding one to the `CAPPED_META` count for each row of ``source`` (an
+    operation that reached its cap for the first time)."""
+    return (
+        f"capped AS (INSERT INTO {SCHEMA}.journal_meta (name, value) "
+        f"SELECT '{CAPPED_META}', count(*)::text FROM {source} HAVING count(*) > 0 "
+        "ON CONFLICT (name) DO UPDATE SET value = "
+        f"({SCHEMA}.journal_meta.value::bigint + excluded.value::bigint)::text "
+        f"WHERE {SCHEMA}.journal_meta.value ~ '^[0-9]+$')"
+    )
+
+
+def _with_cte(statement: str, cte: str) -> str:
+    """``statement`` (WITH ... SELECT ...) with ``cte`` added last among its CTEs."""
+    head, tail = statement.rsplit(" SELECT ", 1)
+    return f"{head}, {cte} SELECT {tail}"
+
+
+_CAPPED_RECORD: Final = _with_cte(
+    _RECORD_ATTEMPT.replace(
+        "attempt_count = attempt_count + 1,",
+        "attempt_count = attempt_count + 1, "
+        + _if_held("cap_reason", "%(cap_reason)s::text")
+        + ",",
+        1,
+    ).replace(
+        "SELECT status AS old_status,",
+        "SELECT status AS old_status, cap_reason IS NULL AS uncapped,",
+        1,
+    ),
+    _capped_once("before WHERE held AND uncapped"),
+)
+"""`_RECORD_ATTEMPT` for the attempt that brings its operation to ``max_total_attempts``:
+the reason written with the state (another statement, so the common one binds nothing more)."""
+
 _ATTEMPT_COLUMNS: Final = tuple(field.name for field in attrs.fields(Attempt))
 _ATTEMPTS_JOINED: Final = f"""
 SELECT {", ".join(f"o.{column}" for column in (*_OPERATION_COLUMNS, *_ATTEMPT1))},
@@ -713,7 +751,12 @@ WITH doomed AS (
     DELETE FROM {SCHEMA}.operation_audit WHERE operation_id IN (SELECT operation_id FROM doomed)
 ), gone AS (
     DELETE FROM {SCHEMA}.operations WHERE operation_id IN (SELECT operation_id FROM doomed)
-    RETURNING status, attempt1_outcome, attempt1_status_code, attempt1_replayed
+    RETURNING status, attempt1_outcome, attempt1_status_code, attempt1_replayed, cap_reason
+), uncapped AS (
+    UPDATE {SCHEMA}.journal_meta
+    SET value = (value::bigint - (SELECT count(*) FROM gone WHERE cap_reason IS NOT NULL))::text
+    WHERE name = '{CAPPED_META}' AND value ~ '^[0-9]+$'
+      AND EXISTS (SELECT 1 FROM gone WHERE cap_reason IS NOT NULL)
 ), {
     _counted(
         f"SELECT status AS before, NULL::text AS after, {_attempt_figures('attempt1_', '-')} "
@@ -799,6 +842,21 @@ WITH moved AS (
 }
 SELECT (SELECT count(*) FROM moved) AS applied, {_NOTED_READ}
 """)
+
+_CAPPED_STATUS: Final = _with_cte(
+    _SET_STATUS.replace(
+        "lease_owner = NULL, lease_until = 0",
+        "lease_owner = NULL, lease_until = 0, cap_reason = %(cap_reason)s::text",
+        1,
+    ).replace(
+        "WITH moved AS (",
+        f"WITH was AS (SELECT cap_reason IS NULL AS uncapped FROM {SCHEMA}.operations "
+        "WHERE operation_id = %(operation_id)s), moved AS (",
+        1,
+    ),
+    _capped_once("moved, was WHERE was.uncapped"),
+)
+"""`_SET_STATUS` for a move made for the policy's ``max_total_attempts``."""
 
 _LOOK_UP_LATER: Final = f"""
 WITH later AS (
@@ -1395,8 +1453,9 @@ class PostgresStore:
                     else headers_json(record.response_headers)
                 )
                 return conn.execute(
-                    _RECORD_ATTEMPT,
+                    _RECORD_ATTEMPT if record.cap_reason is None else _CAPPED_RECORD,
                     {
+                        "cap_reason": record.cap_reason,
                         "operation_id": write.operation_id,
                         "owner": write.owner,
                         "now": write.now,
@@ -1504,8 +1563,9 @@ class PostgresStore:
                 )
             case SetStatus():
                 return conn.execute(
-                    _SET_STATUS,
+                    _SET_STATUS if write.cap_reason is None else _CAPPED_STATUS,
                     {
+                        "cap_reason": write.cap_reason,
                         "status": write.status,
                         "reason": write.reason,
                         "now": write.now,
@@ -2218,6 +2278,11 @@ class PostgresStore:
             conn.execute(f"LOCK TABLE {SCHEMA}.journal_counts IN EXCLUSIVE MODE")
             conn.execute(_SLOT_ROWS)
             conn.execute(_RECOUNT)
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.journal_meta (name, value) "
+                f"SELECT '{CAPPED_META}', count(cap_reason)::text FROM {SCHEMA}.operations "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+            )
 
     def stats(
         self,
@@ -2258,6 +2323,10 @@ class PostgresStore:
                 """,
                 {"now": now, "idle": now - stuck_after, "soon": now + (expiring_within or 0.0)},
             )[0]
+            capped = self._rows(
+                conn,
+                f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = '{CAPPED_META}'",
+            )
         return JournalStats(
             counts=counts,
             operations=sum(counts.values()),
@@ -2270,6 +2339,7 @@ class PostgresStore:
             now=now,
             expiring=None if expiring_within is None else int(pending["expiring"]),
             expiring_within=expiring_within,
+            capped=capped_count(capped[0]["value"] if capped else None, self.path),
         )
 
     def _count_prunable(self, conn: psycopg.Connection[dict[str, Any]], cutoff: float) -> int:

@@ -61,6 +61,7 @@ from idempotently._exceptions import (
     JournalWriteError,
 )
 from idempotently._rows import (
+    CAPPED_META,
     DURABILITIES,
     MAX_LIMIT,
     MAX_TIMESTAMP,
@@ -72,6 +73,7 @@ from idempotently._rows import (
     Operation,
     OriginPause,
     audit_entry_problem,
+    capped_count,
     check_number,
     column_problem,
     headers_json,
@@ -476,6 +478,32 @@ _RECORD_FIRST_ONLY: Final = (
 """A first attempt whose caller no longer holds the lease: kept, nothing else changed."""
 _RECORD_STATE: Final = f"UPDATE operations SET {_STATE} WHERE operation_id = ?"
 """The state after a later attempt (the caller appends its lease condition)."""
+
+
+def _set_cap_reason(conn: sqlite3.Connection, operation_id: str, reason: str) -> None:
+    """Why the write just made moved the operation for its ``max_total_attempts``, and
+    one more in the count of such operations (the first time only): statements of their
+    own in the same transaction, made only then (a common call's answer stays one)."""
+    if conn.execute(
+        "UPDATE operations SET cap_reason = ? WHERE operation_id = ? AND cap_reason IS NULL",
+        (reason, operation_id),
+    ).rowcount:
+        _add_capped(conn, 1)
+    else:
+        conn.execute(
+            "UPDATE operations SET cap_reason = ? WHERE operation_id = ?", (reason, operation_id)
+        )
+
+
+def _add_capped(conn: sqlite3.Connection, change: int) -> None:
+    """Add ``change`` to the `CAPPED_META` count (a damaged value is left for stats to
+    name, never made a number here)."""
+    conn.execute(
+        "INSERT INTO journal_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
+        "SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT) WHERE value GLOB '[0-9]*'",
+        (CAPPED_META, str(max(change, 0)), change),
+    )
+
 
 # A later attempt's number is the operation's next one, read in the same
 # transaction: two writers can never both claim number n.
@@ -1472,6 +1500,8 @@ class SqliteStore:
                 )
                 if cursor.rowcount == 1:
                     _moved(counts, write.expect, write.status)
+                    if write.cap_reason is not None:
+                        _set_cap_reason(conn, write.operation_id, write.cap_reason)
                 return cursor.rowcount == 1
             case Release():
                 conn.execute(
@@ -1580,6 +1610,8 @@ class SqliteStore:
         held = () if owner is None else (owner,)
         if conn.execute(_RECORD_FIRST + holds, (*state, *attempt, operation_id, *held)).rowcount:
             _moved(counts, before, record.status)
+            if record.cap_reason is not None:
+                _set_cap_reason(conn, operation_id, record.cap_reason)
         elif conn.execute(_RECORD_FIRST_ONLY, (*attempt, operation_id)).rowcount:
             pass  # a first attempt that outlived its lease: in the row, nothing else changed
         elif conn.execute(_INSERT_ATTEMPT, (*attempt, operation_id)).rowcount == 0:
@@ -1592,6 +1624,8 @@ class SqliteStore:
         else:
             if conn.execute(_RECORD_STATE + holds, (*state, operation_id, *held)).rowcount:
                 _moved(counts, before, record.status)
+                if record.cap_reason is not None:
+                    _set_cap_reason(conn, operation_id, record.cap_reason)
             else:
                 # Not ours any more: count the attempt, keep whoever holds it now. Its
                 # updated_at stays the holder's, the write time of the holder's lease and
@@ -2333,7 +2367,13 @@ class SqliteStore:
             now=now,
             expiring=pending["expiring"],
             expiring_within=expiring_within,
+            capped=self._capped(),
         )
+
+    def _capped(self) -> int:
+        """How many operations reached their ``max_total_attempts`` (`CAPPED_META`)."""
+        rows = self._query("SELECT value FROM journal_meta WHERE name = ?", (CAPPED_META,))
+        return capped_count(rows[0]["value"] if rows else None, self.path)
 
     def prune(self, *, older_than: float, now: float, dry_run: bool = False) -> int:
         """Delete finished operations (and their attempts) idle for ``older_than`` seconds.
@@ -2365,6 +2405,13 @@ class SqliteStore:
                         ids = [operation_id for _, operation_id in chunk]
                         rowids = [rowid for rowid, _ in chunk]
                         # What the deleted rows counted, taken off the counts with them.
+                        capped = conn.execute(
+                            "SELECT count(*) FROM operations "
+                            f"WHERE rowid IN ({marks}) AND cap_reason IS NOT NULL",
+                            rowids,
+                        ).fetchone()[0]
+                        if capped:
+                            _add_capped(conn, -int(capped))
                         for source, column, where, params in (
                             ("operations", "status", f"rowid IN ({marks})", rowids),
                             ("operations", "attempt1_", f"rowid IN ({marks})", rowids),
@@ -2506,6 +2553,11 @@ class SqliteStore:
         shell) they may differ from the rows until this runs."""
         with self._write(durable=True) as conn:
             conn.execute(_RECOUNT)
+            conn.execute(
+                "INSERT OR REPLACE INTO journal_meta (name, value) "
+                "SELECT ?, CAST(count(cap_reason) AS TEXT) FROM operations",
+                (CAPPED_META,),
+            )
 
     def counts(self) -> dict[str, int]:
         """Operations per status; every status is present, zero included."""
