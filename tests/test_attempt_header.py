@@ -148,14 +148,41 @@ def test_off_by_default(scripted: tuple[ScriptedApp, str], tmp_path: Path) -> No
 
 def test_max_is_given_only_when_a_maximum_applies() -> None:
     """``n`` alone without a cross-process maximum; ``n; max=M`` with one."""
-
-    @attrs.frozen
-    class Capped:
-        max_total_attempts: int | None
-
+    capped = attrs.evolve(POLICY, max_total_attempts=5)
     assert (None, "3") == (attempt_maximum(POLICY), attempt_value(3, None))
-    assert (5, "3; max=5") == (attempt_maximum(Capped(5)), attempt_value(3, 5))  # type: ignore[arg-type]
-    assert None is attempt_maximum(Capped(None))  # type: ignore[arg-type]
+    assert (5, "3; max=5") == (attempt_maximum(capped), attempt_value(3, 5))
+
+
+class RefusedOnce(httpx.BaseTransport):
+    """Refuses the first connection (nothing sent), then sends for real."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.refused = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not self.refused:
+            self.refused = True
+            raise httpx.ConnectError("connection refused", request=request)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_under_a_cap_the_number_counts_what_the_cap_counts(
+    scripted: tuple[ScriptedApp, str], journal_target: str
+) -> None:
+    """With max_total_attempts=3, an attempt never sent takes no number and the server
+    sees 1, 2, 3 of 3 (never a number above its max) before the cap ends the operation."""
+    app, url = scripted
+    app.answer(Answer(503), Answer(503), Answer(503))
+    policy = attrs.evolve(POLICY, max_attempts=10, max_total_attempts=3)
+    client = httpx.Client(transport=RefusedOnce())
+    session = idempotently.Session(journal_target, client=client, profile=COUNTED, policy=policy)
+    with session as s, pytest.raises(idempotently.AttemptsCapError):
+        s.post(f"{url}/charges", json={"amount": 1}, operation_id="order-cap")
+    assert ["1; max=3", "2; max=3", "3; max=3"] == attempts_seen(app)
 
 
 @pytest.mark.parametrize(
