@@ -357,6 +357,50 @@ def test_a_sqlalchemy_session_whose_flush_failed_is_refused(
     engine.dispose()
 
 
+def test_a_sqlalchemy_session_bound_to_several_databases_is_refused(
+    journal_target: str,
+    orders: str,
+    api: MockServer,
+    user: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A Session with a bind on the journal's database and its orders bound to another
+    would commit them in two transactions (a crash between keeps one without the
+    other): refused, naming the Connection to pass; the transaction stays usable."""
+    if is_postgres(journal_target):
+        other = request.getfixturevalue("postgres").new_database()
+    else:
+        other = str(tmp_path / "shop.db")
+    engine, shop = sqlalchemy_engine(journal_target), sqlalchemy_engine(other)
+    with shop.begin() as db:
+        db.execute(text("CREATE TABLE orders (id text PRIMARY KEY)"))
+    with session(journal_target, api, user) as s:
+        with Session(bind=engine, binds={OrderRow: shop}) as db, db.begin():
+            db.add(OrderRow(id="o-1"))
+            refused(s, db, idempotently.JournalError, "bound to several databases")
+        assert s.journal.operation("o-1:charge") is None
+    with shop.connect() as db:
+        assert [("o-1",)] == db.execute(text("SELECT id FROM orders")).fetchall()
+    engine.dispose()
+    shop.dispose()
+
+
+def test_a_sqlalchemy_session_bound_through_binds_alone_commits_with_its_order(
+    journal_target: str, orders: str, api: MockServer, user: str
+) -> None:
+    """A Session whose one database is named in ``binds`` (no ``bind``) is that
+    database's: the charge commits with the order."""
+    engine = sqlalchemy_engine(journal_target)
+    with session(journal_target, api, user) as s:
+        with Session(binds={Base: engine}) as db, db.begin():
+            db.add(OrderRow(id="o-1"))
+            enqueue(s, "o-1", db)
+        assert "pending" == s.journal.operation("o-1:charge").status
+    engine.dispose()
+    assert ["o-1"] == order_ids(journal_target)
+
+
 def test_a_closed_or_autocommit_sqlalchemy_connection_is_refused(
     journal_target: str, orders: str, api: MockServer, user: str
 ) -> None:

@@ -207,7 +207,7 @@ class _SqlAlchemyConnection(OrmConnection):
         if isinstance(given, _loaded("sqlalchemy.orm", "Session")):  # a Core app has no ORM
             session: Any = given
             try:
-                connection = session.connection()
+                connection = session.connection(bind_arguments=self._one_bind(session))
             except sqlalchemy.exc.PendingRollbackError:
                 raise JournalError(
                     f"cannot enqueue on the {self.name} given: its transaction has already "
@@ -244,6 +244,24 @@ class _SqlAlchemyConnection(OrmConnection):
                 f"on its own; {_NOTHING}",
                 **ids,
             )
+
+    def _one_bind(self, session: Any) -> dict[str, Any] | None:
+        """The Session's one database (``bind``, or ``binds`` naming only one), else a
+        clear error: with several, the application's rows may commit on another
+        database's transaction than the operation, and a crash between the two commits
+        would keep one without the other."""
+        given = [session.bind] if session.bind is not None else []
+        binds = list({id(bind): bind for bind in [*given, *session.binds.values()]}.values())
+        if len(binds) > 1:
+            raise JournalError(
+                f"the {self.name} given to enqueue is bound to several databases (bind and "
+                "binds), so the operation might not commit with your writes: pass the "
+                "Connection your writes run on, "
+                "session.connection(bind_arguments={'mapper': YourModel}); "
+                f"{_NOTHING}",
+                **self._ids,
+            )
+        return {"bind": binds[0]} if binds and session.bind is None else None
 
     def _autocommit(self) -> bool:
         connection = self._connection
