@@ -423,6 +423,37 @@ def test_a_closed_or_autocommit_sqlalchemy_connection_is_refused(
     autocommit_engine.dispose()
 
 
+def test_sqlalchemys_sqlite_recipe_with_begin_commits_the_charge_with_its_order(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """SQLAlchemy's documented SQLite recipe (the driver in autocommit, BEGIN emitted on
+    the "begin" event) has its transaction open: the charge commits or rolls back with
+    the order; without the BEGIN it is still refused as autocommit."""
+    path = str(tmp_path / "journal.db")
+    idempotently.Journal(path).close()
+    plain = sqlalchemy.create_engine(f"sqlite:///{path}", connect_args={"isolation_level": None})
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}", connect_args={"isolation_level": None})
+    sqlalchemy.event.listen(engine, "begin", lambda db: db.exec_driver_sql("BEGIN"))
+    with engine.begin() as db:
+        db.execute(text("CREATE TABLE orders (id text PRIMARY KEY)"))
+    with session(path, api, user) as s:
+        with Session(engine) as db, db.begin():
+            db.add(OrderRow(id="o-1"))
+            enqueue(s, "o-1", db)
+        with pytest.raises(RuntimeError), Session(engine) as db, db.begin():
+            db.add(OrderRow(id="o-2"))
+            enqueue(s, "o-2", db)
+            raise RuntimeError("the order failed")
+        with Session(plain) as db, db.begin():
+            refused(s, db, idempotently.JournalError, "AUTOCOMMIT mode")
+        assert ["o-1:charge"] == [r.operation_id for r in s.resume()]
+    with engine.connect() as db:
+        assert [("o-1",)] == db.execute(text("SELECT id FROM orders")).fetchall()
+    engine.dispose()
+    plain.dispose()
+    assert ["o-1"] == [c.order_id for c in api.charges(user)]
+
+
 @pytest.mark.postgres
 def test_a_failed_postgres_transaction_is_refused(
     postgres_url: str, api: MockServer, user: str

@@ -272,10 +272,14 @@ class _SqlAlchemyConnection(OrmConnection):
         detect = getattr(connection.dialect, "detect_autocommit_setting", None)
         if detect is None:
             return False
+        dbapi = connection.connection.dbapi_connection
         try:
-            return bool(detect(connection.connection.dbapi_connection))
+            autocommit = bool(detect(dbapi))
         except NotImplementedError:
             return False
+        # SQLAlchemy's own SQLite recipe (the driver in autocommit, BEGIN emitted on the
+        # "begin" event) has a transaction open: the statements join it.
+        return autocommit and getattr(dbapi, "in_transaction", None) is not True
 
     def execute(self, sql: str, params: Any, style: Style) -> tuple[list[dict[str, Any]], int]:
         import sqlalchemy.exc
