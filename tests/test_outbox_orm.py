@@ -11,6 +11,7 @@ real SQLite files and a real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -23,8 +24,20 @@ from typing import Any
 import pytest
 import sqlalchemy
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.ext.asyncio import (
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 import idempotently
 from idempotently.testing import MockServer, serve
@@ -355,6 +368,49 @@ def test_a_sqlalchemy_session_whose_flush_failed_is_refused(
             db.flush()
         refused(s, db, idempotently.JournalError, "already failed")
     engine.dispose()
+
+
+def test_a_scoped_session_commits_the_charge_with_its_order_or_neither(
+    journal_target: str, orders: str, api: MockServer, user: str
+) -> None:
+    """A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) is the Session it gives
+    this thread: the charge commits or rolls back with the order."""
+    engine = sqlalchemy_engine(journal_target)
+    db = scoped_session(sessionmaker(engine))
+    with session(journal_target, api, user) as s:
+        with db.begin():
+            db.add(OrderRow(id="o-1"))
+            enqueue(s, "o-1", db)
+        with pytest.raises(RuntimeError), db.begin():
+            db.add(OrderRow(id="o-2"))
+            enqueue(s, "o-2", db)
+            raise RuntimeError("the order failed")
+        assert s.journal.operation("o-2:charge") is None
+        assert ["o-1:charge"] == [r.operation_id for r in s.resume()]
+    db.remove()
+    engine.dispose()
+    assert ["o-1"] == order_ids(journal_target)
+    assert ["o-1"] == [c.order_id for c in api.charges(user)]
+
+
+@pytest.mark.anyio
+async def test_an_async_scoped_session_commits_the_charge_with_its_order(
+    journal_target: str, orders: str, api: MockServer, user: str, anyio_backend: str
+) -> None:
+    """An ``async_scoped_session`` is the AsyncSession it gives this task."""
+    asyncio_only(anyio_backend)
+    engine = async_sqlalchemy_engine(journal_target)
+    db = async_scoped_session(async_sessionmaker(engine), scopefunc=asyncio.current_task)
+    async with idempotently.AsyncSession(
+        journal_target, base_url=api.url, headers={"Authorization": f"Bearer {user}"}
+    ) as s:
+        async with db.begin():
+            db.add(OrderRow(id="o-1"))
+            await aenqueue(s, "o-1", db)
+        assert ["o-1:charge"] == [r.operation_id for r in await s.resume()]
+    await db.remove()
+    await engine.dispose()
+    assert ["o-1"] == order_ids(journal_target)
 
 
 def test_a_sqlalchemy_session_bound_to_several_databases_is_refused(

@@ -68,15 +68,28 @@ def _django() -> tuple[type, ...]:
     )
 
 
+def _scoped() -> tuple[type, ...]:
+    return _loaded("sqlalchemy.orm", "scoped_session") + _loaded(
+        "sqlalchemy.ext.asyncio", "async_scoped_session"
+    )
+
+
+def _current(connection: object) -> object:
+    """A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) as the Session it gives
+    this thread or task now (calling it is its public API), else ``connection``."""
+    return cast(Any, connection)() if isinstance(connection, _scoped()) else connection
+
+
 def is_orm(connection: object) -> bool:
     """Whether ``connection`` is a SQLAlchemy or Django object this module drives."""
-    kinds = _sync_sqlalchemy() + _async_sqlalchemy() + _django()
+    kinds = _sync_sqlalchemy() + _async_sqlalchemy() + _django() + _scoped()
     return bool(kinds) and isinstance(connection, kinds)
 
 
 def opened(connection: object, ids: ErrorContext) -> OrmConnection:
     """``connection`` (a SQLAlchemy Session or Connection, or Django's connection) as an
     `OrmConnection` inside its open transaction; else one clear error, nothing written."""
+    connection = _current(connection)
     if isinstance(connection, _async_sqlalchemy()):
         raise TypeError(
             f"connection is a SQLAlchemy {type(connection).__name__}: it goes to "
@@ -91,6 +104,7 @@ def opened(connection: object, ids: ErrorContext) -> OrmConnection:
 async def run_async(connection: object, ids: ErrorContext, work: Callable[[OrmConnection], T]) -> T:
     """``work`` on an async SQLAlchemy ``connection``, through its ``run_sync`` (the
     statements are awaited on the application's event loop); a sync object is refused."""
+    connection = _current(connection)
     if isinstance(connection, _django()):
         raise TypeError(
             "connection is Django's connection, which is synchronous: it goes to "
