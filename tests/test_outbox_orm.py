@@ -535,6 +535,34 @@ def test_a_failed_postgres_transaction_is_refused(
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("kind", ["sqlalchemy", "psycopg"])
+def test_a_connection_on_a_copy_of_the_journals_database_is_refused(
+    postgres: Any, api: MockServer, user: str, kind: str
+) -> None:
+    """A copy of the journal's database (``CREATE DATABASE ... TEMPLATE``, as test
+    suites clone theirs) has the journal's tables and namespace, but the operation
+    would commit where this journal never reads: refused, naming both databases."""
+    import psycopg
+
+    journal = postgres.new_database()
+    idempotently.Journal(journal).close()
+    name = journal.rsplit("/", 1)[1]
+    with psycopg.connect(postgres.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}_copy TEMPLATE {name}")
+    copy = postgres.url(f"{name}_copy")
+    with session(journal, api, user) as s:
+        if kind == "psycopg":
+            with psycopg.connect(copy) as db:
+                error = refused(s, db, idempotently.JournalError, "a copy of the journal's")
+        else:
+            engine = sqlalchemy_engine(copy)
+            with Session(engine) as db, db.begin():
+                error = refused(s, db, idempotently.JournalError, "a copy of the journal's")
+            engine.dispose()
+    assert f"'{name}_copy'" in str(error)
+
+
+@pytest.mark.postgres
 def test_a_connection_on_the_other_kind_of_database_is_refused(
     journal_target: str,
     orders: str,
