@@ -264,8 +264,8 @@ class _SqlAlchemyConnection(OrmConnection):
         clear error: with several, the application's rows may commit on another
         database's transaction than the operation, and a crash between the two commits
         would keep one without the other."""
-        given = [session.bind] if session.bind is not None else []
-        binds = list({id(bind): bind for bind in [*given, *session.binds.values()]}.values())
+        named = [session.bind, *(getattr(session, "binds", None) or {}).values()]
+        binds = list({id(bind): bind for bind in named if bind is not None}.values())
         if len(binds) > 1:
             raise JournalError(
                 f"the {self.name} given to enqueue is bound to several databases (bind and "
