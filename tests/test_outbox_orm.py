@@ -11,6 +11,7 @@ real SQLite files and a real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -23,8 +24,20 @@ from typing import Any
 import pytest
 import sqlalchemy
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.ext.asyncio import (
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 import idempotently
 from idempotently.testing import MockServer, serve
@@ -357,6 +370,93 @@ def test_a_sqlalchemy_session_whose_flush_failed_is_refused(
     engine.dispose()
 
 
+def test_a_scoped_session_commits_the_charge_with_its_order_or_neither(
+    journal_target: str, orders: str, api: MockServer, user: str
+) -> None:
+    """A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) is the Session it gives
+    this thread: the charge commits or rolls back with the order."""
+    engine = sqlalchemy_engine(journal_target)
+    db = scoped_session(sessionmaker(engine))
+    with session(journal_target, api, user) as s:
+        with db.begin():
+            db.add(OrderRow(id="o-1"))
+            enqueue(s, "o-1", db)
+        with pytest.raises(RuntimeError), db.begin():
+            db.add(OrderRow(id="o-2"))
+            enqueue(s, "o-2", db)
+            raise RuntimeError("the order failed")
+        assert s.journal.operation("o-2:charge") is None
+        assert ["o-1:charge"] == [r.operation_id for r in s.resume()]
+    db.remove()
+    engine.dispose()
+    assert ["o-1"] == order_ids(journal_target)
+    assert ["o-1"] == [c.order_id for c in api.charges(user)]
+
+
+@pytest.mark.anyio
+async def test_an_async_scoped_session_commits_the_charge_with_its_order(
+    journal_target: str, orders: str, api: MockServer, user: str, anyio_backend: str
+) -> None:
+    """An ``async_scoped_session`` is the AsyncSession it gives this task."""
+    asyncio_only(anyio_backend)
+    engine = async_sqlalchemy_engine(journal_target)
+    db = async_scoped_session(async_sessionmaker(engine), scopefunc=asyncio.current_task)
+    async with idempotently.AsyncSession(
+        journal_target, base_url=api.url, headers={"Authorization": f"Bearer {user}"}
+    ) as s:
+        async with db.begin():
+            db.add(OrderRow(id="o-1"))
+            await aenqueue(s, "o-1", db)
+        assert ["o-1:charge"] == [r.operation_id for r in await s.resume()]
+    await db.remove()
+    await engine.dispose()
+    assert ["o-1"] == order_ids(journal_target)
+
+
+def test_a_sqlalchemy_session_bound_to_several_databases_is_refused(
+    journal_target: str,
+    orders: str,
+    api: MockServer,
+    user: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A Session with a bind on the journal's database and its orders bound to another
+    would commit them in two transactions (a crash between keeps one without the
+    other): refused, naming the Connection to pass; the transaction stays usable."""
+    if is_postgres(journal_target):
+        other = request.getfixturevalue("postgres").new_database()
+    else:
+        other = str(tmp_path / "shop.db")
+    engine, shop = sqlalchemy_engine(journal_target), sqlalchemy_engine(other)
+    with shop.begin() as db:
+        db.execute(text("CREATE TABLE orders (id text PRIMARY KEY)"))
+    with session(journal_target, api, user) as s:
+        with Session(bind=engine, binds={OrderRow: shop}) as db, db.begin():
+            db.add(OrderRow(id="o-1"))
+            refused(s, db, idempotently.JournalError, "bound to several databases")
+        assert s.journal.operation("o-1:charge") is None
+    with shop.connect() as db:
+        assert [("o-1",)] == db.execute(text("SELECT id FROM orders")).fetchall()
+    engine.dispose()
+    shop.dispose()
+
+
+def test_a_sqlalchemy_session_bound_through_binds_alone_commits_with_its_order(
+    journal_target: str, orders: str, api: MockServer, user: str
+) -> None:
+    """A Session whose one database is named in ``binds`` (no ``bind``) is that
+    database's: the charge commits with the order."""
+    engine = sqlalchemy_engine(journal_target)
+    with session(journal_target, api, user) as s:
+        with Session(binds={Base: engine}) as db, db.begin():
+            db.add(OrderRow(id="o-1"))
+            enqueue(s, "o-1", db)
+        assert "pending" == s.journal.operation("o-1:charge").status
+    engine.dispose()
+    assert ["o-1"] == order_ids(journal_target)
+
+
 def test_a_closed_or_autocommit_sqlalchemy_connection_is_refused(
     journal_target: str, orders: str, api: MockServer, user: str
 ) -> None:
@@ -377,6 +477,37 @@ def test_a_closed_or_autocommit_sqlalchemy_connection_is_refused(
             refused(s, db, idempotently.JournalError, "AUTOCOMMIT mode")
     engine.dispose()
     autocommit_engine.dispose()
+
+
+def test_sqlalchemys_sqlite_recipe_with_begin_commits_the_charge_with_its_order(
+    tmp_path: Path, api: MockServer, user: str
+) -> None:
+    """SQLAlchemy's documented SQLite recipe (the driver in autocommit, BEGIN emitted on
+    the "begin" event) has its transaction open: the charge commits or rolls back with
+    the order; without the BEGIN it is still refused as autocommit."""
+    path = str(tmp_path / "journal.db")
+    idempotently.Journal(path).close()
+    plain = sqlalchemy.create_engine(f"sqlite:///{path}", connect_args={"isolation_level": None})
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}", connect_args={"isolation_level": None})
+    sqlalchemy.event.listen(engine, "begin", lambda db: db.exec_driver_sql("BEGIN"))
+    with engine.begin() as db:
+        db.execute(text("CREATE TABLE orders (id text PRIMARY KEY)"))
+    with session(path, api, user) as s:
+        with Session(engine) as db, db.begin():
+            db.add(OrderRow(id="o-1"))
+            enqueue(s, "o-1", db)
+        with pytest.raises(RuntimeError), Session(engine) as db, db.begin():
+            db.add(OrderRow(id="o-2"))
+            enqueue(s, "o-2", db)
+            raise RuntimeError("the order failed")
+        with Session(plain) as db, db.begin():
+            refused(s, db, idempotently.JournalError, "AUTOCOMMIT mode")
+        assert ["o-1:charge"] == [r.operation_id for r in s.resume()]
+    with engine.connect() as db:
+        assert [("o-1",)] == db.execute(text("SELECT id FROM orders")).fetchall()
+    engine.dispose()
+    plain.dispose()
+    assert ["o-1"] == [c.order_id for c in api.charges(user)]
 
 
 @pytest.mark.postgres
@@ -401,6 +532,34 @@ def test_a_failed_postgres_transaction_is_refused(
             refused(s, connections[alias], idempotently.JournalError, "already failed")
     connections[alias].close()
     engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("kind", ["sqlalchemy", "psycopg"])
+def test_a_connection_on_a_copy_of_the_journals_database_is_refused(
+    postgres: Any, api: MockServer, user: str, kind: str
+) -> None:
+    """A copy of the journal's database (``CREATE DATABASE ... TEMPLATE``, as test
+    suites clone theirs) has the journal's tables and namespace, but the operation
+    would commit where this journal never reads: refused, naming both databases."""
+    import psycopg
+
+    journal = postgres.new_database()
+    idempotently.Journal(journal).close()
+    name = journal.rsplit("/", 1)[1]
+    with psycopg.connect(postgres.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}_copy TEMPLATE {name}")
+    copy = postgres.url(f"{name}_copy")
+    with session(journal, api, user) as s:
+        if kind == "psycopg":
+            with psycopg.connect(copy) as db:
+                error = refused(s, db, idempotently.JournalError, "a copy of the journal's")
+        else:
+            engine = sqlalchemy_engine(copy)
+            with Session(engine) as db, db.begin():
+                error = refused(s, db, idempotently.JournalError, "a copy of the journal's")
+            engine.dispose()
+    assert f"'{name}_copy'" in str(error)
 
 
 @pytest.mark.postgres

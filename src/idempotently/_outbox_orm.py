@@ -68,15 +68,28 @@ def _django() -> tuple[type, ...]:
     )
 
 
+def _scoped() -> tuple[type, ...]:
+    return _loaded("sqlalchemy.orm", "scoped_session") + _loaded(
+        "sqlalchemy.ext.asyncio", "async_scoped_session"
+    )
+
+
+def _current(connection: object) -> object:
+    """A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) as the Session it gives
+    this thread or task now (calling it is its public API), else ``connection``."""
+    return cast(Any, connection)() if isinstance(connection, _scoped()) else connection
+
+
 def is_orm(connection: object) -> bool:
     """Whether ``connection`` is a SQLAlchemy or Django object this module drives."""
-    kinds = _sync_sqlalchemy() + _async_sqlalchemy() + _django()
+    kinds = _sync_sqlalchemy() + _async_sqlalchemy() + _django() + _scoped()
     return bool(kinds) and isinstance(connection, kinds)
 
 
 def opened(connection: object, ids: ErrorContext) -> OrmConnection:
     """``connection`` (a SQLAlchemy Session or Connection, or Django's connection) as an
     `OrmConnection` inside its open transaction; else one clear error, nothing written."""
+    connection = _current(connection)
     if isinstance(connection, _async_sqlalchemy()):
         raise TypeError(
             f"connection is a SQLAlchemy {type(connection).__name__}: it goes to "
@@ -91,6 +104,7 @@ def opened(connection: object, ids: ErrorContext) -> OrmConnection:
 async def run_async(connection: object, ids: ErrorContext, work: Callable[[OrmConnection], T]) -> T:
     """``work`` on an async SQLAlchemy ``connection``, through its ``run_sync`` (the
     statements are awaited on the application's event loop); a sync object is refused."""
+    connection = _current(connection)
     if isinstance(connection, _django()):
         raise TypeError(
             "connection is Django's connection, which is synchronous: it goes to "
@@ -207,7 +221,7 @@ class _SqlAlchemyConnection(OrmConnection):
         if isinstance(given, _loaded("sqlalchemy.orm", "Session")):  # a Core app has no ORM
             session: Any = given
             try:
-                connection = session.connection()
+                connection = session.connection(bind_arguments=self._one_bind(session))
             except sqlalchemy.exc.PendingRollbackError:
                 raise JournalError(
                     f"cannot enqueue on the {self.name} given: its transaction has already "
@@ -245,6 +259,24 @@ class _SqlAlchemyConnection(OrmConnection):
                 **ids,
             )
 
+    def _one_bind(self, session: Any) -> dict[str, Any] | None:
+        """The Session's one database (``bind``, or ``binds`` naming only one), else a
+        clear error: with several, the application's rows may commit on another
+        database's transaction than the operation, and a crash between the two commits
+        would keep one without the other."""
+        named = [session.bind, *(getattr(session, "binds", None) or {}).values()]
+        binds = list({id(bind): bind for bind in named if bind is not None}.values())
+        if len(binds) > 1:
+            raise JournalError(
+                f"the {self.name} given to enqueue is bound to several databases (bind and "
+                "binds), so the operation might not commit with your writes: pass the "
+                "Connection your writes run on, "
+                "session.connection(bind_arguments={'mapper': YourModel}); "
+                f"{_NOTHING}",
+                **self._ids,
+            )
+        return {"bind": binds[0]} if binds and session.bind is None else None
+
     def _autocommit(self) -> bool:
         connection = self._connection
         if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
@@ -254,10 +286,14 @@ class _SqlAlchemyConnection(OrmConnection):
         detect = getattr(connection.dialect, "detect_autocommit_setting", None)
         if detect is None:
             return False
+        dbapi = connection.connection.dbapi_connection
         try:
-            return bool(detect(connection.connection.dbapi_connection))
+            autocommit = bool(detect(dbapi))
         except NotImplementedError:
             return False
+        # SQLAlchemy's own SQLite recipe (the driver in autocommit, BEGIN emitted on the
+        # "begin" event) has a transaction open: the statements join it.
+        return autocommit and getattr(dbapi, "in_transaction", None) is not True
 
     def execute(self, sql: str, params: Any, style: Style) -> tuple[list[dict[str, Any]], int]:
         import sqlalchemy.exc

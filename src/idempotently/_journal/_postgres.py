@@ -312,6 +312,12 @@ CREATE TABLE {SCHEMA}.journal_counts (
 INSERT INTO {SCHEMA}.journal_counts (slot) SELECT generate_series(0, {_SLOTS - 1});
 """
 
+_NAMESPACE_READ: Final = (
+    f"SELECT value, current_database() AS db FROM {SCHEMA}.journal_meta WHERE name = 'namespace'"
+)
+"""The journal's key namespace and the database it is read in (the outbox's proof that
+an application's connection is on the journal's own database, not a copy of it)."""
+
 _NAMESPACE_INSERT: Final = (
     f"INSERT INTO {SCHEMA}.journal_meta (name, value) VALUES ('namespace', %s)"
 )
@@ -1011,6 +1017,7 @@ class PostgresStore:
         self._busy_timeout = busy_timeout
         self._version = SCHEMA_VERSION
         self._namespace: uuid.UUID | None = None
+        self._database: str | None = None
         self._secret = _password(path)
         pg, pool_module = _psycopg()
         from psycopg.rows import dict_row
@@ -1115,10 +1122,9 @@ class PostgresStore:
         if version is None:
             raise JournalMissingError(f"no journal in {self.path}")
         self._version = version
-        row = conn.execute(
-            f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'namespace'"
-        ).fetchone()
+        row = conn.execute(_NAMESPACE_READ).fetchone()
         value = None if row is None else row["value"]
+        self._database = None if row is None else row["db"]
         try:
             self._namespace = uuid.UUID(value)
         except (TypeError, ValueError, AttributeError) as error:
@@ -1878,8 +1884,20 @@ class PostgresStore:
         )
 
     def _enqueue_steps(self, new: NewOperation) -> _Steps:
-        rows, _ = yield f"SELECT value FROM {SCHEMA}.journal_meta WHERE name = 'namespace'", ()
+        rows, _ = yield _NAMESPACE_READ, ()
         found = rows[0]["value"] if rows else None
+        if found == str(self.namespace) and rows[0]["db"] != self._database:
+            # A copy of the journal's database (CREATE DATABASE ... TEMPLATE, as test
+            # suites clone theirs) carries its namespace: the operation would commit in
+            # the copy, which this journal never reads.
+            raise JournalError(
+                f"the connection given to enqueue is on the database {short(rows[0]['db'])}, "
+                f"a copy of the journal's ({short(self._database)}, same key namespace), not "
+                f"on {self.path}: the operation could not commit with your transaction; "
+                "connect it to the journal's database; nothing was journaled",
+                operation_id=new.operation_id,
+                key=new.key,
+            )
         if found != str(self.namespace):
             raise JournalError(
                 f"the connection given to enqueue is on another journal's database (its key "
