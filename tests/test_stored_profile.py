@@ -152,6 +152,7 @@ CHANGES: dict[str, Any] = {
     "pause_origin": False,
     "key_bound_to_credentials": True,
     "operation_id_field": "metadata.operation_id",
+    "rate_limit_headers": ("retry-after", "x-ratelimit", "ratelimit"),
 }
 
 

@@ -37,6 +37,7 @@ from idempotently._vocabulary import Action, Delivery, Outcome
 if TYPE_CHECKING:
     import tenacity as _t
 
+    from idempotently._rate_limits import QuotaReset
     from idempotently._rows import Operation
 
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
@@ -199,6 +200,9 @@ class Answer:
     classifier_error: str | None = None
     """Why the profile's ``classify`` gave no usable verdict (it raised, or returned
     something else): the operation stays pending."""
+    quota: QuotaReset | None = None
+    """A request quota the answer's trusted rate-limit headers report spent (0 left, or
+    a 429/503 without Retry-After), and when it resets: it pauses the origin."""
 
     @property
     def outcome(self) -> Outcome:
@@ -321,18 +325,43 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
     else:
         mismatch = profile.is_payload_mismatch(response)
         in_progress = status in profile.in_progress_statuses and not mismatch
+    wait = (
+        server_wait(response.headers, now=now)
+        if (status >= 400 or verdict in ("retry", "in_progress")) and profile._reads_retry_after
+        else None
+    )
+    quota = None
+    if profile._quota_families:
+        wait, quota = _rate_limited(profile, response, status, wait, now)
     return Answer(
         status_code=status,
         replayed=profile.is_replay(response),
         in_progress=in_progress,
         mismatch=mismatch,
         hint=profile.retry_hint(response),
-        server_wait=server_wait(response.headers, now=now)
-        if status >= 400 or verdict in ("retry", "in_progress")
-        else None,
+        server_wait=wait,
         verdict=verdict,
         classifier_error=failure,
+        quota=quota,
     )
+
+
+def _rate_limited(
+    profile: ServerProfile, response: httpx.Response, status: int, wait: float | None, now: float
+) -> tuple[float | None, QuotaReset | None]:
+    """The answer's wait and spent request quota, read from the rate-limit headers the
+    profile trusts besides Retry-After: a 429 or 503 without Retry-After waits until its
+    quota resets. Retry-After on such an answer is the server's word: it alone pauses."""
+    from idempotently._pauses import PAUSE_STATUS_CODES
+    from idempotently._rate_limits import request_quota
+
+    limited = status in PAUSE_STATUS_CODES
+    if limited and wait is not None:
+        return wait, None
+    quota = request_quota(response.headers, profile._quota_families, now=now, limited=limited)
+    if limited and quota is not None:
+        wait = quota.wait
+    return wait, quota
 
 
 def _verdict(profile: ServerProfile, response: httpx.Response) -> tuple[Verdict | None, str | None]:
@@ -642,10 +671,17 @@ def classify_read(profile: ServerProfile, response: httpx.Response, *, now: floa
     """A read's answer: only its status, hint header and Retry-After matter."""
     status = response.status_code
     retryable = read_is_retryable(status)
+    wait = (
+        server_wait(response.headers, now=now) if retryable and profile._reads_retry_after else None
+    )
+    quota = None
+    if profile._quota_families:
+        wait, quota = _rate_limited(profile, response, status, wait, now)
     return Answer(
         status_code=status,
         hint=profile.retry_hint(response) if retryable else None,
-        server_wait=server_wait(response.headers, now=now) if retryable else None,
+        server_wait=wait,
+        quota=quota,
     )
 
 

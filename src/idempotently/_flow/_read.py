@@ -75,8 +75,10 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
         )
         if (
             isinstance(signal, Answer)
-            and signal.server_wait
-            and signal.status_code in PAUSE_STATUS_CODES
+            and (
+                signal.quota is not None
+                or (signal.server_wait and signal.status_code in PAUSE_STATUS_CODES)
+            )
             and profile.pause_origin
         ):
             paused_until = yield from engine.pause(request, signal, now)
