@@ -453,11 +453,15 @@ class ServerProfile:
     @_quota_families.default
     def _families_beyond_retry_after(self) -> tuple[str, ...]:
         """Empty for a profile that trusts Retry-After only: its answers cost no lookup."""
-        return tuple(name for name in self.rate_limit_headers if name != "retry-after")
+        families = self.rate_limit_headers
+        if not isinstance(families, tuple):  # refused by its validator, which runs last
+            return ()
+        return tuple(name for name in families if name != "retry-after")
 
     @_reads_retry_after.default
     def _trusts_retry_after(self) -> bool:
-        return "retry-after" in self.rate_limit_headers
+        families = self.rate_limit_headers
+        return isinstance(families, tuple) and "retry-after" in families
 
     @_hint_markers.default
     def _lowercase_hint_markers(self) -> frozenset[bytes]:
