@@ -325,6 +325,15 @@ def test_a_2xx_with_nothing_left_reports_the_quota_but_no_wait() -> None:
     assert (None, QuotaReset(15.0, "X-RateLimit-Reset")) == (answer.server_wait, answer.quota)
 
 
+def test_any_retried_answer_waits_at_least_until_a_spent_quota_resets() -> None:
+    """A 409 or a 500 saying no request is left: its retry waits for the reset (the
+    longer of it and a Retry-After), for a retry sent sooner would only be refused."""
+    spent = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "12"}
+    busy = classify(TRUSTING, httpx.Response(409, headers=spent), now=NOW)
+    failed = classify(TRUSTING, httpx.Response(500, headers={**spent, "Retry-After": "1"}), now=NOW)
+    assert (12.0, 12.0) == (busy.server_wait, failed.server_wait)
+
+
 def test_a_read_is_classified_alike() -> None:
     """A read's 429 with only a reset waits for it; its 200 with 0 left reports the quota."""
     limited = classify_read(

@@ -88,6 +88,23 @@ def test_a_503_with_only_a_reset_waits_too(
     assert (2, 4.0) == (len(app.arrivals), sum(fake_time.sleeps))
 
 
+def test_a_retry_is_not_sent_inside_the_pause_its_answer_set(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """A 502 saying no request is left for 6 s: the retry waits the reset out (journaled
+    at or after the pause's end), not a short backoff into the pause."""
+    app, url = scripted
+    app.answer(Answer(status=502, headers=spent("6").headers))
+    with host(journal_target, fake_time) as s:
+        assert 201 == s.post(f"{url}/charges", json={}, operation_id="a").status_code
+        [pause] = s.journal.origin_pauses(now=0.0)
+        operation = s.journal.operation("a")
+    assert operation is not None
+    assert [502, 201] == [attempt.status_code for attempt in operation.attempts]
+    assert operation.attempts[1].started_at >= pause.until
+    assert (2, 6.0) == (len(app.arrivals), pause.until - pause.set_at)
+
+
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_spent_quota_makes_another_threads_call_wait_before_sending(
     journal_target: str, scripted: tuple[ScriptedApp, str], store: str
@@ -320,3 +337,18 @@ def test_another_process_sends_nothing_while_the_quota_is_spent(
     assert 0 == result.exit_code, result.output
     assert {"status": 201} == run_child(journal_target, f"{url}/charges")
     assert 2 == len(app.arrivals)
+
+
+def test_a_quota_pause_written_by_a_clock_ten_years_ahead_lasts_its_length(
+    journal_target: str, scripted: tuple[ScriptedApp, str], fake_time: FakeTime
+) -> None:
+    """A host whose clock is ten years fast is answered 201 with the quota spent for 5 s:
+    a reader ten years behind waits 5 s (the pause's length), not ten years, then sends."""
+    app, url = scripted
+    fast = FakeTime(now=fake_time.now + 10 * 365 * 86400.0)
+    app.answer(spent("5"))
+    with host(journal_target, fast) as writer:
+        assert 201 == writer.post(f"{url}/charges", json={}, operation_id="fast").status_code
+    with host(journal_target, fake_time) as reader:
+        assert 201 == reader.post(f"{url}/charges", json={}, operation_id="slow").status_code
+    assert (2, 5.0) == (len(app.arrivals), sum(fake_time.sleeps))

@@ -194,7 +194,8 @@ class Answer:
     hint: bool | None = None
     """The server's explicit "retry this?" header, if any."""
     server_wait: float | None = None
-    """Seconds the server asks to wait (Retry-After, retry-after-ms), clamped."""
+    """Seconds the server asks to wait (Retry-After, retry-after-ms, or until a spent
+    request quota the profile trusts resets), clamped."""
     verdict: Verdict | None = None
     """What the profile's ``classify`` made of it (None: the built-in table decides)."""
     classifier_error: str | None = None
@@ -325,14 +326,11 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
     else:
         mismatch = profile.is_payload_mismatch(response)
         in_progress = status in profile.in_progress_statuses and not mismatch
-    wait = (
-        server_wait(response.headers, now=now)
-        if (status >= 400 or verdict in ("retry", "in_progress")) and profile._reads_retry_after
-        else None
-    )
+    waits = status >= 400 or verdict in ("retry", "in_progress")
+    wait = server_wait(response.headers, now=now) if waits and profile._reads_retry_after else None
     quota = None
     if profile._quota_families:
-        wait, quota = _rate_limited(profile, response, status, wait, now)
+        wait, quota = _rate_limited(profile, response, status, wait, waits, now)
     return Answer(
         status_code=status,
         replayed=profile.is_replay(response),
@@ -347,11 +345,18 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
 
 
 def _rate_limited(
-    profile: ServerProfile, response: httpx.Response, status: int, wait: float | None, now: float
+    profile: ServerProfile,
+    response: httpx.Response,
+    status: int,
+    wait: float | None,
+    waits: bool,
+    now: float,
 ) -> tuple[float | None, QuotaReset | None]:
     """The answer's wait and spent request quota, read from the rate-limit headers the
-    profile trusts besides Retry-After: a 429 or 503 without Retry-After waits until its
-    quota resets. Retry-After on such an answer is the server's word: it alone pauses."""
+    profile trusts besides Retry-After. A 429 or 503 with Retry-After: that is the
+    server's word, and it alone pauses. Otherwise an answer that may be retried
+    (``waits``) waits at least until a spent quota resets: a retry sent sooner would
+    only spend a request to be refused."""
     from idempotently._pauses import PAUSE_STATUS_CODES
     from idempotently._rate_limits import request_quota
 
@@ -359,8 +364,8 @@ def _rate_limited(
     if limited and wait is not None:
         return wait, None
     quota = request_quota(response.headers, profile._quota_families, now=now, limited=limited)
-    if limited and quota is not None:
-        wait = quota.wait
+    if waits and quota is not None:
+        wait = quota.wait if wait is None else max(wait, quota.wait)
     return wait, quota
 
 
@@ -676,7 +681,7 @@ def classify_read(profile: ServerProfile, response: httpx.Response, *, now: floa
     )
     quota = None
     if profile._quota_families:
-        wait, quota = _rate_limited(profile, response, status, wait, now)
+        wait, quota = _rate_limited(profile, response, status, wait, retryable, now)
     return Answer(
         status_code=status,
         hint=profile.retry_hint(response) if retryable else None,
