@@ -426,9 +426,10 @@ class ServerProfile:
     ``anthropic`` (anthropic-ratelimit-requests-*). A 429 or 503 without Retry-After waits
     until a trusted request quota resets, and pauses the origin as Retry-After does; any
     answer saying a trusted request quota has 0 left pauses the origin until it resets,
-    before the next send (with ``pause_origin``), and a retry of it waits as long. Such a wait longer than the policy's
-    ``max_retry_after`` stops the call (`RetryLaterError`) and pauses nothing. Token
-    counters are never read. Retry-After only by default."""
+    before the next send (with ``pause_origin``), and a retry of it waits as long. Such
+    a wait longer than the policy's ``max_retry_after`` stops the call
+    (`RetryLaterError`) and pauses nothing. Token counters are never read. Retry-After
+    only by default."""
     _replay_markers: frozenset[tuple[bytes, bytes | None]] = attrs.field(
         init=False, repr=False, eq=False
     )
