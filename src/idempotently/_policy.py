@@ -24,6 +24,7 @@ import httpx
 
 from idempotently._budget import RetryBudget
 from idempotently._numbers import as_float
+from idempotently._pauses import PAUSE_STATUS_CODES
 from idempotently._profiles import (
     VERDICTS,
     ServerProfile,
@@ -37,7 +38,7 @@ from idempotently._vocabulary import Action, Delivery, Outcome
 if TYPE_CHECKING:
     import tenacity as _t
 
-    from idempotently._rate_limits import QuotaReset
+    from idempotently._rate_limits import QuotaReader, QuotaReset
     from idempotently._rows import Operation
 
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
@@ -329,8 +330,8 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
     waits = status >= 400 or verdict in ("retry", "in_progress")
     wait = server_wait(response.headers, now=now) if waits and profile._reads_retry_after else None
     quota = None
-    if profile._quota_families:
-        wait, quota = _rate_limited(profile, response, status, wait, waits, now)
+    if profile._quota_reader is not None:
+        wait, quota = _rate_limited(profile._quota_reader, response, status, wait, waits, now)
     return Answer(
         status_code=status,
         replayed=profile.is_replay(response),
@@ -345,7 +346,7 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
 
 
 def _rate_limited(
-    profile: ServerProfile,
+    read: QuotaReader,
     response: httpx.Response,
     status: int,
     wait: float | None,
@@ -357,13 +358,10 @@ def _rate_limited(
     server's word, and it alone pauses. Otherwise an answer that may be retried
     (``waits``) waits at least until a spent quota resets: a retry sent sooner would
     only spend a request to be refused."""
-    from idempotently._pauses import PAUSE_STATUS_CODES
-    from idempotently._rate_limits import request_quota
-
     limited = status in PAUSE_STATUS_CODES
     if limited and wait is not None:
         return wait, None
-    quota = request_quota(response.headers, profile._quota_families, now=now, limited=limited)
+    quota = read(response.headers.raw, now=now, limited=limited)
     if waits and quota is not None:
         wait = quota.wait if wait is None else max(wait, quota.wait)
     return wait, quota
@@ -680,8 +678,8 @@ def classify_read(profile: ServerProfile, response: httpx.Response, *, now: floa
         server_wait(response.headers, now=now) if retryable and profile._reads_retry_after else None
     )
     quota = None
-    if profile._quota_families:
-        wait, quota = _rate_limited(profile, response, status, wait, retryable, now)
+    if profile._quota_reader is not None:
+        wait, quota = _rate_limited(profile._quota_reader, response, status, wait, retryable, now)
     return Answer(
         status_code=status,
         hint=profile.retry_hint(response) if retryable else None,

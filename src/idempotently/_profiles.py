@@ -7,12 +7,15 @@ import importlib
 import json
 import re
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import httpx
 
 from idempotently._exceptions import InvalidKeyError, StoredProfileError
+
+if TYPE_CHECKING:
+    from idempotently._rate_limits import QuotaReader
 
 KeyFormat = Literal["token", "sf-string"]
 
@@ -433,7 +436,7 @@ class ServerProfile:
     _replay_markers: frozenset[tuple[bytes, bytes | None]] = attrs.field(
         init=False, repr=False, eq=False
     )
-    _quota_families: tuple[str, ...] = attrs.field(init=False, repr=False, eq=False)
+    _quota_reader: QuotaReader | None = attrs.field(init=False, repr=False, eq=False)
     _reads_retry_after: bool = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
@@ -451,13 +454,19 @@ class ServerProfile:
             )
         return frozenset(markers)
 
-    @_quota_families.default
-    def _families_beyond_retry_after(self) -> tuple[str, ...]:
-        """Empty for a profile that trusts Retry-After only: its answers cost no lookup."""
+    @_quota_reader.default
+    def _reader_beyond_retry_after(self) -> QuotaReader | None:
+        """None for a profile that trusts Retry-After only: its answers cost no lookup,
+        and the parser is loaded only for a profile that trusts more."""
         families = self.rate_limit_headers
         if not isinstance(families, tuple):  # refused by its validator, which runs last
-            return ()
-        return tuple(name for name in families if name != "retry-after")
+            return None
+        beyond = tuple(name for name in families if name != "retry-after")
+        if not beyond:
+            return None
+        from idempotently._rate_limits import QuotaReader
+
+        return QuotaReader.trusting(beyond)
 
     @_reads_retry_after.default
     def _trusts_retry_after(self) -> bool:

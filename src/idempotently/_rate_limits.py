@@ -123,6 +123,10 @@ def _number(text: str) -> float | None:
 
 def _remaining(value: str | None) -> float | None:
     """The fewest requests left among the values (repeated headers), or None."""
+    if value is None:
+        return None
+    if len(value) < 16 and value.isdigit() and value.isascii():
+        return float(value)  # one count, the answer of every server that sends one
     counts = [count for count in map(_number, _members(value)) if count is not None]
     return min(counts) if counts else None
 
@@ -184,14 +188,18 @@ def _latest(
 def _pair(
     remaining: str, reset: str, read: Callable[[str, float], float | None]
 ) -> Callable[[Mapping[str, str], float], list[_Limit]]:
-    """A family of two headers: the requests left, and when they come back."""
+    """A family of two headers: the requests left, and when they come back (``reset``
+    as the reason names it; looked up in lowercase)."""
+    remaining_key, reset_key = remaining.lower(), reset.lower()
 
     def limits(headers: Mapping[str, str], now: float) -> list[_Limit]:
-        left = headers.get(remaining)
-        when = headers.get(reset)
-        if left is None and when is None:
+        left = _remaining(headers.get(remaining_key))
+        if left is not None and left > 0:
+            return []  # requests left: whenever it resets, nothing to wait for
+        when = headers.get(reset_key)
+        if when is None:
             return []
-        return [_Limit(_remaining(left), _latest(when, now, read), reset)]
+        return [_Limit(left, _latest(when, now, read), reset)]
 
     return limits
 
@@ -202,7 +210,7 @@ _IETF_OLDEST = _pair("RateLimit-Remaining", "RateLimit-Reset", reset_seconds)
 
 def _ietf(headers: Mapping[str, str], now: float) -> list[_Limit]:
     limits = _IETF_OLDEST(headers, now)
-    field = headers.get("ratelimit")
+    field = headers.get("ratelimit")  # lowercase: a plain dict or httpx.Headers
     if field is None or len(field) > _MAX_FIELD:
         return limits
     items = _structured_list(field)
@@ -308,6 +316,65 @@ _READERS: dict[str, Callable[[Mapping[str, str], float], list[_Limit]]] = {
     ),
 }
 """Each family beyond Retry-After, by the name a profile trusts it under."""
+
+_HEADERS = {
+    "x-ratelimit": ("x-ratelimit-remaining", "x-ratelimit-reset"),
+    "ratelimit": (
+        "ratelimit",
+        "ratelimit-policy",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+    ),
+    "openai": ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+    "anthropic": (
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ),
+}
+
+
+def header_names(families: Iterable[str]) -> frozenset[bytes]:
+    """The lowercase names of the headers the families read: an answer with none of
+    them is not read further."""
+    return frozenset(
+        name.encode("ascii") for family in families for name in _HEADERS.get(family, ())
+    )
+
+
+@attrs.frozen
+class QuotaReader:
+    """What one profile reads of an answer's rate-limit headers (built with the profile,
+    so a call pays neither an import nor a lookup of a family it does not trust)."""
+
+    families: tuple[str, ...]
+    names: frozenset[bytes]
+
+    @classmethod
+    def trusting(cls, families: tuple[str, ...]) -> QuotaReader:
+        return cls(families, header_names(families))
+
+    def __call__(
+        self, raw: Iterable[tuple[bytes, bytes]], *, now: float, limited: bool
+    ) -> QuotaReset | None:
+        """`request_quota` of the answer whose raw headers are ``raw``."""
+        found = trusted_headers(raw, self.names)
+        if not found:
+            return None
+        return request_quota(found, self.families, now=now, limited=limited)
+
+
+def trusted_headers(raw: Iterable[tuple[bytes, bytes]], names: frozenset[bytes]) -> dict[str, str]:
+    """The answer's headers among ``names``, by lowercase name, a repeated one's values
+    joined by commas (as one field): one pass over the answer's headers, a set lookup
+    each, and nothing decoded when none is there (the common answer)."""
+    found: dict[str, str] = {}
+    for name, value in raw:
+        lowered = name.lower()
+        if lowered in names:
+            key = lowered.decode("ascii")
+            text = value.decode("latin-1")
+            found[key] = f"{found[key]}, {text}" if key in found else text
+    return found
 
 
 def origin_wait(answer: Answer, max_retry_after: float) -> tuple[float, str] | None:
