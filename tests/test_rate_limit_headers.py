@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta, timezone
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from idempotently import profiles
 from idempotently._policy import classify, classify_read
+from idempotently._profiles import profile_from_spec, profile_spec
 from idempotently._rate_limits import (
     QuotaReset,
     duration_seconds,
@@ -352,3 +354,16 @@ def test_the_generic_profile_reads_no_reset() -> None:
     headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "15"}
     answer = classify(profiles.GENERIC, httpx.Response(429, headers=headers), now=NOW)
     assert (None, None) == (answer.server_wait, answer.quota)
+
+
+def test_at_its_default_the_field_is_left_out_of_the_journaled_spec() -> None:
+    """A profile trusting Retry-After only journals the spec earlier versions wrote for
+    it (no ``rate_limit_headers`` key), so their stored specs still agree byte for byte;
+    one trusting more journals its families, and reads them back."""
+    custom = attrs.evolve(profiles.GENERIC, name="custom", key_lifetime=3600.0)
+    trusting = attrs.evolve(custom, rate_limit_headers=("x-ratelimit", "retry-after"))
+    assert "rate_limit_headers" not in json.loads(profile_spec(custom))
+    assert ["retry-after", "x-ratelimit"] == json.loads(profile_spec(trusting))[
+        "rate_limit_headers"
+    ]
+    assert trusting == profile_from_spec(profile_spec(trusting))
