@@ -237,6 +237,33 @@ def test_any_headers_give_none_or_a_finite_wait_up_to_a_year(
     assert found is None or (math.isfinite(found.wait) and 0 < found.wait <= MAX_SERVER_WAIT)
 
 
+EVERY_FAMILY = attrs.evolve(
+    profiles.GENERIC,
+    name="every-family",
+    rate_limit_headers=("retry-after", "x-ratelimit", "ratelimit", "openai", "anthropic"),
+)
+
+
+@given(
+    status=st.sampled_from([200, 201, 409, 429, 500, 502, 503]),
+    headers=st.lists(st.tuples(st.sampled_from(NAMES), values), max_size=8),
+)
+def test_any_answer_classifies_to_a_finite_wait_and_quota(
+    status: int, headers: list[tuple[str, str]]
+) -> None:
+    """Through classify, as a call and a read meet them (headers scanned from the raw
+    answer, names in any case): the wait and the quota are None or finite, at most a year."""
+    mixed = [(name.upper() if len(value) % 2 else name, value) for name, value in headers]
+    response = httpx.Response(status, headers=mixed)
+    for answer in (
+        classify(EVERY_FAMILY, response, now=NOW),
+        classify_read(EVERY_FAMILY, response, now=NOW),
+    ):
+        wait = answer.server_wait
+        assert wait is None or (math.isfinite(wait) and 0 <= wait <= MAX_SERVER_WAIT)
+        assert answer.quota is None or 0 < answer.quota.wait <= MAX_SERVER_WAIT
+
+
 @given(text=values, now=st.floats(0, 4e9))
 def test_each_value_reader_gives_none_or_a_finite_wait(text: str, now: float) -> None:
     """The three readers of a reset (number, duration, RFC 3339 time) never raise and
@@ -367,3 +394,10 @@ def test_at_its_default_the_field_is_left_out_of_the_journaled_spec() -> None:
         "rate_limit_headers"
     ]
     assert trusting == profile_from_spec(profile_spec(trusting))
+
+
+def test_header_names_are_matched_in_any_case() -> None:
+    """HTTP header names are case-insensitive: ``X-RATELIMIT-REMAINING`` counts."""
+    headers = [("X-RATELIMIT-REMAINING", "0"), ("x-ratelimit-reset", "5")]
+    answer = classify(TRUSTING, httpx.Response(201, headers=headers), now=NOW)
+    assert QuotaReset(5.0, "X-RateLimit-Reset") == answer.quota
