@@ -401,3 +401,10 @@ def test_header_names_are_matched_in_any_case() -> None:
     headers = [("X-RATELIMIT-REMAINING", "0"), ("x-ratelimit-reset", "5")]
     answer = classify(TRUSTING, httpx.Response(201, headers=headers), now=NOW)
     assert QuotaReset(5.0, "X-RateLimit-Reset") == answer.quota
+
+
+def test_a_header_repeated_thousands_of_times_is_junk() -> None:
+    """A field repeated 3,000 times is read as no hint (one pass, no square of copies)."""
+    headers = [("X-RateLimit-Remaining", "0"), ("X-RateLimit-Reset", "5")] * 3000
+    answer = classify(TRUSTING, httpx.Response(201, headers=headers), now=NOW)
+    assert (None, None) == (answer.server_wait, answer.quota)
