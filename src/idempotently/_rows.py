@@ -319,7 +319,8 @@ class OriginPause:
     """When the pause ends (seconds since the epoch), clamped to the policy's
     ``max_retry_after``."""
     reason: str | None
-    """What paused it, e.g. ``429 with Retry-After 600s``."""
+    """What paused it, e.g. ``429 with Retry-After 600s`` or ``201 with X-RateLimit-Reset
+    20s: request quota spent``."""
     set_at: float
     """When it was set (seconds since the epoch)."""
 
