@@ -153,6 +153,7 @@ CHANGES: dict[str, Any] = {
     "key_bound_to_credentials": True,
     "operation_id_field": "metadata.operation_id",
     "attempt_header": "Idempotency-Attempt",
+    "rate_limit_headers": ("retry-after", "x-ratelimit", "ratelimit"),
 }
 
 

@@ -24,6 +24,7 @@ import httpx
 
 from idempotently._budget import RetryBudget
 from idempotently._numbers import as_float
+from idempotently._pauses import PAUSE_STATUS_CODES
 from idempotently._profiles import (
     VERDICTS,
     ServerProfile,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     import tenacity as _t
 
     from idempotently._breaker import Breaker
+    from idempotently._rate_limits import QuotaReader, QuotaReset
     from idempotently._rows import Operation, OriginPause
 
     WaitStrategy: TypeAlias = Callable[[_t.RetryCallState], float]
@@ -237,12 +239,16 @@ class Answer:
     hint: bool | None = None
     """The server's explicit "retry this?" header, if any."""
     server_wait: float | None = None
-    """Seconds the server asks to wait (Retry-After, retry-after-ms), clamped."""
+    """Seconds the server asks to wait (Retry-After, retry-after-ms, or until a spent
+    request quota the profile trusts resets), clamped."""
     verdict: Verdict | None = None
     """What the profile's ``classify`` made of it (None: the built-in table decides)."""
     classifier_error: str | None = None
     """Why the profile's ``classify`` gave no usable verdict (it raised, or returned
     something else): the operation stays pending."""
+    quota: QuotaReset | None = None
+    """A request quota the answer's trusted rate-limit headers report spent (0 left, or
+    a 429/503 without Retry-After), and when it resets: it pauses the origin."""
 
     @property
     def outcome(self) -> Outcome:
@@ -365,18 +371,44 @@ def classify(profile: ServerProfile, response: httpx.Response, *, now: float) ->
     else:
         mismatch = profile.is_payload_mismatch(response)
         in_progress = status in profile.in_progress_statuses and not mismatch
+    waits = status >= 400 or verdict in ("retry", "in_progress")
+    wait = server_wait(response.headers, now=now) if waits and profile._reads_retry_after else None
+    quota = None
+    if profile._quota_reader is not None:
+        wait, quota = _rate_limited(profile._quota_reader, response, status, wait, waits, now)
     return Answer(
         status_code=status,
         replayed=profile.is_replay(response),
         in_progress=in_progress,
         mismatch=mismatch,
         hint=profile.retry_hint(response),
-        server_wait=server_wait(response.headers, now=now)
-        if status >= 400 or verdict in ("retry", "in_progress")
-        else None,
+        server_wait=wait,
         verdict=verdict,
         classifier_error=failure,
+        quota=quota,
     )
+
+
+def _rate_limited(
+    read: QuotaReader,
+    response: httpx.Response,
+    status: int,
+    wait: float | None,
+    waits: bool,
+    now: float,
+) -> tuple[float | None, QuotaReset | None]:
+    """The answer's wait and spent request quota, read from the rate-limit headers the
+    profile trusts besides Retry-After. A 429 or 503 with Retry-After: that is the
+    server's word, and it alone pauses. Otherwise an answer that may be retried
+    (``waits``) waits at least until a spent quota resets: a retry sent sooner would
+    only spend a request to be refused."""
+    limited = status in PAUSE_STATUS_CODES
+    if limited and wait is not None:
+        return wait, None
+    quota = read(response.headers.raw, now=now, limited=limited)
+    if waits and quota is not None:
+        wait = quota.wait if wait is None else max(wait, quota.wait)
+    return wait, quota
 
 
 def _verdict(profile: ServerProfile, response: httpx.Response) -> tuple[Verdict | None, str | None]:
@@ -712,10 +744,17 @@ def classify_read(profile: ServerProfile, response: httpx.Response, *, now: floa
     """A read's answer: only its status, hint header and Retry-After matter."""
     status = response.status_code
     retryable = read_is_retryable(status)
+    wait = (
+        server_wait(response.headers, now=now) if retryable and profile._reads_retry_after else None
+    )
+    quota = None
+    if profile._quota_reader is not None:
+        wait, quota = _rate_limited(profile._quota_reader, response, status, wait, retryable, now)
     return Answer(
         status_code=status,
         hint=profile.retry_hint(response) if retryable else None,
-        server_wait=server_wait(response.headers, now=now) if retryable else None,
+        server_wait=wait,
+        quota=quota,
     )
 
 

@@ -7,12 +7,15 @@ import importlib
 import json
 import re
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import httpx
 
 from idempotently._exceptions import InvalidKeyError, StoredProfileError
+
+if TYPE_CHECKING:
+    from idempotently._rate_limits import QuotaReader
 
 KeyFormat = Literal["token", "sf-string"]
 
@@ -35,6 +38,10 @@ expiry and the one that resends it, which the margin is the only protection agai
 MAX_DEFAULT_KEY_EXPIRY_MARGIN = 3600.0
 """The default margin of long-lived keys (a tenth of the lifetime, capped here)."""
 RETRY_HINT_HEADERS = ("Stripe-Should-Retry", "X-Should-Retry")
+RATE_LIMIT_FAMILIES = frozenset({"retry-after", "ratelimit", "x-ratelimit", "openai", "anthropic"})
+"""The families of rate-limit headers a profile can trust (`ServerProfile.rate_limit_headers`)."""
+DEFAULT_RATE_LIMIT_HEADERS = ("retry-after",)
+"""Retry-After (and ``retry-after-ms``) only: what every profile read before the others."""
 
 MismatchMatcher = Callable[[httpx.Response], bool]
 """Says whether an answer means "this key was used with another payload"."""
@@ -180,6 +187,26 @@ def _handler_errors(instance: Any, attribute: attrs.Attribute[Any], value: Any) 
         for status in value
     ):
         raise ValueError(f"handler_errors must be a frozenset of 5xx status codes, not {value!r}")
+
+
+def _families(value: Any) -> Any:
+    """A collection of family names as a sorted tuple without repeats (the same trust
+    is the same profile, and journals alike); anything else is left to the validator."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        return value
+    names = tuple(value)
+    if not all(isinstance(name, str) for name in names):
+        return names
+    return tuple(sorted(set(names)))
+
+
+def _known_families(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, tuple) or not set(value) <= RATE_LIMIT_FAMILIES:
+        raise ValueError(
+            "rate_limit_headers must be a tuple of the header families the server's "
+            f"answers are trusted for, among {', '.join(map(repr, sorted(RATE_LIMIT_FAMILIES)))}"
+            f", not {value!r:.80}"
+        )
 
 
 def _margin_below_lifetime(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -422,9 +449,25 @@ class ServerProfile:
     its journaled headers: it is the one part of a resend that differs from the first
     attempt (a server that hashes every header reads a changed one as another payload).
     A value the caller set is replaced. No built-in profile sends it."""
+    rate_limit_headers: tuple[str, ...] = attrs.field(
+        default=DEFAULT_RATE_LIMIT_HEADERS, converter=_families, validator=_known_families
+    )
+    """The rate-limit header families the server's answers are trusted for: ``retry-after``
+    (Retry-After and retry-after-ms), ``x-ratelimit`` (X-RateLimit-Remaining and
+    X-RateLimit-Reset, a reset above 10**9 being epoch seconds), ``ratelimit`` (the IETF
+    RateLimit and RateLimit-Policy fields), ``openai`` (x-ratelimit-*-requests) and
+    ``anthropic`` (anthropic-ratelimit-requests-*). A 429 or 503 without Retry-After waits
+    until a trusted request quota resets, and pauses the origin as Retry-After does; any
+    answer saying a trusted request quota has 0 left pauses the origin until it resets,
+    before the next send (with ``pause_origin``), and a retry of it waits as long. Such
+    a wait longer than the policy's ``max_retry_after`` stops the call
+    (`RetryLaterError`) and pauses nothing. Token counters are never read. Retry-After
+    only by default."""
     _replay_markers: frozenset[tuple[bytes, bytes | None]] = attrs.field(
         init=False, repr=False, eq=False
     )
+    _quota_reader: QuotaReader | None = attrs.field(init=False, repr=False, eq=False)
+    _reads_retry_after: bool = attrs.field(init=False, repr=False, eq=False)
     _hint_markers: frozenset[bytes] = attrs.field(init=False, repr=False, eq=False)
 
     @_replay_markers.default
@@ -440,6 +483,25 @@ class ServerProfile:
                 )
             )
         return frozenset(markers)
+
+    @_quota_reader.default
+    def _reader_beyond_retry_after(self) -> QuotaReader | None:
+        """None for a profile that trusts Retry-After only: its answers cost no lookup,
+        and the parser is loaded only for a profile that trusts more."""
+        families = self.rate_limit_headers
+        if not isinstance(families, tuple):  # refused by its validator, which runs last
+            return None
+        beyond = tuple(name for name in families if name != "retry-after")
+        if not beyond:
+            return None
+        from idempotently._rate_limits import QuotaReader
+
+        return QuotaReader.trusting(beyond)
+
+    @_reads_retry_after.default
+    def _trusts_retry_after(self) -> bool:
+        families = self.rate_limit_headers
+        return isinstance(families, tuple) and "retry-after" in families
 
     @_hint_markers.default
     def _lowercase_hint_markers(self) -> frozenset[bytes]:
@@ -674,7 +736,14 @@ _CALLABLE_FIELDS = frozenset({"mismatch_matcher", "classify"})
 
 
 _OMITTED_AT_DEFAULT = frozenset(
-    {"classify", "pause_origin", "key_expiry_margin", "handler_errors", "attempt_header"}
+    {
+        "classify",
+        "pause_origin",
+        "key_expiry_margin",
+        "handler_errors",
+        "attempt_header",
+        "rate_limit_headers",
+    }
 )
 """Fields a spec leaves out at their default."""
 

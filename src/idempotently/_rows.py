@@ -323,8 +323,9 @@ class OriginPause:
     """When the pause ends (seconds since the epoch), clamped to the policy's
     ``max_retry_after``."""
     reason: str | None
-    """What paused it, e.g. ``429 with Retry-After 600s``, or a circuit breaker's
-    ``circuit breaker open 5s: ...`` (``half-open`` while its one probe is in flight)."""
+    """What paused it, e.g. ``429 with Retry-After 600s``, ``201 with X-RateLimit-Reset
+    20s: request quota spent``, or a circuit breaker's ``circuit breaker open 5s: ...``
+    (``half-open`` while its one probe is in flight)."""
     set_at: float
     """When it was set (seconds since the epoch)."""
 

@@ -842,8 +842,10 @@ class Engine(Config):
                     )
             if (
                 answer is not None
-                and answer.server_wait
-                and answer.status_code in PAUSE_STATUS_CODES
+                and (
+                    answer.quota is not None
+                    or (answer.server_wait and answer.status_code in PAUSE_STATUS_CODES)
+                )
                 and profile.pause_origin
             ):
                 paused_until = yield from self.pause(request, answer, now)
@@ -1151,15 +1153,21 @@ class Engine(Config):
             if now < paused_until and (yield from self.origin_pause(profile, request, now)) is None:
                 return
 
-    def pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[float]:
-        """Journal the pause a 429 or 503 with Retry-After (to a call, a read or a lookup)
-        asks of its whole origin."""
-        wait = answer.server_wait or 0.0
+    def pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[float | None]:
+        """Journal the pause an answer (to a call, a read or a lookup) asks of its whole
+        origin: a 429 or 503 with Retry-After, or a request quota its trusted rate-limit
+        headers say is spent (`_rate_limits.origin_wait`); None when it asks none."""
+        from idempotently._rate_limits import origin_wait
+
+        asked = origin_wait(answer, self.policy.max_retry_after)
+        if asked is None:
+            return None
+        wait, reason = asked
         pause = OriginPause(
             origin=origin_of(request.url),
             credentials=self._pause_scope(request),
             until=now + wait,
-            reason=f"{answer.status_code} with Retry-After {wait:g}s",
+            reason=reason,
             set_at=now,
         )
         yield PauseOrigin(pause.origin, pause.credentials, pause.until, pause.reason or "", now)

@@ -38,7 +38,8 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
 
     A journaled pause of the origin for the read's credentials is waited out before
     the first send, or, when longer than the read may wait, is a RetryLaterError
-    without sending; a 429 or 503 with Retry-After pauses the origin for every
+    without sending; a 429 or 503 with Retry-After, or an answer whose trusted
+    rate-limit headers say the request quota is spent, pauses the origin for every
     caller, as a write's does."""
     started = engine.clock()
     state = CallState(started_at=started)
@@ -75,8 +76,10 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
         )
         if (
             isinstance(signal, Answer)
-            and signal.server_wait
-            and signal.status_code in PAUSE_STATUS_CODES
+            and (
+                signal.quota is not None
+                or (signal.server_wait and signal.status_code in PAUSE_STATUS_CODES)
+            )
             and profile.pause_origin
         ):
             paused_until = yield from engine.pause(request, signal, now)

@@ -340,7 +340,8 @@ class Journal:
     # -- origin pauses (retry control) -------------------------------------------------
 
     def origin_pauses(self, *, now: float | None = None) -> list[OriginPause]:
-        """The origins a server asked to leave alone (429 or 503 with Retry-After) whose
+        """The origins a server asked to leave alone (a 429 or 503 with Retry-After, or
+        a request quota a profile's trusted rate-limit headers said was spent) whose
         pause still runs at ``now`` (default: the time now), and every circuit breaker
         not yet closed (open, or half-open: its reason says), soonest over first."""
         self._check_usable()
