@@ -478,12 +478,14 @@ def test_list_group_and_show_group_draw_where_the_group_stopped_and_what_is_next
         with pytest.raises(idempotently.OperationPendingError):
             group.post("/ship", json={}, step="ship")
     runner = CliRunner()
-    listed = runner.invoke(cli, ["--journal", journal_target, "list", "--group", "order-42"])
+    listed = runner.invoke(
+        cli, ["--journal", journal_target, "list", "--group", "order-42", "--format", "json"]
+    )
     shown = runner.invoke(cli, ["--journal", journal_target, "show", "order-42"])
     as_json = runner.invoke(cli, ["--journal", journal_target, "show", "order-42", "--json"])
     assert 0 == listed.exit_code, listed.output
     assert ["order-42/charge", "order-42/ship"] == [
-        line.split()[0] for line in listed.output.splitlines()[1:] if line.strip()
+        operation["operation_id"] for operation in json.loads(listed.output)
     ]
     assert 0 == shown.exit_code, shown.output
     assert "next: ship (pending)" in shown.output
