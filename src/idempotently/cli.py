@@ -415,7 +415,7 @@ def say_damaged(operations: Sequence[Operation]) -> None:
 
 
 @cli.command("show")
-@click.argument("operation_id_or_key", metavar="OPERATION_ID_OR_KEY_OR_GROUP")
+@click.argument("operation_id_or_key", metavar="OPERATION_ID_OR_KEY")
 @format_option("text", "json")
 @codec_option
 @with_journal(readonly=True)

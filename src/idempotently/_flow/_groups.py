@@ -1,4 +1,4 @@
-"""Operation groups: the article's recovery points (DESIGN §3.11).
+"""Operation groups: multi-step operations with recovery points.
 
 A group's steps are ordinary named operations (``f"{group_id}/{step}"``, their keys
 derived as every named operation's are) journaled with the group and their place in
