@@ -579,3 +579,28 @@ def test_a_poisoned_step_row_is_reported_and_the_other_groups_resume(
     assert 0 == shown.exit_code, shown.output
     assert "cannot be read" in shown.output
     assert ["/b/charge"] == paths(app)
+
+
+def test_steps_journaled_at_once_from_two_journals_take_distinct_places(
+    journal_target: str, server: tuple[StepLog, str]
+) -> None:
+    """Four Journals (four connections, four writers) enqueue steps of one group at once: every
+    step gets a place of its own (PostgreSQL: the group's insert lock; SQLite: its one
+    writer at a time)."""
+    _, url = server
+    barrier = threading.Barrier(4)
+
+    def enqueue(name: str) -> None:
+        with session(journal_target, url) as s:
+            group = s.group("g")
+            barrier.wait()
+            for n in range(25):
+                group.enqueue("POST", "/g", json={"n": n}, step=f"{name}-{n}")
+
+    threads = [threading.Thread(target=enqueue, args=(name,)) for name in "wxyz"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    places = [step for _, step, _ in steps_of(journal_target, "g")]
+    assert list(range(1, 101)) == places
