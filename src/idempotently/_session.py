@@ -345,9 +345,23 @@ class _SessionBase(Generic[ClientT]):
     ) -> list[FlowFactory[ResumeResult]]:
         """One flow per queued operation, for a driver to run (several at once)."""
         from idempotently._flow._groups import Progress
-        from idempotently._flow._resume import resume_operation
+        from idempotently._flow._resume import resume_operation, resume_tracked
 
         progress = Progress.of(queue)  # None without a group step in the queue
+        if progress is not None:
+            return [
+                functools.partial(
+                    resume_tracked,
+                    self._engine,
+                    listed,
+                    self._build,
+                    dry_run=dry_run,
+                    base_url=base_url,
+                    reconciling=reconciling,
+                    progress=progress,
+                )
+                for listed in queue
+            ]
         return [
             functools.partial(
                 resume_operation,
@@ -357,7 +371,6 @@ class _SessionBase(Generic[ClientT]):
                 dry_run=dry_run,
                 base_url=base_url,
                 reconciling=reconciling,
-                progress=progress,
             )
             for listed in queue
         ]

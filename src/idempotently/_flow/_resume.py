@@ -75,18 +75,10 @@ def resume(
     at the end. (With concurrency, a driver runs `resume_queue` and then
     `resume_operation` for each operation in its own flow.)"""
     results: list[ResumeResult] = []
-    queue = yield from resume_queue(engine, reconciling=reconciling)
-    progress = Progress.of(queue)
-    for listed in queue:
+    for listed in (yield from resume_queue(engine, reconciling=reconciling)):
+        # One after the other, in group order: a step never waits for a step of this run.
         result = yield from resume_operation(
-            engine,
-            listed,
-            build,
-            held,
-            dry_run=dry_run,
-            base_url=base_url,
-            reconciling=reconciling,
-            progress=progress,
+            engine, listed, build, held, dry_run=dry_run, base_url=base_url, reconciling=reconciling
         )
         results.append(result)
     return results
@@ -125,38 +117,8 @@ def resume_operation(
     ``claimed_by``: the owner that leased it for this resume (a resume worker's
     claim); that lease is its own, renewed by compare-and-swap, not raced for.
     ``progress``: what this run has finished of its queue's group steps (a step
-    whose earlier step is still to be finished by this run waits for it)."""
-    try:
-        return (
-            yield from _resume_operation(
-                engine,
-                listed,
-                build,
-                held,
-                dry_run=dry_run,
-                base_url=base_url,
-                reconciling=reconciling,
-                claimed_by=claimed_by,
-                progress=progress,
-            )
-        )
-    finally:
-        if progress is not None:
-            progress.done.add(listed.operation_id)
-
-
-def _resume_operation(
-    engine: Engine,
-    listed: Operation,
-    build: BuildRequest,
-    held: Held,
-    *,
-    dry_run: bool,
-    base_url: str | None,
-    reconciling: bool,
-    claimed_by: str | None,
-    progress: Progress | None,
-) -> Flow[ResumeResult]:
+    whose earlier step is still to be finished by this run waits for it): given,
+    `resume_tracked` runs it."""
     if listed.damaged is not None:
         # Read again, it would raise what the listing turned into this stand-in.
         result = yield from unresumable(engine, listed, held, JournalCorruptError(listed.damaged))
@@ -193,6 +155,37 @@ def _resume_operation(
             result = yield from reconcile_one(engine, operation, result)
     yield Report(result)
     return result
+
+
+def resume_tracked(
+    engine: Engine,
+    listed: Operation,
+    build: BuildRequest,
+    held: Held,
+    *,
+    dry_run: bool,
+    base_url: str | None,
+    reconciling: bool,
+    progress: Progress,
+) -> Flow[ResumeResult]:
+    """`resume_operation` in a run whose queue holds group steps: once it ends, however,
+    ``progress`` knows (a later step of its group waiting for it goes on). A run
+    without group steps runs `resume_operation` itself, one generator less per command."""
+    try:
+        return (
+            yield from resume_operation(
+                engine,
+                listed,
+                build,
+                held,
+                dry_run=dry_run,
+                base_url=base_url,
+                reconciling=reconciling,
+                progress=progress,
+            )
+        )
+    finally:
+        progress.done.add(listed.operation_id)
 
 
 def plan(engine: Engine, operation: Operation) -> ResumeResult:
