@@ -278,6 +278,7 @@ def test_resume_leaves_a_step_pending_while_the_step_before_cannot_be_sent(
     assert ["/charge"] == paths(app)
 
 
+@pytest.mark.slow
 def test_two_watch_workers_never_send_two_steps_of_a_group_at_once(
     tmp_path: Path, journal_target: str, server: tuple[StepLog, str]
 ) -> None:
@@ -324,6 +325,7 @@ _RUNNER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_running_one_group_send_each_step_once_in_order(
     journal_target: str, server: tuple[StepLog, str]
 ) -> None:
@@ -379,6 +381,7 @@ async def test_an_async_group_keeps_its_order_and_continues_at_the_recovery_poin
 # -- a crash at every step ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_three_step_group_killed_at_every_step_recovers_with_one_effect_each(
     tmp_path: Path,
 ) -> None:
@@ -390,6 +393,7 @@ def test_a_three_step_group_killed_at_every_step_recovers_with_one_effect_each(
     assert 15 == len(report.points)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_an_async_three_step_group_killed_at_its_last_step_recovers(
     tmp_path: Path, backend: Any
@@ -417,6 +421,7 @@ _KILLED_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_rerun_after_sigkill_mid_step_continues_at_the_recovery_point(
     tmp_path: Path, server: tuple[StepLog, str]
 ) -> None:
