@@ -348,7 +348,9 @@ def list_command(
     group_id: str | None,
     output_format: str,
 ) -> None:
-    """List operations, newest first (the steps of a --group in their order).
+    """List operations, newest first.
+
+    With --group, the steps of that operation group, in their order.
 
     On a terminal the table fits its width: an operation id is never cut (one too
     wide gets a line of its own), the URL gives way first, keeping its host and port.
@@ -420,9 +422,10 @@ def say_damaged(operations: Sequence[Operation]) -> None:
 @codec_option
 @with_journal(readonly=True)
 def show_command(journal: Journal, operation_id_or_key: str, output_format: str) -> None:
-    """Show one operation: its attempts, headers and bodies; or, for a name that is no
-    operation's but an operation group's, the group: its steps in order, where it
-    stopped, which step is next.
+    """Show one operation: its attempts, headers and bodies.
+
+    For a name that is no operation's but an operation group's, the group: its steps
+    in order, where it stopped, which step is next.
 
     Everything whole: ids, URLs, the reason and each attempt's error. Piped, one
     tab-separated record per line, led by what it is (a field, attempt, audit, ...).
