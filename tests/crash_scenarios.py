@@ -83,3 +83,19 @@ def session_elsewhere(journal: Path, base_url: str) -> idempotently.Session:
     return idempotently.Session(
         journal.with_name("other.db"), base_url=base_url, headers={"Authorization": "Bearer user_1"}
     )
+
+
+GROUP_STEPS = ("charge", "ship", "email")
+
+
+def three_step_group(session: idempotently.Session) -> None:
+    """Crash-safe: an operation group whose steps are sent in order, each once."""
+    group = session.group("order-7")
+    for step in GROUP_STEPS:
+        group.post("/v1/charges", step=step, json=charge(f"order-7-{step}"))
+
+
+async def three_step_group_async(session: idempotently.AsyncSession) -> None:
+    group = session.group("order-7")
+    for step in GROUP_STEPS:
+        await group.post("/v1/charges", step=step, json=charge(f"order-7-{step}"))

@@ -410,6 +410,11 @@ class MemoryStore:
     def operation(self, operation_id_or_key: str, *, damaged: bool = False) -> Operation | None:
         return self.find(operation_id_or_key, operation_id_or_key)
 
+    def group(self, group_id: str) -> list[Operation]:
+        with self._lock:
+            steps = [copy.copy(row) for row in self.rows.values() if row.group_id == group_id]
+        return sorted(steps, key=lambda row: (row.step or 0, row.created_at, row.operation_id))
+
     def queue(self, statuses: Sequence[Status]) -> list[Operation]:
         with self._lock:
             return [copy.copy(row) for row in self.rows.values() if row.status in statuses]

@@ -40,6 +40,7 @@ from idempotently._commands_rare import (
     AuditNote,
     AuditTrail,
     ForksTaken,
+    GroupSteps,
     JournalCommand,
     LookUpLater,
     Queue,
@@ -126,6 +127,7 @@ def commands(operation: Operation) -> list[JournalCommand]:
         Pauses(NOW),
         AuditTrail("op-1"),
         ForksTaken(operation),
+        GroupSteps("order-42"),
     ]
     return reads + list(writes(operation))
 
@@ -262,6 +264,7 @@ CLOSED_MESSAGES = {
         "Pauses",
         "AuditTrail",
         "ForksTaken",
+        "GroupSteps",
     },
     "this write was not journaled": {
         "Enqueue",

@@ -18,6 +18,7 @@ from idempotently._exceptions import (
     AttemptsCapError,
     CodecError,
     CredentialsMismatchError,
+    GroupStoppedError,
     IdempotentlyError,
     InvalidKeyError,
     JournalCorruptError,
@@ -60,6 +61,7 @@ if _typing.TYPE_CHECKING:
         RetryRefused,
         RetryScheduled,
     )
+    from idempotently._group import AsyncGroup, Group
     from idempotently._lookup import Lookup
     from idempotently._rows_audit import AuditEntry, JournalStats
     from idempotently._transport import AsyncTransport, Transport
@@ -72,6 +74,8 @@ __version__ = "0.1.0.dev0"
 # events their classes (a call makes none unless a hook or the logger listens), the
 # audits their rows.
 _LAZY = {
+    "AsyncGroup": "idempotently._group",
+    "Group": "idempotently._group",
     "AuditEntry": "idempotently._rows_audit",
     "JournalStats": "idempotently._rows_audit",
     "AttemptFinished": "idempotently._events",
@@ -107,6 +111,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AnswerNotReadError",
+    "AsyncGroup",
     "AsyncSession",
     "AsyncTransport",
     "Attempt",
@@ -120,6 +125,8 @@ __all__ = [
     "CredentialsMismatchError",
     "Event",
     "FernetCodec",
+    "Group",
+    "GroupStoppedError",
     "IdempotentlyError",
     "InvalidKeyError",
     "Journal",

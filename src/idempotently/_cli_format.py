@@ -224,6 +224,9 @@ def operation_detail_json(operation: Operation) -> dict[str, Any]:
         "may_have_been_delivered": may_have_been_delivered(operation),
         "enqueued_at": iso(operation.enqueued_at),
         "first_send_at": iso(operation.first_send_at),
+        "group_id": operation.group_id,
+        "step": operation.step,
+        "successor": operation.successor,
         "history": [attempt_json(attempt) for attempt in operation.attempts],
     }
 

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
         ForksTaken as ForksTaken,
     )
     from idempotently._commands_rare import (
+        GroupSteps as GroupSteps,
+    )
+    from idempotently._commands_rare import (
         JournalCommand as JournalCommand,
     )
     from idempotently._commands_rare import (
@@ -68,6 +71,7 @@ _RARE = frozenset(
         "AuditTrail",
         "Command",
         "ForksTaken",
+        "GroupSteps",
         "JournalCommand",
         "LookUpLater",
         "PlanReconcile",

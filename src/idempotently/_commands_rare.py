@@ -56,6 +56,13 @@ class Queue(Journaled):
     statuses: tuple[Status, ...]
 
 
+@attrs.frozen
+class GroupSteps(Journaled):
+    """The steps of an operation group in their order (`Store.group`)."""
+
+    group_id: str
+
+
 # -- the operator's journal: operator actions and lookup verdicts --------------------
 
 
@@ -193,7 +200,7 @@ Write = (
 """What the journal's one writer commits (``_journal/_writer.py``): every `JournalWrite`
 class, each once. A dispatch over it ends in ``case _: assert_never(write)``, so mypy
 fails where a new write is not handled."""
-Read = Find | Queue | Pauses | AuditTrail | ForksTaken
+Read = Find | Queue | Pauses | AuditTrail | ForksTaken | GroupSteps
 """What the journal reads without its writer."""
 JournalCommand = Read | Write
 

@@ -22,7 +22,8 @@
     ├── OperatorActionError (ValueError)  an operator action that makes no sense now
     ├── NoStoredAnswerError           settled succeeded, but no answer of the server kept
     │   └── AnswerNotReadError        settled by its answer's status; its body not read whole
-    └── OperationAbandonedError       at-most-once: maybe sent, never resent
+    ├── OperationAbandonedError       at-most-once: maybe sent, never resent
+    └── GroupStoppedError             an earlier step of its group failed or was abandoned
 
 Transport errors from httpx come through as the ``__cause__`` of an
 ``OperationPendingError`` when the outcome is unknown, so the operation id, the
@@ -236,6 +237,17 @@ class AttemptsCapError(IdempotentlyError):
 
 class OperationAbandonedError(IdempotentlyError):
     """An at-most-once operation may have been delivered; it is never resent."""
+
+
+class GroupStoppedError(IdempotentlyError):
+    """A step of an operation group whose earlier step failed or was abandoned: the group
+    stopped there, nothing of this step was sent (what to undo is the application's).
+
+    ``group_id`` names the group, ``stopped_at`` the step it stopped at.
+    """
+
+    group_id: str | None = None
+    stopped_at: str | None = None
 
 
 class StoredProfileError(IdempotentlyError):

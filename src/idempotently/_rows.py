@@ -132,6 +132,14 @@ class Operation:
     """The SHA-256 of the clear request body, encoded by ``codec`` as the body is (never in
     clear): what a resend checks the decoded body against. None for a row in clear, and for
     one written before schema version 5."""
+    # Operation groups (schema version 10 carries the columns).
+    group_id: str | None = None
+    """The group the operation is a step of (``Session.group``), or None."""
+    step: int | None = None
+    """Its place in the group: 1 for the first step the application called, and so on.
+    A fork of a step shares its place."""
+    successor: str | None = None
+    """The operation that took this step's place in its group (a fork's id), or None."""
     # Data at rest: not a column. Set by the journal when it reads a row whose bodies
     # it cannot decode; the bodies are then left out (empty), never shown encoded.
     unreadable: str | None = attrs.field(default=None, metadata={"column": False})
@@ -242,6 +250,11 @@ class NewOperation:
     overrides: str | None = None
     # Schema v5: the clear body's SHA-256, encoded by the codec (None without one).
     body_digest: bytes | None = None
+    # Operation groups: the group it is a step of (its place is the group's next one,
+    # given by the insert), and whether the insert waits for every earlier step to have
+    # succeeded (a live call) or only appends (an enqueue: the order is kept at send).
+    group_id: str | None = None
+    in_order: bool = False
 
     def row(self, owner: str | None, lease_until: float) -> tuple[Any, ...]:
         """The values of the insert that journals it (both stores' column order)."""
@@ -306,6 +319,7 @@ class NewOperation:
             credentials_digest=self.credentials_digest,
             overrides=self.overrides,
             body_digest=self.body_digest,
+            group_id=self.group_id,
         )
 
 
@@ -471,6 +485,10 @@ _COLUMNS: dict[str, tuple[tuple[type, ...], bool, tuple[str, ...]]] = {
     "secret_params": (_TEXT, True, ()),
     "credentials_digest": (_TEXT, True, ()),
     "body_digest": (_BLOB, True, ()),  # schema version 5
+    # Operation groups.
+    "group_id": (_TEXT, True, ()),
+    "step": (_INT, True, ()),
+    "successor": (_TEXT, True, ()),
     "cap_reason": (_TEXT, True, ()),  # schema version 10
 }
 _HEADER_COLUMNS = ("request_headers", "response_headers")

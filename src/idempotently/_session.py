@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # httpx's private modules, and httpx2 (optional), for annotat
         TimeoutTypes,
     )
 
+    from idempotently._group import AsyncGroup, Group
     from idempotently._lookup import Verdict
     from idempotently._watch import WatchBatch, WatchSummary
 
@@ -344,8 +345,24 @@ class _SessionBase(Generic[ClientT]):
         self, queue: list[Operation], *, dry_run: bool, base_url: str | None, reconciling: bool
     ) -> list[FlowFactory[ResumeResult]]:
         """One flow per queued operation, for a driver to run (several at once)."""
-        from idempotently._flow._resume import resume_operation
+        from idempotently._flow._groups import Progress
+        from idempotently._flow._resume import resume_operation, resume_tracked
 
+        progress = Progress.of(queue)  # None without a group step in the queue
+        if progress is not None:
+            return [
+                functools.partial(
+                    resume_tracked,
+                    self._engine,
+                    listed,
+                    self._build,
+                    dry_run=dry_run,
+                    base_url=base_url,
+                    reconciling=reconciling,
+                    progress=progress,
+                )
+                for listed in queue
+            ]
         return [
             functools.partial(
                 resume_operation,
@@ -747,6 +764,15 @@ class Session(_SessionBase[httpx.Client]):
             )
         except Exception as error:
             raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    def group(self, group_id: str) -> Group:
+        """The steps of one multi-step operation: ``group.post(url, ..., step="charge")``
+        is the operation ``f"{group_id}/charge"``, sent only once every earlier step of
+        the group has succeeded; a rerun returns settled steps' stored answers and goes
+        on at the first unsettled one (see `Group`; docs/groups.md)."""
+        from idempotently._group import Group
+
+        return Group(self, group_id)
 
     def enqueue(
         self,
@@ -1289,6 +1315,12 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             )
         except Exception as error:
             raise _httpx2.in_library_of(self.client, error)  # noqa: B904 (its cause is kept)
+
+    def group(self, group_id: str) -> AsyncGroup:
+        """The steps of one multi-step operation; see `Session.group` (`AsyncGroup`)."""
+        from idempotently._group import AsyncGroup
+
+        return AsyncGroup(self, group_id)
 
     async def enqueue(
         self,

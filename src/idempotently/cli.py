@@ -338,6 +338,12 @@ def fail(message: str, *, wrap: bool = False) -> None:
     metavar="N",
     help="At most N operations, newest first.",
 )
+@click.option(
+    "--group",
+    "group_id",
+    metavar="GROUP",
+    help="Only the steps of this operation group, in their order.",
+)
 @format_option("table", "json", "csv", "nl")
 @with_journal(readonly=True)
 def list_command(
@@ -345,21 +351,33 @@ def list_command(
     statuses: tuple[str, ...],
     since: float | None,
     limit: int | None,
+    group_id: str | None,
     output_format: str,
 ) -> None:
     """List operations, newest first.
+
+    With --group, the steps of that operation group, in their order.
 
     On a terminal the table fits its width: an operation id is never cut (one too
     wide gets a line of its own), the URL gives way first, keeping its host and port.
     Piped, one line per operation, tab-separated and escaped, every value whole.
     """
     now = time.time()
-    operations = journal.operations(
-        status=statuses or None,  # type: ignore[arg-type]  # click.Choice checked them
-        # A window reaching back past 1970 means "everything", not a negative time.
-        since=None if since is None else max(0.0, now - since),
-        limit=limit,
-    )
+    if group_id is not None:
+        # A group's steps are few: filtered here, in their order.
+        operations = [
+            operation
+            for operation in journal.group(group_id)
+            if (not statuses or operation.status in statuses)
+            and (since is None or operation.created_at >= now - since)
+        ][:limit]
+    else:
+        operations = journal.operations(
+            status=statuses or None,  # type: ignore[arg-type]  # click.Choice checked them
+            # A window reaching back past 1970 means "everything", not a negative time.
+            since=None if since is None else max(0.0, now - since),
+            limit=limit,
+        )
     if output_format != "table":
         echo_records(
             [operation_json(operation) for operation in operations],
@@ -373,7 +391,7 @@ def list_command(
         # Piped, stdout holds records only: the remark goes to stderr.
         click.echo(
             f"no operations in {journal.path} match"
-            if statuses or since
+            if statuses or since or group_id is not None
             else f"no operations in {journal.path}",
             err=piped,
         )
@@ -412,6 +430,9 @@ def say_damaged(operations: Sequence[Operation]) -> None:
 def show_command(journal: Journal, operation_id_or_key: str, output_format: str) -> None:
     """Show one operation: its attempts, headers and bodies.
 
+    For a name that is no operation's but an operation group's, the group: its steps
+    in order, where it stopped, which step is next.
+
     Everything whole: ids, URLs, the reason and each attempt's error. Piped, one
     tab-separated record per line, led by what it is (a field, attempt, audit, ...).
 
@@ -419,6 +440,14 @@ def show_command(journal: Journal, operation_id_or_key: str, output_format: str)
     never journaled, and never printed even if a journal holds them.
     """
     operation = journal.operation(operation_id_or_key)
+    if operation is None and (steps := journal.group(operation_id_or_key)):
+        from idempotently._cli_groups import group_json, group_lines
+
+        if output_format == "json":
+            echo_json(group_json(operation_id_or_key, steps))
+        else:
+            echo_lines(group_lines(operation_id_or_key, steps))
+        return
     if operation is None:
         raise click.ClickException(
             f"no operation or key '{one_line(operation_id_or_key)}' in {journal.path}"

@@ -286,6 +286,15 @@ class Engine(Config):
                 else None
             )
             if operation is None:
+                if call.group is not None and taken_key is not None:
+                    # The step's insert found no row of its own: an earlier step of its
+                    # group has not succeeded (nothing journaled, nothing sent).
+                    from idempotently._flow import _groups
+
+                    yield from _groups.refuse(
+                        self, call.group, call.operation_id or "", taken_key, None
+                    )
+                    raise _groups.unjournaled(call.group, call.operation_id or "", taken_key)
                 now = self.clock()
                 if call.deadline_at is not None and call.deadline_at <= now:
                     if named and insert_first:
@@ -333,6 +342,11 @@ class Engine(Config):
                     **_ids(operation),
                 )
             self.check_same(operation, call, print_)
+            if operation.successor is not None:
+                # A forked group step: its fork took its place in the group.
+                call = attrs.evolve(call, operation_id=operation.successor, key=None)
+                taken_key, insert_first = None, False
+                continue
             if operation.status != "pending":
                 return stored_response(self, operation, build)
             profile_for(self, operation)  # one that cannot be read is an error: nothing sent
@@ -350,6 +364,17 @@ class Engine(Config):
                 yield TakeLease(operation, owner, now + self.lease_duration, now)
             ):
                 held.lease = None
+                if operation.group_id is not None:
+                    # Refused for an earlier step of its group that has not succeeded?
+                    from idempotently._flow import _groups
+
+                    yield from _groups.refuse(
+                        self,
+                        operation.group_id,
+                        operation.operation_id,
+                        operation.key,
+                        operation.step,
+                    )
                 # Another thread, task or process is sending it (or took the lease
                 # between our read and our swap): wait for its answer.
                 if self.clock() + poll > min(wait_until, operation.deadline_at or wait_until):
@@ -429,6 +454,8 @@ class Engine(Config):
             codec=None if codec is None else codec.name,
             secret_params=json.dumps(list(redacted)) if redacted else None,
         )
+        if call.group is not None:
+            new = attrs.evolve(new, group_id=call.group, in_order=True)
         return new, self.new_owner()
 
     def _salt(self) -> bytes:

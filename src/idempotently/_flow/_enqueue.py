@@ -36,7 +36,7 @@ def enqueue(engine: Engine, call: Call, connection: object | None) -> Flow[Opera
         )
     new, _ = engine.new_operation(call, print_, headers, now)
     # Bound to credentials (if its profile says so) by its first send, as a call's is.
-    new = attrs.evolve(new, enqueued_at=now)
+    new = attrs.evolve(new, enqueued_at=now, in_order=False)
     if (yield Enqueue(new, connection)):
         # What a read of the row would return: its body in clear.
         return attrs.evolve(new.as_row(), request_body=request.content)

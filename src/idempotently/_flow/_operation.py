@@ -285,6 +285,8 @@ class Call:
     """The id a new operation gets when ``operation_id`` is None (else a random one)."""
     overrides: str | None = None
     """The call's own policy and timeouts, journaled (``_overrides.py``) for resume."""
+    group: str | None = None
+    """The operation group it is a step of (``_groups.py``), or None."""
 
 
 @attrs.frozen

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 import httpx
 
-from idempotently._commands import Find, TakeLease
+from idempotently._commands import Find, Release, TakeLease
 from idempotently._commands_rare import Queue, Report
 from idempotently._exceptions import (
     CodecError,
@@ -17,6 +17,7 @@ from idempotently._exceptions import (
 )
 from idempotently._flow._cap import stricter
 from idempotently._flow._engine import Engine
+from idempotently._flow._groups import Progress, in_group_order, resume_refused
 from idempotently._flow._operation import (
     EXTENSION,
     UNREADABLE_ROW,
@@ -75,6 +76,7 @@ def resume(
     `resume_operation` for each operation in its own flow.)"""
     results: list[ResumeResult] = []
     for listed in (yield from resume_queue(engine, reconciling=reconciling)):
+        # One after the other, in group order: a step never waits for a step of this run.
         result = yield from resume_operation(
             engine, listed, build, held, dry_run=dry_run, base_url=base_url, reconciling=reconciling
         )
@@ -89,7 +91,7 @@ def resume_queue(engine: Engine, *, reconciling: bool) -> Flow[list[Operation]]:
     if reconciling:
         statuses += ("needs_reconcile",)
     queue: list[Operation] = yield Queue(statuses)
-    return queue
+    return in_group_order(queue)
 
 
 def resume_operation(
@@ -102,6 +104,7 @@ def resume_operation(
     base_url: str | None,
     reconciling: bool,
     claimed_by: str | None = None,
+    progress: Progress | None = None,
 ) -> Flow[ResumeResult]:
     """Resume one operation of the queue: send, wait, settle or plan it, report the
     result and return it.
@@ -112,7 +115,10 @@ def resume_operation(
     would decide (a blocker, a status other than pending) is decided on a fresh read too.
 
     ``claimed_by``: the owner that leased it for this resume (a resume worker's
-    claim); that lease is its own, renewed by compare-and-swap, not raced for."""
+    claim); that lease is its own, renewed by compare-and-swap, not raced for.
+    ``progress``: what this run has finished of its queue's group steps (a step
+    whose earlier step is still to be finished by this run waits for it): given,
+    `resume_tracked` runs it."""
     if listed.damaged is not None:
         # Read again, it would raise what the listing turned into this stand-in.
         result = yield from unresumable(engine, listed, held, JournalCorruptError(listed.damaged))
@@ -124,12 +130,19 @@ def resume_operation(
             result = plan(engine, operation)
         else:
             sent = yield from _resume_one(
-                engine, operation, build, held, base_url, claimed_by, fresh=False
+                engine, operation, build, held, base_url, claimed_by, fresh=False, progress=progress
             )
             if sent is _STALE:
                 operation = (yield Find(listed.operation_id, None)) or listed
                 sent = yield from _resume_one(
-                    engine, operation, build, held, base_url, claimed_by, fresh=True
+                    engine,
+                    operation,
+                    build,
+                    held,
+                    base_url,
+                    claimed_by,
+                    fresh=True,
+                    progress=progress,
                 )
             assert isinstance(sent, ResumeResult)
             result = sent
@@ -142,6 +155,37 @@ def resume_operation(
             result = yield from reconcile_one(engine, operation, result)
     yield Report(result)
     return result
+
+
+def resume_tracked(
+    engine: Engine,
+    listed: Operation,
+    build: BuildRequest,
+    held: Held,
+    *,
+    dry_run: bool,
+    base_url: str | None,
+    reconciling: bool,
+    progress: Progress,
+) -> Flow[ResumeResult]:
+    """`resume_operation` in a run whose queue holds group steps: once it ends, however,
+    ``progress`` knows (a later step of its group waiting for it goes on). A run
+    without group steps runs `resume_operation` itself, one generator less per command."""
+    try:
+        return (
+            yield from resume_operation(
+                engine,
+                listed,
+                build,
+                held,
+                dry_run=dry_run,
+                base_url=base_url,
+                reconciling=reconciling,
+                progress=progress,
+            )
+        )
+    finally:
+        progress.done.add(listed.operation_id)
 
 
 def plan(engine: Engine, operation: Operation) -> ResumeResult:
@@ -189,6 +233,7 @@ def _resume_one(
     claimed_by: str | None = None,
     *,
     fresh: bool,
+    progress: Progress | None = None,
 ) -> Flow[ResumeResult | _Stale]:
     if operation.status != "pending":
         if not fresh:
@@ -286,6 +331,13 @@ def _resume_one(
     held.lease_until = now + engine.lease_duration
     if not (yield TakeLease(operation, owner, held.lease_until, now)):
         held.lease = None
+        if operation.group_id is not None:
+            # Refused for an earlier step of its group: wait for it in flight, or say why.
+            refused = yield from resume_refused(engine, operation, progress)
+            if refused is not None:
+                if claimed and refused.status == "pending":
+                    yield Release(operation.operation_id, owner)
+                return refused
         if not fresh:
             return _STALE
         return ResumeResult.of(

@@ -321,6 +321,15 @@ class Journal:
             )
         )
 
+    def group(self, group_id: str) -> list[Operation]:
+        """The steps of an operation group (`Session.group`), without their attempts, in
+        their order (a forked step's successor right after it); empty for a name that is
+        no group's. A row this version cannot decode is listed as its stand-in."""
+        self._check_usable()
+        if not isinstance(group_id, str):
+            raise TypeError(f"group_id must be a str, not {type(group_id).__name__}")
+        return self._opened_all(self._store.group(group_id))
+
     def stats(
         self,
         *,
@@ -631,6 +640,8 @@ class Journal:
                     return self._opened_all(self._store.queue(command.statuses))
                 case _commands_lazy.AuditTrail():
                     return self._store.audit(command.operation_id)
+                case _commands_lazy.GroupSteps():
+                    return self._opened_all(self._store.group(command.group_id))
                 case _commands_lazy.ForksTaken():
                     try:
                         return self._free_forks(
@@ -664,6 +675,7 @@ class Journal:
                     | _commands_lazy.Queue()  # last, as in `_execute`
                     | _commands_lazy.AuditTrail()
                     | _commands_lazy.ForksTaken()
+                    | _commands_lazy.GroupSteps()
                 ):
                     import anyio.to_thread  # loaded with the first async read (the package's)
 
@@ -839,6 +851,7 @@ def _closed_message(path: str, command: JournalCommand | None) -> str:
             | _commands_lazy.Queue()
             | _commands_lazy.AuditTrail()
             | _commands_lazy.ForksTaken()
+            | _commands_lazy.GroupSteps()
         ):
             return f"{closed}; nothing was sent. Open the journal again (a new Journal or Session)"
         case (

@@ -430,6 +430,44 @@ INSERT INTO {SCHEMA}.operations (
 ON CONFLICT DO NOTHING
 """
 
+# Operation groups (``_flow/_groups.py``), as the SQLite journal's: a step's place is the
+# group's next one, and a live call's insert waits for every step already in the group
+# to have succeeded, in the same statement. Two inserts into one group are serialised by
+# a transaction-scoped advisory lock taken by the statement before (`_LOCK_GROUP`): each
+# statement then reads the other's committed row (read committed), so no two steps share
+# a place.
+_INSERT_STEP: Final = (
+    _INSERT_OPERATION.replace(
+        "overrides, body_digest\n)", "overrides, body_digest, group_id, step\n)"
+    )
+    .replace("VALUES (%s, %s, 'pending',", "SELECT %s, %s, 'pending',")
+    .replace(
+        "%s, %s, %s, %s, %s)\nON CONFLICT",
+        "%s, %s, %s, %s, %s, %s::text,\n"
+        f"    (SELECT coalesce(max(step), 0) + 1 FROM {SCHEMA}.operations WHERE group_id = %s)\n"
+        f"WHERE NOT %s OR NOT EXISTS (SELECT 1 FROM {SCHEMA}.operations WHERE group_id = %s\n"
+        "    AND status != 'succeeded' AND successor IS NULL)\nON CONFLICT",
+    )
+)
+_LOCK_GROUP: Final = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 7041))"
+_EARLIER_UNSETTLED: Final = (
+    f" AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.operations AS earlier"
+    " WHERE earlier.group_id = %(group_id)s AND earlier.step < %(step)s"
+    " AND earlier.status != 'succeeded' AND earlier.successor IS NULL)"
+)
+"""A group step's lease is taken only while every earlier step has succeeded: appended to
+`_TAKE_LEASE`, one statement (a settled step never becomes unsettled, so no lock)."""
+
+
+def _locks_group(write: Write) -> bool:
+    """A write that takes its group's lock first: two statements, so a transaction."""
+    return isinstance(write, (Insert, Enqueue)) and write.new.group_id is not None
+
+
+def _insert_step(new: NewOperation, owner: str | None, lease_until: float) -> tuple[Any, ...]:
+    return (*new.row(owner, lease_until), new.group_id, new.group_id, new.in_order, new.group_id)
+
+
 # As the SQLite journal's: the lease to send is taken here, so an enqueued operation's
 # first send begins with it (first_send_at, and its key's lifetime from now).
 _TAKE_LEASE: Final = f"""
@@ -728,6 +766,11 @@ _CLAIM_DUE: Final = f"""
 WITH due AS (
     SELECT operation_id FROM {SCHEMA}.operations
     WHERE status = 'pending' AND lease_until <= %(now)s AND coalesce(not_before, 0) <= %(now)s
+      AND (group_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {SCHEMA}.operations AS earlier
+          WHERE earlier.group_id = operations.group_id AND earlier.step < operations.step
+            AND earlier.successor IS NULL
+            AND earlier.status IN ('pending', 'needs_reconcile')))
     ORDER BY created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -794,7 +837,10 @@ WITH free AS (
                                 ELSE response_headers END,
         response_body = CASE WHEN %(responds)s THEN %(response_body)s::bytea
                              ELSE response_body END,
-        lease_owner = NULL, lease_until = 0
+        lease_owner = NULL, lease_until = 0,
+        -- A forked group step's fork takes its place in the group (the link journaled).
+        successor = CASE WHEN group_id IS NOT NULL AND %(fork_id)s::text IS NOT NULL
+                         THEN %(fork_id)s::text ELSE successor END
     WHERE operation_id = %(operation_id)s AND status = %(expect_status)s
       AND lease_owner IS NOT DISTINCT FROM %(expect_owner)s::text
       AND lease_until = %(expect_lease_until)s AND updated_at = %(expect_updated_at)s
@@ -805,14 +851,14 @@ WITH free AS (
         operation_id, key, status, delivery, method, url, request_headers, request_body,
         fingerprint, profile, key_header, created_at, updated_at, key_expires_at, deadline_at,
         lease_owner, lease_until, forked_from, enqueued_at,
-        codec, secret_params, credentials_digest, overrides, body_digest
+        codec, secret_params, credentials_digest, overrides, body_digest, group_id, step
     ) SELECT %(fork_id)s, %(fork_key)s, 'pending', %(fork_delivery)s, %(fork_method)s,
              %(fork_url)s, %(fork_headers)s, %(fork_body)s, %(fork_fingerprint)s,
              %(fork_profile)s, %(fork_key_header)s, %(now)s, %(now)s, %(fork_expires_at)s,
              NULL, NULL, 0, acted.operation_id, %(now)s,
              -- The same bytes mean the same encoding: what describes them goes along.
              parent.codec, parent.secret_params, parent.credentials_digest, parent.overrides,
-             parent.body_digest
+             parent.body_digest, parent.group_id, parent.step
     FROM acted JOIN {SCHEMA}.operations AS parent ON parent.operation_id = acted.operation_id
     WHERE %(fork_id)s::text IS NOT NULL
     RETURNING operation_id
@@ -1347,7 +1393,7 @@ class PostgresStore:
             self._errors("cannot write the journal", JournalWriteError),
             self._pool_for(synchronous).connection() as conn,
         ):
-            if len(writes) == 1:
+            if len(writes) == 1 and not _locks_group(writes[0]):
                 # Autocommit: the statement is its own transaction (Record's update, its
                 # insert and its counts are one statement), committed as the connection's
                 # setting says.
@@ -1446,10 +1492,18 @@ class PostgresStore:
         """
         match write:
             case Insert():
+                if write.new.group_id is not None:
+                    conn.execute(_LOCK_GROUP, (write.new.group_id,))
+                    return conn.execute(
+                        _INSERT_STEP, _insert_step(write.new, write.owner, write.lease_until)
+                    )
                 return conn.execute(
                     _INSERT_OPERATION, write.new.row(write.owner, write.lease_until)
                 )
             case Enqueue():
+                if write.new.group_id is not None:
+                    conn.execute(_LOCK_GROUP, (write.new.group_id,))
+                    return conn.execute(_INSERT_STEP, _insert_step(write.new, None, 0.0))
                 return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0))
             case Record():
                 record = write.record
@@ -1582,6 +1636,22 @@ class PostgresStore:
                 )
             case TakeLease():
                 operation = write.operation
+                if operation.group_id is not None:
+                    return conn.execute(
+                        _TAKE_LEASE + _EARLIER_UNSETTLED,
+                        {
+                            "owner": write.owner,
+                            "lease_until": write.lease_until,
+                            "now": write.now,
+                            "operation_id": operation.operation_id,
+                            "read_until": operation.lease_until,
+                            "read_owner": operation.lease_owner,
+                            "read_at": operation.updated_at,
+                            "read_attempts": operation.attempt_count,
+                            "group_id": operation.group_id,
+                            "step": operation.step or 0,
+                        },
+                    )
                 return conn.execute(
                     _TAKE_LEASE,
                     {
@@ -1908,6 +1978,10 @@ class PostgresStore:
                 operation_id=new.operation_id,
                 key=new.key,
             )
+        if new.group_id is not None:
+            yield _LOCK_GROUP, (new.group_id,)
+            _, inserted = yield _INSERT_STEP, _insert_step(new, None, 0.0)
+            return inserted == 1
         _, inserted = yield _INSERT_OPERATION, new.row(None, 0.0)
         return inserted == 1
 
@@ -2172,6 +2246,17 @@ class PostgresStore:
             ).fetchall()
         found = self._with_attempts(rows, listed=damaged, whole_history=whole_history)
         return found[0] if found else None
+
+    def group(self, group_id: str) -> list[Operation]:
+        """The steps of a group (without their attempts) in their order, forks beside the
+        steps they replace; a row that cannot be decoded is its damaged stand-in."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_SELECT_OPERATION} FROM {SCHEMA}.operations WHERE group_id = %s "
+                "ORDER BY step, created_at, operation_id",
+                (group_id,),
+            ).fetchall()
+        return [self._listed(dict(row)) for row in rows]
 
     def queue(self, statuses: Sequence[Status]) -> list[Operation]:
         """What resume works through: the operations with these statuses, oldest first,

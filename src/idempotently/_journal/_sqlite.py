@@ -458,6 +458,34 @@ INSERT INTO operations (
 ON CONFLICT DO NOTHING
 """
 
+# Operation groups (``_flow/_groups.py``). A step's place is the group's next one, given
+# by its insert; a live call's insert also waits, in the same statement, for every step
+# already in the group to have succeeded (a forked step counts by its successor).
+_INSERT_STEP = (
+    _INSERT_OPERATION.replace(
+        "overrides, body_digest\n)", "overrides, body_digest, group_id, step\n)"
+    )
+    .replace("VALUES (?, ?, 'pending',", "SELECT ?, ?, 'pending',")
+    .replace(
+        "?, ?, ?, ?, ?)\nON CONFLICT",
+        "?, ?, ?, ?, ?, ?,\n"
+        "    (SELECT coalesce(max(step), 0) + 1 FROM operations WHERE group_id = ?)\n"
+        "WHERE NOT ? OR NOT EXISTS (SELECT 1 FROM operations WHERE group_id = ?\n"
+        "    AND status != 'succeeded' AND successor IS NULL)\nON CONFLICT",
+    )
+)
+_EARLIER_UNSETTLED: Final = (
+    " AND NOT EXISTS (SELECT 1 FROM operations AS earlier WHERE earlier.group_id = ?"
+    " AND earlier.step < ? AND earlier.status != 'succeeded' AND earlier.successor IS NULL)"
+)
+"""A group step's lease is taken only while every earlier step has succeeded: appended
+to `_TAKE_LEASE`, so the check and the lease are one statement."""
+
+
+def _insert_step(new: NewOperation, owner: str | None, lease_until: float) -> tuple[Any, ...]:
+    return (*new.row(owner, lease_until), new.group_id, new.group_id, new.in_order, new.group_id)
+
+
 _STATE: Final = """
     status = ?, reason = ?, not_before = ?, updated_at = ?,
     attempt_count = attempt_count + 1,
@@ -559,7 +587,9 @@ def _uncount(
         counts[name] = counts.get(name, 0) - int(number)
 
 
-_INHERITED: Final = "codec, secret_params, credentials_digest, overrides, body_digest"
+_INHERITED: Final = (
+    "codec, secret_params, credentials_digest, overrides, body_digest, group_id, step"
+)
 """What a fork takes from its parent with the request bytes."""
 # The lease to send is taken by this compare-and-swap, and so the first send of an
 # enqueued operation begins with it: first_send_at is set here, and the key's
@@ -1407,32 +1437,46 @@ class SqliteStore:
         conn = self._conn
         match write:
             case Insert():
+                if write.new.group_id is not None:
+                    cursor = conn.execute(
+                        _INSERT_STEP, _insert_step(write.new, write.owner, write.lease_until)
+                    )
+                    return cursor.rowcount == 1
                 cursor = conn.execute(
                     _INSERT_OPERATION, write.new.row(write.owner, write.lease_until)
                 )
                 return cursor.rowcount == 1
             case Enqueue():
+                if write.new.group_id is not None:
+                    return (
+                        conn.execute(_INSERT_STEP, _insert_step(write.new, None, 0.0)).rowcount == 1
+                    )
                 return conn.execute(_INSERT_OPERATION, write.new.row(None, 0.0)).rowcount == 1
             case Record():
                 return self._record(conn, write, counts)
             case TakeLease():
                 operation = write.operation
-                cursor = conn.execute(
-                    _TAKE_LEASE,
-                    (
-                        write.owner,
-                        write.lease_until,
-                        write.now,
-                        write.now,
-                        write.now,
-                        operation.operation_id,
-                        operation.lease_until,
-                        operation.lease_owner,
-                        operation.updated_at,
-                        operation.attempt_count,
-                    ),
+                parameters: tuple[Any, ...] = (
+                    write.owner,
+                    write.lease_until,
+                    write.now,
+                    write.now,
+                    write.now,
+                    operation.operation_id,
+                    operation.lease_until,
+                    operation.lease_owner,
+                    operation.updated_at,
+                    operation.attempt_count,
                 )
-                return cursor.rowcount == 1
+                if operation.group_id is not None:
+                    return (
+                        conn.execute(
+                            _TAKE_LEASE + _EARLIER_UNSETTLED,
+                            (*parameters, operation.group_id, operation.step or 0),
+                        ).rowcount
+                        == 1
+                    )
+                return conn.execute(_TAKE_LEASE, parameters).rowcount == 1
             case BindCredentials():
                 cursor = conn.execute(
                     _BIND_CREDENTIALS, (write.record, write.operation_id, write.owner)
@@ -1658,6 +1702,11 @@ class SqliteStore:
                 SELECT operation_id FROM operations
                 WHERE status = 'pending' AND lease_until <= ?
                   AND coalesce(not_before, 0) <= ?
+                  AND (group_id IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM operations AS earlier
+                      WHERE earlier.group_id = operations.group_id
+                        AND earlier.step < operations.step AND earlier.successor IS NULL
+                        AND earlier.status IN ('pending', 'needs_reconcile')))
                 ORDER BY created_at, operation_id LIMIT ?
                 """,
                 (write.now, write.now, write.limit),
@@ -1737,6 +1786,12 @@ class SqliteStore:
                 "WHERE operation_id = ?",
                 (write.operation_id, write.now, write.operation_id, fork.operation_id),
             )
+            # A forked group step's fork takes its place in the group (the link journaled).
+            conn.execute(
+                "UPDATE operations SET successor = ? WHERE operation_id = ? "
+                "AND group_id IS NOT NULL",
+                (fork.operation_id, write.operation_id),
+            )
         conn.executemany(
             "INSERT INTO operation_audit (operation_id, at, actor, action, note, detail) "
             "VALUES (?, ?, ?, ?, ?, ?)",
@@ -1803,6 +1858,8 @@ class SqliteStore:
                 return self._enqueue_orm(_outbox_orm.opened(connection, _ids(new)), new)
         conn = self._application_connection(connection, new)
         try:
+            if new.group_id is not None:
+                return conn.execute(_INSERT_STEP, _insert_step(new, None, 0.0)).rowcount == 1
             return conn.execute(_INSERT_OPERATION, new.row(None, 0.0)).rowcount == 1
         except sqlite3.DatabaseError as error:
             raise self._enqueue_error(error, new) from error
@@ -2245,6 +2302,17 @@ class SqliteStore:
             )
             for row in islice(rows, limit)
         ]
+
+    def group(self, group_id: str) -> list[Operation]:
+        """The steps of a group (without their attempts) in their order, forks beside the
+        steps they replace; a row that cannot be decoded is its damaged stand-in."""
+        rows = self._query(
+            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE group_id = ? "
+            "ORDER BY step, created_at, operation_id",
+            (group_id,),
+            checked=False,
+        )
+        return [self._listed(row) for row in rows]
 
     def queue(self, statuses: Sequence[Status]) -> list[Operation]:
         """What resume works through: the operations with these statuses, oldest first

@@ -99,6 +99,11 @@ class Store(Protocol):
         """Operations (without their attempts), filtered by status and age."""
         ...
 
+    def group(self, group_id: str) -> list[Operation]:
+        """The steps of a group (without their attempts), in their order: by ``step``,
+        a fork after the step it replaces. A row that cannot be decoded is its stand-in."""
+        ...
+
     def queue(self, statuses: Sequence[Status]) -> list[Operation]:
         """What resume works through: the operations with these statuses, oldest first,
         each with its attempts (a row that cannot be decoded is its damaged stand-in).
