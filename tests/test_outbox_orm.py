@@ -655,3 +655,29 @@ async def test_a_closed_async_sqlalchemy_connection_is_refused(
     await engine.dispose()
     assert "bad:charge" == raised.value.operation_id
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_group_step_enqueued_through_sqlalchemy_keeps_its_group_and_place(
+    journal_target: str, orders: str, api: MockServer, user: str, kind: str
+) -> None:
+    """``g.enqueue(..., step=, connection=)`` on a SQLAlchemy Session or Connection journals
+    the step in its group, at its place, as a driver connection does: resume sends the
+    steps in their order, each once."""
+    engine = sqlalchemy_engine(journal_target)
+    with session(journal_target, api, user) as s:
+        group = s.group("o-7")
+        with transaction(engine, kind) as db:
+            db.execute(text(f"INSERT INTO {orders} VALUES ('o-7')"))
+            group.enqueue("POST", "/v1/charges", json=charge("o-7"), step="charge", connection=db)
+            group.enqueue(
+                "POST", "/v1/charges", json=charge("o-7", 700), step="ship", connection=db
+            )
+        steps = [(o.operation_id, o.group_id, o.step) for o in s.journal.group("o-7")]
+        results = s.resume()
+    engine.dispose()
+    assert [("o-7/charge", "o-7", 1), ("o-7/ship", "o-7", 2)] == steps
+    assert [("o-7/charge", "succeeded"), ("o-7/ship", "succeeded")] == [
+        (r.operation_id, r.action) for r in results
+    ]
+    assert [500, 700] == [c.amount for c in api.charges(user)]

@@ -1925,6 +1925,10 @@ class SqliteStore:
     def _enqueue_steps(self, new: NewOperation) -> _Steps:
         rows, _ = yield "PRAGMA database_list", ()
         self._check_same_file(rows, _ids(new))
+        if new.group_id is not None:
+            # A group step takes its group's next place, as on a sqlite3 connection.
+            _, inserted = yield _INSERT_STEP, _insert_step(new, None, 0.0)
+            return inserted == 1
         _, inserted = yield _INSERT_OPERATION, new.row(None, 0.0)
         return inserted == 1
 
