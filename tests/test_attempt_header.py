@@ -179,6 +179,29 @@ def test_a_header_that_is_not_its_own_is_refused(value: Any, wrong: str) -> None
         attrs.evolve(profiles.GENERIC, name="x", attempt_header=value)
 
 
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("Authorization", "credentials"),
+        ("x-api-key", "credentials"),
+        ("Cookie", "credentials"),
+        ("Content-Length", "framing"),
+        ("Content-Type", "body"),
+        ("Host", "framing"),
+        ("Transfer-Encoding", "framing"),
+        ("Idempotency-Operation-Id", "idempotently's own"),
+        ("Idempotency-Policy", "idempotently's own"),
+    ],
+)
+def test_a_header_the_request_needs_is_refused(name: str, what: str) -> None:
+    """The flow deletes the caller's value of the attempt header and sends the number in
+    its place: naming the request's credentials, framing, body type or one of the
+    library's own headers would send ``Authorization: 1`` or ``Content-Length: 1``."""
+    with pytest.raises(ValueError, match=f"{name!r} is.*{what}") as refused:
+        attrs.evolve(profiles.GENERIC, name="x", attempt_header=name)
+    assert "\n" not in str(refused.value)
+
+
 def test_a_fingerprinted_attempt_header_is_refused(tmp_path: Path) -> None:
     """fingerprint_headers naming the attempt header would make every resend another
     request: refused before the journal is opened."""
