@@ -212,6 +212,36 @@ def test_a_fingerprinted_attempt_header_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "j.db").exists()
 
 
+def test_a_redacted_attempt_header_is_refused(tmp_path: Path) -> None:
+    """redact_headers makes a header a credential: one that changes on every attempt
+    would bind the key to attempt 1 (attempt 2 refused as other credentials) and scope
+    each origin pause to one attempt. Refused before the journal is opened."""
+    for make in (idempotently.Session, idempotently.Transport):
+        with pytest.raises(ValueError, match="leave it out of redact_headers"):
+            make(tmp_path / "j.db", profile=COUNTED, redact_headers=["X-Secret", HEADER.upper()])
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_a_per_request_profile_with_a_redacted_attempt_header_is_refused(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """A Session call's profile= and a Transport request's extensions profile whose
+    attempt header the session redacts: a ValueError, nothing journaled or sent."""
+    app, url = scripted
+    redacted = {"redact_headers": [HEADER], "policy": POLICY}
+    with (
+        idempotently.Session(tmp_path / "j.db", **redacted) as session,
+        pytest.raises(ValueError, match="leave it out of redact_headers"),
+    ):
+        session.post(f"{url}/c", json={}, profile=COUNTED)
+    with (
+        httpx.Client(transport=idempotently.Transport(tmp_path / "j.db", **redacted)) as client,
+        pytest.raises(ValueError, match="leave it out of redact_headers"),
+    ):
+        client.post(f"{url}/c", json={}, extensions={"idempotently": {"profile": COUNTED}})
+    assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
+
+
 def test_the_profile_round_trips_through_the_journal() -> None:
     """Journaled with its profile (so a resume sends it); a profile without it is
     journaled as before."""

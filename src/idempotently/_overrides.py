@@ -133,17 +133,29 @@ EXTENSION_KEYS = ("policy", "profile")
 _POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
 
-def check_attempt_header(profile: ServerProfile, fingerprint_headers: Iterable[str]) -> None:
-    """A ValueError if ``fingerprint_headers`` names the profile's attempt header: it
-    differs on every attempt, so a fingerprint holding it would call each resend another
-    request."""
+def check_attempt_header(
+    profile: ServerProfile, fingerprint_headers: Iterable[str], redact_headers: Iterable[str]
+) -> None:
+    """A ValueError if ``fingerprint_headers`` or ``redact_headers`` names the profile's
+    attempt header: it differs on every attempt, so a fingerprint holding it would call
+    each resend another request, and as a credential (what redacting makes a header) it
+    would bind a key to attempt 1 and scope an origin pause to one attempt."""
     name = profile.attempt_header
-    if name is not None and name.lower() in {header.lower() for header in fingerprint_headers}:
-        raise ValueError(
-            f"fingerprint_headers names {name!r}, the attempt_header of profile "
-            f"{profile.name!r}: it differs on every attempt, so it cannot be part of what "
-            "makes two requests the same operation; leave it out of fingerprint_headers"
-        )
+    if name is None:
+        return
+    for option, headers, why in (
+        (
+            "fingerprint_headers",
+            fingerprint_headers,
+            "part of what makes two requests the same operation",
+        ),
+        ("redact_headers", redact_headers, "a credential (a resend would carry other credentials)"),
+    ):
+        if name.lower() in {header.lower() for header in headers}:
+            raise ValueError(
+                f"{option} names {name!r}, the attempt_header of profile {profile.name!r}: it "
+                f"differs on every attempt, so it cannot be {why}; leave it out of {option}"
+            )
 
 
 def check_policies(policies: object) -> dict[str, RetryPolicy]:
@@ -175,6 +187,7 @@ def request_overrides(
     request: httpx.Request,
     policies: Mapping[str, RetryPolicy],
     fingerprint_headers: Iterable[str],
+    redact_headers: Iterable[str],
     *,
     journaled: bool,
 ) -> tuple[RetryPolicy | None, ServerProfile | None, str | None]:
@@ -190,7 +203,7 @@ def request_overrides(
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
     if given is not None or POLICY_HEADER in request.headers:
-        policy, profile = _asked(request, given, policies, fingerprint_headers)
+        policy, profile = _asked(request, given, policies, fingerprint_headers, redact_headers)
     if not journaled:
         return policy, profile, None
     timeouts = extensions.get("timeout")
@@ -207,6 +220,7 @@ def _asked(
     given: object,
     policies: Mapping[str, RetryPolicy],
     fingerprint_headers: Iterable[str],
+    redact_headers: Iterable[str],
 ) -> tuple[RetryPolicy | None, ServerProfile | None]:
     where = _where(request)
     named = request.headers.get_list(POLICY_HEADER) or None
@@ -237,7 +251,7 @@ def _asked(
                         f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
                     )
                 journaled_profile(profile)
-                check_attempt_header(profile, fingerprint_headers)
+                check_attempt_header(profile, fingerprint_headers, redact_headers)
         except (TypeError, ValueError) as error:
             raise type(error)(
                 f'request.extensions["idempotently"]: {error}{where}; nothing was journaled or sent'
