@@ -90,6 +90,23 @@ def test_an_unknown_policy_name_is_refused_before_anything_is_journaled(
     assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
 
 
+def test_a_refusal_names_the_key_in_the_profiles_own_key_header(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """Through a Transport whose profile carries the key in ``X-Key``, a refused request
+    names that key, as one under ``Idempotency-Key`` does."""
+    app, url = scripted
+    with (
+        httpx.Client(
+            transport=transport(tmp_path / "j.db", profile=X_KEY, policies={"patient": PATIENT})
+        ) as client,
+        pytest.raises(ValueError, match="names no policy") as refused,
+    ):
+        client.post(f"{url}/c", json={}, headers={"Idempotency-Policy": "slow", "X-Key": "k-9"})
+    assert "(key 'k-9')" in str(refused.value)
+    assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
+
+
 @pytest.mark.anyio
 async def test_an_async_refusal_journals_nothing(
     scripted: tuple[ScriptedApp, str], tmp_path: Path, anyio_backend: str

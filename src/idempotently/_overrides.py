@@ -17,13 +17,16 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from idempotently._budget import RetryBudget
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile, journaled_profile
+
+if TYPE_CHECKING:
+    from idempotently._flow._config import Config
 
 _POLICY_FIELDS = (
     "max_attempts",
@@ -186,8 +189,7 @@ def check_policies(policies: object) -> dict[str, RetryPolicy]:
 def request_overrides(
     request: httpx.Request,
     policies: Mapping[str, RetryPolicy],
-    fingerprint_headers: Iterable[str],
-    redact_headers: Iterable[str],
+    config: Config,
     *,
     journaled: bool,
 ) -> tuple[RetryPolicy | None, ServerProfile | None, str | None]:
@@ -203,7 +205,7 @@ def request_overrides(
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
     if given is not None or POLICY_HEADER in request.headers:
-        policy, profile = _asked(request, given, policies, fingerprint_headers, redact_headers)
+        policy, profile = _asked(request, given, policies, config)
     if not journaled:
         return policy, profile, None
     timeouts = extensions.get("timeout")
@@ -219,10 +221,9 @@ def _asked(
     request: httpx.Request,
     given: object,
     policies: Mapping[str, RetryPolicy],
-    fingerprint_headers: Iterable[str],
-    redact_headers: Iterable[str],
+    config: Config,
 ) -> tuple[RetryPolicy | None, ServerProfile | None]:
-    where = _where(request)
+    where = _where(request, config.profile.key_header)
     named = request.headers.get_list(POLICY_HEADER) or None
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
@@ -251,7 +252,7 @@ def _asked(
                         f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
                     )
                 journaled_profile(profile)
-                check_attempt_header(profile, fingerprint_headers, redact_headers)
+                check_attempt_header(profile, config.fingerprint_headers, config.redact_headers)
         except (TypeError, ValueError) as error:
             raise type(error)(
                 f'request.extensions["idempotently"]: {error}{where}; nothing was journaled or sent'
@@ -273,11 +274,11 @@ def _asked(
     return policy, profile
 
 
-def _where(request: httpx.Request) -> str:
+def _where(request: httpx.Request, key_header: str) -> str:
     """`` (operation ID, key KEY)`` for the request's own operation id and key headers."""
     parts = [
         f"{label} {value[:100]!r}"
-        for label, header in (("operation", "Idempotency-Operation-Id"), ("key", "Idempotency-Key"))
+        for label, header in (("operation", "Idempotency-Operation-Id"), ("key", key_header))
         if (value := request.headers.get(header)) is not None
     ]
     return f" ({', '.join(parts)})" if parts else ""

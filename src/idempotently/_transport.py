@@ -173,15 +173,10 @@ class _TransportBase:
         profile the request asks for: `request_overrides`) and the overrides to journal.
         A profile asked for is checked against an existing operation's journaled one, as
         ``resume --profile`` is: one that differs is refused before anything is sent."""
-        engine = self._engine
         policy, profile, overrides = request_overrides(
-            request,
-            self.policies,
-            engine.fingerprint_headers,
-            engine.redact_headers,
-            journaled=journaled,
+            request, self.policies, self._engine, journaled=journaled
         )
-        engine = engine.overridden(policy, profile)
+        engine = self._engine.overridden(policy, profile)
         if profile is not None and engine.profile_rule != "forced":
             engine = attrs.evolve(engine, profile_rule="checked")
         return engine, overrides
