@@ -236,6 +236,27 @@ def test_the_request_timeout_is_journaled_and_applied_by_resume(
     assert [{"connect": 7.25, "read": 7.25, "write": 7.25, "pool": 7.25}] == recording.timeouts
 
 
+@pytest.mark.parametrize("timeouts", [httpx.Timeout(5.0), [5.0], 5.0])
+def test_a_timeout_extension_that_is_no_dict_is_refused_before_anything_is_journaled(
+    timeouts: Any, scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """extensions={"timeout": httpx.Timeout(5.0)} (httpx wants its ``as_dict()``): a
+    TypeError saying what to pass, not an AttributeError; nothing journaled or sent,
+    through a Transport and a Session alike."""
+    app, url = scripted
+    with (
+        httpx.Client(transport=transport(tmp_path / "j.db")) as client,
+        pytest.raises(TypeError, match='extensions\\["timeout"\\] must be a dict'),
+    ):
+        client.post(f"{url}/c", json={}, extensions={"timeout": timeouts})
+    with (
+        idempotently.Session(tmp_path / "j.db") as session,
+        pytest.raises(TypeError, match="pass timeout="),
+    ):
+        session.post(f"{url}/c", json={}, extensions={"timeout": timeouts})
+    assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
+
+
 def test_a_profile_that_differs_from_the_journaled_one_is_refused_without_sending(
     scripted: tuple[ScriptedApp, str], tmp_path: Path
 ) -> None:
