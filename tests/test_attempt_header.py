@@ -119,6 +119,28 @@ def test_a_call_again_after_a_crash_continues_and_is_not_key_reuse(
     assert 1 == len({arrival.key for arrival in app.arrivals})
 
 
+def test_a_resume_that_fingerprints_the_stored_profiles_attempt_header_still_sends(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """A resume by a session configured apart (fingerprint_headers naming the header, a
+    request hook on its client, so each send is gated) sends attempt 2: the number the
+    flow sets is not a change the gate refuses."""
+    app, url = scripted
+    app.answer(Answer(503), Answer(201))
+    once = attrs.evolve(POLICY, max_attempts=1)
+    with (
+        idempotently.Session(tmp_path / "j.db", profile=COUNTED, policy=once) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post(f"{url}/c", json={"a": 1}, operation_id="op")
+    hooked = httpx.Client(event_hooks={"request": [lambda request: None]})
+    with idempotently.Session(
+        tmp_path / "j.db", client=hooked, policy=once, fingerprint_headers=[HEADER]
+    ) as worker:
+        [result] = worker.resume()
+    assert ("succeeded", ["1", "2"]) == (result.action, attempts_seen(app))
+
+
 def test_the_header_is_neither_journaled_nor_fingerprinted(
     scripted: tuple[ScriptedApp, str], tmp_path: Path
 ) -> None:
