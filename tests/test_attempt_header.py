@@ -119,6 +119,28 @@ def test_a_call_again_after_a_crash_continues_and_is_not_key_reuse(
     assert 1 == len({arrival.key for arrival in app.arrivals})
 
 
+def test_a_resume_that_fingerprints_the_stored_profiles_attempt_header_still_sends(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """A resume by a session configured apart (fingerprint_headers naming the header, a
+    request hook on its client, so each send is gated) sends attempt 2: the number the
+    flow sets is not a change the gate refuses."""
+    app, url = scripted
+    app.answer(Answer(503), Answer(201))
+    once = attrs.evolve(POLICY, max_attempts=1)
+    with (
+        idempotently.Session(tmp_path / "j.db", profile=COUNTED, policy=once) as session,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        session.post(f"{url}/c", json={"a": 1}, operation_id="op")
+    hooked = httpx.Client(event_hooks={"request": [lambda request: None]})
+    with idempotently.Session(
+        tmp_path / "j.db", client=hooked, policy=once, fingerprint_headers=[HEADER]
+    ) as worker:
+        [result] = worker.resume()
+    assert ("succeeded", ["1", "2"]) == (result.action, attempts_seen(app))
+
+
 def test_the_header_is_neither_journaled_nor_fingerprinted(
     scripted: tuple[ScriptedApp, str], tmp_path: Path
 ) -> None:
@@ -206,6 +228,29 @@ def test_a_header_that_is_not_its_own_is_refused(value: Any, wrong: str) -> None
         attrs.evolve(profiles.GENERIC, name="x", attempt_header=value)
 
 
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("Authorization", "credentials"),
+        ("x-api-key", "credentials"),
+        ("Cookie", "credentials"),
+        ("Content-Length", "framing"),
+        ("Content-Type", "body"),
+        ("Host", "framing"),
+        ("Transfer-Encoding", "framing"),
+        ("Idempotency-Operation-Id", "idempotently's own"),
+        ("Idempotency-Policy", "idempotently's own"),
+    ],
+)
+def test_a_header_the_request_needs_is_refused(name: str, what: str) -> None:
+    """The flow deletes the caller's value of the attempt header and sends the number in
+    its place: naming the request's credentials, framing, body type or one of the
+    library's own headers would send ``Authorization: 1`` or ``Content-Length: 1``."""
+    with pytest.raises(ValueError, match=f"{name!r} is.*{what}") as refused:
+        attrs.evolve(profiles.GENERIC, name="x", attempt_header=name)
+    assert "\n" not in str(refused.value)
+
+
 def test_a_fingerprinted_attempt_header_is_refused(tmp_path: Path) -> None:
     """fingerprint_headers naming the attempt header would make every resend another
     request: refused before the journal is opened."""
@@ -214,6 +259,36 @@ def test_a_fingerprinted_attempt_header_is_refused(tmp_path: Path) -> None:
             tmp_path / "j.db", profile=COUNTED, fingerprint_headers=["idempotency-attempt"]
         )
     assert not (tmp_path / "j.db").exists()
+
+
+def test_a_redacted_attempt_header_is_refused(tmp_path: Path) -> None:
+    """redact_headers makes a header a credential: one that changes on every attempt
+    would bind the key to attempt 1 (attempt 2 refused as other credentials) and scope
+    each origin pause to one attempt. Refused before the journal is opened."""
+    for make in (idempotently.Session, idempotently.Transport):
+        with pytest.raises(ValueError, match="leave it out of redact_headers"):
+            make(tmp_path / "j.db", profile=COUNTED, redact_headers=["X-Secret", HEADER.upper()])
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_a_per_request_profile_with_a_redacted_attempt_header_is_refused(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """A Session call's profile= and a Transport request's extensions profile whose
+    attempt header the session redacts: a ValueError, nothing journaled or sent."""
+    app, url = scripted
+    redacted = {"redact_headers": [HEADER], "policy": POLICY}
+    with (
+        idempotently.Session(tmp_path / "j.db", **redacted) as session,
+        pytest.raises(ValueError, match="leave it out of redact_headers"),
+    ):
+        session.post(f"{url}/c", json={}, profile=COUNTED)
+    with (
+        httpx.Client(transport=idempotently.Transport(tmp_path / "j.db", **redacted)) as client,
+        pytest.raises(ValueError, match="leave it out of redact_headers"),
+    ):
+        client.post(f"{url}/c", json={}, extensions={"idempotently": {"profile": COUNTED}})
+    assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
 
 
 def test_the_profile_round_trips_through_the_journal() -> None:

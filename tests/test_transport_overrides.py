@@ -90,6 +90,23 @@ def test_an_unknown_policy_name_is_refused_before_anything_is_journaled(
     assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
 
 
+def test_a_refusal_names_the_key_in_the_profiles_own_key_header(
+    scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """Through a Transport whose profile carries the key in ``X-Key``, a refused request
+    names that key, as one under ``Idempotency-Key`` does."""
+    app, url = scripted
+    with (
+        httpx.Client(
+            transport=transport(tmp_path / "j.db", profile=X_KEY, policies={"patient": PATIENT})
+        ) as client,
+        pytest.raises(ValueError, match="names no policy") as refused,
+    ):
+        client.post(f"{url}/c", json={}, headers={"Idempotency-Policy": "slow", "X-Key": "k-9"})
+    assert "(key 'k-9')" in str(refused.value)
+    assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
+
+
 @pytest.mark.anyio
 async def test_an_async_refusal_journals_nothing(
     scripted: tuple[ScriptedApp, str], tmp_path: Path, anyio_backend: str
@@ -217,6 +234,27 @@ def test_the_request_timeout_is_journaled_and_applied_by_resume(
         [result] = session.resume()
     assert ("succeeded", 2) == (result.status, len(app.arrivals))
     assert [{"connect": 7.25, "read": 7.25, "write": 7.25, "pool": 7.25}] == recording.timeouts
+
+
+@pytest.mark.parametrize("timeouts", [httpx.Timeout(5.0), [5.0], 5.0])
+def test_a_timeout_extension_that_is_no_dict_is_refused_before_anything_is_journaled(
+    timeouts: Any, scripted: tuple[ScriptedApp, str], tmp_path: Path
+) -> None:
+    """extensions={"timeout": httpx.Timeout(5.0)} (httpx wants its ``as_dict()``): a
+    TypeError saying what to pass, not an AttributeError; nothing journaled or sent,
+    through a Transport and a Session alike."""
+    app, url = scripted
+    with (
+        httpx.Client(transport=transport(tmp_path / "j.db")) as client,
+        pytest.raises(TypeError, match='extensions\\["timeout"\\] must be a dict'),
+    ):
+        client.post(f"{url}/c", json={}, extensions={"timeout": timeouts})
+    with (
+        idempotently.Session(tmp_path / "j.db") as session,
+        pytest.raises(TypeError, match="pass timeout="),
+    ):
+        session.post(f"{url}/c", json={}, extensions={"timeout": timeouts})
+    assert ([], []) == (app.arrivals, idempotently.Journal(tmp_path / "j.db").operations())
 
 
 def test_a_profile_that_differs_from_the_journaled_one_is_refused_without_sending(

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
@@ -25,6 +25,9 @@ import httpx
 from idempotently._budget import RetryBudget
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile, journaled_profile
+
+if TYPE_CHECKING:
+    from idempotently._flow._config import Config
 
 _POLICY_FIELDS = (
     "max_attempts",
@@ -153,17 +156,29 @@ EXTENSION_KEYS = ("policy", "profile")
 _POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
 
-def check_attempt_header(profile: ServerProfile, fingerprint_headers: Iterable[str]) -> None:
-    """A ValueError if ``fingerprint_headers`` names the profile's attempt header: it
-    differs on every attempt, so a fingerprint holding it would call each resend another
-    request."""
+def check_attempt_header(
+    profile: ServerProfile, fingerprint_headers: Iterable[str], redact_headers: Iterable[str]
+) -> None:
+    """A ValueError if ``fingerprint_headers`` or ``redact_headers`` names the profile's
+    attempt header: it differs on every attempt, so a fingerprint holding it would call
+    each resend another request, and as a credential (what redacting makes a header) it
+    would bind a key to attempt 1 and scope an origin pause to one attempt."""
     name = profile.attempt_header
-    if name is not None and name.lower() in {header.lower() for header in fingerprint_headers}:
-        raise ValueError(
-            f"fingerprint_headers names {name!r}, the attempt_header of profile "
-            f"{profile.name!r}: it differs on every attempt, so it cannot be part of what "
-            "makes two requests the same operation; leave it out of fingerprint_headers"
-        )
+    if name is None:
+        return
+    for option, headers, why in (
+        (
+            "fingerprint_headers",
+            fingerprint_headers,
+            "part of what makes two requests the same operation",
+        ),
+        ("redact_headers", redact_headers, "a credential (a resend would carry other credentials)"),
+    ):
+        if name.lower() in {header.lower() for header in headers}:
+            raise ValueError(
+                f"{option} names {name!r}, the attempt_header of profile {profile.name!r}: it "
+                f"differs on every attempt, so it cannot be {why}; leave it out of {option}"
+            )
 
 
 def check_policies(policies: object) -> dict[str, RetryPolicy]:
@@ -194,7 +209,7 @@ def check_policies(policies: object) -> dict[str, RetryPolicy]:
 def request_overrides(
     request: httpx.Request,
     policies: Mapping[str, RetryPolicy],
-    fingerprint_headers: Iterable[str],
+    config: Config,
     *,
     journaled: bool,
 ) -> tuple[RetryPolicy | None, ServerProfile | None, str | None]:
@@ -210,7 +225,7 @@ def request_overrides(
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
     if given is not None or POLICY_HEADER in request.headers:
-        policy, profile = _asked(request, given, policies, fingerprint_headers)
+        policy, profile = _asked(request, given, policies, config)
     if not journaled:
         return policy, profile, None
     timeouts = extensions.get("timeout")
@@ -226,9 +241,9 @@ def _asked(
     request: httpx.Request,
     given: object,
     policies: Mapping[str, RetryPolicy],
-    fingerprint_headers: Iterable[str],
+    config: Config,
 ) -> tuple[RetryPolicy | None, ServerProfile | None]:
-    where = _where(request)
+    where = _where(request, config.profile.key_header)
     named = request.headers.get_list(POLICY_HEADER) or None
     policy: RetryPolicy | None = None
     profile: ServerProfile | None = None
@@ -257,7 +272,7 @@ def _asked(
                         f"idempotently.profiles.STRIPE), not {type(profile).__name__}"
                     )
                 journaled_profile(profile)
-                check_attempt_header(profile, fingerprint_headers)
+                check_attempt_header(profile, config.fingerprint_headers, config.redact_headers)
         except (TypeError, ValueError) as error:
             raise type(error)(
                 f'request.extensions["idempotently"]: {error}{where}; nothing was journaled or sent'
@@ -279,11 +294,11 @@ def _asked(
     return policy, profile
 
 
-def _where(request: httpx.Request) -> str:
+def _where(request: httpx.Request, key_header: str) -> str:
     """`` (operation ID, key KEY)`` for the request's own operation id and key headers."""
     parts = [
         f"{label} {value[:100]!r}"
-        for label, header in (("operation", "Idempotency-Operation-Id"), ("key", "Idempotency-Key"))
+        for label, header in (("operation", "Idempotency-Operation-Id"), ("key", key_header))
         if (value := request.headers.get(header)) is not None
     ]
     return f" ({', '.join(parts)})" if parts else ""

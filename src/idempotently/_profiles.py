@@ -240,14 +240,49 @@ def _header_names(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
         )
 
 
+_NEEDED_AS_SENT = {
+    **dict.fromkeys(("authorization", "proxy-authorization", "cookie", "x-api-key"), "credentials"),
+    **dict.fromkeys(
+        (
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "upgrade",
+            "expect",
+        ),
+        "framing",
+    ),
+    **dict.fromkeys(("content-type", "content-encoding"), "body"),
+    **dict.fromkeys(
+        ("idempotency-operation-id", "idempotency-delivery", "idempotency-policy"),
+        "idempotently's own",
+    ),
+}
+"""Headers an attempt header may not be: the flow deletes the caller's value of it and
+sends the attempt's number in its place (``Authorization: 1``, ``Content-Length: 1``)."""
+
+
 def _attempt_header(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    """A header name of its own: not the key header, nor one the profile reads."""
+    """A header name of its own: not the key header, nor one the profile reads, nor one
+    the request needs as it is (`_NEEDED_AS_SENT`)."""
     if value is None:
         return
     if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
         raise ValueError(
             f"attempt_header must be an HTTP header name (letters, digits, -) or None, not "
             f"{value!r}"
+        )
+    needed = _NEEDED_AS_SENT.get(value.lower())
+    if needed is not None:
+        raise ValueError(
+            f"attempt_header {value!r} is one of the request's {needed} headers, which it "
+            "needs as it is (the attempt's number would replace its value): name a header "
+            "of its own, such as 'Idempotency-Attempt'"
         )
     taken = {instance.key_header.lower(): "key_header"}
     taken.update((name.lower(), "retry_hint_headers") for name in instance.retry_hint_headers)

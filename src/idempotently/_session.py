@@ -128,7 +128,7 @@ def check_engine_options(
         for header in names:
             if not isinstance(header, str) or not header:
                 raise TypeError(f"{name} must hold header names (non-empty str), not {header!r}")
-    check_attempt_header(profile, fingerprint_headers)  # type: ignore[arg-type]  # checked above
+    check_attempt_header(profile, fingerprint_headers, redact_headers)  # type: ignore[arg-type]  # checked above
     if profile_rule not in PROFILE_RULES:
         raise ValueError(
             f"profile_rule must be one of {', '.join(map(repr, PROFILE_RULES))}, not "
@@ -459,7 +459,9 @@ class _SessionBase(Generic[ClientT]):
             ),
         )
         if profile is not None:
-            check_attempt_header(profile, self._engine.fingerprint_headers)
+            check_attempt_header(
+                profile, self._engine.fingerprint_headers, self._engine.redact_headers
+            )
         return call, self._engine.overridden(policy, profile)
 
     def _enqueue_request(

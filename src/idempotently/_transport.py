@@ -174,7 +174,7 @@ class _TransportBase:
         A profile asked for is checked against an existing operation's journaled one, as
         ``resume --profile`` is: one that differs is refused before anything is sent."""
         policy, profile, overrides = request_overrides(
-            request, self.policies, self._engine.fingerprint_headers, journaled=journaled
+            request, self.policies, self._engine, journaled=journaled
         )
         engine = self._engine.overridden(policy, profile)
         if profile is not None and engine.profile_rule != "forced":

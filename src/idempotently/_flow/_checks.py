@@ -79,6 +79,13 @@ def check_timeouts(request: httpx.Request) -> None:
     """The request's timeouts (from ``timeout=``) are seconds or None, before anything is
     journaled: httpx would only fail on them at the socket."""
     timeouts = request.extensions.get("timeout") or {}
+    if not isinstance(timeouts, dict):
+        # httpx reads it with .get at the socket: anything else fails there, unexplained.
+        raise TypeError(
+            'request.extensions["timeout"] must be a dict of seconds per phase, as httpx '
+            f"builds it from timeout= (httpx.Timeout(...).as_dict()), not a "
+            f"{type(timeouts).__name__}: pass timeout= instead"
+        )
     for phase, value in timeouts.items():
         if value is None:
             continue

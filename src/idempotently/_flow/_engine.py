@@ -738,7 +738,13 @@ class Engine(Config):
                     salt=self._salt(),
                     redact_headers=self.redact_headers,
                     secret_params=self.secret_params,
-                    fingerprint_headers=self.fingerprint_headers,
+                    # The attempt header the flow sets is no change to refuse, even where
+                    # this session fingerprints it (a stored profile may name one).
+                    fingerprint_headers=[
+                        name
+                        for name in self.fingerprint_headers
+                        if name.lower() != (profile.attempt_header or "").lower()
+                    ],
                 )
             if gate is not None:
                 gate.passes = 0
