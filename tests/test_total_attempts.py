@@ -378,6 +378,57 @@ def test_a_damaged_count_of_capped_operations_names_the_recount(
         assert 0 == journal.stats(now=fake_time.now).capped
 
 
+def _set_capped_count(journal_target: str, store: str, value: str) -> None:
+    """The count of capped operations edited by hand into ``value``."""
+    table = "journal_meta" if store == "sqlite" else "idempotently.journal_meta"
+    sql = f"INSERT INTO {table} (name, value) VALUES ('capped_operations', %s)"
+    if store == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(journal_target) as conn:
+            conn.execute(sql.replace("%s", "?"), (value,))
+    else:
+        import psycopg
+
+        with psycopg.connect(journal_target, autocommit=True) as conn:
+            conn.execute(sql, (value,))
+
+
+@pytest.mark.parametrize("damaged", ["9" * 20, "12abc", "5.5"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_damaged_count_never_stops_a_cap_nor_a_prune_and_is_never_made_a_number(
+    journal_target: str,
+    scripted: tuple[ScriptedApp, str],
+    fake_time: FakeTime,
+    store: str,
+    damaged: str,
+) -> None:
+    """A count of capped operations edited by hand (past any count, or no number) leaves
+    the write that caps an operation and a prune of a capped one journaled as ever; the
+    count keeps its damage for stats to name (never read as a number by one store and
+    not the other), and a recount repairs it."""
+    app, url = scripted
+    with idempotently.Journal(journal_target) as journal:
+        journal.stats(now=fake_time.now)  # created
+    _set_capped_count(journal_target, store, damaged)
+    app.answer(UNAVAILABLE, UNAVAILABLE, Answer(status=429), Answer(status=429))
+    with session(journal_target, fake_time, capped(2)) as s:
+        for operation_id in ("capped", "limited"):
+            with pytest.raises(idempotently.AttemptsCapError):
+                s.post(f"{url}/charges", json={"n": operation_id}, operation_id=operation_id)
+    assert [("needs_reconcile", True), ("failed", True)] == [
+        (row.status, row.cap_reason is not None)
+        for row in (operation(journal_target, "capped"), operation(journal_target, "limited"))
+    ]
+    with idempotently.Journal(journal_target) as journal:
+        assert 1 == journal.prune(older_than=0.0, now=fake_time.now + 10)  # limited
+        with pytest.raises(idempotently.JournalCorruptError, match="migrate --recount"):
+            journal.stats(now=fake_time.now)
+    assert "recounted" in _invoke(journal_target, "migrate", "--recount")
+    with idempotently.Journal(journal_target) as journal:
+        assert 1 == journal.stats(now=fake_time.now).capped
+
+
 # -- every caller shares the count -----------------------------------------------------------
 
 
