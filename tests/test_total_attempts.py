@@ -429,6 +429,46 @@ def test_a_damaged_count_never_stops_a_cap_nor_a_prune_and_is_never_made_a_numbe
         assert 1 == journal.stats(now=fake_time.now).capped
 
 
+@pytest.mark.parametrize(
+    ("act", "said"),
+    [
+        (("settle", "--failed", "--note", "not on the server"), "settled failed by"),
+        (("fork", "--note", "lost: send again"), "when forking it as"),
+    ],
+)
+def test_an_operator_who_settles_a_capped_operation_has_the_last_word(
+    tmp_path: Path,
+    scripted: tuple[ScriptedApp, str],
+    fake_time: FakeTime,
+    act: tuple[str, ...],
+    said: str,
+) -> None:
+    """A capped needs_reconcile operation an operator settled failed (or forked) keeps
+    its cap_reason, but a call again with its id says what the operator did, as for any
+    settled operation: not an AttemptsCapError claiming each attempt was answered 408,
+    425 or 429 (they were 503s)."""
+    app, url = scripted
+    app.answer(UNAVAILABLE, UNAVAILABLE)
+    journal = tmp_path / "j.db"
+    with (
+        session(journal, fake_time, capped(2)) as s,
+        pytest.raises(idempotently.AttemptsCapError),
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="order-1")
+    _invoke(str(journal), *act[:1], "order-1", *act[1:], "--actor", "ops")
+    with (
+        session(journal, fake_time, capped(2)) as s,
+        pytest.raises(idempotently.RequestNotSentError) as again,
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="order-1")
+    assert not isinstance(again.value, idempotently.AttemptsCapError)
+    assert said in str(again.value)
+    assert "408, 425 or 429" not in str(again.value)
+    row = operation(journal, "order-1")
+    assert ("failed", True) == (row.status, row.cap_reason is not None)
+    assert 2 == len(app.arrivals)
+
+
 # -- every caller shares the count -----------------------------------------------------------
 
 
