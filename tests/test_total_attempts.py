@@ -688,3 +688,42 @@ def test_a_call_again_applies_the_journaled_cap(
         with pytest.raises(idempotently.AttemptsCapError) as raised:
             s.post(f"{url}/charges", json={}, operation_id="op")
     assert (3, 3, 3) == (len(app.arrivals), raised.value.attempts, raised.value.max_total_attempts)
+
+
+@pytest.mark.parametrize(
+    ("find", "put"),
+    [
+        ('"max_total_attempts":2', '"max_total_attempts":true'),  # the cap damaged
+        ('"max_total_attempts":2', '"max_total_attempts":2,"hedge":1'),  # a newer version's
+    ],
+)
+def test_a_call_again_never_sends_past_a_journaled_cap_it_cannot_read(
+    tmp_path: Path, scripted: tuple[ScriptedApp, str], fake_time: FakeTime, find: str, put: str
+) -> None:
+    """A call again with the id of an operation whose journaled overrides cannot be read
+    (edited by hand, or written by a newer version) sends nothing, as a resume does: they
+    may hold a cap it would send past. The error names the operation, key and why; the
+    operation stays pending with its lease free."""
+    app, url = scripted
+    app.answer(*[UNAVAILABLE] * 10)
+    path = tmp_path / "j.db"
+    with (
+        session(path, fake_time, capped(None)) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="op", policy=capped(2, max_attempts=1))
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE operations SET overrides = replace(overrides, ?, ?)", (find, put))
+    with (
+        session(path, fake_time, capped(None)) as s,
+        pytest.raises(idempotently.JournalCorruptError) as raised,
+    ):
+        s.post(f"{url}/charges", json={}, operation_id="op")
+    assert 1 == len(app.arrivals)
+    text = str(raised.value)
+    assert ("op", operation(path, "op").key) == (raised.value.operation_id, raised.value.key)
+    assert "its journaled policy" in text and "nothing was sent" in text
+    row = operation(path, "op")
+    assert ("pending", None) == (row.status, row.lease_owner)

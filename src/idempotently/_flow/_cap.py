@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import attrs
 
 from idempotently._commands import Find, SetStatus
-from idempotently._exceptions import AttemptsCapError, ErrorContext
+from idempotently._exceptions import AttemptsCapError, ErrorContext, JournalCorruptError
 from idempotently._flow._operation import End, Flow, Held
 from idempotently._policy import CallState, Decision
 from idempotently._rows import Operation
@@ -147,16 +147,22 @@ def before_send(
     return End(operation_id, key, decision, attempts)
 
 
-def with_journaled_cap(engine: Engine, overrides: str) -> Engine:
+def with_journaled_cap(engine: Engine, operation: Operation, overrides: str) -> Engine:
     """``engine`` for a call again of an operation whose ``overrides`` journaled a cap:
-    under the stricter of that cap and its own. Overrides that cannot be read change
-    nothing here (a resume reports them)."""
+    under the stricter of that cap and its own. Overrides that cannot be read may hold
+    a cap: nothing is sent (as a resume does), a JournalCorruptError says why."""
     from idempotently._overrides import read_overrides
 
     try:
         policy, _ = read_overrides(overrides)
-    except ValueError:
-        return engine
+    except ValueError as error:
+        raise JournalCorruptError(
+            f"{error}: it may hold a cap on attempts this call would send past, so nothing "
+            "was sent and the operation stays pending (see `idempotently show "
+            f"{operation.operation_id}`; fork it to send it under a new key)",
+            operation_id=operation.operation_id,
+            key=operation.key,
+        ) from None
     own = engine.policy.max_total_attempts
     cap = stricter(None if policy is None else policy.max_total_attempts, own)
     if cap == own:

@@ -336,6 +336,13 @@ class Engine(Config):
             if operation.status != "pending":
                 return stored_response(self, operation, build)
             profile_for(self, operation)  # one that cannot be read is an error: nothing sent
+            sending = self
+            if operation.overrides is not None:
+                # A cap its first call journaled binds a call again too (the stricter);
+                # read before the lease is taken: overrides that cannot be read send nothing.
+                from idempotently._flow._cap import with_journaled_cap
+
+                sending = with_journaled_cap(self, operation, operation.overrides)
             operation = yield from times_from_now(self, operation)
             blocker = blocker_of(self, operation)
             if blocker is not None and blocker[0] != "leased":
@@ -358,12 +365,6 @@ class Engine(Config):
                 yield Sleep(poll)
                 poll = min(poll * 2, _MAX_POLL)
                 continue
-            sending = self
-            if operation.overrides is not None:
-                # A cap its first call journaled binds a call again too (the stricter).
-                from idempotently._flow._cap import with_journaled_cap
-
-                sending = with_journaled_cap(self, operation.overrides)
             end = yield from sending.attempts(
                 operation.operation_id,
                 operation.key,
