@@ -727,3 +727,59 @@ def test_a_call_again_never_sends_past_a_journaled_cap_it_cannot_read(
     assert "its journaled policy" in text and "nothing was sent" in text
     row = operation(path, "op")
     assert ("pending", None) == (row.status, row.lease_owner)
+
+
+KILLED_MID_SEND = textwrap.dedent(
+    """
+    import sys
+    import idempotently
+    journal, url = sys.argv[1], sys.argv[2]
+    policy = idempotently.RetryPolicy(max_attempts=3, initial_backoff=0.0, budget=None)
+    with idempotently.Session(journal, policy=policy) as s:
+        s.post(url, json={"amount": 100}, operation_id="order-1")
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [1, 2])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_cap_never_fails_an_operation_whose_holder_died_mid_send(
+    journal_target: str,
+    scripted: tuple[ScriptedApp, str],
+    fake_time: FakeTime,
+    store: str,
+    cap: int,
+) -> None:
+    """A process sends an operation, is answered 429, sends it again (the server acts:
+    its answer never comes) and is killed (SIGKILL) before journaling that attempt. The
+    journal shows one 429 and a lease its holder never gave back: a resume at the cap
+    (now, or after a resend answered 429) may not call it failed (the promise that
+    nothing happened): needs_reconcile."""
+    import time
+
+    app, url = scripted
+    app.answer(Answer(status=429), Answer(status=201, endless=True, trickle=0.5))
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_SEND, journal_target, f"{url}/charges"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
+    try:
+        for _ in range(1200):  # the second attempt reached the server: at most 2 min
+            if len(app.arrivals) >= 2 or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert 2 == len(app.arrivals)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    row = operation(journal_target, "order-1")
+    assert ("pending", 1, 429) == (row.status, row.attempt_count, row.attempts[0].status_code)
+    app.answer(Answer(status=429))
+    fake_time.now = time.time() + 3600  # the dead holder's lease is long past
+    with session(journal_target, fake_time, capped(cap)) as s:
+        results = s.resume()
+    assert [("order-1", "needs_reconcile")] == [(r.operation_id, r.action) for r in results]
+    assert 1 + cap == len(app.arrivals)
+    row = operation(journal_target, "order-1")
+    assert ("needs_reconcile", True) == (row.status, row.cap_reason is not None)

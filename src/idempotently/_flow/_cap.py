@@ -61,10 +61,23 @@ def cap_reason(cap: int, count: int) -> str:
     )
 
 
-def at_cap(state: CallState, cap: int, count: int, why: str | None) -> Decision:
+def unrecorded(operation: Operation | None, held: Held) -> bool:
+    """Whether the row as read may hide an attempt: it was leased by another caller that
+    never gave the lease back (a retry's record keeps it through the wait; every other
+    end releases it). That caller died, or outlived its lease, in a wait or in a send
+    whose attempt the journal never saw, and which the server may have acted on."""
+    if operation is None or operation.lease_owner is None:
+        return False
+    return held.lease is None or operation.lease_owner != held.lease[1]
+
+
+def at_cap(
+    state: CallState, cap: int, count: int, why: str | None, *, unseen: bool = False
+) -> Decision:
     """The decision for an operation at its cap: ``why`` is the decision it replaces
-    (what the last attempt showed), None before any send."""
-    action: Action = "reconcile" if state.acted else "fail"
+    (what the last attempt showed), None before any send; ``unseen``: an attempt may
+    be missing from the journal (`unrecorded`), so failed is no promise it can make."""
+    action: Action = "reconcile" if state.acted or unseen else "fail"
     reason = cap_reason(cap, count)
     return Decision(
         action,
@@ -132,10 +145,11 @@ def before_send(
     count: int,
     held: Held,
     attempts: int,
+    unseen: bool = False,
 ) -> Flow[End]:
     """An operation already at its cap (a stricter one given to this resume, or counted
     by other processes): nothing is sent, and it moves to its final status now."""
-    decision = at_cap(state, cap, count, None)
+    decision = at_cap(state, cap, count, None, unseen=unseen)
     yield SetStatus(
         operation_id,
         STATUS_AFTER[decision.action],

@@ -615,14 +615,16 @@ class Engine(Config):
         # journal across processes: what the cap bounds and what the attempt header numbers.
         counted = 0
         count = cap is not None or profile.attempt_header is not None
+        unseen = False  # the row may hide an attempt: never failed at the cap
         if count:
             from idempotently._flow import _cap
 
             counted = yield from _cap.journaled_count(operation_id, journaled)
+            unseen = cap is not None and _cap.unrecorded(journaled, held)
             if cap is not None and counted >= cap:
                 return (
                     yield from _cap.before_send(
-                        self, operation_id, key, state, cap, counted, held, attempts
+                        self, operation_id, key, state, cap, counted, held, attempts, unseen
                     )
                 )
         owner = held.lease[1] if held.lease is not None else None
@@ -765,7 +767,9 @@ class Engine(Config):
             if count:
                 counted += signal.outcome != "not_sent"
                 if cap is not None and counted >= cap and decision.action in _cap.GOES_ON:
-                    decision = _cap.at_cap(decision.state, cap, counted, decision.reason)
+                    decision = _cap.at_cap(
+                        decision.state, cap, counted, decision.reason, unseen=unseen
+                    )
             step = None
             if breaker is not None or self.pauses.probes:
                 step = self.breaker_step(request, signal, now, breaker)
