@@ -377,24 +377,28 @@ CAPPED_META: Final = "capped_operations"
 version 10 has no column for it in journal_counts. No row: none yet."""
 
 
+CAPPED_DIGITS: Final = 18
+"""The most digits a `CAPPED_META` count has (below 2**63 on both stores): the writes
+add to a value of 1 to this many digits only, and `capped_count` reads no other."""
+
+
 def capped_count(value: object, path: str) -> int:
     """The `CAPPED_META` row's value as a count (None: 0), or a JournalCorruptError
     saying how to count it again."""
     if value is None:
         return 0
-    try:
-        count = int(str(value))
-    except ValueError:
-        count = -1
-    if count < 0:
-        from idempotently._exceptions import JournalCorruptError
+    text = str(value)
+    # Only what the writes add to (digits alone, at most CAPPED_DIGITS): a value either
+    # store would leave alone is damaged for stats too, never read as a number.
+    if 0 < len(text) <= CAPPED_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    from idempotently._exceptions import JournalCorruptError
 
-        raise JournalCorruptError(
-            f"{path} holds a damaged count of operations at their attempts cap "
-            f"({short(value)}), as after an edit by hand; run `idempotently --journal {path} "
-            "migrate --recount` to count them again from the rows"
-        )
-    return count
+    raise JournalCorruptError(
+        f"{path} holds a damaged count of operations at their attempts cap "
+        f"({short(value)}), as after an edit by hand; run `idempotently --journal {path} "
+        "migrate --recount` to count them again from the rows"
+    )
 
 
 MAX_TIMESTAMP = 1e11

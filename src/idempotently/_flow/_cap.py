@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import attrs
 
 from idempotently._commands import Find, SetStatus
-from idempotently._exceptions import AttemptsCapError, ErrorContext
+from idempotently._exceptions import AttemptsCapError, ErrorContext, JournalCorruptError
 from idempotently._flow._operation import End, Flow, Held
 from idempotently._policy import CallState, Decision
 from idempotently._rows import Operation
@@ -61,10 +61,23 @@ def cap_reason(cap: int, count: int) -> str:
     )
 
 
-def at_cap(state: CallState, cap: int, count: int, why: str | None) -> Decision:
+def unrecorded(operation: Operation | None, held: Held) -> bool:
+    """Whether the row as read may hide an attempt: it was leased by another caller that
+    never gave the lease back (a retry's record keeps it through the wait; every other
+    end releases it). That caller died, or outlived its lease, in a wait or in a send
+    whose attempt the journal never saw, and which the server may have acted on."""
+    if operation is None or operation.lease_owner is None:
+        return False
+    return held.lease is None or operation.lease_owner != held.lease[1]
+
+
+def at_cap(
+    state: CallState, cap: int, count: int, why: str | None, *, unseen: bool = False
+) -> Decision:
     """The decision for an operation at its cap: ``why`` is the decision it replaces
-    (what the last attempt showed), None before any send."""
-    action: Action = "reconcile" if state.acted else "fail"
+    (what the last attempt showed), None before any send; ``unseen``: an attempt may
+    be missing from the journal (`unrecorded`), so failed is no promise it can make."""
+    action: Action = "reconcile" if state.acted or unseen else "fail"
     reason = cap_reason(cap, count)
     return Decision(
         action,
@@ -132,10 +145,11 @@ def before_send(
     count: int,
     held: Held,
     attempts: int,
+    unseen: bool = False,
 ) -> Flow[End]:
     """An operation already at its cap (a stricter one given to this resume, or counted
     by other processes): nothing is sent, and it moves to its final status now."""
-    decision = at_cap(state, cap, count, None)
+    decision = at_cap(state, cap, count, None, unseen=unseen)
     yield SetStatus(
         operation_id,
         STATUS_AFTER[decision.action],
@@ -147,16 +161,22 @@ def before_send(
     return End(operation_id, key, decision, attempts)
 
 
-def with_journaled_cap(engine: Engine, overrides: str) -> Engine:
+def with_journaled_cap(engine: Engine, operation: Operation, overrides: str) -> Engine:
     """``engine`` for a call again of an operation whose ``overrides`` journaled a cap:
-    under the stricter of that cap and its own. Overrides that cannot be read change
-    nothing here (a resume reports them)."""
+    under the stricter of that cap and its own. Overrides that cannot be read may hold
+    a cap: nothing is sent (as a resume does), a JournalCorruptError says why."""
     from idempotently._overrides import read_overrides
 
     try:
         policy, _ = read_overrides(overrides)
-    except ValueError:
-        return engine
+    except ValueError as error:
+        raise JournalCorruptError(
+            f"{error}: it may hold a cap on attempts this call would send past, so nothing "
+            "was sent and the operation stays pending (see `idempotently show "
+            f"{operation.operation_id}`; fork it to send it under a new key)",
+            operation_id=operation.operation_id,
+            key=operation.key,
+        ) from None
     own = engine.policy.max_total_attempts
     cap = stricter(None if policy is None else policy.max_total_attempts, own)
     if cap == own:

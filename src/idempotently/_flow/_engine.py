@@ -350,6 +350,13 @@ class Engine(Config):
             if operation.status != "pending":
                 return stored_response(self, operation, build)
             profile_for(self, operation)  # one that cannot be read is an error: nothing sent
+            sending = self
+            if operation.overrides is not None:
+                # A cap its first call journaled binds a call again too (the stricter);
+                # read before the lease is taken: overrides that cannot be read send nothing.
+                from idempotently._flow._cap import with_journaled_cap
+
+                sending = with_journaled_cap(self, operation, operation.overrides)
             operation = yield from times_from_now(self, operation)
             blocker = blocker_of(self, operation)
             if blocker is not None and blocker[0] != "leased":
@@ -383,12 +390,6 @@ class Engine(Config):
                 yield Sleep(poll)
                 poll = min(poll * 2, _MAX_POLL)
                 continue
-            sending = self
-            if operation.overrides is not None:
-                # A cap its first call journaled binds a call again too (the stricter).
-                from idempotently._flow._cap import with_journaled_cap
-
-                sending = with_journaled_cap(self, operation.overrides)
             end = yield from sending.attempts(
                 operation.operation_id,
                 operation.key,
@@ -641,14 +642,16 @@ class Engine(Config):
         # journal across processes: what the cap bounds and what the attempt header numbers.
         counted = 0
         count = cap is not None or profile.attempt_header is not None
+        unseen = False  # the row may hide an attempt: never failed at the cap
         if count:
             from idempotently._flow import _cap
 
             counted = yield from _cap.journaled_count(operation_id, journaled)
+            unseen = cap is not None and _cap.unrecorded(journaled, held)
             if cap is not None and counted >= cap:
                 return (
                     yield from _cap.before_send(
-                        self, operation_id, key, state, cap, counted, held, attempts
+                        self, operation_id, key, state, cap, counted, held, attempts, unseen
                     )
                 )
         owner = held.lease[1] if held.lease is not None else None
@@ -797,7 +800,9 @@ class Engine(Config):
             if count:
                 counted += signal.outcome != "not_sent"
                 if cap is not None and counted >= cap and decision.action in _cap.GOES_ON:
-                    decision = _cap.at_cap(decision.state, cap, counted, decision.reason)
+                    decision = _cap.at_cap(
+                        decision.state, cap, counted, decision.reason, unseen=unseen
+                    )
             step = None
             if breaker is not None or self.pauses.probes:
                 step = self.breaker_step(request, signal, now, breaker)

@@ -581,7 +581,13 @@ def rebuild(
 def stored_response(engine: Config, operation: Operation, build: BuildRequest) -> httpx.Response:
     """The stored answer of a finished operation, or the error that ended it."""
     ids = _ids(operation)
-    if operation.cap_reason is not None and operation.status in ("needs_reconcile", "failed"):
+    if (
+        operation.cap_reason is not None
+        and operation.status in ("needs_reconcile", "failed")
+        # Settled since (by an operator, a reconciler, a fork): their word ends it, and
+        # the cap_reason kept for stats no longer says why.
+        and not (operation.reason or "").startswith(SETTLED_REASONS)
+    ):
         from idempotently._flow._cap import cap_error
 
         raise cap_error(operation.status, operation.reason or "", operation.cap_reason, ids)

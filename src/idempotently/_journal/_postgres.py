@@ -81,6 +81,7 @@ from idempotently._exceptions import (
 )
 from idempotently._journal._sqlite import _first_attempt_problem, _later_attempts_problem
 from idempotently._rows import (
+    CAPPED_DIGITS,
     CAPPED_META,
     DURABILITIES,
     MAX_LIMIT,
@@ -684,6 +685,11 @@ SELECT {_NOTED_READ}
 """)
 
 
+_COUNTED: Final = f"^[0-9]{{1,{CAPPED_DIGITS}}}$"
+"""A `CAPPED_META` value the writes add to: one that ::bigint can read (a damaged one,
+past its range too, is left for stats to name, never the error of the write that caps)."""
+
+
 def _capped_once(source: str) -> str:
     """A CTE adding one to the `CAPPED_META` count for each row of ``source`` (an
     operation that reached its cap for the first time)."""
@@ -692,7 +698,7 @@ def _capped_once(source: str) -> str:
         f"SELECT '{CAPPED_META}', count(*)::text FROM {source} HAVING count(*) > 0 "
         "ON CONFLICT (name) DO UPDATE SET value = "
         f"({SCHEMA}.journal_meta.value::bigint + excluded.value::bigint)::text "
-        f"WHERE {SCHEMA}.journal_meta.value ~ '^[0-9]+$')"
+        f"WHERE {SCHEMA}.journal_meta.value ~ '{_COUNTED}')"
     )
 
 
@@ -804,7 +810,7 @@ WITH doomed AS (
 ), uncapped AS (
     UPDATE {SCHEMA}.journal_meta
     SET value = (value::bigint - (SELECT count(*) FROM gone WHERE cap_reason IS NOT NULL))::text
-    WHERE name = '{CAPPED_META}' AND value ~ '^[0-9]+$'
+    WHERE name = '{CAPPED_META}' AND value ~ '{_COUNTED}'
       AND EXISTS (SELECT 1 FROM gone WHERE cap_reason IS NOT NULL)
 ), {
     _counted(

@@ -61,6 +61,7 @@ from idempotently._exceptions import (
     JournalWriteError,
 )
 from idempotently._rows import (
+    CAPPED_DIGITS,
     CAPPED_META,
     DURABILITIES,
     MAX_LIMIT,
@@ -525,11 +526,13 @@ def _set_cap_reason(conn: sqlite3.Connection, operation_id: str, reason: str) ->
 
 def _add_capped(conn: sqlite3.Connection, change: int) -> None:
     """Add ``change`` to the `CAPPED_META` count (a damaged value is left for stats to
-    name, never made a number here)."""
+    name, never made a number here: digits only, as `capped_count` reads them, since a
+    CAST reads '12abc' as 12 and clamps a number past 2**63)."""
     conn.execute(
         "INSERT INTO journal_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
-        "SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT) WHERE value GLOB '[0-9]*'",
-        (CAPPED_META, str(max(change, 0)), change),
+        "SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT) "
+        "WHERE length(value) BETWEEN 1 AND ? AND value NOT GLOB '*[^0-9]*'",
+        (CAPPED_META, str(max(change, 0)), change, CAPPED_DIGITS),
     )
 
 
