@@ -794,11 +794,6 @@ def test_a_cap_never_fails_an_operation_whose_holder_died_mid_send(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (review9): a watch worker's claim overwrites the dead holder's lease "
-    "owner before the row is resumed, so it cannot tell an attempt may be missing",
-)
 def test_a_watch_worker_never_fails_an_operation_whose_holder_died_mid_send(
     tmp_path: Path, scripted: tuple[ScriptedApp, str]
 ) -> None:

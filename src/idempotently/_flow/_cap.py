@@ -66,9 +66,11 @@ def unrecorded(operation: Operation | None, held: Held) -> bool:
     never gave the lease back (a retry's record keeps it through the wait; every other
     end releases it). That caller died, or outlived its lease, in a wait or in a send
     whose attempt the journal never saw, and which the server may have acted on."""
-    if operation is None or operation.lease_owner is None:
-        return False
-    return held.lease is None or operation.lease_owner != held.lease[1]
+    # A row bearing this flow's own owner is a `resume --watch` worker's claim, which
+    # wrote its owner over whatever was there: it cannot tell a row released by its last
+    # holder from one whose holder died mid-send, so it assumes the worse (at the cap:
+    # needs_reconcile, never a failed it could not prove).
+    return operation is not None and operation.lease_owner is not None
 
 
 def at_cap(
