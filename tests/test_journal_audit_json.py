@@ -27,21 +27,34 @@ VARYING = frozenset(
 )
 
 
-ADDED = frozenset({"group_id", "step", "successor"})
-"""`show --json` fields added since that build (operation groups): null for an operation
-outside any group, as every operation of that build is."""
+ADDED = frozenset({"group_id", "step", "successor", "cap_reason"})
+"""`show --json` fields added since that build (operation groups, the attempts cap):
+null for an operation outside any group and under no cap, as every operation of that
+build is."""
+ADDED_COUNTS = frozenset({"capped", "open_breakers"})
+"""`stats --json` figures added since that build (the attempts cap, the circuit
+breaker): 0 on a journal that build could write."""
+ADDED_METRICS = ("idempotently_capped_operations", "idempotently_open_breakers")
+"""Prometheus metrics added since that build, for the same figures."""
 
 
 def without_added(value: Any) -> Any:
-    """``value`` less the fields added since that build, where they hold null."""
+    """``value`` less the fields added since that build, where they hold null (or 0)."""
     if isinstance(value, dict):
         return {
             key: without_added(item)
             for key, item in value.items()
             if not (key in ADDED and item is None)
+            and not (key in ADDED_COUNTS and item == 0)
         }
     if isinstance(value, list):
         return [without_added(item) for item in value]
+    if isinstance(value, str) and "# TYPE " in value:
+        return "".join(
+            line
+            for line in value.splitlines(keepends=True)
+            if not any(re.search(rf"\b{metric}\b", line) for metric in ADDED_METRICS)
+        )
     return value
 
 
