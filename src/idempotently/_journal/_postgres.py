@@ -43,7 +43,9 @@ partial index, as on SQLite, so journaling a key writes no counter.
 from __future__ import annotations
 
 import functools
+import random
 import re
+import time
 import urllib.parse
 import uuid
 from collections.abc import Generator, Iterator, Sequence
@@ -1008,6 +1010,10 @@ def _psycopg() -> tuple[Any, Any]:
     return psycopg, psycopg_pool
 
 
+_DEADLOCK_TRIES: Final = 5
+"""Times a transaction the server ended as a deadlock's victim is run in all."""
+
+
 def _roll_back(conn: psycopg.Connection[Any]) -> None:
     """End a transaction left open by a failure, so the pool gets the connection idle."""
     from psycopg.pq import TransactionStatus
@@ -1399,16 +1405,34 @@ class PostgresStore:
             self._errors("cannot write the journal", JournalWriteError),
             self._pool_for(synchronous).connection() as conn,
         ):
-            if len(writes) == 1 and not _locks_group(writes[0]):
-                # Autocommit: the statement is its own transaction (Record's update, its
-                # insert and its counts are one statement), committed as the connection's
-                # setting says.
-                return [self._result(writes[0], self._send(conn, writes[0], here=True))]
+            return self._committed(conn, writes)
+
+    def _committed(
+        self, conn: psycopg.Connection[dict[str, Any]], writes: Sequence[Write]
+    ) -> list[Any]:
+        """`commit` on one connection: a transaction the server ended as a deadlock's
+        victim (two fleets' batches locking the same rows, a pause's row, in other
+        orders) wrote nothing, so it runs again, as PostgreSQL asks of its clients, a
+        few times after a short random wait; then the error stands."""
+        import psycopg
+
+        for tries in range(_DEADLOCK_TRIES, 0, -1):
             try:
+                if len(writes) == 1 and not _locks_group(writes[0]):
+                    # Autocommit: the statement is its own transaction (Record's update,
+                    # its insert and its counts are one statement), committed as the
+                    # connection's setting says.
+                    return [self._result(writes[0], self._send(conn, writes[0], here=True))]
                 return self._commit_batch(conn, writes)
+            except psycopg.errors.DeadlockDetected:
+                _roll_back(conn)
+                if tries == 1:
+                    raise
+                time.sleep(random.uniform(0.0, 0.02))
             except BaseException:
                 _roll_back(conn)
                 raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _commit_batch(
         self, conn: psycopg.Connection[dict[str, Any]], writes: Sequence[Write]
@@ -1458,6 +1482,17 @@ class PostgresStore:
                     None,
                 )
                 refusal = _first_error(raised)
+                deadlock = next(
+                    (
+                        error
+                        for error in (refusal, raised)
+                        if isinstance(error, psycopg.errors.DeadlockDetected)
+                    ),
+                    None,
+                )
+                if deadlock is not None:
+                    # The transaction's, not one write's: `_committed` runs it again.
+                    raise deadlock from None
                 # A "pipeline aborted" with no first error attached (psycopg may report the
                 # refusal that way): still that one write's refusal, not the batch's.
                 if failed is None or not isinstance(
