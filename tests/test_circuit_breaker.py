@@ -739,3 +739,69 @@ def test_a_damaged_reason_never_breaks_the_open_length(reason: str, expected: fl
     """The open length is read from the reason; one that is no length falls back to the
     row's own (5 s here), and an endless one to 0: never an error, never inf."""
     assert expected == open_length(OriginPause(ORIGIN, "", NOW + 5, reason, NOW))
+
+
+# -- review: a server's pause and a damaged row meet the probe -------------------------
+
+
+def test_a_probe_answered_503_with_retry_after_keeps_the_servers_pause(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """The probe is answered 503 with Retry-After 2 (shorter than its claim): the breaker
+    closes, but the server's 2 s pause stays journaled for every caller, not deleted with
+    the claim."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    arrived: list[float] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        arrived.append(fake_time.now)
+        return httpx.Response(503, headers={"Retry-After": "2"})
+
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None, breaker=BREAKER)
+    with idempotently.Session(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        with pytest.raises(idempotently.IdempotentlyError):
+            s.post(URL, json={}, operation_id="probe")
+        probed_at = arrived[-1]
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-2", policy=attrs.evolve(once, max_retry_after=1))
+    assert (probed_at + 2.0, "503 with Retry-After 2s") == (pause.until, pause.reason)
+    assert [probed_at] == arrived
+
+
+def test_a_read_probe_answered_503_with_retry_after_keeps_the_servers_pause(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A GET through a Transport takes the probe and is answered 503 with Retry-After 2:
+    the breaker closes, and the server's 2 s pause stays journaled, so the next read within
+    it is not sent."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    arrived: list[float] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        arrived.append(fake_time.now)
+        return httpx.Response(503, headers={"Retry-After": "2"})
+
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None, breaker=BREAKER)
+    wrapped = idempotently.Transport(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    )
+    with httpx.Client(transport=wrapped) as client:
+        assert 503 == client.get(URL).status_code
+        probed_at = arrived[-1]
+        with idempotently.Journal(journal_target) as journal:
+            pauses = journal.origin_pauses(now=fake_time.now)
+    assert [(probed_at + 2.0, "503 with Retry-After 2s")] == [
+        (pause.until, pause.reason) for pause in pauses
+    ]
+    assert [probed_at] == arrived

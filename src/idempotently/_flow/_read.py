@@ -73,13 +73,6 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
                 secrets=secret_values(request.headers, engine.redact_headers, request.url),
             )
         )
-        if (
-            isinstance(signal, Answer)
-            and signal.server_wait
-            and signal.status_code in PAUSE_STATUS_CODES
-            and profile.pause_origin
-        ):
-            paused_until = yield from engine.pause(request, signal, now)
         decision = decide_read(engine.policy, state, signal, now=now, rand=engine.rand)
         state = decision.state
         breaker = engine.policy.breaker if profile.pause_origin else None
@@ -90,6 +83,15 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
             step = engine.breaker_step(request, signal, now, breaker)
             if step is not None and step.write is not None:
                 yield step.write
+        # After the breaker's write: a probe answered 429/503 with Retry-After closes the
+        # breaker (deleting its claim), and the server's pause must outlive that delete.
+        if (
+            isinstance(signal, Answer)
+            and signal.server_wait
+            and signal.status_code in PAUSE_STATUS_CODES
+            and profile.pause_origin
+        ):
+            paused_until = yield from engine.pause(request, signal, now)
         if decision.action == "retry" and step is not None and step.pause is not None:
             logger.info(
                 "a %s to %s is not retried: %s is paused (%s); its last answer or error "
