@@ -805,3 +805,44 @@ def test_a_read_probe_answered_503_with_retry_after_keeps_the_servers_pause(
         (pause.until, pause.reason) for pause in pauses
     ]
     assert [probed_at] == arrived
+
+
+def test_a_claim_never_outlasts_max_retry_after_whatever_the_reason_says(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A damaged (or another policy's) breaker row says it was open 10**12 s: the probe's
+    claim, journaled while the probe is in flight, lasts no longer than the claimer's
+    max_retry_after, so a probe holder that dies never wedges the origin for years."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    with idempotently.Journal(journal_target) as journal:
+        [row] = journal.origin_pauses(now=fake_time.now)
+        journal._execute(
+            idempotently._commands_rare.SwapPause(
+                ORIGIN,
+                "",
+                row.reason or "",
+                None,
+                attrs.evolve(row, reason=opened_reason(1e12, "x")),
+            )
+        )
+    claims: list[OriginPause] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        with idempotently.Journal(journal_target) as journal:
+            claims.extend(journal.origin_pauses(now=fake_time.now))
+        return httpx.Response(201)
+
+    policy = attrs.evolve(POLICY, max_retry_after=60)
+    with idempotently.Session(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=policy,
+    ) as s:
+        assert 201 == s.post(URL, json={}, operation_id="probe").status_code
+    [claim] = claims
+    assert (True, True) == (
+        (claim.reason or "").startswith("circuit breaker half-open"),
+        claim.until - claim.set_at <= 60,
+    )

@@ -1042,7 +1042,7 @@ class Engine(Config):
         None when this caller sends it (or the breaker closed meanwhile), else the pause
         the others keep waiting on."""
         hold = min(longest_timeout(request.extensions.get("timeout")), self.policy.max_retry_after)
-        board, claim = self.pauses, probe_claim(pause, now, hold)
+        board, claim = self.pauses, probe_claim(pause, now, hold, self.policy.max_retry_after)
         row: OriginPause | None = yield claim
         if row is None:
             board.remove_pause(pause)
