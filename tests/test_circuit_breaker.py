@@ -846,3 +846,22 @@ def test_a_claim_never_outlasts_max_retry_after_whatever_the_reason_says(
         (claim.reason or "").startswith("circuit breaker half-open"),
         claim.until - claim.set_at <= 60,
     )
+
+
+def test_a_call_answered_from_the_journal_does_not_hold_the_probe(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A call repeated for an operation that already succeeded is answered from the
+    journal and sends nothing: it must not keep the half-open breaker's one probe, so the
+    next caller (another process) probes at once instead of waiting the claim out."""
+    origin = Origin(fake_time, 201)
+    with session(journal_target, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="done").status_code
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 400, length=300.0)
+    with session(journal_target, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="done").status_code
+    asked_at = fake_time.now
+    with session(journal_target, fake_time, origin) as other:
+        assert 201 == other.post(URL, json={}, operation_id="next").status_code
+        assert [] == other.journal.origin_pauses(now=fake_time.now)
+    assert [asked_at] == origin.arrived[1:]

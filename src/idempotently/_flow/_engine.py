@@ -248,6 +248,42 @@ class Engine(Config):
         return headers, request_digest(request.method, request.url, headers.fingerprinted)
 
     def call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
+        """`_call`, and the half-open breaker's probe handed back if the call took it but
+        sent nothing (`release_probe`)."""
+        try:
+            response = yield from self._call(call, build, held)
+        except Exception:
+            if self.pauses.probes:
+                yield from self.release_probe(call.request)
+            raise
+        if self.pauses.probes:
+            yield from self.release_probe(call.request)
+        return response
+
+    def release_probe(self, request: httpx.Request) -> Flow[None]:
+        """A probe claimed (`_half_open`) whose attempt never reported to the breaker (an
+        operation answered from the journal, a refusal before sending, an attempt that
+        never left): its claim is handed back as the ended breaker it was, so the next
+        caller probes at once instead of the whole fleet waiting the claim out."""
+        from idempotently._commands_rare import SwapPause
+        from idempotently._pauses import open_length, opened_reason
+
+        scope = (origin_of(request.url), self._pause_scope(request))
+        probe = self.pauses.probes.pop(scope, None)
+        if probe is None:
+            return
+        now = self.clock()
+        ended = OriginPause(
+            probe.origin,
+            probe.credentials,
+            now,
+            opened_reason(open_length(probe), "its probe was not sent"),
+            now,
+        )
+        yield SwapPause(probe.origin, probe.credentials, probe.reason or "", None, ended)
+        self.pauses.remove_pause(probe)
+
+    def _call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
         """Journal the operation (or find it), then attempt until the decision settles.
 
         Returns the final answer (2xx, 3xx, a final 4xx, or the stored answer of a
