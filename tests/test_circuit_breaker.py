@@ -865,3 +865,33 @@ def test_a_call_answered_from_the_journal_does_not_hold_the_probe(
         assert 201 == other.post(URL, json={}, operation_id="next").status_code
         assert [] == other.journal.origin_pauses(now=fake_time.now)
     assert [asked_at] == origin.arrived[1:]
+
+
+def test_a_resume_that_sends_nothing_hands_the_probe_back(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A resume takes the half-open breaker's probe for an operation it then cannot send
+    (its journaled overrides are damaged: not_sent): the claim is handed back, so the next
+    operation of that origin is the probe, sent at once, and its answer closes the breaker."""
+    import sqlite3
+
+    origin = Origin(fake_time, 503)
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None)
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        for n in range(2):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={"n": n}, operation_id=f"op-{n}", policy=once)
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        conn.execute(
+            'UPDATE operations SET overrides = \'{"policy": {"max_attempts": "lots"}}\' '
+            "WHERE operation_id = 'op-0'"
+        )
+    write_breaker(str(tmp_path / "journal.db"), ORIGIN, set_at=fake_time.now - 400, length=300.0)
+    origin.status, started = 201, fake_time.now
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        results = s.resume()
+        pauses = s.journal.origin_pauses(now=fake_time.now)
+    assert [("op-0", "not_sent"), ("op-1", "succeeded")] == [
+        (result.operation_id, result.action) for result in results
+    ]
+    assert ([started], []) == (origin.arrived[2:], pauses)

@@ -280,8 +280,13 @@ class Engine(Config):
             opened_reason(open_length(probe), "its probe was not sent"),
             now,
         )
-        yield SwapPause(probe.origin, probe.credentials, probe.reason or "", None, ended)
-        self.pauses.remove_pause(probe)
+        row: OriginPause | None = yield SwapPause(
+            probe.origin, probe.credentials, probe.reason or "", None, ended
+        )
+        if row is None:
+            self.pauses.remove_pause(probe)
+        else:
+            self.pauses.add(row)  # the next caller here claims it at once
 
     def _call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
         """Journal the operation (or find it), then attempt until the decision settles.

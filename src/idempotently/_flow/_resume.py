@@ -249,6 +249,8 @@ def _resume_one(
         try:
             policy, timeouts = read_overrides(operation.overrides)
         except ValueError as error:
+            if engine.pauses.probes:
+                yield from engine.release_probe(request)  # a probe it will not send
             return ResumeResult.of(
                 operation,
                 "pending",
@@ -286,6 +288,8 @@ def _resume_one(
     held.lease_until = now + engine.lease_duration
     if not (yield TakeLease(operation, owner, held.lease_until, now)):
         held.lease = None
+        if engine.pauses.probes:
+            yield from engine.release_probe(request)  # a probe it will not send
         if not fresh:
             return _STALE
         return ResumeResult.of(
