@@ -895,3 +895,109 @@ def test_a_resume_that_sends_nothing_hands_the_probe_back(
         (result.operation_id, result.action) for result in results
     ]
     assert ([started], []) == (origin.arrived[2:], pauses)
+
+
+def test_one_tenants_failures_do_not_open_another_tenants_breaker(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """Tenant A's requests fail three times in a row and open A's breaker: tenant B's
+    request to the same origin, with its own credentials, is still sent and answered."""
+    seen: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        tenant = request.headers["Authorization"]
+        seen.append(tenant)
+        return httpx.Response(503 if tenant == "Bearer tenant-a" else 201)
+
+    with idempotently.Session(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=POLICY,
+    ) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="a", headers={"Authorization": "Bearer tenant-a"})
+        answer = s.post(
+            URL, json={}, operation_id="b", headers={"Authorization": "Bearer tenant-b"}
+        )
+        pauses = s.journal.origin_pauses(now=fake_time.now)
+    assert 201 == answer.status_code
+    assert ["Bearer tenant-a"] * 3 + ["Bearer tenant-b"] == seen
+    assert 1 == len(pauses)
+
+
+def test_a_resume_finishes_other_origins_while_one_is_down(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A resume meets one origin that is down and another that is up, their operations
+    interleaved: the breaker stops the dead one's after five failures, and every operation
+    of the live origin is sent and succeeds."""
+    down = "https://down.example.test/v1/charges"
+    hits: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        hits.append(request.url.host)
+        if request.url.host == "down.example.test":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(201)
+
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None)
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(lambda request: httpx.Response(503)),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        for n in range(8):
+            for url in (down, URL):
+                with pytest.raises(idempotently.OperationPendingError):
+                    s.post(url, json={"n": n}, operation_id=f"{url[8:12]}-{n}")
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        results = s.resume()
+    assert (5, 8) == (hits.count("down.example.test"), hits.count("api.example.test"))
+    assert ["succeeded"] * 8 == [r.action for r in results if r.operation_id.startswith("api.")]
+    assert ["still_pending"] * 8 == [r.action for r in results if r.operation_id.startswith("down")]
+
+
+def test_a_retry_loop_in_another_process_stops_at_its_next_failure_once_it_is_open(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """While a call retries a dead origin (two seconds between attempts), another process
+    opens the breaker: the call's next failure reads the journal's pauses again and its
+    retry is not sent (RetryLaterError naming the breaker), rather than going on until
+    this process has counted its own failures in a row."""
+    sent: list[float] = []
+    slow = attrs.evolve(POLICY, wait=lambda retry_state: 2.0)
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        sent.append(fake_time.now)
+        if len(sent) == 1:
+            # Meanwhile, in another process: three failures in a row open the breaker.
+            with (
+                session(journal_target, fake_time, Origin(fake_time, 503)) as other,
+                pytest.raises(idempotently.RetryLaterError),
+            ):
+                other.post(URL, json={}, operation_id="other")
+        return httpx.Response(503)
+
+    with (
+        idempotently.Session(
+            journal_target,
+            transport=httpx.MockTransport(dead),
+            clock=fake_time.clock,
+            sleep=fake_time.sleep,
+            policy=slow,
+        ) as s,
+        pytest.raises(idempotently.RetryLaterError) as error,
+    ):
+        s.post(URL, json={}, operation_id="mine")
+    assert "circuit breaker open" in str(error.value)
+    assert 2 == len(sent)

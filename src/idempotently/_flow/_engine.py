@@ -808,6 +808,9 @@ class Engine(Config):
                     decision = _cap.at_cap(decision.state, cap, counted, decision.reason)
             step = None
             if breaker is not None or self.pauses.probes:
+                if breaker is not None and decision.action == "retry":
+                    # Another process may have opened it meanwhile: its row, not our count.
+                    yield from self.fresh_pauses(now, operation_id)
                 step = self.breaker_step(request, signal, now, breaker)
                 if step is not None and step.pause is not None and decision.action == "retry":
                     decision = breaker_refused(decision, step.pause)
@@ -1042,10 +1045,7 @@ class Engine(Config):
         if not profile.pause_origin:
             return None
         board = self.pauses
-        if board.stale(now):
-            # One flow reads for all: the others go on with what was read last meanwhile.
-            board.read_at = now
-            board.replace((yield Pauses(now, operation_id)), now)
+        yield from self.fresh_pauses(now, operation_id)
         if not board.by_origin:
             return None
         origin = origin_of(request.url)
@@ -1075,6 +1075,14 @@ class Engine(Config):
             # (which covers the probe's whole timeout, longer than most calls wait).
             pause = attrs.evolve(pause, until=min(pause.until, now + REFRESH))
         return pause
+
+    def fresh_pauses(self, now: float, operation_id: str | None = None) -> Flow[None]:
+        """The journal's pauses read again if the board's last read is over a second old."""
+        board = self.pauses
+        if board.stale(now):
+            # One flow reads for all: the others go on with what was read last meanwhile.
+            board.read_at = now
+            board.replace((yield Pauses(now, operation_id)), now)
 
     def _half_open(
         self, pause: OriginPause, request: httpx.Request, now: float

@@ -80,6 +80,8 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
         if breaker is not None or engine.pauses.probes:
             # A read's outcome counts for its origin's breaker as a write's does, and a
             # read that took the probe closes or reopens it (`_pauses.after_attempt`).
+            if breaker is not None and decision.action == "retry":
+                yield from engine.fresh_pauses(now)  # opened meanwhile by another process?
             step = engine.breaker_step(request, signal, now, breaker)
             if step is not None and step.write is not None:
                 yield step.write
