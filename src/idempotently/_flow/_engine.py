@@ -1045,7 +1045,8 @@ class Engine(Config):
         if not profile.pause_origin:
             return None
         board = self.pauses
-        yield from self.fresh_pauses(now, operation_id)
+        if board.stale(now):
+            yield from self.fresh_pauses(now, operation_id)
         if not board.by_origin:
             return None
         origin = origin_of(request.url)
