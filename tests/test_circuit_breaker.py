@@ -870,9 +870,9 @@ def test_a_call_answered_from_the_journal_does_not_hold_the_probe(
 def test_a_resume_that_sends_nothing_hands_the_probe_back(
     tmp_path: Path, fake_time: FakeTime
 ) -> None:
-    """A resume takes the half-open breaker's probe for an operation it then cannot send
-    (its journaled overrides are damaged: not_sent): the claim is handed back, so the next
-    operation of that origin is the probe, sent at once, and its answer closes the breaker."""
+    """A resume meets a half-open breaker with an operation it cannot send (its journaled
+    overrides are damaged: not_sent): it keeps no claim, so the next operation of that
+    origin is the probe, sent at once, and its answer closes the breaker."""
     import sqlite3
 
     origin = Origin(fake_time, 503)
@@ -1001,3 +1001,38 @@ def test_a_retry_loop_in_another_process_stops_at_its_next_failure_once_it_is_op
         s.post(URL, json={}, operation_id="mine")
     assert "circuit breaker open" in str(error.value)
     assert 2 == len(sent)
+
+
+def test_a_resumes_probe_claim_covers_the_operations_own_timeout(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """An operation made with timeout=100 (journaled) is the probe of a resume: the claim,
+    seen while the probe is in flight, lasts as long as that request may take (100 s), not
+    the session's 5 s default, so no second caller probes while it is still waiting."""
+    journal = str(tmp_path / "journal.db")
+    origin = Origin(fake_time, 503)
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None, max_retry_after=300)
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post(URL, json={}, operation_id="slow", timeout=100.0)
+    write_breaker(journal, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    claims: list[OriginPause] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        with idempotently.Journal(journal) as opened:
+            claims.extend(opened.origin_pauses(now=fake_time.now))
+        return httpx.Response(201)
+
+    with idempotently.Session(
+        journal,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        assert ["succeeded"] == [result.action for result in s.resume()]
+    [claim] = claims
+    assert (True, 100.0) == (
+        (claim.reason or "").startswith("circuit breaker half-open"),
+        claim.until - claim.set_at,
+    )
