@@ -1012,9 +1012,11 @@ def test_a_resumes_probe_claim_covers_the_operations_own_timeout(
     journal = str(tmp_path / "journal.db")
     origin = Origin(fake_time, 503)
     once = idempotently.RetryPolicy(max_attempts=1, budget=None, max_retry_after=300)
-    with session(tmp_path, fake_time, origin, policy=once) as s:
-        with pytest.raises(idempotently.OperationPendingError):
-            s.post(URL, json={}, operation_id="slow", timeout=100.0)
+    with (
+        session(tmp_path, fake_time, origin, policy=once) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(URL, json={}, operation_id="slow", timeout=100.0)
     write_breaker(journal, ORIGIN, set_at=fake_time.now - 10, length=5.0)
     claims: list[OriginPause] = []
 
@@ -1036,3 +1038,34 @@ def test_a_resumes_probe_claim_covers_the_operations_own_timeout(
         (claim.reason or "").startswith("circuit breaker half-open"),
         claim.until - claim.set_at,
     )
+
+
+def test_a_read_retrying_in_another_process_stops_once_it_is_open(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A GET through a Transport retries a dead origin two seconds apart; meanwhile another
+    process opens the breaker: the read's next failure sees it and its retry is not sent
+    (the last answer is returned)."""
+    sent: list[float] = []
+    slow = attrs.evolve(POLICY, wait=lambda retry_state: 2.0)
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        sent.append(fake_time.now)
+        if len(sent) == 1:
+            with (
+                session(journal_target, fake_time, Origin(fake_time, 503)) as other,
+                pytest.raises(idempotently.RetryLaterError),
+            ):
+                other.post(URL, json={}, operation_id="other")
+        return httpx.Response(503)
+
+    wrapped = idempotently.Transport(
+        journal_target,
+        transport=httpx.MockTransport(dead),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=slow,
+    )
+    with httpx.Client(transport=wrapped) as client:
+        assert 503 == client.get(URL).status_code
+    assert 2 == len(sent)
