@@ -1069,3 +1069,22 @@ def test_a_read_retrying_in_another_process_stops_once_it_is_open(
     with httpx.Client(transport=wrapped) as client:
         assert 503 == client.get(URL).status_code
     assert 2 == len(sent)
+
+
+def test_a_call_refused_before_sending_does_not_hold_the_probe(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A call that takes the half-open probe and is then refused without sending (its
+    operation id already names another payload: KeyReuseError) hands the probe back: the
+    next call probes at once and closes the breaker."""
+    origin = Origin(fake_time, 201)
+    with session(tmp_path, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={"amount": 1}, operation_id="done").status_code
+    write_breaker(str(tmp_path / "journal.db"), ORIGIN, set_at=fake_time.now - 400, length=300.0)
+    with session(tmp_path, fake_time, origin) as s:
+        with pytest.raises(idempotently.KeyReuseError):
+            s.post(URL, json={"amount": 2}, operation_id="done")
+        asked_at = fake_time.now
+        assert 201 == s.post(URL, json={}, operation_id="next").status_code
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert [asked_at] == origin.arrived[1:]

@@ -4,6 +4,7 @@ operation, then attempt until the decision settles), shared by calls and resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -254,7 +255,10 @@ class Engine(Config):
             response = yield from self._call(call, build, held)
         except Exception:
             if self.pauses.probes:
-                yield from self.release_probe(call.request)
+                # The call's own error is the one raised: a journal that failed the call
+                # fails the hand-back too, and the claim then simply expires.
+                with contextlib.suppress(Exception):
+                    yield from self.release_probe(call.request)
             raise
         if self.pauses.probes:
             yield from self.release_probe(call.request)
