@@ -32,7 +32,7 @@ import idempotently
 from idempotently import Breaker, OriginPause
 from idempotently._budget import origin_of
 from idempotently._commands import PauseOrigin
-from idempotently._pauses import open_length, opened_reason, probe_claim
+from idempotently._pauses import is_breaker, open_length, opened_reason, probe_claim
 from idempotently.cli import cli
 from tests.scripted_server import Answer, ScriptedApp
 from tests.support import FakeTime
@@ -1088,3 +1088,53 @@ def test_a_call_refused_before_sending_does_not_hold_the_probe(
         assert 201 == s.post(URL, json={}, operation_id="next").status_code
         assert [] == s.journal.origin_pauses(now=fake_time.now)
     assert [asked_at] == origin.arrived[1:]
+
+
+def test_stats_counts_thousands_of_breakers_and_pauses(tmp_path: Path) -> None:
+    """A journal with 2,000 open breakers and 2,000 server pauses: `stats --json` counts
+    the breakers apart and the Prometheus gauge has one sample per breaker's origin."""
+    import sqlite3
+
+    path = str(tmp_path / "journal.db")
+    write_breaker(path, ORIGIN, set_at=time.time(), length=60.0)
+    now = time.time()
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO origin_pauses (origin, credentials, until, reason, set_at) "
+            "VALUES (?, '', ?, ?, ?)",
+            [
+                (f"https://h{n}.example.test:443", now + 60, reason, now)
+                for n in range(1, 4000)
+                for reason in [opened_reason(60.0, "test") if n % 2 else "503 with Retry-After 60s"]
+            ],
+        )
+    runner = CliRunner()
+    data = json.loads(runner.invoke(cli, ["--journal", path, "stats", "--json"]).output)
+    metrics = runner.invoke(cli, ["--journal", path, "stats", "--format", "prometheus"]).output
+    assert (4000, 2001) == (len(data["paused_origins"]), data["open_breakers"])
+    assert 2001 == sum(
+        line.startswith("idempotently_open_breakers{") for line in metrics.split("\n")
+    )
+
+
+def test_a_hook_raising_on_the_breakers_change_changes_nothing(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A hook that raises on every BreakerChanged: the breaker still opens (journaled,
+    RetryLaterError) and the next probe still closes it."""
+    heard: list[str] = []
+
+    def hook(event: Any) -> None:
+        if isinstance(event, idempotently.BreakerChanged):
+            heard.append(event.change)
+            raise RuntimeError("a broken exporter")
+
+    origin = Origin(fake_time, 503)
+    with session(tmp_path, fake_time, origin, hooks=[hook]) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        origin.status = 201
+        assert 201 == s.post(URL, json={}, operation_id="op-2").status_code
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert (["opened", "closed"], True) == (heard, is_breaker(pause))
