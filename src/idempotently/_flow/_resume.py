@@ -287,9 +287,9 @@ def _resume_one(
     held.take(operation.operation_id, owner)
     held.lease_until = now + engine.lease_duration
     if not (yield TakeLease(operation, owner, held.lease_until, now)):
-        held.lease = None
         if engine.pauses.probes:
             yield from engine.release_probe(request)  # a probe it will not send
+        held.lease = None
         if not fresh:
             return _STALE
         return ResumeResult.of(
