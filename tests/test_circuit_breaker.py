@@ -32,7 +32,7 @@ import idempotently
 from idempotently import Breaker, OriginPause
 from idempotently._budget import origin_of
 from idempotently._commands import PauseOrigin
-from idempotently._pauses import open_length, opened_reason, probe_claim
+from idempotently._pauses import is_breaker, open_length, opened_reason, probe_claim
 from idempotently.cli import cli
 from tests.scripted_server import Answer, ScriptedApp
 from tests.support import FakeTime
@@ -739,3 +739,402 @@ def test_a_damaged_reason_never_breaks_the_open_length(reason: str, expected: fl
     """The open length is read from the reason; one that is no length falls back to the
     row's own (5 s here), and an endless one to 0: never an error, never inf."""
     assert expected == open_length(OriginPause(ORIGIN, "", NOW + 5, reason, NOW))
+
+
+# -- review: a server's pause and a damaged row meet the probe -------------------------
+
+
+def test_a_probe_answered_503_with_retry_after_keeps_the_servers_pause(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """The probe is answered 503 with Retry-After 2 (shorter than its claim): the breaker
+    closes, but the server's 2 s pause stays journaled for every caller, not deleted with
+    the claim."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    arrived: list[float] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        arrived.append(fake_time.now)
+        return httpx.Response(503, headers={"Retry-After": "2"})
+
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None, breaker=BREAKER)
+    with idempotently.Session(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        with pytest.raises(idempotently.IdempotentlyError):
+            s.post(URL, json={}, operation_id="probe")
+        probed_at = arrived[-1]
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-2", policy=attrs.evolve(once, max_retry_after=1))
+    assert (probed_at + 2.0, "503 with Retry-After 2s") == (pause.until, pause.reason)
+    assert [probed_at] == arrived
+
+
+def test_a_read_probe_answered_503_with_retry_after_keeps_the_servers_pause(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A GET through a Transport takes the probe and is answered 503 with Retry-After 2:
+    the breaker closes, and the server's 2 s pause stays journaled, so the next read within
+    it is not sent."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    arrived: list[float] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        arrived.append(fake_time.now)
+        return httpx.Response(503, headers={"Retry-After": "2"})
+
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None, breaker=BREAKER)
+    wrapped = idempotently.Transport(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    )
+    with httpx.Client(transport=wrapped) as client:
+        assert 503 == client.get(URL).status_code
+        probed_at = arrived[-1]
+        with idempotently.Journal(journal_target) as journal:
+            pauses = journal.origin_pauses(now=fake_time.now)
+    assert [(probed_at + 2.0, "503 with Retry-After 2s")] == [
+        (pause.until, pause.reason) for pause in pauses
+    ]
+    assert [probed_at] == arrived
+
+
+def test_a_claim_never_outlasts_max_retry_after_whatever_the_reason_says(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A damaged (or another policy's) breaker row says it was open 10**12 s: the probe's
+    claim, journaled while the probe is in flight, lasts no longer than the claimer's
+    max_retry_after, so a probe holder that dies never wedges the origin for years."""
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    with idempotently.Journal(journal_target) as journal:
+        [row] = journal.origin_pauses(now=fake_time.now)
+        journal._execute(
+            idempotently._commands_rare.SwapPause(
+                ORIGIN,
+                "",
+                row.reason or "",
+                None,
+                attrs.evolve(row, reason=opened_reason(1e12, "x")),
+            )
+        )
+    claims: list[OriginPause] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        with idempotently.Journal(journal_target) as journal:
+            claims.extend(journal.origin_pauses(now=fake_time.now))
+        return httpx.Response(201)
+
+    policy = attrs.evolve(POLICY, max_retry_after=60)
+    with idempotently.Session(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=policy,
+    ) as s:
+        assert 201 == s.post(URL, json={}, operation_id="probe").status_code
+    [claim] = claims
+    assert (True, True) == (
+        (claim.reason or "").startswith("circuit breaker half-open"),
+        claim.until - claim.set_at <= 60,
+    )
+
+
+def test_a_call_answered_from_the_journal_does_not_hold_the_probe(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A call repeated for an operation that already succeeded is answered from the
+    journal and sends nothing: it must not keep the half-open breaker's one probe, so the
+    next caller (another process) probes at once instead of waiting the claim out."""
+    origin = Origin(fake_time, 201)
+    with session(journal_target, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="done").status_code
+    write_breaker(journal_target, ORIGIN, set_at=fake_time.now - 400, length=300.0)
+    with session(journal_target, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={}, operation_id="done").status_code
+    asked_at = fake_time.now
+    with session(journal_target, fake_time, origin) as other:
+        assert 201 == other.post(URL, json={}, operation_id="next").status_code
+        assert [] == other.journal.origin_pauses(now=fake_time.now)
+    assert [asked_at] == origin.arrived[1:]
+
+
+def test_a_resume_that_sends_nothing_hands_the_probe_back(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A resume meets a half-open breaker with an operation it cannot send (its journaled
+    overrides are damaged: not_sent): it keeps no claim, so the next operation of that
+    origin is the probe, sent at once, and its answer closes the breaker."""
+    import sqlite3
+
+    origin = Origin(fake_time, 503)
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None)
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        for n in range(2):
+            with pytest.raises(idempotently.OperationPendingError):
+                s.post(URL, json={"n": n}, operation_id=f"op-{n}", policy=once)
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        conn.execute(
+            'UPDATE operations SET overrides = \'{"policy": {"max_attempts": "lots"}}\' '
+            "WHERE operation_id = 'op-0'"
+        )
+    write_breaker(str(tmp_path / "journal.db"), ORIGIN, set_at=fake_time.now - 400, length=300.0)
+    origin.status, started = 201, fake_time.now
+    with session(tmp_path, fake_time, origin, policy=once) as s:
+        results = s.resume()
+        pauses = s.journal.origin_pauses(now=fake_time.now)
+    assert [("op-0", "not_sent"), ("op-1", "succeeded")] == [
+        (result.operation_id, result.action) for result in results
+    ]
+    assert ([started], []) == (origin.arrived[2:], pauses)
+
+
+def test_one_tenants_failures_do_not_open_another_tenants_breaker(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """Tenant A's requests fail three times in a row and open A's breaker: tenant B's
+    request to the same origin, with its own credentials, is still sent and answered."""
+    seen: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        tenant = request.headers["Authorization"]
+        seen.append(tenant)
+        return httpx.Response(503 if tenant == "Bearer tenant-a" else 201)
+
+    with idempotently.Session(
+        journal_target,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=POLICY,
+    ) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="a", headers={"Authorization": "Bearer tenant-a"})
+        answer = s.post(
+            URL, json={}, operation_id="b", headers={"Authorization": "Bearer tenant-b"}
+        )
+        pauses = s.journal.origin_pauses(now=fake_time.now)
+    assert 201 == answer.status_code
+    assert ["Bearer tenant-a"] * 3 + ["Bearer tenant-b"] == seen
+    assert 1 == len(pauses)
+
+
+def test_a_resume_finishes_other_origins_while_one_is_down(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A resume meets one origin that is down and another that is up, their operations
+    interleaved: the breaker stops the dead one's after five failures, and every operation
+    of the live origin is sent and succeeds."""
+    down = "https://down.example.test/v1/charges"
+    hits: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        hits.append(request.url.host)
+        if request.url.host == "down.example.test":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(201)
+
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None)
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(lambda request: httpx.Response(503)),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        for n in range(8):
+            for url in (down, URL):
+                with pytest.raises(idempotently.OperationPendingError):
+                    s.post(url, json={"n": n}, operation_id=f"{url[8:12]}-{n}")
+    with idempotently.Session(
+        tmp_path / "journal.db",
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        results = s.resume()
+    assert (5, 8) == (hits.count("down.example.test"), hits.count("api.example.test"))
+    assert ["succeeded"] * 8 == [r.action for r in results if r.operation_id.startswith("api.")]
+    assert ["still_pending"] * 8 == [r.action for r in results if r.operation_id.startswith("down")]
+
+
+def test_a_retry_loop_in_another_process_stops_at_its_next_failure_once_it_is_open(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """While a call retries a dead origin (two seconds between attempts), another process
+    opens the breaker: the call's next failure reads the journal's pauses again and its
+    retry is not sent (RetryLaterError naming the breaker), rather than going on until
+    this process has counted its own failures in a row."""
+    sent: list[float] = []
+    slow = attrs.evolve(POLICY, wait=lambda retry_state: 2.0)
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        sent.append(fake_time.now)
+        if len(sent) == 1:
+            # Meanwhile, in another process: three failures in a row open the breaker.
+            with (
+                session(journal_target, fake_time, Origin(fake_time, 503)) as other,
+                pytest.raises(idempotently.RetryLaterError),
+            ):
+                other.post(URL, json={}, operation_id="other")
+        return httpx.Response(503)
+
+    with (
+        idempotently.Session(
+            journal_target,
+            transport=httpx.MockTransport(dead),
+            clock=fake_time.clock,
+            sleep=fake_time.sleep,
+            policy=slow,
+        ) as s,
+        pytest.raises(idempotently.RetryLaterError) as error,
+    ):
+        s.post(URL, json={}, operation_id="mine")
+    assert "circuit breaker open" in str(error.value)
+    assert 2 == len(sent)
+
+
+def test_a_resumes_probe_claim_covers_the_operations_own_timeout(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """An operation made with timeout=100 (journaled) is the probe of a resume: the claim,
+    seen while the probe is in flight, lasts as long as that request may take (100 s), not
+    the session's 5 s default, so no second caller probes while it is still waiting."""
+    journal = str(tmp_path / "journal.db")
+    origin = Origin(fake_time, 503)
+    once = idempotently.RetryPolicy(max_attempts=1, budget=None, max_retry_after=300)
+    with (
+        session(tmp_path, fake_time, origin, policy=once) as s,
+        pytest.raises(idempotently.OperationPendingError),
+    ):
+        s.post(URL, json={}, operation_id="slow", timeout=100.0)
+    write_breaker(journal, ORIGIN, set_at=fake_time.now - 10, length=5.0)
+    claims: list[OriginPause] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        with idempotently.Journal(journal) as opened:
+            claims.extend(opened.origin_pauses(now=fake_time.now))
+        return httpx.Response(201)
+
+    with idempotently.Session(
+        journal,
+        transport=httpx.MockTransport(server),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=once,
+    ) as s:
+        assert ["succeeded"] == [result.action for result in s.resume()]
+    [claim] = claims
+    assert (True, 100.0) == (
+        (claim.reason or "").startswith("circuit breaker half-open"),
+        claim.until - claim.set_at,
+    )
+
+
+def test_a_read_retrying_in_another_process_stops_once_it_is_open(
+    journal_target: str, fake_time: FakeTime
+) -> None:
+    """A GET through a Transport retries a dead origin two seconds apart; meanwhile another
+    process opens the breaker: the read's next failure sees it and its retry is not sent
+    (the last answer is returned)."""
+    sent: list[float] = []
+    slow = attrs.evolve(POLICY, wait=lambda retry_state: 2.0)
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        sent.append(fake_time.now)
+        if len(sent) == 1:
+            with (
+                session(journal_target, fake_time, Origin(fake_time, 503)) as other,
+                pytest.raises(idempotently.RetryLaterError),
+            ):
+                other.post(URL, json={}, operation_id="other")
+        return httpx.Response(503)
+
+    wrapped = idempotently.Transport(
+        journal_target,
+        transport=httpx.MockTransport(dead),
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        policy=slow,
+    )
+    with httpx.Client(transport=wrapped) as client:
+        assert 503 == client.get(URL).status_code
+    assert 2 == len(sent)
+
+
+def test_a_call_refused_before_sending_does_not_hold_the_probe(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A call that takes the half-open probe and is then refused without sending (its
+    operation id already names another payload: KeyReuseError) hands the probe back: the
+    next call probes at once and closes the breaker."""
+    origin = Origin(fake_time, 201)
+    with session(tmp_path, fake_time, origin) as s:
+        assert 201 == s.post(URL, json={"amount": 1}, operation_id="done").status_code
+    write_breaker(str(tmp_path / "journal.db"), ORIGIN, set_at=fake_time.now - 400, length=300.0)
+    with session(tmp_path, fake_time, origin) as s:
+        with pytest.raises(idempotently.KeyReuseError):
+            s.post(URL, json={"amount": 2}, operation_id="done")
+        asked_at = fake_time.now
+        assert 201 == s.post(URL, json={}, operation_id="next").status_code
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert [asked_at] == origin.arrived[1:]
+
+
+def test_stats_counts_thousands_of_breakers_and_pauses(tmp_path: Path) -> None:
+    """A journal with 2,000 open breakers and 2,000 server pauses: `stats --json` counts
+    the breakers apart and the Prometheus gauge has one sample per breaker's origin."""
+    import sqlite3
+
+    path = str(tmp_path / "journal.db")
+    write_breaker(path, ORIGIN, set_at=time.time(), length=60.0)
+    now = time.time()
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO origin_pauses (origin, credentials, until, reason, set_at) "
+            "VALUES (?, '', ?, ?, ?)",
+            [
+                (f"https://h{n}.example.test:443", now + 60, reason, now)
+                for n in range(1, 4000)
+                for reason in [opened_reason(60.0, "test") if n % 2 else "503 with Retry-After 60s"]
+            ],
+        )
+    runner = CliRunner()
+    data = json.loads(runner.invoke(cli, ["--journal", path, "stats", "--json"]).output)
+    metrics = runner.invoke(cli, ["--journal", path, "stats", "--format", "prometheus"]).output
+    assert (4000, 2001) == (len(data["paused_origins"]), data["open_breakers"])
+    assert 2001 == sum(
+        line.startswith("idempotently_open_breakers{") for line in metrics.split("\n")
+    )
+
+
+def test_a_hook_raising_on_the_breakers_change_changes_nothing(
+    tmp_path: Path, fake_time: FakeTime
+) -> None:
+    """A hook that raises on every BreakerChanged: the breaker still opens (journaled,
+    RetryLaterError) and the next probe still closes it."""
+    heard: list[str] = []
+
+    def hook(event: Any) -> None:
+        if isinstance(event, idempotently.BreakerChanged):
+            heard.append(event.change)
+            raise RuntimeError("a broken exporter")
+
+    origin = Origin(fake_time, 503)
+    with session(tmp_path, fake_time, origin, hooks=[hook]) as s:
+        with pytest.raises(idempotently.RetryLaterError):
+            s.post(URL, json={}, operation_id="op-1")
+        [pause] = s.journal.origin_pauses(now=fake_time.now)
+        origin.status = 201
+        assert 201 == s.post(URL, json={}, operation_id="op-2").status_code
+        assert [] == s.journal.origin_pauses(now=fake_time.now)
+    assert (["opened", "closed"], True) == (heard, is_breaker(pause))

@@ -44,8 +44,7 @@ def without_added(value: Any) -> Any:
         return {
             key: without_added(item)
             for key, item in value.items()
-            if not (key in ADDED and item is None)
-            and not (key in ADDED_COUNTS and item == 0)
+            if not (key in ADDED and item is None) and not (key in ADDED_COUNTS and item == 0)
         }
     if isinstance(value, list):
         return [without_added(item) for item in value]

@@ -170,10 +170,10 @@ def free_port() -> int:
 
 
 def test_cli_resume_against_a_dead_host_is_bounded_by_its_options(tmp_path: Path) -> None:
-    """--concurrency 4 --max-attempts 2 --deadline 2s against a closed port: no operation
-    tries more than twice, every one stays pending, and resume exits 1. (The circuit
-    breaker a resume always runs with may stop the run before every operation is tried:
-    one left untried says so.)"""
+    """--concurrency 4 --max-attempts 2 --deadline 2s against a closed port: every
+    operation stays pending, none tries more than twice, and resume exits 1; the resume's
+    circuit breaker (five failures in a row) stops the run: at most the five that open it
+    and the three others already in flight are sent, not all sixteen."""
     path = tmp_path / "journal.db"
     journal_with_pending(path, count=8)
     dead = f"http://127.0.0.1:{free_port()}"
@@ -199,11 +199,11 @@ def test_cli_resume_against_a_dead_host_is_bounded_by_its_options(tmp_path: Path
         operations = journal.operations()
         attempts = [journal.operation(op.operation_id).attempt_count for op in operations]  # type: ignore[union-attr]
     assert {"pending"} == {op.status for op in operations}
-    assert set(attempts) <= {1, 2, 3}  # the first call's one, and at most this run's two
+    this_run = [count - 1 for count in attempts]  # each had the first call's one
+    assert (True, True) == (all(0 <= n <= 2 for n in this_run), 5 <= sum(this_run) <= 8)
     results, _ = json.JSONDecoder().raw_decode(result.output)
     untried = [r for r in results if r["detail"].startswith("not sent")]
     assert all("circuit breaker open" in r["detail"] for r in untried)
-    assert len(untried) == attempts.count(1)
 
 
 @pytest.mark.parametrize(

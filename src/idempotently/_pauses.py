@@ -230,14 +230,18 @@ def open_length(pause: OriginPause) -> float:
     return length if 0 <= length < math.inf else 0.0
 
 
-def probe_claim(pause: OriginPause, now: float, hold: float) -> SwapPause:
+def probe_claim(
+    pause: OriginPause, now: float, hold: float, longest: float = math.inf
+) -> SwapPause:
     """The compare-and-swap that makes this caller the one probe of an ended breaker:
     the row, as read, becomes a pause for as long as it was open or the probe may take
     (``hold``), whichever is longer, so the others keep waiting and a claim whose holder
-    died ends then; its reason keeps the open length and marks the probe as its own."""
+    died ends then; its reason keeps the open length and marks the probe as its own.
+    Never longer than ``longest`` (the claimer's max_retry_after): a damaged row, or one
+    another policy opened for longer, must not let a dead holder wedge the origin."""
     from idempotently._commands_rare import SwapPause
 
-    length = open_length(pause)
+    length = min(open_length(pause), longest)
     claimed = OriginPause(
         pause.origin,
         pause.credentials,

@@ -4,6 +4,7 @@ operation, then attempt until the decision settles), shared by calls and resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -248,6 +249,50 @@ class Engine(Config):
         return headers, request_digest(request.method, request.url, headers.fingerprinted)
 
     def call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
+        """`_call`, and the half-open breaker's probe handed back if the call took it but
+        sent nothing (`release_probe`)."""
+        try:
+            response = yield from self._call(call, build, held)
+        except Exception:
+            if self.pauses.probes:
+                # The call's own error is the one raised: a journal that failed the call
+                # fails the hand-back too, and the claim then simply expires.
+                with contextlib.suppress(Exception):
+                    yield from self.release_probe(call.request)
+            raise
+        if self.pauses.probes:
+            yield from self.release_probe(call.request)
+        return response
+
+    def release_probe(self, request: httpx.Request) -> Flow[None]:
+        """A probe claimed (`_half_open`) whose attempt never reported to the breaker (an
+        operation answered from the journal, a refusal before sending, an attempt that
+        never left): its claim is handed back as the ended breaker it was, so the next
+        caller probes at once instead of the whole fleet waiting the claim out."""
+        from idempotently._commands_rare import SwapPause
+        from idempotently._pauses import open_length, opened_reason
+
+        scope = (origin_of(request.url), self._pause_scope(request))
+        probe = self.pauses.probes.pop(scope, None)
+        if probe is None:
+            return
+        now = self.clock()
+        ended = OriginPause(
+            probe.origin,
+            probe.credentials,
+            now,
+            opened_reason(open_length(probe), "its probe was not sent"),
+            now,
+        )
+        row: OriginPause | None = yield SwapPause(
+            probe.origin, probe.credentials, probe.reason or "", None, ended
+        )
+        if row is None:
+            self.pauses.remove_pause(probe)
+        else:
+            self.pauses.add(row)  # the next caller here claims it at once
+
+    def _call(self, call: Call, build: BuildRequest, held: Held) -> Flow[httpx.Response]:
         """Journal the operation (or find it), then attempt until the decision settles.
 
         Returns the final answer (2xx, 3xx, a final 4xx, or the stored answer of a
@@ -805,6 +850,9 @@ class Engine(Config):
                     )
             step = None
             if breaker is not None or self.pauses.probes:
+                if breaker is not None and decision.action == "retry":
+                    # Another process may have opened it meanwhile: its row, not our count.
+                    yield from self.fresh_pauses(now, operation_id)
                 step = self.breaker_step(request, signal, now, breaker)
                 if step is not None and step.pause is not None and decision.action == "retry":
                     decision = breaker_refused(decision, step.pause)
@@ -1042,9 +1090,7 @@ class Engine(Config):
             return None
         board = self.pauses
         if board.stale(now):
-            # One flow reads for all: the others go on with what was read last meanwhile.
-            board.read_at = now
-            board.replace((yield Pauses(now, operation_id)), now)
+            yield from self.fresh_pauses(now, operation_id)
         if not board.by_origin:
             return None
         origin = origin_of(request.url)
@@ -1075,6 +1121,14 @@ class Engine(Config):
             pause = attrs.evolve(pause, until=min(pause.until, now + REFRESH))
         return pause
 
+    def fresh_pauses(self, now: float, operation_id: str | None = None) -> Flow[None]:
+        """The journal's pauses read again if the board's last read is over a second old."""
+        board = self.pauses
+        if board.stale(now):
+            # One flow reads for all: the others go on with what was read last meanwhile.
+            board.read_at = now
+            board.replace((yield Pauses(now, operation_id)), now)
+
     def _half_open(
         self, pause: OriginPause, request: httpx.Request, now: float
     ) -> Flow[OriginPause | None]:
@@ -1082,7 +1136,7 @@ class Engine(Config):
         None when this caller sends it (or the breaker closed meanwhile), else the pause
         the others keep waiting on."""
         hold = min(longest_timeout(request.extensions.get("timeout")), self.policy.max_retry_after)
-        board, claim = self.pauses, probe_claim(pause, now, hold)
+        board, claim = self.pauses, probe_claim(pause, now, hold, self.policy.max_retry_after)
         row: OriginPause | None = yield claim
         if row is None:
             board.remove_pause(pause)

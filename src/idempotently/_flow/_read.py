@@ -74,6 +74,20 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
                 secrets=secret_values(request.headers, engine.redact_headers, request.url),
             )
         )
+        breaker = engine.policy.breaker if profile.pause_origin else None
+        step = None
+        if breaker is not None or engine.pauses.probes:
+            # A read's outcome counts for its origin's breaker as a write's does, and a
+            # read that took the probe closes or reopens it (`_pauses.after_attempt`):
+            # before the server's own pause is journaled, which a probe's close (deleting
+            # its claim) must not delete.
+            if breaker is not None and (
+                not isinstance(signal, Answer) or signal.status_code >= 500
+            ):
+                yield from engine.fresh_pauses(now)  # opened meanwhile by another process?
+            step = engine.breaker_step(request, signal, now, breaker)
+            if step is not None and step.write is not None:
+                yield step.write
         if (
             isinstance(signal, Answer)
             and (
@@ -85,14 +99,6 @@ def retried_read(engine: Engine, request: httpx.Request) -> Flow[httpx.Response]
             paused_until = yield from engine.pause(request, signal, now)
         decision = decide_read(engine.policy, state, signal, now=now, rand=engine.rand)
         state = decision.state
-        breaker = engine.policy.breaker if profile.pause_origin else None
-        step = None
-        if breaker is not None or engine.pauses.probes:
-            # A read's outcome counts for its origin's breaker as a write's does, and a
-            # read that took the probe closes or reopens it (`_pauses.after_attempt`).
-            step = engine.breaker_step(request, signal, now, breaker)
-            if step is not None and step.write is not None:
-                yield step.write
         if decision.action == "retry" and step is not None and step.pause is not None:
             logger.info(
                 "a %s to %s is not retried: %s is paused (%s); its last answer or error "

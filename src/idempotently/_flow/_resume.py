@@ -277,17 +277,6 @@ def _resume_one(
             f"its state; see `idempotently show {operation.operation_id}`",
         )
     secrets = secret_values(request.headers, engine.redact_headers, request.url)
-    pause = yield from engine.origin_pause(profile, request, engine.clock(), operation.operation_id)
-    if pause is not None:
-        # still_pending, not waiting (a not_before of its own): a watch worker parks
-        # it with its backoff instead of claiming it again at once.
-        return ResumeResult.of(
-            operation,
-            "pending",
-            "still_pending",
-            f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
-            f"({pause.reason}); it stays pending with its key",
-        )
     sending = engine
     if operation.overrides is not None:
         # The caller's own policy and timeouts, as journaled with the operation.
@@ -316,6 +305,19 @@ def _resume_one(
         sending = engine.overridden(policy, None)
         if timeouts is not None:
             request.extensions = {**request.extensions, "timeout": timeouts}
+    # After the journaled timeouts are on the request: a probe's claim lasts as long as
+    # its request may take (`_half_open`).
+    pause = yield from engine.origin_pause(profile, request, engine.clock(), operation.operation_id)
+    if pause is not None:
+        # still_pending, not waiting (a not_before of its own): a watch worker parks
+        # it with its backoff instead of claiming it again at once.
+        return ResumeResult.of(
+            operation,
+            "pending",
+            "still_pending",
+            f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
+            f"({pause.reason}); it stays pending with its key",
+        )
     if sending.policy.breaker is None:
         # A resume meets dead origins more than any call (that is what it is for): it
         # always runs with a circuit breaker, so an origin that is down is paused after
@@ -330,6 +332,8 @@ def _resume_one(
     held.take(operation.operation_id, owner)
     held.lease_until = now + engine.lease_duration
     if not (yield TakeLease(operation, owner, held.lease_until, now)):
+        if engine.pauses.probes:
+            yield from engine.release_probe(request)  # a probe it will not send
         held.lease = None
         if operation.group_id is not None:
             # Refused for an earlier step of its group: wait for it in flight, or say why.
