@@ -235,6 +235,44 @@ class AttemptsCapError(IdempotentlyError):
         self.max_total_attempts = max_total_attempts
 
 
+def attempts_cap_error(
+    status: str, reason: str, cap_reason: str, ids: ErrorContext
+) -> AttemptsCapError:
+    """What a call raises for an operation its cap ended (now or earlier)."""
+    if status == "needs_reconcile":
+        what = (
+            "it may have been delivered, so it is needs_reconcile and never sent again: look "
+            "the object up on the server, then settle it (Session.resume(reconciler=...), "
+            "`idempotently reconcile --lookup URL`, or `idempotently settle`; see "
+            "docs/when-the-journal-cannot-decide.md)"
+        )
+        final: Literal["needs_reconcile", "failed"] = "needs_reconcile"
+    else:
+        what = (
+            "no attempt can have been acted on (each was answered 408, 425 or 429), so it "
+            "is failed and never sent again: send it under a new operation_id (or "
+            "`idempotently fork` it) if it is still wanted"
+        )
+        final = "failed"
+    cap, count = _figures(cap_reason)
+    return AttemptsCapError(
+        f"the operation reached its cap on attempts ({reason}); {what}",
+        status=final,
+        attempts=count,
+        max_total_attempts=cap,
+        **ids,
+    )
+
+
+def _figures(reason: str) -> tuple[int, int]:
+    """The cap and the count a `cap_reason` names (0 for one this version did not write)."""
+    try:
+        head, tail = reason.split(" reached: ", 1)
+        return int(head.rsplit("=", 1)[1]), int(tail.split(" ", 1)[0])
+    except (ValueError, IndexError):
+        return 0, 0
+
+
 class OperationAbandonedError(IdempotentlyError):
     """An at-most-once operation may have been delivered; it is never resent."""
 

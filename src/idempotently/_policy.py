@@ -255,6 +255,24 @@ class Answer:
         return "answered"
 
 
+def origin_wait(answer: Answer, max_retry_after: float) -> tuple[float, str] | None:
+    """How long an answer pauses its origin, and why, or None: a 429 or 503 with
+    Retry-After for as long as it says (a longer one than a call may wait too: the
+    server said so); a spent request quota until it resets, only when that is within
+    ``max_retry_after`` (headers that say how a quota is counted are not an order to
+    stop the whole fleet for longer than any call would wait)."""
+    quota = answer.quota
+    if quota is None:
+        wait = answer.server_wait or 0.0
+        return wait, f"{answer.status_code} with Retry-After {wait:g}s"
+    if not 0 < quota.wait <= max_retry_after:
+        return None
+    return (
+        quota.wait,
+        f"{answer.status_code} with {quota.header} {quota.wait:g}s: request quota spent",
+    )
+
+
 @attrs.frozen
 class Failure:
     """One attempt that ended without an answer, classified once."""

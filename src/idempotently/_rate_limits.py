@@ -28,14 +28,10 @@ import datetime
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
 
 import attrs
 
 from idempotently._retry_after import _DIGITS, MAX_SERVER_WAIT, _whole_number
-
-if TYPE_CHECKING:
-    from idempotently._policy import Answer
 
 EPOCH_ABOVE = 10**9
 """A reset value above this is a time (seconds since the epoch), at or below it a delta."""
@@ -374,21 +370,3 @@ def trusted_headers(raw: Iterable[tuple[bytes, bytes]], names: frozenset[bytes])
             found.setdefault(lowered.decode("ascii"), []).append(value.decode("latin-1"))
     # Joined once: a header repeated thousands of times costs one pass, not a square.
     return {key: ", ".join(values) for key, values in found.items()}
-
-
-def origin_wait(answer: Answer, max_retry_after: float) -> tuple[float, str] | None:
-    """How long an answer pauses its origin, and why, or None: a 429 or 503 with
-    Retry-After for as long as it says (a longer one than a call may wait too: the
-    server said so); a spent request quota until it resets, only when that is within
-    ``max_retry_after`` (headers that say how a quota is counted are not an order to
-    stop the whole fleet for longer than any call would wait)."""
-    quota = answer.quota
-    if quota is None:
-        wait = answer.server_wait or 0.0
-        return wait, f"{answer.status_code} with Retry-After {wait:g}s"
-    if not 0 < quota.wait <= max_retry_after:
-        return None
-    return (
-        quota.wait,
-        f"{answer.status_code} with {quota.header} {quota.wait:g}s: request quota spent",
-    )

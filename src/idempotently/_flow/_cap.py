@@ -12,21 +12,17 @@ attempts, `maybe_acted` for each new one). Nothing here does I/O.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Literal
-
-import attrs
+from typing import TYPE_CHECKING, Final
 
 from idempotently._commands import Find, SetStatus
-from idempotently._exceptions import AttemptsCapError, ErrorContext, JournalCorruptError
 from idempotently._flow._operation import End, Flow, Held
 from idempotently._policy import CallState, Decision
 from idempotently._rows import Operation
 from idempotently._text import storable_text
-from idempotently._vocabulary import STATUS_AFTER, Action, Status
+from idempotently._vocabulary import STATUS_AFTER, Action
 
 if TYPE_CHECKING:
     from idempotently._flow._config import Config
-    from idempotently._flow._engine import Engine
 
 GOES_ON: Final[frozenset[Action]] = frozenset({"retry", "pending", "retry_later", "unresolved"})
 """The actions that leave the operation pending to be sent again: at the cap, none of
@@ -89,42 +85,6 @@ def at_cap(
     )
 
 
-def cap_error(status: Status, reason: str, cap_reason: str, ids: ErrorContext) -> AttemptsCapError:
-    """What a call raises for an operation its cap ended (now or earlier)."""
-    if status == "needs_reconcile":
-        what = (
-            "it may have been delivered, so it is needs_reconcile and never sent again: look "
-            "the object up on the server, then settle it (Session.resume(reconciler=...), "
-            "`idempotently reconcile --lookup URL`, or `idempotently settle`; see "
-            f"{_DOCS})"
-        )
-        final: Literal["needs_reconcile", "failed"] = "needs_reconcile"
-    else:
-        what = (
-            "no attempt can have been acted on (each was answered 408, 425 or 429), so it "
-            "is failed and never sent again: send it under a new operation_id (or "
-            "`idempotently fork` it) if it is still wanted"
-        )
-        final = "failed"
-    cap, count = _figures(cap_reason)
-    return AttemptsCapError(
-        f"the operation reached its cap on attempts ({reason}); {what}",
-        status=final,
-        attempts=count,
-        max_total_attempts=cap,
-        **ids,
-    )
-
-
-def _figures(reason: str) -> tuple[int, int]:
-    """The cap and the count a `cap_reason` names (0 for one this version did not write)."""
-    try:
-        head, tail = reason.split(" reached: ", 1)
-        return int(head.rsplit("=", 1)[1]), int(tail.split(" ", 1)[0])
-    except (ValueError, IndexError):
-        return 0, 0
-
-
 def journaled_count(operation_id: str, operation: Operation | None) -> Flow[int]:
     """How many attempts of the operation reached the server before this call: from the
     row as read (none for a new one), or read once when it did not carry them all."""
@@ -161,26 +121,3 @@ def before_send(
     )
     held.lease = None
     return End(operation_id, key, decision, attempts)
-
-
-def with_journaled_cap(engine: Engine, operation: Operation, overrides: str) -> Engine:
-    """``engine`` for a call again of an operation whose ``overrides`` journaled a cap:
-    under the stricter of that cap and its own. Overrides that cannot be read may hold
-    a cap: nothing is sent (as a resume does), a JournalCorruptError says why."""
-    from idempotently._overrides import read_overrides
-
-    try:
-        policy, _ = read_overrides(overrides)
-    except ValueError as error:
-        raise JournalCorruptError(
-            f"{error}: it may hold a cap on attempts this call would send past, so nothing "
-            "was sent and the operation stays pending (see `idempotently show "
-            f"{operation.operation_id}`; fork it to send it under a new key)",
-            operation_id=operation.operation_id,
-            key=operation.key,
-        ) from None
-    own = engine.policy.max_total_attempts
-    cap = stricter(None if policy is None else policy.max_total_attempts, own)
-    if cap == own:
-        return engine
-    return engine.overridden(attrs.evolve(engine.policy, max_total_attempts=cap), None)

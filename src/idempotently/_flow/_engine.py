@@ -42,6 +42,7 @@ from idempotently._exceptions import (
     CodecError,
     ErrorContext,
     IdempotentlyError,
+    JournalCorruptError,
     KeyReuseError,
     NeedsReconcileError,
     OperationAbandonedError,
@@ -113,6 +114,7 @@ from idempotently._policy import (
     decide,
     longest_timeout,
     may_be_retried,
+    origin_wait,
     refused,
 )
 from idempotently._profiles import (
@@ -399,9 +401,7 @@ class Engine(Config):
             if operation.overrides is not None:
                 # A cap its first call journaled binds a call again too (the stricter);
                 # read before the lease is taken: overrides that cannot be read send nothing.
-                from idempotently._flow._cap import with_journaled_cap
-
-                sending = with_journaled_cap(self, operation, operation.overrides)
+                sending = _with_journaled_cap(self, operation, operation.overrides)
             operation = yield from times_from_now(self, operation)
             blocker = blocker_of(self, operation)
             if blocker is not None and blocker[0] != "leased":
@@ -606,9 +606,9 @@ class Engine(Config):
             "response": end.response,
         }
         if decision.cap_reason is not None:
-            from idempotently._flow._cap import cap_error
+            from idempotently._exceptions import attempts_cap_error
 
-            raise cap_error(
+            raise attempts_cap_error(
                 STATUS_AFTER[action], decision.reason, decision.cap_reason, ids
             ) from end.error
         if action in ("succeed", "fail") and end.response is not None:
@@ -1248,9 +1248,7 @@ class Engine(Config):
     def pause(self, request: httpx.Request, answer: Answer, now: float) -> Flow[float | None]:
         """Journal the pause an answer (to a call, a read or a lookup) asks of its whole
         origin: a 429 or 503 with Retry-After, or a request quota its trusted rate-limit
-        headers say is spent (`_rate_limits.origin_wait`); None when it asks none."""
-        from idempotently._rate_limits import origin_wait
-
+        headers say is spent (`_policy.origin_wait`); None when it asks none."""
         asked = origin_wait(answer, self.policy.max_retry_after)
         if asked is None:
             return None
@@ -1281,3 +1279,27 @@ class Engine(Config):
         log(event)
         if self.hooks:
             yield Emit(event, self.hooks)
+
+
+def _with_journaled_cap(engine: Engine, operation: Operation, overrides: str) -> Engine:
+    """``engine`` for a call again of an operation whose ``overrides`` journaled a cap:
+    under the stricter of that cap and its own. Overrides that cannot be read may hold
+    a cap: nothing is sent (as a resume does), a JournalCorruptError says why."""
+    from idempotently._flow._cap import stricter
+    from idempotently._overrides import read_overrides
+
+    try:
+        policy, _ = read_overrides(overrides)
+    except ValueError as error:
+        raise JournalCorruptError(
+            f"{error}: it may hold a cap on attempts this call would send past, so nothing "
+            "was sent and the operation stays pending (see `idempotently show "
+            f"{operation.operation_id}`; fork it to send it under a new key)",
+            operation_id=operation.operation_id,
+            key=operation.key,
+        ) from None
+    own = engine.policy.max_total_attempts
+    cap = stricter(None if policy is None else policy.max_total_attempts, own)
+    if cap == own:
+        return engine
+    return engine.overridden(attrs.evolve(engine.policy, max_total_attempts=cap), None)

@@ -588,9 +588,11 @@ def stored_response(engine: Config, operation: Operation, build: BuildRequest) -
         # the cap_reason kept for stats no longer says why.
         and not (operation.reason or "").startswith(SETTLED_REASONS)
     ):
-        from idempotently._flow._cap import cap_error
+        from idempotently._exceptions import attempts_cap_error
 
-        raise cap_error(operation.status, operation.reason or "", operation.cap_reason, ids)
+        raise attempts_cap_error(
+            operation.status, operation.reason or "", operation.cap_reason, ids
+        )
     if operation.status == "needs_reconcile":
         raise NeedsReconcileError(
             f"operation needs reconciling ({operation.reason}); it is never resent: look "
