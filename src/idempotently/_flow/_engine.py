@@ -499,6 +499,15 @@ class Engine(Config):
                 "idempotency_key for another operation?); use a new key for a new operation",
                 **ids,
             )
+        if call.group is not None and operation.group_id != call.group:
+            # Else the step is sent (or answered) outside its group's order: a later
+            # step would go out after it failed, or while it is in flight.
+            raise KeyReuseError(
+                f"operation {operation.operation_id!r} is journaled outside group "
+                f"{call.group!r}, so it cannot be that group's step; nothing was sent. "
+                "Give the group another id (or the lone operation another operation_id)",
+                **ids,
+            )
         if call.key is not None and operation.key != call.key and not call.keep_journaled_key:
             raise KeyReuseError(
                 f"operation {operation.operation_id!r} was journaled with another key; "

@@ -1,0 +1,80 @@
+"""Operation groups under attack (DESIGN §3.11 against §7): ids shared with operations
+outside the group, damaged links, and the group's edges. Against a loopback server,
+real SQLite files and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import idempotently
+from tests.group_server import StepLog
+from tests.scripted_server import serve
+
+ONCE = idempotently.RetryPolicy(max_attempts=1)
+
+
+@pytest.fixture(scope="module")
+def _server() -> Iterator[tuple[StepLog, str]]:
+    app = StepLog(hold=0.0)
+    with serve(app) as url:
+        yield app, url
+
+
+@pytest.fixture
+def server(_server: tuple[StepLog, str]) -> Iterator[tuple[StepLog, str]]:
+    app, url = _server
+    app.reset()
+    yield app, url
+    app.reset()
+
+
+def session(target: str, url: str, **options: Any) -> idempotently.Session:
+    return idempotently.Session(target, base_url=url, policy=ONCE, **options)
+
+
+def paths(app: StepLog) -> list[str]:
+    return [path for path, _ in app.started()]
+
+
+def test_a_step_whose_id_is_journaled_outside_its_group_is_refused_unsent(
+    journal_target: str, server: tuple[StepLog, str]
+) -> None:
+    """order-42/charge journaled as a lone operation: the step charge of group order-42
+    is KeyReuseError, nothing sent (else it is sent outside the group, and ship after a
+    failed charge is sent too)."""
+    app, url = server
+    app.answer("/charge", 402)
+    with session(journal_target, url) as s:
+        s.enqueue("POST", "/charge", json={}, operation_id="order-42/charge")
+        group = s.group("order-42")
+        with pytest.raises(idempotently.KeyReuseError) as refused:
+            group.post("/charge", json={}, step="charge")
+        with pytest.raises(idempotently.KeyReuseError):
+            group.enqueue("POST", "/charge", json={}, step="charge")
+        lone = s.journal.operation("order-42/charge")
+    assert "outside group 'order-42'" in refused.value.message
+    assert "order-42/charge" == refused.value.operation_id
+    assert lone is not None
+    assert ("pending", None, None) == (lone.status, lone.group_id, lone.first_send_at)
+    assert [] == paths(app)
+
+
+def test_a_step_in_another_group_of_the_same_id_is_refused_unsent(
+    journal_target: str, server: tuple[StepLog, str]
+) -> None:
+    """A step journaled in group a/b as c (id a/b/c) is no step of group a: group a's
+    step b/c is refused for its '/', and a lone call of a/b/c keeps the group's order."""
+    app, url = server
+    app.answer("/charge", 503)
+    with session(journal_target, url) as s:
+        with pytest.raises(idempotently.OperationPendingError):
+            s.group("a/b").post("/charge", json={}, step="charge")
+        s.group("a/b").enqueue("POST", "/ship", json={}, step="ship")
+        with pytest.raises(ValueError, match="without '/'"):
+            s.group("a").post("/ship", json={}, step="b/ship")
+        with pytest.raises(idempotently.OperationPendingError):
+            s.post("/ship", json={}, operation_id="a/b/ship")
+    assert ["/charge"] == paths(app)
