@@ -4,7 +4,9 @@ real SQLite files and PostgreSQL."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,3 +80,30 @@ def test_a_step_in_another_group_of_the_same_id_is_refused_unsent(
         with pytest.raises(idempotently.OperationPendingError):
             s.post("/ship", json={}, operation_id="a/b/ship")
     assert ["/charge"] == paths(app)
+
+
+@pytest.mark.parametrize(("cycle", "damaged_at"), [("self", "g/charge"), ("two", "g/ship")])
+def test_a_successor_link_that_loops_is_a_clear_error_not_a_hang(
+    tmp_path: Path, server: tuple[StepLog, str], cycle: str, damaged_at: str
+) -> None:
+    """A damaged successor column that leads back to a step already followed raises
+    JournalCorruptError naming the step: nothing sent, the call does not spin forever."""
+    app, url = server
+    target = str(tmp_path / "journal.db")
+    with session(target, url) as s:
+        group = s.group("g")
+        # One request for both, so that only the link can stop the call.
+        group.enqueue("POST", "/pay", json={}, step="charge")
+        group.enqueue("POST", "/pay", json={}, step="ship")
+    with sqlite3.connect(target) as conn:
+        if cycle == "self":
+            conn.execute("UPDATE operations SET successor = operation_id WHERE step = 1")
+        else:
+            conn.execute("UPDATE operations SET successor = 'g/ship' WHERE step = 1")
+            conn.execute("UPDATE operations SET successor = 'g/charge' WHERE step = 2")
+    with session(target, url) as s, pytest.raises(idempotently.JournalCorruptError) as damaged:
+        s.group("g").post("/pay", json={}, step="charge")
+    assert "successor" in damaged.value.message
+    assert damaged_at == damaged.value.operation_id
+    assert [] == paths(app)
+

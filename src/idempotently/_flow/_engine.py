@@ -41,6 +41,7 @@ from idempotently._exceptions import (
     CodecError,
     ErrorContext,
     IdempotentlyError,
+    JournalCorruptError,
     KeyReuseError,
     NeedsReconcileError,
     OperationAbandonedError,
@@ -279,6 +280,7 @@ class Engine(Config):
         # common case, costs one statement; only an insert that finds the id or the key
         # taken looks the operation up.
         insert_first = True
+        followed: set[str] | None = None  # the forked steps' ids this call went past
         while True:
             operation = (
                 (yield Find(call.operation_id, call.key or taken_key))
@@ -344,6 +346,16 @@ class Engine(Config):
             self.check_same(operation, call, print_)
             if operation.successor is not None:
                 # A forked group step: its fork took its place in the group.
+                followed = {operation.operation_id} | (followed or set())
+                if operation.successor in followed:
+                    # A damaged link that leads back would be followed forever.
+                    raise JournalCorruptError(
+                        f"the successor of step {operation.operation_id!r} "
+                        f"({storable_text(operation.successor)!r}) leads back to a step "
+                        "already followed: its row is damaged; nothing was sent. Look at "
+                        "the group with `idempotently show`, then repair or abandon it",
+                        **_ids(operation),
+                    )
                 call = attrs.evolve(call, operation_id=operation.successor, key=None)
                 taken_key, insert_first = None, False
                 continue
