@@ -5,7 +5,9 @@ real SQLite files and PostgreSQL."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,4 +108,50 @@ def test_a_successor_link_that_loops_is_a_clear_error_not_a_hang(
     assert "successor" in damaged.value.message
     assert damaged_at == damaged.value.operation_id
     assert [] == paths(app)
+
+
+def test_a_stale_stop_never_abandons_a_step_sent_after_the_fork_that_restarted_the_group(
+    journal_target: str, server: tuple[StepLog, str]
+) -> None:
+    """A caller read the group while charge stopped it; charge is forked meanwhile, the
+    fork succeeds and ship is at the server. That caller's stop, settling what it read,
+    leaves ship alone: ship was sent (it ends succeeded, not "abandoned, group stopped")."""
+    from idempotently._drivers import run
+    from idempotently._flow._groups import stop
+    from idempotently._flow._operation import Held
+
+    app, url = server
+    app.answer("/charge", 402)
+    app.gates["/ship"] = threading.Event()
+    with session(journal_target, url) as s:
+        group = s.group("order-42")
+        assert 402 == group.post("/charge", json={}, step="charge").status_code
+        group.enqueue("POST", "/ship", json={}, step="ship")  # behind a failed charge
+        stale = s.journal.group("order-42")
+        s.journal.fork("order-42/charge", note="card replaced")
+        resumed = threading.Thread(target=s.resume)
+        resumed.start()
+        try:
+            wait_for(lambda: ["/charge", "/charge", "/ship"] == paths(app))
+            settled = run(
+                stop(s._engine, stale, stale[0]),
+                Held(),
+                s.journal,
+                send=s._send,
+                sleep=s._sleep,
+            )
+        finally:
+            app.gates["/ship"].set()
+            resumed.join()
+        ship = s.journal.operation("order-42/ship")
+    assert [] == settled
+    assert ship is not None
+    assert ("succeeded", 201) == (ship.status, ship.response_status)
+
+
+def wait_for(test: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not test():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 

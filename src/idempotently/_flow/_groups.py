@@ -114,7 +114,14 @@ def stop(engine: Config, steps: Sequence[Operation], at: Operation) -> Flow[list
             continue
         if step.first_send_at is not None or step.enqueued_at is None:
             continue
-        if (yield SetStatus(step.operation_id, "abandoned", _stop_reason(at), engine.clock())):
+        stopping = SetStatus(
+            step.operation_id,
+            "abandoned",
+            _stop_reason(at),
+            engine.clock(),
+            stopped_at=at.operation_id,
+        )
+        if (yield stopping):
             settled.append(step.operation_id)
     return settled
 
