@@ -155,3 +155,32 @@ def wait_for(test: Callable[[], bool], timeout: float = 60.0) -> None:
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
 
+
+@pytest.mark.parametrize("damage", ["'x'", "1e400", "x'00'"])
+def test_a_step_behind_a_damaged_step_row_is_not_sent(
+    tmp_path: Path, server: tuple[StepLog, str], damage: str
+) -> None:
+    """charge's place is damaged (text, infinity, bytes): resume reports charge and
+    leaves ship, the step after it, unsent (its earlier step never succeeded); a live
+    call of ship is refused too; the other group goes on."""
+    app, url = server
+    target = str(tmp_path / "journal.db")
+    with session(target, url) as s:
+        for name in ("a", "b"):
+            group = s.group(name)
+            group.enqueue("POST", f"/{name}/charge", json={}, step="charge")
+            group.enqueue("POST", f"/{name}/ship", json={}, step="ship")
+    with sqlite3.connect(target) as conn:
+        conn.execute(f"UPDATE operations SET step = {damage} WHERE operation_id = 'a/charge'")
+    with session(target, url) as s:
+        results = {r.operation_id: r.status for r in s.resume()}
+        with pytest.raises(idempotently.OperationPendingError):
+            s.group("a").post("/a/ship", json={}, step="ship")
+    assert {
+        "a/charge": "pending",
+        "a/ship": "pending",
+        "b/charge": "succeeded",
+        "b/ship": "succeeded",
+    } == results
+    assert ["/b/charge", "/b/ship"] == paths(app)
+

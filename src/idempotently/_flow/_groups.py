@@ -81,8 +81,10 @@ def blocker(steps: Sequence[Operation], place: int | None) -> Operation | None:
     """The first step before ``place`` (before every step: None) that has not succeeded:
     what keeps a later step from being sent. None: nothing does."""
     for step in in_place(steps):
-        if place is not None and (step.step or 0) >= place:
-            break
+        # A damaged row whose place cannot be read may be earlier: it holds the rest.
+        unplaced = step.step is None and step.damaged is not None
+        if place is not None and (step.step or 0) >= place and not unplaced:
+            continue
         if step.status != "succeeded":
             return step
     return None

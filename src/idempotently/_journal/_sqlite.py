@@ -476,10 +476,12 @@ _INSERT_STEP = (
 )
 _EARLIER_UNSETTLED: Final = (
     " AND NOT EXISTS (SELECT 1 FROM operations AS earlier WHERE earlier.group_id = ?"
-    " AND earlier.step < ? AND earlier.status != 'succeeded' AND earlier.successor IS NULL)"
+    " AND (earlier.step < ? OR typeof(earlier.step) IN ('real', 'text', 'blob'))"
+    " AND earlier.status != 'succeeded' AND earlier.successor IS NULL)"
 )
 """A group step's lease is taken only while every earlier step has succeeded: appended
-to `_TAKE_LEASE`, so the check and the lease are one statement."""
+to `_TAKE_LEASE`, so the check and the lease are one statement. A step whose place is
+damaged (no integer: SQLite keeps what it is given) may be earlier: it holds the rest."""
 _STILL_STOPPED: Final = (
     " AND first_send_at IS NULL AND EXISTS (SELECT 1 FROM operations AS halted"
     " WHERE halted.operation_id = ? AND halted.status IN ('failed', 'abandoned')"
