@@ -184,3 +184,18 @@ def test_a_step_behind_a_damaged_step_row_is_not_sent(
     } == results
     assert ["/b/charge", "/b/ship"] == paths(app)
 
+
+@pytest.mark.parametrize(("group_id", "step"), [("g" * 10_000, "charge"), ("g" * 200, "s" * 60)])
+def test_a_group_and_step_too_long_for_an_operation_id_are_refused_by_name(
+    tmp_path: Path, server: tuple[StepLog, str], group_id: str, step: str
+) -> None:
+    """The error names the group and the step and says to shorten them (not "leave the
+    operation id out", which a step cannot); nothing journaled or sent."""
+    app, url = server
+    with session(str(tmp_path / "journal.db"), url) as s:
+        with pytest.raises(ValueError, match="give a shorter group id or step") as refused:
+            s.group(group_id).post("/charge", json={}, step=step)
+        assert [] == s.journal.operations()
+    assert "leave it out" not in str(refused.value)
+    assert f"step {step[:60]!r}" in str(refused.value)
+    assert [] == paths(app)

@@ -22,6 +22,7 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
 )
+from idempotently._flow._checks import MAX_OPERATION_ID_LENGTH
 from idempotently._flow._config import Config
 from idempotently._flow._operation import Flow, ResumeResult
 from idempotently._rows import Operation
@@ -60,7 +61,16 @@ def check_step(group_id: str, step: object) -> str:
             f"step must be 1 to {MAX_STEP_LENGTH} printable characters without '/', not "
             f"{step[:60]!r}, in group {group_id!r}; nothing was journaled or sent"
         )
-    return f"{group_id}/{step}"
+    operation_id = f"{group_id}/{step}"
+    if len(operation_id) > MAX_OPERATION_ID_LENGTH:
+        # Else the operation id's own check says "leave it out", which a step cannot.
+        raise ValueError(
+            f"group {group_id[:60]!r} and step {step[:60]!r} make the operation id "
+            f"{operation_id[:60]!r}... of {len(operation_id)} characters, more than the "
+            f"{MAX_OPERATION_ID_LENGTH} an operation id may have: give a shorter group id "
+            "or step; nothing was journaled or sent"
+        )
+    return operation_id
 
 
 def step_name(operation: Operation) -> str:
