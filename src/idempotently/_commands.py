@@ -175,6 +175,11 @@ class SetStatus(JournalWrite):
     """The status it moves from: nothing changes unless the operation has it."""
     cap_reason: str | None = None
     """Set when the move is for the policy's ``max_total_attempts``: written with it."""
+    stopped_at: str | None = None
+    """Set by a group's stop (``_flow/_groups.py``): the step it stopped at. The move is
+    made only if the operation was never sent and that step still stops the group (a
+    stop settling what it read earlier must not abandon a step sent since a fork of
+    that step took its place)."""
 
 
 @attrs.frozen

@@ -326,6 +326,7 @@ class Engine(Config):
         # common case, costs one statement; only an insert that finds the id or the key
         # taken looks the operation up.
         insert_first = True
+        followed: set[str] | None = None  # the forked steps' ids this call went past
         while True:
             operation = (
                 (yield Find(call.operation_id, call.key or taken_key))
@@ -391,6 +392,16 @@ class Engine(Config):
             self.check_same(operation, call, print_)
             if operation.successor is not None:
                 # A forked group step: its fork took its place in the group.
+                followed = {operation.operation_id} | (followed or set())
+                if operation.successor in followed:
+                    # A damaged link that leads back would be followed forever.
+                    raise JournalCorruptError(
+                        f"the successor of step {operation.operation_id!r} "
+                        f"({storable_text(operation.successor)!r}) leads back to a step "
+                        "already followed: its row is damaged; nothing was sent. Look at "
+                        "the group with `idempotently show`, then repair or abandon it",
+                        **_ids(operation),
+                    )
                 call = attrs.evolve(call, operation_id=operation.successor, key=None)
                 taken_key, insert_first = None, False
                 continue
@@ -543,6 +554,15 @@ class Engine(Config):
                 f"the idempotency key {operation.key!r} already belongs to operation "
                 f"{operation.operation_id!r}, not {call.operation_id!r} (was it passed as "
                 "idempotency_key for another operation?); use a new key for a new operation",
+                **ids,
+            )
+        if call.group is not None and operation.group_id != call.group:
+            # Else the step is sent (or answered) outside its group's order: a later
+            # step would go out after it failed, or while it is in flight.
+            raise KeyReuseError(
+                f"operation {operation.operation_id!r} is journaled outside group "
+                f"{call.group!r}, so it cannot be that group's step; nothing was sent. "
+                "Give the group another id (or the lone operation another operation_id)",
                 **ids,
             )
         if call.key is not None and operation.key != call.key and not call.keep_journaled_key:

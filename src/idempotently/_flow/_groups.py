@@ -22,6 +22,7 @@ from idempotently._exceptions import (
     OperationInProgressError,
     OperationPendingError,
 )
+from idempotently._flow._checks import MAX_OPERATION_ID_LENGTH
 from idempotently._flow._config import Config
 from idempotently._flow._operation import Flow, ResumeResult
 from idempotently._rows import Operation
@@ -60,7 +61,16 @@ def check_step(group_id: str, step: object) -> str:
             f"step must be 1 to {MAX_STEP_LENGTH} printable characters without '/', not "
             f"{step[:60]!r}, in group {group_id!r}; nothing was journaled or sent"
         )
-    return f"{group_id}/{step}"
+    operation_id = f"{group_id}/{step}"
+    if len(operation_id) > MAX_OPERATION_ID_LENGTH:
+        # Else the operation id's own check says "leave it out", which a step cannot.
+        raise ValueError(
+            f"group {group_id[:60]!r} and step {step[:60]!r} make the operation id "
+            f"{operation_id[:60]!r}... of {len(operation_id)} characters, more than the "
+            f"{MAX_OPERATION_ID_LENGTH} an operation id may have: give a shorter group id "
+            "or step; nothing was journaled or sent"
+        )
+    return operation_id
 
 
 def step_name(operation: Operation) -> str:
@@ -81,8 +91,10 @@ def blocker(steps: Sequence[Operation], place: int | None) -> Operation | None:
     """The first step before ``place`` (before every step: None) that has not succeeded:
     what keeps a later step from being sent. None: nothing does."""
     for step in in_place(steps):
-        if place is not None and (step.step or 0) >= place:
-            break
+        # A damaged row whose place cannot be read may be earlier: it holds the rest.
+        unplaced = step.step is None and step.damaged is not None
+        if place is not None and (step.step or 0) >= place and not unplaced:
+            continue
         if step.status != "succeeded":
             return step
     return None
@@ -114,7 +126,14 @@ def stop(engine: Config, steps: Sequence[Operation], at: Operation) -> Flow[list
             continue
         if step.first_send_at is not None or step.enqueued_at is None:
             continue
-        if (yield SetStatus(step.operation_id, "abandoned", _stop_reason(at), engine.clock())):
+        stopping = SetStatus(
+            step.operation_id,
+            "abandoned",
+            _stop_reason(at),
+            engine.clock(),
+            stopped_at=at.operation_id,
+        )
+        if (yield stopping):
             settled.append(step.operation_id)
     return settled
 

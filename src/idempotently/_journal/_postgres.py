@@ -903,6 +903,16 @@ WITH moved AS (
 SELECT (SELECT count(*) FROM moved) AS applied, {_NOTED_READ}
 """)
 
+_STOPPED_STATUS: Final = _SET_STATUS.replace(
+    "WHERE operation_id = %(operation_id)s AND status = %(expect)s",
+    "WHERE operation_id = %(operation_id)s AND status = %(expect)s AND first_send_at IS NULL"
+    f" AND EXISTS (SELECT 1 FROM {SCHEMA}.operations AS halted"
+    " WHERE halted.operation_id = %(stopped_at)s AND halted.status IN ('failed', 'abandoned')"
+    " AND halted.successor IS NULL)",
+    1,
+)
+"""A stopped group's never-sent step settled abandoned, as SQLite's `_STILL_STOPPED`."""
+
 _CAPPED_STATUS: Final = _with_cte(
     _SET_STATUS.replace(
         "lease_owner = NULL, lease_until = 0",
@@ -1663,9 +1673,13 @@ class PostgresStore:
                     (write.origin,),
                 )
             case SetStatus():
+                statement = _SET_STATUS if write.cap_reason is None else _CAPPED_STATUS
+                if write.stopped_at is not None:
+                    statement = _STOPPED_STATUS
                 return conn.execute(
-                    _SET_STATUS if write.cap_reason is None else _CAPPED_STATUS,
+                    statement,
                     {
+                        "stopped_at": write.stopped_at,
                         "cap_reason": write.cap_reason,
                         "status": write.status,
                         "reason": write.reason,

@@ -477,10 +477,19 @@ _INSERT_STEP = (
 )
 _EARLIER_UNSETTLED: Final = (
     " AND NOT EXISTS (SELECT 1 FROM operations AS earlier WHERE earlier.group_id = ?"
-    " AND earlier.step < ? AND earlier.status != 'succeeded' AND earlier.successor IS NULL)"
+    " AND (earlier.step < ? OR typeof(earlier.step) IN ('real', 'text', 'blob'))"
+    " AND earlier.status != 'succeeded' AND earlier.successor IS NULL)"
 )
 """A group step's lease is taken only while every earlier step has succeeded: appended
-to `_TAKE_LEASE`, so the check and the lease are one statement."""
+to `_TAKE_LEASE`, so the check and the lease are one statement. A step whose place is
+damaged (no integer: SQLite keeps what it is given) may be earlier: it holds the rest."""
+_STILL_STOPPED: Final = (
+    " AND first_send_at IS NULL AND EXISTS (SELECT 1 FROM operations AS halted"
+    " WHERE halted.operation_id = ? AND halted.status IN ('failed', 'abandoned')"
+    " AND halted.successor IS NULL)"
+)
+"""A stopped group's step is settled abandoned only if never sent and the step it
+stopped at still stops it: appended to a `SetStatus`'s update (`_groups.stop`)."""
 
 
 def _insert_step(new: NewOperation, owner: str | None, lease_until: float) -> tuple[Any, ...]:
@@ -1542,8 +1551,10 @@ class SqliteStore:
                     UPDATE operations SET status = ?, reason = ?, updated_at = ?,
                         lease_owner = NULL, lease_until = 0
                     WHERE operation_id = ? AND status = ?
-                    """,
-                    (write.status, write.reason, write.now, write.operation_id, write.expect),
+                    """
+                    + ("" if write.stopped_at is None else _STILL_STOPPED),
+                    (write.status, write.reason, write.now, write.operation_id, write.expect)
+                    + (() if write.stopped_at is None else (write.stopped_at,)),
                 )
                 if cursor.rowcount == 1:
                     _moved(counts, write.expect, write.status)
