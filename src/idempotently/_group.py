@@ -7,7 +7,7 @@ own call and enqueue (one mechanism: a step is a named operation with one more c
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import httpx
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from idempotently._rows import Operation
-    from idempotently._session import AsyncSession, Session, _SessionBase
 
 _CALL_ARGUMENTS = frozenset(
     {
@@ -79,7 +78,9 @@ class _Order:
 class _GroupBase:
     __slots__ = ("_order", "_session", "group_id")
 
-    def __init__(self, session: _SessionBase[Any], group_id: str) -> None:
+    def __init__(self, session: Any, group_id: str) -> None:
+        # ``session``: the Session or AsyncSession that made the group (Session.group):
+        # typed loosely so that this room names nothing above it.
         self.group_id = check_group_id(group_id)
         self._session = session
         self._order: _Order | None = None
@@ -120,7 +121,7 @@ class Group(_GroupBase):
 
     def steps(self) -> list[Operation]:
         """The group's journaled steps, in their order (`Journal.group`)."""
-        return self._session.journal.group(self.group_id)
+        return cast("list[Operation]", self._session.journal.group(self.group_id))
 
     def request(
         self, method: str, url: httpx.URL | str, *, step: str, **kwargs: Any
@@ -130,7 +131,7 @@ class Group(_GroupBase):
         or `OperationPendingError` (an earlier step pending or in flight) or
         `GroupStoppedError` (an earlier step failed or was abandoned) without sending."""
         operation_id = self._step(step, kwargs, _CALL_ARGUMENTS)
-        session: Session = self._session  # type: ignore[assignment]
+        session = self._session
         if self._order is None:
             self._order = _Order(self.steps())
         self._order.check(self.group_id, operation_id, session._engine.key_for(operation_id))
@@ -149,13 +150,14 @@ class Group(_GroupBase):
         call, engine = session._prepared(request, timeout=timeout, **ids)
         held = Held()
         try:
-            return run(
+            response = run(
                 engine.call(attrs.evolve(call, group=self.group_id), session._build, held),
                 held,
                 session.journal,
                 send=session._send,
                 sleep=session._sleep,
             )
+            return cast(httpx.Response, response)
         except Exception as error:
             raise _httpx2.in_library_of(session.client, error)  # noqa: B904
 
@@ -182,7 +184,7 @@ class Group(_GroupBase):
         from idempotently._flow._enqueue import enqueue
 
         operation_id = self._step(step, kwargs, _ENQUEUE_ARGUMENTS)
-        session: Session = self._session  # type: ignore[assignment]
+        session = self._session
         connection = kwargs.pop("connection", None)
         deadline_at = kwargs.pop("deadline_at", None)
         idempotency_key = kwargs.pop("idempotency_key", None)
@@ -227,14 +229,15 @@ class AsyncGroup(_GroupBase):
         event loop."""
         import anyio.to_thread
 
-        return await anyio.to_thread.run_sync(self._session.journal.group, self.group_id)
+        steps = await anyio.to_thread.run_sync(self._session.journal.group, self.group_id)
+        return cast("list[Operation]", steps)
 
     async def request(
         self, method: str, url: httpx.URL | str, *, step: str, **kwargs: Any
     ) -> httpx.Response:
         """Send step ``step``; see `Group.request`."""
         operation_id = self._step(step, kwargs, _CALL_ARGUMENTS)
-        session: AsyncSession = self._session  # type: ignore[assignment]
+        session = self._session
         if self._order is None:
             self._order = _Order(await self.steps())
         self._order.check(self.group_id, operation_id, session._engine.key_for(operation_id))
@@ -286,7 +289,7 @@ class AsyncGroup(_GroupBase):
         from idempotently._flow._enqueue import enqueue
 
         operation_id = self._step(step, kwargs, _ENQUEUE_ARGUMENTS)
-        session: AsyncSession = self._session  # type: ignore[assignment]
+        session = self._session
         connection = kwargs.pop("connection", None)
         deadline_at = kwargs.pop("deadline_at", None)
         idempotency_key = kwargs.pop("idempotency_key", None)

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import httpx
@@ -26,8 +26,18 @@ from idempotently._budget import RetryBudget
 from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile, journaled_profile
 
-if TYPE_CHECKING:
-    from idempotently._flow._config import Config
+
+class Config(Protocol):
+    """What the overrides of a request read of the Transport's configuration (the
+    flow's `Config` has it): the profile, and the headers it fingerprints and redacts."""
+
+    @property
+    def profile(self) -> ServerProfile: ...
+    @property
+    def redact_headers(self) -> frozenset[str]: ...
+    @property
+    def fingerprint_headers(self) -> tuple[str, ...]: ...
+
 
 _POLICY_FIELDS = (
     "max_attempts",
