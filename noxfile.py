@@ -40,7 +40,7 @@ def mypy(session: nox.Session) -> None:
     installs once."""
     session.install(
         "-e",
-        ".[mock,postgres,otel,httpx2,fernet]",
+        ".[mock,postgres,otel,httpx2,fernet,sqlalchemy,django]",
         "mypy>=1.10",
         "pytest>=8",  # idempotently.testing.pytest_plugin
         "trio>=0.25",  # _drivers.py wakes a trio loop
