@@ -6,6 +6,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -80,6 +81,10 @@ class Config:
     and no ``auth``; a Transport, which journals after the client's hooks and auth flow
     ran), so an attempt whose key is bound to no credentials needs no `Gate`. None: every
     attempt is gated."""
+
+    _resuming: Any = attrs.field(default=None, init=False, repr=False, eq=False)
+    """This engine as a resume sends with (`Engine.resuming`), once made; not copied by
+    `attrs.evolve`, so an engine with another policy makes its own."""
 
     def new_owner(self) -> str:
         """A new lease owner of this engine's host."""

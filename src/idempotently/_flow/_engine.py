@@ -223,6 +223,20 @@ class Engine(Config):
     # attrs generate and compile them a second time at import (6 M instructions).
     __slots__ = ()
 
+    def resuming(self) -> Engine:
+        """This engine as a resume sends with: a resume meets dead origins more than any
+        call (that is what it is for), so it always runs with a circuit breaker, its
+        policy's or `Breaker`'s defaults, built once per engine (not per operation)."""
+        if self.policy.breaker is not None:
+            return self
+        made: Engine | None = self._resuming
+        if made is None:
+            from idempotently._breaker import Breaker
+
+            made = self.overridden(attrs.evolve(self.policy, breaker=Breaker()), None)
+            self._resuming = made
+        return made
+
     def overridden(self, policy: RetryPolicy | None, profile: ServerProfile | None) -> Engine:
         """This engine for one call with its own policy or profile (itself without)."""
         if policy is None and profile is None:

@@ -318,13 +318,9 @@ def _resume_one(
             f"not sent: {pause.origin} is paused until {_iso(pause.until)} "
             f"({pause.reason}); it stays pending with its key",
         )
-    if sending.policy.breaker is None:
-        # A resume meets dead origins more than any call (that is what it is for): it
-        # always runs with a circuit breaker, so an origin that is down is paused after
-        # a few failures and the rest of its operations stay pending unsent (`_pauses`).
-        from idempotently._breaker import Breaker
-
-        sending = sending.overridden(attrs.evolve(sending.policy, breaker=Breaker()), None)
+    # Always with a circuit breaker: an origin that is down is paused after a few
+    # failures and the rest of its operations stay pending unsent (`_pauses`).
+    sending = sending.resuming()
     # A claimed lease is renewed by the same compare-and-swap on the row just read:
     # it fails only if the claim expired and another caller took the operation.
     owner = claimed_by if claimed_by is not None and claimed else engine.new_owner()
