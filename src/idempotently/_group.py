@@ -9,15 +9,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, cast
 
-import attrs
 import httpx
 
-from idempotently import _httpx2
-from idempotently._drivers import arun, run
 from idempotently._exceptions import KeyReuseError
-from idempotently._flow._checks import check_timeouts
 from idempotently._flow._groups import check_group_id, check_step
-from idempotently._flow._operation import Held
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -145,21 +140,7 @@ class Group(_GroupBase):
         }
         timeout = kwargs.pop("timeout", httpx.USE_CLIENT_DEFAULT)
         request = session._built(method, url, **ids, timeout=session._timeout(timeout), **kwargs)
-        check_timeouts(request)
-        request.read()
-        call, engine = session._prepared(request, timeout=timeout, **ids)
-        held = Held()
-        try:
-            response = run(
-                engine.call(attrs.evolve(call, group=self.group_id), session._build, held),
-                held,
-                session.journal,
-                send=session._send,
-                sleep=session._sleep,
-            )
-            return cast(httpx.Response, response)
-        except Exception as error:
-            raise _httpx2.in_library_of(session.client, error)  # noqa: B904
+        return cast(httpx.Response, session._operate(request, timeout, ids, self.group_id))
 
     def post(self, url: httpx.URL | str, *, step: str, **kwargs: Any) -> httpx.Response:
         """POST step ``step``; see `request`."""
@@ -181,8 +162,6 @@ class Group(_GroupBase):
         """Journal step ``step`` to be sent later (`Session.enqueue`, ``connection=``
         included): it takes the group's next place, and resume or a watch worker sends
         it once every earlier step has succeeded."""
-        from idempotently._flow._enqueue import enqueue
-
         operation_id = self._step(step, kwargs, _ENQUEUE_ARGUMENTS)
         session = self._session
         connection = kwargs.pop("connection", None)
@@ -196,16 +175,10 @@ class Group(_GroupBase):
             deadline_at=deadline_at,
             **kwargs,
         )
-        request.read()
-        live = _httpx2.to_httpx_request(request) if session._httpx2 else request
-        call = session._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
-        return run(
-            enqueue(session._engine, attrs.evolve(call, group=self.group_id), connection),
-            Held(),
-            session.journal,
-            send=session._send,
-            sleep=session._sleep,
+        operation = session._enqueued(
+            request, operation_id, idempotency_key, deadline_at, connection, self.group_id
         )
+        return cast("Operation", operation)
 
 
 class AsyncGroup(_GroupBase):
@@ -251,20 +224,8 @@ class AsyncGroup(_GroupBase):
         }
         timeout = kwargs.pop("timeout", httpx.USE_CLIENT_DEFAULT)
         request = session._built(method, url, **ids, timeout=session._timeout(timeout), **kwargs)
-        check_timeouts(request)
-        await request.aread()
-        call, engine = session._prepared(request, timeout=timeout, **ids)
-        held = Held()
-        try:
-            return await arun(
-                engine.call(attrs.evolve(call, group=self.group_id), session._build, held),
-                held,
-                session.journal,
-                send=session._send,
-                sleep=session._sleep,
-            )
-        except Exception as error:
-            raise _httpx2.in_library_of(session.client, error)  # noqa: B904
+        response = await session._operate(request, timeout, ids, self.group_id)
+        return cast(httpx.Response, response)
 
     async def post(self, url: httpx.URL | str, *, step: str, **kwargs: Any) -> httpx.Response:
         """POST step ``step``; see `Group.request`."""
@@ -286,8 +247,6 @@ class AsyncGroup(_GroupBase):
         self, method: str, url: httpx.URL | str, *, step: str, **kwargs: Any
     ) -> Operation:
         """Journal step ``step`` to be sent later; see `Group.enqueue`."""
-        from idempotently._flow._enqueue import enqueue
-
         operation_id = self._step(step, kwargs, _ENQUEUE_ARGUMENTS)
         session = self._session
         connection = kwargs.pop("connection", None)
@@ -301,13 +260,7 @@ class AsyncGroup(_GroupBase):
             deadline_at=deadline_at,
             **kwargs,
         )
-        await request.aread()
-        live = _httpx2.to_httpx_request(request) if session._httpx2 else request
-        call = session._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
-        return await arun(
-            enqueue(session._engine, attrs.evolve(call, group=self.group_id), connection),
-            Held(),
-            session.journal,
-            send=session._send,
-            sleep=session._sleep,
+        operation = await session._enqueued(
+            request, operation_id, idempotency_key, deadline_at, connection, self.group_id
         )
+        return cast("Operation", operation)

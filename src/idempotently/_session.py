@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
+import attrs
 import httpx
 
 from idempotently import _httpx2, _redirects
@@ -752,9 +753,21 @@ class Session(_SessionBase[httpx.Client]):
             timeout=self._timeout(timeout),
             extensions=extensions,
         )
+        return self._operate(request, timeout, ids)
+
+    def _operate(
+        self,
+        request: httpx.Request,
+        timeout: TimeoutTypes | UseClientDefault,
+        ids: dict[str, Any],
+        group: str | None = None,
+    ) -> httpx.Response:
+        """Journal and send one built request: a call's, or a group's step (``group``)."""
         check_timeouts(request)
         request.read()
         call, engine = self._prepared(request, timeout=timeout, **ids)
+        if group is not None:
+            call = attrs.evolve(call, group=group)
         held = Held()
         try:
             return run(
@@ -812,8 +825,6 @@ class Session(_SessionBase[httpx.Client]):
         transaction of yours that is still open makes every other write to the journal
         wait for it: commit before this Session sends anything.
         """
-        from idempotently._flow._enqueue import enqueue
-
         request = self._enqueue_request(
             method,
             url,
@@ -828,13 +839,28 @@ class Session(_SessionBase[httpx.Client]):
             headers=headers,
             cookies=cookies,
         )
+        return self._enqueued(request, operation_id, idempotency_key, deadline_at, connection)
+
+    def _enqueued(
+        self,
+        request: httpx.Request,
+        operation_id: str,
+        idempotency_key: str | None,
+        deadline_at: float | None,
+        connection: object | None,
+        group: str | None = None,
+    ) -> Operation:
+        """Journal one built request to be sent later: an operation, or a group's step."""
+        from idempotently._flow._enqueue import enqueue
+
         request.read()
         live = _httpx2.to_httpx_request(request) if self._httpx2 else request
         call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
-        held = Held()
+        if group is not None:
+            call = attrs.evolve(call, group=group)
         return run(
             enqueue(self._engine, call, connection),
-            held,
+            Held(),
             self.journal,
             send=self._send,
             sleep=self._sleep,
@@ -1303,9 +1329,21 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             timeout=self._timeout(timeout),
             extensions=extensions,
         )
+        return await self._operate(request, timeout, ids)
+
+    async def _operate(
+        self,
+        request: httpx.Request,
+        timeout: TimeoutTypes | UseClientDefault,
+        ids: dict[str, Any],
+        group: str | None = None,
+    ) -> httpx.Response:
+        """Journal and send one built request: a call's, or a group's step (``group``)."""
         check_timeouts(request)
         await request.aread()
         call, engine = self._prepared(request, timeout=timeout, **ids)
+        if group is not None:
+            call = attrs.evolve(call, group=group)
         held = Held()
         try:
             return await arun(
@@ -1350,8 +1388,6 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
         statements on it are (it commits nothing, so it never waits for an fsync).
         Without ``connection`` the write runs off the loop, as every journal write does.
         """
-        from idempotently._flow._enqueue import enqueue
-
         request = self._enqueue_request(
             method,
             url,
@@ -1366,13 +1402,28 @@ class AsyncSession(_SessionBase[httpx.AsyncClient]):
             headers=headers,
             cookies=cookies,
         )
+        return await self._enqueued(request, operation_id, idempotency_key, deadline_at, connection)
+
+    async def _enqueued(
+        self,
+        request: httpx.Request,
+        operation_id: str,
+        idempotency_key: str | None,
+        deadline_at: float | None,
+        connection: object | None,
+        group: str | None = None,
+    ) -> Operation:
+        """Journal one built request to be sent later: an operation, or a group's step."""
+        from idempotently._flow._enqueue import enqueue
+
         await request.aread()
         live = _httpx2.to_httpx_request(request) if self._httpx2 else request
         call = self._call(live, operation_id, idempotency_key, "exactly_once", deadline_at)
-        held = Held()
+        if group is not None:
+            call = attrs.evolve(call, group=group)
         return await arun(
             enqueue(self._engine, call, connection),
-            held,
+            Held(),
             self.journal,
             send=self._send,
             sleep=self._sleep,
