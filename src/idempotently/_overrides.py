@@ -27,7 +27,7 @@ from idempotently._policy import RetryPolicy
 from idempotently._profiles import ServerProfile, journaled_profile
 
 
-class Config(Protocol):
+class TransportSettings(Protocol):
     """What the overrides of a request read of the Transport's configuration (the
     flow's `Config` has it): the profile, and the headers it fingerprints and redacts."""
 
@@ -219,7 +219,7 @@ def check_policies(policies: object) -> dict[str, RetryPolicy]:
 def request_overrides(
     request: httpx.Request,
     policies: Mapping[str, RetryPolicy],
-    config: Config,
+    config: TransportSettings,
     *,
     journaled: bool,
 ) -> tuple[RetryPolicy | None, ServerProfile | None, str | None]:
@@ -251,7 +251,7 @@ def _asked(
     request: httpx.Request,
     given: object,
     policies: Mapping[str, RetryPolicy],
-    config: Config,
+    config: TransportSettings,
 ) -> tuple[RetryPolicy | None, ServerProfile | None]:
     where = _where(request, config.profile.key_header)
     named = request.headers.get_list(POLICY_HEADER) or None
